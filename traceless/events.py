@@ -1,0 +1,129 @@
+"""The only way traceless writes logs: events from a fixed schema.
+
+An event is a name plus fields, and every field is a number, a bool, or one value out of a fixed
+set of words declared here (a `Choice`). There is no free-text field anywhere in the schema, so no
+prompt, output, token id, header value, client address or exception message can be logged, by
+construction: `emit` rejects any field or value the schema does not declare.
+
+Add an event by adding it to SCHEMA, with the narrowest field kinds that carry what an operator
+needs (counts, durations, status codes, enumerated reasons).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+LOGGER_NAME = "traceless.events"
+
+
+class EventSchemaError(ValueError):
+    """An event or field that the schema does not declare (a programming error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A field whose value is one of a fixed set of words."""
+
+    values: frozenset[str]
+
+    @classmethod
+    def of(cls, *values: str) -> "Choice":
+        return cls(frozenset(values))
+
+
+INT, FLOAT, BOOL = int, float, bool
+FieldKind = type | Choice
+
+STATUS = Choice.of("ok", "error", "aborted", "rejected")
+FINISH = Choice.of("stop", "length", "abort", "error")
+COMPONENT = Choice.of("engine", "server", "node", "gateway", "relay", "issuer", "proxy", "log", "up")
+ERROR_KIND = Choice.of(
+    "invalid_request", "context_length", "queue_full", "not_found", "too_large", "unauthorized",
+    "rate_limited", "decrypt_failed", "token_invalid", "token_replayed", "upstream", "internal",
+    "model_error", "timeout",
+)
+
+SCHEMA: dict[str, dict[str, FieldKind]] = {
+    # engine
+    "engine.ready": {
+        "device": Choice.of("cpu", "cuda"),
+        "dtype": Choice.of("float32", "bfloat16", "float16"),
+        "num_blocks": INT, "block_size": INT, "max_model_len": INT, "load_s": FLOAT,
+        "attention": Choice.of("native", "torch"),
+    },
+    "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},
+    "engine.preempted": {"num_requests": INT},
+    "request.finished": {
+        "finish": FINISH, "prompt_tokens": INT, "output_tokens": INT,
+        "ttft_s": FLOAT, "e2e_s": FLOAT,
+    },
+    # services
+    "service.started": {"component": COMPONENT, "port": INT},
+    "service.stopped": {"component": COMPONENT},
+    "http.request": {
+        "component": COMPONENT, "route": Choice.of(
+            "models", "completions", "chat_completions", "health", "metrics", "attestation",
+            "ohttp_keys", "ohttp", "nodes", "register", "token", "log", "other",
+        ),
+        "status_code": INT, "duration_s": FLOAT, "stream": BOOL,
+    },
+    "http.error": {"component": COMPONENT, "status_code": INT, "error_kind": ERROR_KIND},
+}
+
+
+def _check(event: str, fields: dict[str, object]) -> None:
+    try:
+        schema = SCHEMA[event]
+    except KeyError:
+        raise EventSchemaError(f"unknown event {event!r}") from None
+    for name, value in fields.items():
+        kind = schema.get(name)
+        if kind is None:
+            raise EventSchemaError(f"event {event!r} has no field {name!r}")
+        if isinstance(kind, Choice):
+            ok = isinstance(value, str) and value in kind.values
+        elif kind is BOOL:
+            ok = isinstance(value, bool)
+        elif kind is INT:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok:
+            raise EventSchemaError(f"event {event!r}: field {name!r} does not fit its declared kind")
+
+
+def emit(event: str, **fields: object) -> None:
+    """Log one event as a JSON line on the `traceless.events` logger."""
+    _check(event, fields)
+    logger = logging.getLogger(LOGGER_NAME)
+    if logger.isEnabledFor(logging.INFO):
+        record = {"ts": round(time.time(), 3), "event": event, **fields}
+        logger.info(json.dumps(record, separators=(",", ":")))
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Send events to stderr, one JSON object per line, and nothing else.
+
+    Third-party loggers (uvicorn, httpx, asyncio) can record addresses, paths and exception text,
+    so they are silenced: only the event logger reaches the handler.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.CRITICAL + 1)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore", "asyncio"):
+        other = logging.getLogger(name)
+        other.handlers.clear()
+        other.propagate = False
+        other.disabled = True
+    events = logging.getLogger(LOGGER_NAME)
+    events.handlers.clear()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    events.addHandler(handler)
+    events.setLevel(level)
+    events.propagate = False

@@ -1,0 +1,286 @@
+/*
+ * traceless native CPU kernels, loaded with ctypes (no Python C API, no torch headers, so the
+ * build takes a second and needs only a C compiler).
+ *
+ * paged_attention_*: attention for sequences with a few new query tokens (decode, speculative
+ * verification), reading K/V straight out of the paged cache through the block table, so no
+ * gathered copy of the context is ever made.  Long prefill chunks go through torch's SDPA.
+ *
+ * Cache layout per layer:
+ *     k_cache[num_blocks, num_kv_heads, head_dim, block_size]   (transposed: see DEFINE_ROW)
+ *     v_cache[num_blocks, num_kv_heads, block_size, head_dim]
+ * so the keys (values) of one (block, kv head) pair are one contiguous run of
+ * block_size * head_dim elements.
+ *
+ * Queries are packed varlen:  q[num_tokens, num_heads, head_dim]; sequence b owns query rows
+ * [cu_q[b], cu_q[b+1]) and has context_lens[b] keys in the cache *including* its new tokens, so
+ * query row i of b (0-based inside b) sits at position context_lens[b] - q_len_b + i and sees
+ * keys [0, that position].
+ *
+ *         keys 0 .. ctx-1 of sequence b
+ *         |--------------------------------------|
+ *                                  |--- q_len ---|   new tokens (already written to the cache)
+ *         query i sees keys [0, ctx - q_len + i]
+ *
+ * Threads: OpenMP over (sequence, kv head) pairs.  The library links libgomp.so.1 by soname; when
+ * torch is imported first, the loader reuses torch's own libgomp, so both share one pool.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define TL_CLONES
+#endif
+
+typedef struct {
+    int num_seqs;
+    int num_heads;
+    int num_kv_heads;
+    int head_dim;
+    int block_size;
+    int max_blocks;  /* row stride of block_tables */
+    float scale;
+} AttnShape;
+
+static inline float bf16_load(const uint16_t *p, int i) {
+    uint32_t u = ((uint32_t)p[i]) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/*
+ * One query row of G heads that share kv head `kvh`.
+ * K blocks are stored transposed, [head_dim][block_size], so the scores of a block's keys are a
+ * sum over d of broadcast(q[d]) * krow_d: straight vector FMAs across keys, no horizontal sums.
+ * V blocks are [block_size][head_dim]: the output is an axpy per key.
+ * scratch: qf[G*D], tmp[max(D, BS)], acc[G*D]; scores[G][n_pad], n_pad = blocks * BS.
+ */
+#define DEFINE_ROW(NAME, T, LOAD)                                                              \
+    TL_CLONES static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,           \
+                               const T *v_cache, const int32_t *table, int kvh, int n_keys,    \
+                               float *scratch, float *scores, T *out_row, int to_bf16)         \
+    {                                                                                          \
+        const int G = s->num_heads / s->num_kv_heads, D = s->head_dim, BS = s->block_size;     \
+        const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS;                            \
+        const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
+        float *qf = scratch, *acc = scratch + G * D, *tmp = scratch + 2 * G * D;               \
+        for (int g = 0; g < G; g++)                                                            \
+            for (int d = 0; d < D; d++)                                                        \
+                qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
+        for (int b = 0; b < nblk; b++) {                                                       \
+            const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            for (int g = 0; g < G; g++)                                                        \
+                for (int j = 0; j < BS; j++) scores[(long)g * n_pad + b * BS + j] = 0.f;       \
+            for (int d = 0; d < D; d++) {                                                      \
+                for (int j = 0; j < BS; j++) tmp[j] = LOAD(kb, d * BS + j);                    \
+                for (int g = 0; g < G; g++) {                                                  \
+                    float *sg = scores + (long)g * n_pad + b * BS;                             \
+                    const float qd = qf[g * D + d];                                            \
+                    for (int j = 0; j < BS; j++) sg[j] += qd * tmp[j];                         \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        for (int g = 0; g < G; g++) {                                                          \
+            float *sg = scores + (long)g * n_pad, m = sg[0], sum = 0.f;                        \
+            for (int t = 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;                        \
+            for (int t = 0; t < n_keys; t++) sg[t] = expf(sg[t] - m);                          \
+            for (int t = 0; t < n_keys; t++) sum += sg[t];                                     \
+            const float inv = 1.f / sum;                                                       \
+            for (int t = 0; t < n_keys; t++) sg[t] *= inv;                                     \
+        }                                                                                      \
+        for (int i = 0; i < G * D; i++) acc[i] = 0.f;                                          \
+        for (int b = 0; b < nblk; b++) {                                                       \
+            const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                         \
+            for (int j = 0; j < n; j++) {                                                      \
+                for (int d = 0; d < D; d++) tmp[d] = LOAD(vb, j * D + d);                      \
+                for (int g = 0; g < G; g++) {                                                  \
+                    const float p = scores[(long)g * n_pad + b * BS + j];                      \
+                    float *ag = acc + g * D;                                                   \
+                    for (int d = 0; d < D; d++) ag[d] += p * tmp[d];                           \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        for (int g = 0; g < G; g++)                                                            \
+            for (int d = 0; d < D; d++) {                                                      \
+                const float x = acc[g * D + d];                                                \
+                if (to_bf16)                                                                   \
+                    ((uint16_t *)out_row)[(kvh * G + g) * D + d] = bf16_from_f32(x);           \
+                else                                                                           \
+                    ((float *)out_row)[(kvh * G + g) * D + d] = x;                             \
+            }                                                                                  \
+    }
+
+#define LOAD_BF16(p, i) bf16_load((p), (i))
+#define LOAD_F32(p, i) ((p)[(i)])
+DEFINE_ROW(row_bf16, uint16_t, LOAD_BF16)
+DEFINE_ROW(row_f32, float, LOAD_F32)
+
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TL_HAVE_AVX512_PATH 1
+/*
+ * AVX-512 path for the common shapes: block_size 16 (one zmm of keys), head_dim a multiple of
+ * 16, G <= 8 query heads per kv head.  Same math as DEFINE_ROW with the accumulators in
+ * registers:  scores: sacc[g] (16 keys)  +=  q[g][d] * K[d][0:16]
+ *             output: acc[g][d:d+16]     +=  p[g][j] * V[j][d:d+16]
+ */
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+AVX512_TARGET static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+AVX512_TARGET static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+
+#define DEFINE_ROW16(NAME, T, LOAD16, LOAD)                                                    \
+    AVX512_TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,       \
+                                   const T *v_cache, const int32_t *table, int kvh,            \
+                                   int n_keys, float *scratch, float *scores, T *out_row,      \
+                                   int to_bf16)                                                \
+    {                                                                                          \
+        enum { BS = 16, GMAX = 8 };                                                            \
+        const int G = s->num_heads / s->num_kv_heads, D = s->head_dim;                         \
+        const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS;                            \
+        const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
+        float *qf = scratch, *acc = scratch + G * D;                                           \
+        for (int g = 0; g < G; g++)                                                            \
+            for (int d = 0; d < D; d++)                                                        \
+                qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
+        for (int b = 0; b < nblk; b++) {                                                       \
+            const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            __m512 sacc[GMAX];                                                                 \
+            for (int g = 0; g < G; g++) sacc[g] = _mm512_setzero_ps();                         \
+            for (int d = 0; d < D; d++) {                                                      \
+                const __m512 k = LOAD16(kb + d * BS);                                          \
+                for (int g = 0; g < G; g++)                                                    \
+                    sacc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qf[g * D + d]), k, sacc[g]);      \
+            }                                                                                  \
+            for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + (long)g * n_pad + b * BS, sacc[g]); \
+        }                                                                                      \
+        for (int g = 0; g < G; g++) {                                                          \
+            float *sg = scores + (long)g * n_pad, m = sg[0], sum = 0.f;                        \
+            for (int t = 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;                        \
+            for (int t = 0; t < n_keys; t++) sg[t] = expf(sg[t] - m);                          \
+            for (int t = 0; t < n_keys; t++) sum += sg[t];                                     \
+            const float inv = 1.f / sum;                                                       \
+            for (int t = 0; t < n_keys; t++) sg[t] *= inv;                                     \
+        }                                                                                      \
+        for (int d0 = 0; d0 < D; d0 += 16) {                                                   \
+            __m512 a[GMAX];                                                                    \
+            for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();                            \
+            for (int b = 0; b < nblk; b++) {                                                   \
+                const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;      \
+                const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                     \
+                for (int j = 0; j < n; j++) {                                                  \
+                    const __m512 v = LOAD16(vb + j * D + d0);                                  \
+                    for (int g = 0; g < G; g++)                                                \
+                        a[g] = _mm512_fmadd_ps(                                                \
+                            _mm512_set1_ps(scores[(long)g * n_pad + b * BS + j]), v, a[g]);    \
+                }                                                                              \
+            }                                                                                  \
+            for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + d0, a[g]);              \
+        }                                                                                      \
+        for (int g = 0; g < G; g++)                                                            \
+            for (int d = 0; d < D; d++) {                                                      \
+                const float x = acc[g * D + d];                                                \
+                if (to_bf16)                                                                   \
+                    ((uint16_t *)out_row)[(kvh * G + g) * D + d] = bf16_from_f32(x);           \
+                else                                                                           \
+                    ((float *)out_row)[(kvh * G + g) * D + d] = x;                             \
+            }                                                                                  \
+    }
+
+DEFINE_ROW16(row16_bf16, uint16_t, load16_bf16, LOAD_BF16)
+DEFINE_ROW16(row16_f32, float, load16_f32, LOAD_F32)
+
+static int cpu_has_avx512(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    }
+    return cached;
+}
+#endif
+
+/* Returns 0 on success, 1 if scratch memory could not be allocated. */
+#define DEFINE_ENTRY(NAME, ROW, ROW16, T, TO_BF16)                                             \
+    int NAME(const AttnShape *s, const T *q, const T *k_cache, const T *v_cache,               \
+             const int32_t *block_tables, const int32_t *cu_q, const int32_t *context_lens,    \
+             T *out)                                                                           \
+    {                                                                                          \
+        const int G = s->num_heads / s->num_kv_heads, D = s->head_dim, BS = s->block_size;     \
+        int max_ctx = 1, failed = 0;                                                           \
+        for (int b = 0; b < s->num_seqs; b++)                                                  \
+            max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;                   \
+        const long n_scratch = 2L * G * D + (D > BS ? D : BS);                                 \
+        const long n_scores = (long)G * ((max_ctx + BS - 1) / BS) * BS;                        \
+        const long row_stride = (long)s->num_heads * D;                                        \
+        row_fn_##T row = ROW;                                                                  \
+        if (use_fast_path(s)) row = ROW16;                                                     \
+        _Pragma("omp parallel reduction(|:failed)")                                            \
+        {                                                                                      \
+            float *scratch = malloc(sizeof(float) * n_scratch);                                \
+            float *scores = malloc(sizeof(float) * n_scores);                                  \
+            if (!scratch || !scores) failed = 1;                                               \
+            _Pragma("omp for schedule(dynamic, 1)")                                            \
+            for (long task = 0; task < (long)s->num_seqs * s->num_kv_heads; task++) {          \
+                if (failed) continue;                                                          \
+                const int b = (int)(task / s->num_kv_heads), kvh = (int)(task % s->num_kv_heads); \
+                const int q_len = cu_q[b + 1] - cu_q[b], ctx = context_lens[b];                \
+                const int32_t *table = block_tables + (long)b * s->max_blocks;                 \
+                for (int i = 0; i < q_len; i++) {                                              \
+                    const long r = cu_q[b] + i;                                                \
+                    row(s, q + r * row_stride, k_cache, v_cache, table, kvh,                   \
+                        ctx - q_len + i + 1, scratch, scores, out + r * row_stride, TO_BF16);  \
+                }                                                                              \
+            }                                                                                  \
+            /* scratch held activations derived from user data: wipe before release */     \
+            if (scratch) memset(scratch, 0, sizeof(float) * n_scratch);                        \
+            if (scores) memset(scores, 0, sizeof(float) * n_scores);                           \
+            free(scratch);                                                                     \
+            free(scores);                                                                      \
+        }                                                                                      \
+        return failed;                                                                         \
+    }
+
+typedef void (*row_fn_uint16_t)(const AttnShape *, const uint16_t *, const uint16_t *,
+                                const uint16_t *, const int32_t *, int, int, float *, float *,
+                                uint16_t *, int);
+typedef void (*row_fn_float)(const AttnShape *, const float *, const float *, const float *,
+                             const int32_t *, int, int, float *, float *, float *, int);
+
+static int use_fast_path(const AttnShape *s) {
+#ifdef TL_HAVE_AVX512_PATH
+    return cpu_has_avx512() && s->block_size == 16 && s->head_dim % 16 == 0 &&
+           s->num_heads / s->num_kv_heads <= 8;
+#else
+    (void)s;
+    return 0;
+#endif
+}
+
+#ifndef TL_HAVE_AVX512_PATH
+#define row16_bf16 row_bf16
+#define row16_f32 row_f32
+#endif
+
+DEFINE_ENTRY(tl_paged_attention_bf16, row_bf16, row16_bf16, uint16_t, 1)
+DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row16_f32, float, 0)
+
+/* ABI check from Python: bump when a signature or AttnShape changes. */
+int tl_abi_version(void) { return 1; }
