@@ -1,0 +1,81 @@
+"""Shared fixtures: tiny random models written as real Hugging Face directories, and the real
+default model (loaded once per session)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TINY_VOCAB = 384
+VECTORS = Path(__file__).resolve().parents[1].parent / "shared" / "vectors"
+
+
+def _write_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over 'w0'..'wN' plus <s>/</s>, enough to drive a random model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(3, vocab_size):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.save(str(path / "tokenizer.json"))
+    template = "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}<s> assistant {% endif %}"
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+
+
+def make_tiny_model(path: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    common.update(overrides)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)  # random init is small; scale up so greedy paths are not all ties
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)  # HF initializes biases to zero, which would hide a missing bias
+            else:
+                p.uniform_(0.5, 1.5)  # norm weights (init to one)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    _write_tokenizer(path, TINY_VOCAB)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    from traceless.model.loader import default_model_path as find
+
+    return find()
+
+
+@pytest.fixture(scope="session")
+def real_llm():
+    """The default model in float32 (parity tests), shared by the session's end-to-end tests."""
+    from traceless import LLM
+
+    return LLM(dtype="float32", kv_cache_memory=512 * 2**20)

@@ -1,0 +1,50 @@
+"""Engine configuration: one frozen dataclass, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTENTION_BACKENDS = ("auto", "native", "torch")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_CPU_KV_BYTES = 2 * 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """model: GGUF file or HF directory (None = the built-in default model).
+    kv_cache_memory: bytes for the KV cache; or gpu_memory_utilization: on CUDA the fraction of
+    device memory for weights + KV cache, on CPU the fraction of system memory for the KV cache.
+    Neither: 2 GiB on CPU, 0.9 on CUDA."""
+
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_queued_requests: int = 1024
+    attention_backend: str = "auto"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError("device must be auto, cpu, cuda or cuda:N")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+        if not 1 <= self.block_size <= 256:
+            raise ValueError("block_size must be between 1 and 256")
+        if self.kv_cache_memory is not None and self.gpu_memory_utilization is not None:
+            raise ValueError("give kv_cache_memory or gpu_memory_utilization, not both")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError("kv_cache_memory must be positive")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")

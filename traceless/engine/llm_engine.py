@@ -1,0 +1,209 @@
+"""The engine: admit requests, step the model, turn samples into outputs, release.
+
+    step():  scheduler.schedule() -> runner.step() -> _postprocess() -> [StepOutput]
+
+Every way a request ends (stop, length, abort, error) goes through `_release`, which frees and
+zeroes its KV blocks, drops its sampler generator and detokenizer state, and wipes its tokens.
+torch is only imported by the runner, which is built lazily (engine/ itself stays torch-free).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from traceless.config import EngineConfig
+from traceless.engine.block_pool import BlockPool
+from traceless.engine.detokenizer import IncrementalDetokenizer
+from traceless.engine.kv_manager import KVCacheManager
+from traceless.engine.request import Request, RequestStatus
+from traceless.engine.scheduler import Scheduler, SchedulerConfig
+from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
+from traceless.events import emit
+from traceless.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What one step produced for one request: deltas since the last StepOutput."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: list | None  # [TokenLogprobs] when the request asked for logprobs
+    finish_reason: str | None
+    stop_reason: str | int | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class IntegrityError(AssertionError):
+    pass
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        from traceless.runner.build import build_runner  # torch lives behind this import
+
+        t0 = time.monotonic()
+        built = build_runner(config)
+        self.config = config
+        self.built = built
+        self.tokenizer = built.tokenizer
+        self.model_config = built.model_config
+        self.model_name = built.model_name
+        self.max_model_len = built.max_model_len
+        self.runner = built.runner
+        pool = BlockPool(built.cache.num_blocks, built.cache.zero_blocks)
+        self.kv = KVCacheManager(pool, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv
+        )
+        self._requests: dict[str, Request] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        emit("engine.ready", device=built.device.type, dtype=str(built.dtype).removeprefix("torch."),
+             num_blocks=pool.num_blocks, block_size=config.block_size, max_model_len=self.max_model_len,
+             load_s=time.monotonic() - t0, attention=built.attention)
+
+    # --- admission ----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Validate, tokenize and queue a request; returns (a copy of) its prompt token ids."""
+        if request_id in self._requests:
+            raise InvalidRequestError("request id is already in use")
+        if params.n != 1:
+            raise InvalidRequestError("the engine runs n=1 requests; fan out n>1 before adding")
+        if len(self._requests) >= self.config.max_queued_requests:
+            raise QueueFullError(f"the engine already holds {len(self._requests)} requests")
+        ids = self._prompt_ids(prompt)
+        if len(ids) >= self.max_model_len:
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} tokens "
+                "(prompt plus at least one generated token)"
+            )
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise InvalidRequestError(f"stop_token_ids must be below the vocabulary size {vocab}")
+        eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
+        request = Request(request_id, ids, params, eos)
+        self._requests[request_id] = request
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        self.scheduler.add(request)
+        return list(ids)
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+                raise InvalidRequestError("prompt_token_ids must be a list of integers")
+            vocab = self.model_config.vocab_size
+            if any(t < 0 or t >= vocab for t in prompt):
+                raise InvalidRequestError(f"prompt_token_ids must be in [0, {vocab})")
+            ids = list(prompt)
+        else:
+            raise InvalidRequestError("a prompt is a string or a list of token ids")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    def abort(self, request_id: str) -> bool:
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        self._release(request, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    # --- stepping -----------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def kv_usage(self) -> float:
+        return self.kv.pool.usage()
+
+    def step(self) -> list[StepOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.chunks:
+            return []
+        try:
+            sampled = self.runner.step(sched.chunks, self.kv.block_ids)
+        except Exception as exc:  # the batch fails; the engine and every other request go on
+            emit("engine.step_failed", num_requests=len(sched.chunks),
+                 error_kind="internal" if not isinstance(exc, MemoryError) else "model_error")
+            return [self._finish(c.request, RequestStatus.FINISHED_ERROR, [], "", None) for c in sched.chunks]
+        outputs = []
+        for chunk in sched.chunks:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_new_tokens
+            s = sampled.get(request.request_id)
+            if s is not None:
+                outputs.append(self._on_token(request, s.token_id, s.logprobs))
+        return outputs
+
+    def _on_token(self, request: Request, token_id: int, logprobs) -> StepOutput:
+        request.append_output(token_id)
+        p = request.params
+        lps = [logprobs] if logprobs is not None else None
+        if token_id in request.eos_token_ids or token_id in p.stop_token_ids:
+            request.stop_reason = None if token_id in request.eos_token_ids else token_id
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token_id], None, lps)
+        text, stop = self._detok[request.request_id].add(token_id)
+        if stop is not None:
+            request.stop_reason = stop
+            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token_id], text, lps)
+        if (p.max_tokens is not None and request.num_output_tokens >= p.max_tokens) or request.num_tokens >= self.max_model_len:
+            return self._finish(request, RequestStatus.FINISHED_LENGTH, [token_id], text, lps)
+        return StepOutput(request.request_id, [token_id], text, lps, None, None, request.num_prompt_tokens,
+                          request.num_output_tokens)
+
+    def _finish(self, request: Request, status: RequestStatus, tokens: list[int], text: str | None, lps) -> StepOutput:
+        detok = self._detok.get(request.request_id)
+        tail = detok.flush() if detok is not None else ""  # empty after a stop-string match
+        out = StepOutput(request.request_id, tokens, (text or "") + tail, lps, status.finish_reason,
+                         request.stop_reason, request.num_prompt_tokens, request.num_output_tokens)
+        self._release(request, status)
+        return out
+
+    def _release(self, request: Request, status: RequestStatus) -> None:
+        """The single exit of every request."""
+        self.scheduler.finish(request, status)
+        self.runner.release(request.request_id)
+        detok = self._detok.pop(request.request_id, None)
+        if detok is not None:
+            detok.wipe()
+        del self._requests[request.request_id]
+        now = time.monotonic()
+        first = request.first_token_time
+        emit("request.finished", finish=status.finish_reason, prompt_tokens=request.num_prompt_tokens,
+             output_tokens=request.num_output_tokens, ttft_s=(first - request.arrival_time) if first else 0.0,
+             e2e_s=now - request.arrival_time)
+        request.wipe()
+
+    # --- integrity ----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless the engine holds nothing: no request, no owned or non-zero
+        KV block, no sampler or detokenizer state. Tests call this after the work ends."""
+        problems = list(self.kv.check_integrity())
+        if self._requests or self._detok:
+            problems.append(f"{len(self._requests)} request(s) retained")
+        if self.scheduler.num_unfinished:
+            problems.append("scheduler queues are not empty")
+        if self.runner.num_held():
+            problems.append("sampler generators retained")
+        dirty = self.built.cache.nonzero_blocks()
+        if dirty:
+            problems.append(f"{len(dirty)} KV block(s) hold non-zero values")
+        if self.kv.pool.num_free_blocks != self.kv.pool.num_usable_blocks:
+            problems.append("not every KV block is free")
+        if problems:
+            raise IntegrityError("; ".join(problems))

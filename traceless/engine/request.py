@@ -1,0 +1,134 @@
+"""Per-request state: the one object that owns a request's tokens while it lives.
+
+No torch here. Token ids are user content, so the object exposes counts and narrow read methods,
+its repr shows only ids and counts, and `wipe()` (called by the engine's single release path,
+whatever way the request ends) overwrites and drops every token it held.
+"""
+from __future__ import annotations
+
+import time
+from enum import Enum
+
+from traceless.sampling_params import SamplingParams
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.value if self.finished else None
+
+
+_FINISHED = frozenset(
+    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
+)
+_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING}) | _FINISHED,
+    RequestStatus.RUNNING: frozenset({RequestStatus.PREEMPTED}) | _FINISHED,
+    RequestStatus.PREEMPTED: frozenset({RequestStatus.RUNNING}) | _FINISHED,
+    **{s: frozenset() for s in _FINISHED},
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+class Request:
+    """A request's tokens and progress.
+
+    num_computed_tokens counts tokens whose KV is in the cache; the scheduler's one rule is to let
+    it catch up with num_tokens (prompt + generated). That covers prefill, chunked prefill and
+    decode alike: a decode step computes the one token sampled last.
+    """
+
+    __slots__ = (
+        "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
+        "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: frozenset[int],
+        arrival_time: float | None = None,
+    ):
+        self.request_id = request_id
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_token_time: float | None = None
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.stop_reason: str | int | None = None
+        self._prompt = list(prompt_token_ids)
+        self._output: list[int] = []
+        self.num_prompt_tokens = len(self._prompt)
+
+    # --- read-only views -------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self._prompt) + len(self._output)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output (a copy)."""
+        n_prompt = len(self._prompt)
+        if end <= n_prompt:
+            return self._prompt[start:end]
+        if start >= n_prompt:
+            return self._output[start - n_prompt : end - n_prompt]
+        return self._prompt[start:] + self._output[: end - n_prompt]
+
+    def prompt_token_ids(self) -> list[int]:
+        return list(self._prompt)
+
+    def output_token_ids(self) -> list[int]:
+        return list(self._output)
+
+    @property
+    def last_token_id(self) -> int:
+        return self._output[-1] if self._output else self._prompt[-1]
+
+    # --- transitions -----------------------------------------------------------------------
+    def transition(self, new: RequestStatus) -> None:
+        if new not in _TRANSITIONS[self.status]:
+            raise InvalidTransition(f"request {self.request_id}: {self.status.value} -> {new.value}")
+        self.status = new
+
+    def append_output(self, token_id: int) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self._output.append(token_id)
+
+    def wipe(self) -> None:
+        """Overwrite and drop every token id this request held (the release path calls this)."""
+        for buf in (self._prompt, self._output):
+            for i in range(len(buf)):
+                buf[i] = 0
+            buf.clear()
+        self.stop_reason = None
+
+    def __repr__(self) -> str:  # never the tokens themselves
+        return (
+            f"Request(id={self.request_id!r}, status={self.status.value}, prompt_tokens={self.num_prompt_tokens}, "
+            f"output_tokens={len(self._output)}, computed={self.num_computed_tokens})"
+        )
+
+    __str__ = __repr__

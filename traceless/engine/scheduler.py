@@ -1,0 +1,116 @@
+"""Continuous batching with chunked prefill. No torch.
+
+One rule covers prefill, chunked prefill and decode: each step, every scheduled request's
+num_computed_tokens moves toward num_tokens by as many tokens as the step's budget allows.
+Order is first come, first served, with no priority classes (routing and scheduling never read
+who the user is or what they wrote). Running requests are served before waiting ones; when
+blocks run out, the most recently arrived running request is preempted by recompute: its blocks
+are freed (and zeroed) and it goes back to the front of the queue with num_computed_tokens = 0.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from traceless.engine.kv_manager import KVCacheManager
+from traceless.engine.request import Request, RequestStatus
+from traceless.events import emit
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 2:
+            raise ValueError("max_num_seqs, max_num_batched_tokens must be >= 1 and max_model_len >= 2")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def completes_sequence(self) -> bool:
+        """After this chunk every known token is computed, so the step samples a new one."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    chunks: tuple[ScheduledChunk, ...]
+    num_preempted: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted = 0
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, n):
+                victim = self.running.pop()  # always at index >= i: not yet scheduled this step
+                self._preempt(victim)
+                preempted += 1
+                if victim is request:
+                    break
+            else:
+                chunks.append(ScheduledChunk(request, n))
+                budget -= n
+                i += 1
+                continue
+            break
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+            request = self.waiting[0]
+            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.kv.allocate_slots(request, n):
+                break
+            self.waiting.popleft()
+            request.transition(RequestStatus.RUNNING)
+            self.running.append(request)
+            chunks.append(ScheduledChunk(request, n))
+            budget -= n
+
+        if preempted:
+            emit("engine.preempted", num_requests=preempted)
+        return SchedulerOutput(tuple(chunks), preempted)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.transition(RequestStatus.PREEMPTED)
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """The single exit: take the request out of the queues and free (zero) its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.transition(status)

@@ -1,0 +1,142 @@
+"""Offline API shaped like vLLM's: `LLM(...).generate(prompts, params)` and `.chat(messages, params)`."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from traceless.config import EngineConfig
+from traceless.engine.llm_engine import LLMEngine, StepOutput
+from traceless.errors import InvalidRequestError
+from traceless.outputs import CompletionOutput, Logprob, RequestOutput
+from traceless.sampling_params import SamplingParams
+
+PromptType = str | dict
+
+
+@dataclass(slots=True)
+class _Accumulated:
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class LLM:
+    """An engine on one model. `LLM()` loads the built-in default model (SmolLM2-135M-Instruct)."""
+
+    def __init__(self, model: str | None = None, dtype: str = "auto", **engine_options):
+        self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **engine_options))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. A prompt is a string or {"prompt_token_ids": [...]}."""
+        items = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        return self._run([self._prompt(p) for p in items], self._params(sampling_params, len(items)), use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Applies the model's chat template to each conversation, then generates."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tok = self.engine.tokenizer
+        prompts = []
+        for conv in conversations:
+            text = tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt)
+            prompts.append((text, tok.encode(text, add_special_tokens=False)))
+        return self._run(prompts, self._params(sampling_params, len(prompts)), use_tqdm)
+
+    # -------------------------------------------------------------------------------------------
+    def _prompt(self, p: PromptType) -> tuple[str | None, str | list[int]]:
+        if isinstance(p, str):
+            return p, p
+        if isinstance(p, dict) and set(p) == {"prompt_token_ids"}:
+            return None, p["prompt_token_ids"]
+        if isinstance(p, dict) and set(p) == {"prompt"}:
+            return p["prompt"], p["prompt"]
+        raise InvalidRequestError('a prompt is a string, {"prompt": str} or {"prompt_token_ids": [int, ...]}')
+
+    @staticmethod
+    def _params(params, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * count
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        params = list(params)
+        if len(params) != count:
+            raise InvalidRequestError(f"got {len(params)} sampling params for {count} prompts")
+        return params
+
+    def _run(self, prompts: list[tuple[str | None, str | list[int]]], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm.auto import tqdm
+
+        engine = self.engine
+        children: dict[str, tuple[int, int]] = {}  # child request id -> (prompt index, completion index)
+        prompt_ids: list[tuple[int, ...]] = []
+        try:
+            for i, ((_, prompt), p) in enumerate(zip(prompts, params)):
+                for j in range(p.n):
+                    rid = f"gen-{next(self._ids)}"
+                    ids = engine.add_request(rid, prompt, p.with_seed_offset(j) if p.n > 1 else p)
+                    children[rid] = (i, j)
+                    if j == 0:
+                        prompt_ids.append(tuple(ids))
+            acc = {rid: _Accumulated() for rid in children}
+            remaining = [p.n for p in params]
+            with tqdm(total=len(prompts), desc="Generating", unit="prompt", disable=not use_tqdm) as bar:
+                while any(remaining):
+                    for out in engine.step():
+                        if out.request_id not in acc:
+                            continue
+                        self._accumulate(acc[out.request_id], out)
+                        if out.finished:
+                            i = children[out.request_id][0]
+                            remaining[i] -= 1
+                            if remaining[i] == 0:
+                                bar.update(1)
+        except BaseException:
+            for rid in children:
+                engine.abort(rid)
+            raise
+        return self._collect(prompts, params, prompt_ids, children, acc)
+
+    def _accumulate(self, a: _Accumulated, out: StepOutput) -> None:
+        a.token_ids.extend(out.new_token_ids)
+        a.text.append(out.new_text)
+        if out.new_logprobs is not None:
+            a.logprobs = (a.logprobs or []) + [self._logprob_dict(lp, t) for lp, t in zip(out.new_logprobs, out.new_token_ids)]
+        if out.finished:
+            a.finish_reason, a.stop_reason = out.finish_reason, out.stop_reason
+
+    def _logprob_dict(self, lp, token_id: int) -> dict[int, Logprob]:
+        """Top-N of the position plus the sampled token (as vLLM returns them)."""
+        tok = self.engine.tokenizer
+        d = {tid: Logprob(v, rank + 1, tok.decode([tid], skip_special_tokens=False))
+             for rank, (tid, v) in enumerate(zip(lp.top_ids, lp.top_logprobs))}
+        if token_id not in d:
+            d[token_id] = Logprob(lp.token_logprob, lp.token_rank, tok.decode([token_id], skip_special_tokens=False))
+        return d
+
+    @staticmethod
+    def _collect(prompts, params, prompt_ids, children, acc) -> list[RequestOutput]:
+        per_prompt: list[list[CompletionOutput]] = [[] for _ in prompts]
+        for rid, (i, j) in children.items():
+            a = acc[rid]
+            cum = sum(d[t].logprob for d, t in zip(a.logprobs, a.token_ids) if t in d) if a.logprobs else None
+            per_prompt[i].append(CompletionOutput(j, "".join(a.text), tuple(a.token_ids), a.finish_reason, a.stop_reason,
+                                                  tuple(a.logprobs) if a.logprobs is not None else None, cum))
+        return [RequestOutput(f"{i}", prompts[i][0], prompt_ids[i], tuple(sorted(outs, key=lambda c: c.index)), True)
+                for i, outs in enumerate(per_prompt)]

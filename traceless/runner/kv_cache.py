@@ -1,0 +1,41 @@
+"""The paged KV cache tensors, sized from a memory budget.
+
+Layout (see csrc/kernels.c for why K is transposed):
+    k: [num_layers, num_blocks, num_kv_heads, head_dim, block_size]
+    v: [num_layers, num_blocks, num_kv_heads, block_size, head_dim]
+Slot s of the cache is token (s % block_size) of block (s // block_size).
+"""
+from __future__ import annotations
+
+import torch
+
+from traceless.model.config import ModelConfig
+
+
+def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return config.kv_bytes_per_token * block_size * torch.empty((), dtype=dtype).element_size()
+
+
+class KVCache:
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
+        L, H, D = config.num_layers, config.num_kv_heads, config.head_dim
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.k = torch.zeros(L, num_blocks, H, D, block_size, dtype=dtype, device=device)
+        self.v = torch.zeros(L, num_blocks, H, block_size, D, dtype=dtype, device=device)
+
+    def write(self, layer: int, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store this step's keys and values. slots = (block ids, offsets), each [T]; k, v: [T, H, D]."""
+        blocks, offsets = slots
+        self.k[layer][blocks, :, :, offsets] = k
+        self.v[layer][blocks, :, offsets] = v
+
+    def zero_blocks(self, block_ids: list[int]) -> None:
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.k.device)
+        self.k.index_fill_(1, idx, 0)
+        self.v.index_fill_(1, idx, 0)
+
+    def nonzero_blocks(self) -> set[int]:
+        """Ids of blocks holding any non-zero value (for integrity checks; scans the whole cache)."""
+        used = self.k.ne(0).flatten(2).any(-1).any(0) | self.v.ne(0).flatten(2).any(-1).any(0)
+        return set(torch.nonzero(used).flatten().tolist())

@@ -1,0 +1,135 @@
+"""Batched sampling: penalties, temperature, min-p / top-k / top-p, seeds, logprobs.
+
+Order (as vLLM): penalties on the raw logits -> logprobs of the model's distribution (raw logits)
+-> temperature -> min_p, top_k, top_p -> sample. Sampling is an exponential race,
+argmax(p / E) with E ~ Exp(1), which draws exactly from p. Each seeded request has its own
+generator and draws its own noise row, so its tokens do not depend on what shares the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from traceless.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    """What the sampler needs of one request at this step."""
+
+    params: SamplingParams
+    generator: torch.Generator | None  # per-request, for seeded requests
+    prompt_ids: list[int] | None  # only when a repetition penalty needs them
+    output_ids: list[int] | None  # only when a penalty needs them
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    token_logprob: float
+    token_rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int | None = None):
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        if seed is None:
+            self.generator.seed()  # from the OS: unseeded requests are not reproducible
+        else:
+            self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
+        """logits: [S, V] float32, one row per entry of `rows` (modified in place)."""
+        if any(r.params.needs_penalties for r in rows):
+            self._apply_penalties(logits, rows)
+        logprobs = self._logprobs(logits, rows) if any(r.params.logprobs is not None for r in rows) else None
+        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
+        token_ids = logits.argmax(dim=-1)
+        if not bool(greedy.all()):
+            sampled = self._sample(logits, rows)
+            token_ids = torch.where(greedy, token_ids, sampled)
+        ids = token_ids.tolist()
+        if logprobs is None:
+            return SamplerOutput(ids, [None] * len(rows))
+        return SamplerOutput(ids, self._finish_logprobs(logprobs, ids, rows))
+
+    def _apply_penalties(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
+        V = logits.shape[1]
+        for i, r in enumerate(rows):  # only rows that ask for penalties; rare and cheap next to the forward
+            p = r.params
+            if not p.needs_penalties:
+                continue
+            out = torch.tensor(r.output_ids or [], dtype=torch.long, device=logits.device)
+            if p.repetition_penalty != 1.0:
+                seen = torch.zeros(V, dtype=torch.bool, device=logits.device)
+                seen[torch.tensor(r.prompt_ids or [], dtype=torch.long, device=logits.device)] = True
+                seen[out] = True
+                row = logits[i]
+                penalized = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+                logits[i] = torch.where(seen, penalized, row)
+            if p.presence_penalty or p.frequency_penalty:
+                counts = torch.zeros(V, dtype=logits.dtype, device=logits.device).index_add_(
+                    0, out, torch.ones_like(out, dtype=logits.dtype))
+                logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        return torch.log_softmax(logits, dim=-1)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        temp = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
+        probs = torch.softmax(logits / temp[:, None], dim=-1)
+        probs = self._filter(probs, rows)
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, r in enumerate(rows) if r.generator is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(generator=self.generator)
+        for i, r in enumerate(rows):
+            if r.generator is not None:
+                noise[i].exponential_(generator=r.generator)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _filter(probs: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """Zero out tokens outside min_p / top_k / top_p (the sampled draw renormalizes implicitly)."""
+        min_p = [r.params.min_p for r in rows]
+        if any(min_p):
+            floor = torch.tensor(min_p, device=probs.device)[:, None] * probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < floor, 0.0)
+        top_k = [r.params.top_k for r in rows]
+        top_p = [r.params.top_p for r in rows]
+        if not any(top_k) and all(p >= 1.0 for p in top_p):
+            return probs
+        V = probs.shape[1]
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        ks = torch.tensor([k if k > 0 else V for k in top_k], device=probs.device)
+        drop = torch.arange(V, device=probs.device)[None, :] >= ks[:, None]
+        # top_p: keep the smallest prefix whose mass reaches p (the token crossing p is kept).
+        before = sorted_p.cumsum(dim=-1) - sorted_p
+        drop |= before >= torch.tensor(top_p, device=probs.device)[:, None] * sorted_p.sum(-1, keepdim=True)
+        drop[:, 0] = False
+        return probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
+
+    @staticmethod
+    def _finish_logprobs(lp: torch.Tensor, ids: list[int], rows: list[SampleRow]) -> list[TokenLogprobs | None]:
+        out: list[TokenLogprobs | None] = []
+        n_max = max(r.params.logprobs or 0 for r in rows)
+        top_vals, top_idx = lp.topk(max(n_max, 1), dim=-1)
+        chosen = lp.gather(1, torch.tensor(ids, device=lp.device)[:, None])
+        ranks = (lp > chosen).sum(dim=-1) + 1
+        for i, r in enumerate(rows):
+            n = r.params.logprobs
+            if n is None:
+                out.append(None)
+                continue
+            out.append(TokenLogprobs(float(chosen[i, 0]), int(ranks[i]), top_idx[i, :n].tolist(), top_vals[i, :n].tolist()))
+        return out
