@@ -58,7 +58,8 @@ class Request:
     def __repr__(self) -> str:
         return (
             f"Request(method={self.method!r}, <redacted: path {len(self.path)} B, "
-            f"{len(self.headers)} headers, content {len(self.content)} B, {len(self.trailers)} trailers>)"
+            f"{len(self.headers)} headers, content {len(self.content)} B, "
+            f"{len(self.trailers)} trailers>)"
         )
 
 
@@ -100,7 +101,8 @@ class Response:
     def __repr__(self) -> str:
         return (
             f"Response(status={self.status}, <redacted: {len(self.informational)} informational, "
-            f"{len(self.headers)} headers, content {len(self.content)} B, {len(self.trailers)} trailers>)"
+            f"{len(self.headers)} headers, content {len(self.content)} B, "
+            f"{len(self.trailers)} trailers>)"
         )
 
 
@@ -128,10 +130,13 @@ def _finish(head: bytes, tail: list[bytes], truncate: bool, padding: int) -> byt
 
 def encode_request(request: Request, *, truncate: bool = True, padding: int = 0) -> bytes:
     """Known-length encoding. `truncate` omits trailing empty sections; `padding` adds zeros."""
-    head = encode_varint(KNOWN_LENGTH_REQUEST) + b"".join(
-        _length_prefixed(part) for part in (request.method, request.scheme, request.authority, request.path)
-    )
-    tail = [_field_section(request.headers), _length_prefixed(request.content), _field_section(request.trailers)]
+    control_data = (request.method, request.scheme, request.authority, request.path)
+    head = encode_varint(KNOWN_LENGTH_REQUEST) + b"".join(map(_length_prefixed, control_data))
+    tail = [
+        _field_section(request.headers),
+        _length_prefixed(request.content),
+        _field_section(request.trailers),
+    ]
     return _finish(head, tail, truncate, padding)
 
 
@@ -141,7 +146,11 @@ def encode_response(response: Response, *, truncate: bool = True, padding: int =
         encode_varint(i.status) + _field_section(i.headers) for i in response.informational
     )
     head += encode_varint(response.status)
-    tail = [_field_section(response.headers), _length_prefixed(response.content), _field_section(response.trailers)]
+    tail = [
+        _field_section(response.headers),
+        _length_prefixed(response.content),
+        _field_section(response.trailers),
+    ]
     return _finish(head, tail, truncate, padding)
 
 
@@ -204,14 +213,17 @@ def decode_request(data: bytes) -> Request:
     """Decode a known- or indeterminate-length request (framing indicator 0 or 2)."""
     r = ByteReader(data, BhttpError)
     known_length = _read_framing(r, KNOWN_LENGTH_REQUEST, INDETERMINATE_LENGTH_REQUEST, "request")
-    method, scheme, authority, path = (r.read_length_prefixed(p) for p in ("method", "scheme", "authority", "path"))
-    return Request(method, scheme, authority, path, **_read_body(r, known_length))
+    parts = ("method", "scheme", "authority", "path")
+    control_data = [r.read_length_prefixed(part) for part in parts]
+    return Request(*control_data, **_read_body(r, known_length))
 
 
 def decode_response(data: bytes) -> Response:
     """Decode a known- or indeterminate-length response (framing indicator 1 or 3)."""
     r = ByteReader(data, BhttpError)
-    known_length = _read_framing(r, KNOWN_LENGTH_RESPONSE, INDETERMINATE_LENGTH_RESPONSE, "response")
+    known_length = _read_framing(
+        r, KNOWN_LENGTH_RESPONSE, INDETERMINATE_LENGTH_RESPONSE, "response"
+    )
     informational: list[InformationalResponse] = []
     status = r.read_varint("status code")
     while status < 200:

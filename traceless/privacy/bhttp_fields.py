@@ -70,7 +70,8 @@ def normalize_fields(fields: Iterable[FieldLine], what: str) -> tuple[FieldLine,
     for line in fields:
         if not isinstance(line, (tuple, list)) or len(line) != 2:
             raise BhttpError(f"{what} field lines must be (name, value) pairs")
-        name, value = as_bytes(line[0], f"{what} field name"), as_bytes(line[1], f"{what} field value")
+        name = as_bytes(line[0], f"{what} field name")
+        value = as_bytes(line[1], f"{what} field value")
         check_field_name(name, what)
         check_field_value(value, what)
         if name.startswith(b":"):

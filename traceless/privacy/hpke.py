@@ -177,6 +177,8 @@ def seal_base(suite: Suite, pk_r: bytes, info: bytes, aad: bytes, pt: bytes) -> 
     return enc, ctx.seal(aad, pt)
 
 
-def open_base(suite: Suite, enc: bytes, sk_r: KemPrivateKey, info: bytes, aad: bytes, ct: bytes) -> bytes:
+def open_base(
+    suite: Suite, enc: bytes, sk_r: KemPrivateKey, info: bytes, aad: bytes, ct: bytes
+) -> bytes:
     """Single-shot OpenBase(enc, skR, info, aad, ct) -> pt (§6.1); failures are DecryptError."""
     return setup_base_r(suite, enc, sk_r, info).open(aad, ct)

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
+from typing import NoReturn, Union
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, x448, x25519
 
 from traceless.privacy.hpke_kdf import Kdf, KdfId
-from traceless.privacy.ohttp_errors import DecryptError, MalformedMessageError, UnsupportedAlgorithmError
+from traceless.privacy.ohttp_errors import (
+    DecryptError,
+    MalformedMessageError,
+    UnsupportedAlgorithmError,
+)
 
 
 class KemId(enum.IntEnum):
@@ -63,12 +67,13 @@ _P521_ORDER = _hex(
     " 51868783 BF2F966B 7FCC0148 F709A5D0 3BB5C9B8 899C47AE BB6FB71E 91386409"
 )
 
+_SHA256, _SHA384, _SHA512 = KdfId.HKDF_SHA256, KdfId.HKDF_SHA384, KdfId.HKDF_SHA512
 KEM_PARAMS: dict[KemId, KemParams] = {
-    KemId.DHKEM_P256_HKDF_SHA256: KemParams(KdfId.HKDF_SHA256, 32, 65, 32, ec.SECP256R1, _P256_ORDER),
-    KemId.DHKEM_P384_HKDF_SHA384: KemParams(KdfId.HKDF_SHA384, 48, 97, 48, ec.SECP384R1, _P384_ORDER),
-    KemId.DHKEM_P521_HKDF_SHA512: KemParams(KdfId.HKDF_SHA512, 64, 133, 66, ec.SECP521R1, _P521_ORDER, 0x01),
-    KemId.DHKEM_X25519_HKDF_SHA256: KemParams(KdfId.HKDF_SHA256, 32, 32, 32, None),
-    KemId.DHKEM_X448_HKDF_SHA512: KemParams(KdfId.HKDF_SHA512, 64, 56, 56, None),
+    KemId.DHKEM_P256_HKDF_SHA256: KemParams(_SHA256, 32, 65, 32, ec.SECP256R1, _P256_ORDER),
+    KemId.DHKEM_P384_HKDF_SHA384: KemParams(_SHA384, 48, 97, 48, ec.SECP384R1, _P384_ORDER),
+    KemId.DHKEM_P521_HKDF_SHA512: KemParams(_SHA512, 64, 133, 66, ec.SECP521R1, _P521_ORDER, 0x01),
+    KemId.DHKEM_X25519_HKDF_SHA256: KemParams(_SHA256, 32, 32, 32, None),
+    KemId.DHKEM_X448_HKDF_SHA512: KemParams(_SHA512, 64, 56, 56, None),
 }
 
 _PrivateKey = Union[x25519.X25519PrivateKey, x448.X448PrivateKey, ec.EllipticCurvePrivateKey]
@@ -100,6 +105,9 @@ class KemPrivateKey:
     def __repr__(self) -> str:
         return f"KemPrivateKey({self.kem_id.name}, <redacted>)"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("KemPrivateKey is memory-only and cannot be pickled or copied")
+
     def _dh(self, public_key: _PublicKey) -> bytes:
         if isinstance(self._key, ec.EllipticCurvePrivateKey):
             return self._key.exchange(ec.ECDH(), public_key)
@@ -108,7 +116,8 @@ class KemPrivateKey:
 
 def _serialize_public_key(key: _PublicKey) -> bytes:
     if isinstance(key, ec.EllipticCurvePublicKey):
-        return key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+        uncompressed = serialization.PublicFormat.UncompressedPoint
+        return key.public_bytes(serialization.Encoding.X962, uncompressed)
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
@@ -157,7 +166,9 @@ def derive_key_pair(kem_id: KemId, ikm: bytes) -> KemPrivateKey:
         return deserialize_private_key(kem_id, kdf.labeled_expand(dkp_prk, b"sk", b"", params.n_sk))
     # NIST curves: rejection sampling; the bitmask trims P-521's 66 bytes to 521 bits.
     for counter in range(256):
-        candidate = bytearray(kdf.labeled_expand(dkp_prk, b"candidate", bytes([counter]), params.n_sk))
+        candidate = bytearray(
+            kdf.labeled_expand(dkp_prk, b"candidate", bytes([counter]), params.n_sk)
+        )
         candidate[0] &= params.bitmask
         scalar = int.from_bytes(candidate, "big")
         if 0 < scalar < params.order:
@@ -171,8 +182,10 @@ def _extract_and_expand(kem_id: KemId, dh: bytes, kem_context: bytes) -> bytes:
     return kdf.labeled_expand(eae_prk, b"shared_secret", kem_context, KEM_PARAMS[kem_id].n_secret)
 
 
-def encap(kem_id: KemId, pk_r: bytes, ephemeral: KemPrivateKey | None = None) -> tuple[bytes, bytes]:
-    """Encap(pkR) -> (shared_secret, enc). `ephemeral` replaces the fresh key in known-answer tests."""
+def encap(
+    kem_id: KemId, pk_r: bytes, ephemeral: KemPrivateKey | None = None
+) -> tuple[bytes, bytes]:
+    """Encap(pkR) -> (shared_secret, enc). `ephemeral` replaces the fresh key in KATs only."""
     try:
         public_key = deserialize_public_key(kem_id, pk_r)
     except ValueError:

@@ -24,7 +24,11 @@ class DecryptError(TracelessError):
 
 
 class SequenceOverflowError(TracelessError):
-    """A context or chunk counter reached its nonce-space limit (RFC 9180 §5.2); start a new one."""
+    """A context or chunk counter reached its nonce-space limit (RFC 9180 §5.2)."""
+
+
+class ChunkError(TracelessError, ValueError):
+    """A chunk that may not be sealed: an empty non-final chunk, or anything after the final one."""
 
 
 class UnsupportedAlgorithmError(InvalidRequestError):
@@ -44,7 +48,7 @@ class KeyConfigError(MalformedMessageError):
 
 
 class UnknownKeyIdError(InvalidRequestError):
-    """An encapsulated request names a key identifier this gateway does not hold (RFC 9458 §5.3)."""
+    """An encapsulated request names a key id this gateway does not hold (RFC 9458 §5.3)."""
 
 
 class MessageTooLargeError(InvalidRequestError):

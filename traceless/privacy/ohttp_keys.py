@@ -39,7 +39,7 @@ class SymmetricAlgorithm:
             raise KeyConfigError("KDF and AEAD ids are 16-bit values")
 
     def suite(self, kem_id: KemId) -> Suite:
-        """The HPKE suite for this pair; unknown ids and export-only raise UnsupportedAlgorithmError."""
+        """The HPKE suite for this pair; unknown ids or export-only: UnsupportedAlgorithmError."""
         suite = Suite.from_ids(kem_id, self.kdf_id, self.aead_id)
         if suite.aead_id is AeadId.EXPORT_ONLY:
             raise UnsupportedAlgorithmError("OHTTP needs an AEAD; export-only cannot encrypt")
@@ -73,13 +73,18 @@ class KeyConfig:
             raise KeyConfigError(f"invalid {self.kem_id.name} public key") from None
         algorithms = tuple(self.symmetric_algorithms)
         if not 1 <= len(algorithms) <= MAX_SYMMETRIC_ALGORITHMS:
-            raise KeyConfigError(f"need 1..{MAX_SYMMETRIC_ALGORITHMS} symmetric algorithms, got {len(algorithms)}")
+            raise KeyConfigError(
+                f"need 1..{MAX_SYMMETRIC_ALGORITHMS} symmetric algorithms, got {len(algorithms)}"
+            )
         if not all(isinstance(a, SymmetricAlgorithm) for a in algorithms):
             raise KeyConfigError("symmetric_algorithms must hold SymmetricAlgorithm values")
         object.__setattr__(self, "symmetric_algorithms", algorithms)
 
     def encode(self) -> bytes:
-        algorithms = b"".join(a.kdf_id.to_bytes(2, "big") + a.aead_id.to_bytes(2, "big") for a in self.symmetric_algorithms)
+        algorithms = b"".join(
+            a.kdf_id.to_bytes(2, "big") + a.aead_id.to_bytes(2, "big")
+            for a in self.symmetric_algorithms
+        )
         return (
             bytes([self.key_id])
             + self.kem_id.to_bytes(2, "big")
@@ -90,23 +95,28 @@ class KeyConfig:
 
     @classmethod
     def decode(cls, data: bytes) -> KeyConfig:
-        """Parse exactly one config; trailing bytes are an error. Unknown KEM: UnsupportedAlgorithmError."""
+        """Parse exactly one config (no trailing bytes). Unknown KEM: UnsupportedAlgorithmError."""
         r = ByteReader(data, KeyConfigError)
         key_id = r.read_uint(1, "key identifier")
         kem_id = kem_id_from_int(r.read_uint(2, "KEM id"))
         public_key = r.read(KEM_PARAMS[kem_id].n_pk, "public key")
         length = r.read_uint(2, "symmetric algorithms length")
         if length < 4 or length % 4 or length > 65532:
-            raise KeyConfigError(f"symmetric algorithms length must be a multiple of 4 in 4..65532, got {length}")
+            raise KeyConfigError(
+                f"symmetric algorithms length must be a multiple of 4 in 4..65532, got {length}"
+            )
         pairs = ByteReader(r.read(length, "symmetric algorithms"), KeyConfigError)
         algorithms = []
         while not pairs.at_end():
-            algorithms.append(SymmetricAlgorithm(pairs.read_uint(2, "KDF id"), pairs.read_uint(2, "AEAD id")))
+            kdf_id = pairs.read_uint(2, "KDF id")
+            algorithms.append(SymmetricAlgorithm(kdf_id, pairs.read_uint(2, "AEAD id")))
         if not r.at_end():
             raise KeyConfigError(f"{r.remaining} bytes after the key config")
         return cls(key_id, kem_id, public_key, tuple(algorithms))
 
-    def select(self, preferred: SymmetricAlgorithm | None = None) -> tuple[SymmetricAlgorithm, Suite]:
+    def select(
+        self, preferred: SymmetricAlgorithm | None = None
+    ) -> tuple[SymmetricAlgorithm, Suite]:
         """The pair to use: `preferred` if offered and supported, else the first supported one."""
         if preferred is not None:
             if preferred not in self.symmetric_algorithms:

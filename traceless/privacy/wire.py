@@ -18,7 +18,7 @@ _VARINT_LENGTHS = (1, 2, 4, 8)
 def encode_varint(value: int) -> bytes:
     """Shortest QUIC encoding of `value` (0 <= value < 2**62)."""
     if not 0 <= value <= VARINT_MAX:
-        raise ValueError(f"varint out of range: needs 0 <= value < 2**62, got {value.bit_length()} bits")
+        raise ValueError(f"varint needs 0 <= value < 2**62, got {value.bit_length()} bits")
     if value < 1 << 6:
         return value.to_bytes(1, "big")
     if value < 1 << 14:
@@ -33,6 +33,18 @@ def varint_length(first_byte: int) -> int:
     return _VARINT_LENGTHS[first_byte >> 6]
 
 
+def _varint_value(raw: bytes | bytearray) -> int:
+    return int.from_bytes(raw, "big") & ((1 << (8 * len(raw) - 2)) - 1)
+
+
+def peek_varint(buffer: bytes | bytearray) -> tuple[int, int] | None:
+    """(value, encoded length) of the varint at the start of `buffer`; None if incomplete."""
+    if not buffer or len(buffer) < varint_length(buffer[0]):
+        return None
+    n = varint_length(buffer[0])
+    return _varint_value(buffer[:n]), n
+
+
 class ByteReader:
     """A cursor over immutable bytes. Every read is bounds-checked and raises `error` on underrun.
 
@@ -42,7 +54,9 @@ class ByteReader:
 
     __slots__ = ("_data", "_pos", "_error")
 
-    def __init__(self, data: bytes, error: type[MalformedMessageError] = MalformedMessageError) -> None:
+    def __init__(
+        self, data: bytes, error: type[MalformedMessageError] = MalformedMessageError
+    ) -> None:
         self._data = memoryview(bytes(data))
         self._pos = 0
         self._error = error
@@ -71,9 +85,7 @@ class ByteReader:
     def read_varint(self, what: str) -> int:
         if self.at_end():
             raise self._error(f"truncated {what}: needs a varint, 0 bytes left")
-        n = varint_length(self._data[self._pos])
-        raw = self.read(n, what)
-        return int.from_bytes(raw, "big") & ((1 << (8 * n - 2)) - 1)
+        return _varint_value(self.read(varint_length(self._data[self._pos]), what))
 
     def read_length_prefixed(self, what: str) -> bytes:
         """A varint length followed by that many bytes (RFC 9292 length-prefixed fields)."""
