@@ -32,7 +32,9 @@ def _expected_request(d: dict) -> Request:
 
 def _expected_response(d: dict) -> Response:
     interim = tuple(InformationalResponse(s, _fields(h)) for s, h in d["informational"])
-    return Response(d["status"], _fields(d["headers"]), _l1(d["content"]), _fields(d["trailers"]), interim)
+    return Response(
+        d["status"], _fields(d["headers"]), _l1(d["content"]), _fields(d["trailers"]), interim
+    )
 
 
 def test_all_examples_are_exercised() -> None:
@@ -66,7 +68,8 @@ KNOWN_LENGTH_TRUNCATION = {
 
 
 def test_known_length_table_covers_every_known_length_example() -> None:
-    assert set(KNOWN_LENGTH_TRUNCATION) == {k for k, v in EXAMPLES.items() if v["decoded"]["framing"] in (0, 1)}
+    known = {k for k, v in EXAMPLES.items() if v["decoded"]["framing"] in (0, 1)}
+    assert set(KNOWN_LENGTH_TRUNCATION) == known
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_LENGTH_TRUNCATION))
@@ -101,7 +104,8 @@ def test_non_zero_padding_is_invalid() -> None:
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_every_truncation_is_a_message_or_a_typed_error(name: str) -> None:
     data = bytes.fromhex(EXAMPLES[name]["hex"])
-    decode = bhttp.decode_request if EXAMPLES[name]["decoded"]["framing"] in (0, 2) else bhttp.decode_response
+    is_request = EXAMPLES[name]["decoded"]["framing"] in (0, 2)
+    decode = bhttp.decode_request if is_request else bhttp.decode_response
     full = decode(data)
     decoded_prefixes = 0
     for n in range(len(data)):
@@ -181,7 +185,8 @@ def requests(draw) -> Request:
 
 @st.composite
 def responses(draw) -> Response:
-    interim = draw(st.lists(st.builds(InformationalResponse, st.integers(100, 199), _fields_st), max_size=3))
+    interim_st = st.builds(InformationalResponse, st.integers(100, 199), _fields_st)
+    interim = draw(st.lists(interim_st, max_size=3))
     return Response(
         draw(st.integers(200, 599)), draw(_fields_st), draw(st.binary(max_size=300)),
         draw(_fields_st), tuple(interim),
@@ -191,13 +196,15 @@ def responses(draw) -> Response:
 @settings(max_examples=150, deadline=None)
 @given(req=requests(), truncate=st.booleans(), padding=st.integers(0, 20))
 def test_request_round_trip(req: Request, truncate: bool, padding: int) -> None:
-    assert bhttp.decode_request(bhttp.encode_request(req, truncate=truncate, padding=padding)) == req
+    encoded = bhttp.encode_request(req, truncate=truncate, padding=padding)
+    assert bhttp.decode_request(encoded) == req
 
 
 @settings(max_examples=150, deadline=None)
 @given(resp=responses(), truncate=st.booleans(), padding=st.integers(0, 20))
 def test_response_round_trip(resp: Response, truncate: bool, padding: int) -> None:
-    assert bhttp.decode_response(bhttp.encode_response(resp, truncate=truncate, padding=padding)) == resp
+    encoded = bhttp.encode_response(resp, truncate=truncate, padding=padding)
+    assert bhttp.decode_response(encoded) == resp
 
 
 @settings(max_examples=400, deadline=None)

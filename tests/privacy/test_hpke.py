@@ -14,7 +14,11 @@ from traceless.privacy.hpke import Suite
 from traceless.privacy.hpke_aead import AeadId
 from traceless.privacy.hpke_kdf import KdfId
 from traceless.privacy.hpke_kem import KEM_PARAMS, KemId
-from traceless.privacy.ohttp_errors import DecryptError, MalformedMessageError, UnsupportedAlgorithmError
+from traceless.privacy.ohttp_errors import (
+    DecryptError,
+    MalformedMessageError,
+    UnsupportedAlgorithmError,
+)
 
 ALL_VECTORS = shared_vectors("hpke/rfc9180-appendix-a.json")["vectors"]
 BASE_VECTORS = [v for v in ALL_VECTORS if v["mode"] == hpke.MODE_BASE]
@@ -49,7 +53,8 @@ def _recipient(v: dict) -> hpke.RecipientContext:
 def test_every_base_suite_in_the_appendix_is_supported() -> None:
     # Appendix A has 7 suites; base mode of each must load (none silently dropped).
     assert len(BASE_VECTORS) == 7
-    assert {_suite(v).aead_id for v in BASE_VECTORS} >= {AeadId.AES_128_GCM, AeadId.CHACHA20_POLY1305}
+    aeads = {_suite(v).aead_id for v in BASE_VECTORS}
+    assert aeads >= {AeadId.AES_128_GCM, AeadId.CHACHA20_POLY1305}
 
 
 @pytest.mark.parametrize("v", BASE_VECTORS, ids=_ids)
@@ -155,7 +160,8 @@ def test_nist_group_orders_are_right() -> None:
     # (order - 1) * G = -G has G's x coordinate; a wrong constant would break DeriveKeyPair.
     for params in (p for p in KEM_PARAMS.values() if p.curve is not None):
         g = ec.derive_private_key(1, params.curve()).public_key().public_numbers()
-        minus_g = ec.derive_private_key(params.order - 1, params.curve()).public_key().public_numbers()
+        minus_g_key = ec.derive_private_key(params.order - 1, params.curve()).public_key()
+        minus_g = minus_g_key.public_numbers()
         assert (g.x, g.y) != (minus_g.x, minus_g.y) and g.x == minus_g.x
         with pytest.raises(ValueError):
             hpke_kem.deserialize_private_key(next(k for k, p in KEM_PARAMS.items() if p == params),
@@ -178,7 +184,9 @@ def test_repr_redacts_key_material() -> None:
     pt=st.binary(max_size=512),
     data=st.data(),
 )
-def test_single_shot_round_trip_and_bit_flips(suite: Suite, info: bytes, aad: bytes, pt: bytes, data) -> None:
+def test_single_shot_round_trip_and_bit_flips(
+    suite: Suite, info: bytes, aad: bytes, pt: bytes, data
+) -> None:
     sk = hpke_kem.generate_key_pair(suite.kem_id)
     enc, ct = hpke.seal_base(suite, sk.public_key_bytes, info, aad, pt)
     assert len(enc) == suite.n_enc and len(ct) == len(pt) + suite.n_t

@@ -31,7 +31,10 @@ HEADER_AND_ENC = 7 + 32  # X25519: Nenc = 32
 
 
 def _appendix_server() -> OhttpServer:
-    return OhttpServer(1, symmetric_algorithms=APPENDIX_ALGORITHMS, _secret_key_for_tests=H(V["gateway_x25519_secret_key"]))
+    secret_key = H(V["gateway_x25519_secret_key"])
+    return OhttpServer(
+        1, symmetric_algorithms=APPENDIX_ALGORITHMS, _secret_key_for_tests=secret_key
+    )
 
 
 def _flip(data: bytes, bit: int) -> bytes:
@@ -52,8 +55,9 @@ def test_appendix_a_key_config_and_info() -> None:
 
 def test_appendix_a_request_is_reproduced_byte_for_byte() -> None:
     config = KeyConfig.decode(H(V["key_config"]))
+    ephemeral = H(V["client_ephemeral_secret_key"])
     enc_request, _ = encapsulate_request(
-        config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=H(V["client_ephemeral_secret_key"])
+        config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=ephemeral
     )
     assert enc_request == H(V["encapsulated_request"])
     assert enc_request[7:39] == H(V["client_ephemeral_public_key"])
@@ -66,15 +70,17 @@ def test_appendix_a_gateway_decapsulates_and_answers_byte_for_byte() -> None:
     secret = response_ctx.secret
     assert secret.secret == H(V["response_export_secret"])
     assert secret.enc + H(V["response_nonce"]) == H(V["response_salt"])
-    assert secret.derive(H(V["response_nonce"])) == (H(V["response_aead_key"]), H(V["response_aead_nonce"]))
-    enc_response = response_ctx.encapsulate(H(V["response_bhttp"]), _response_nonce_for_tests=H(V["response_nonce"]))
+    nonce = H(V["response_nonce"])
+    assert secret.derive(nonce) == (H(V["response_aead_key"]), H(V["response_aead_nonce"]))
+    enc_response = response_ctx.encapsulate(H(V["response_bhttp"]), _response_nonce_for_tests=nonce)
     assert enc_response == H(V["encapsulated_response"])
 
 
 def test_appendix_a_client_decapsulates_the_response() -> None:
     config = KeyConfig.decode(H(V["key_config"]))
+    ephemeral = H(V["client_ephemeral_secret_key"])
     _, client_ctx = encapsulate_request(
-        config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=H(V["client_ephemeral_secret_key"])
+        config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=ephemeral
     )
     assert client_ctx.secret.secret == H(V["response_export_secret"])
     assert client_ctx.decapsulate(H(V["encapsulated_response"])) == H(V["response_bhttp"])
@@ -102,8 +108,11 @@ def test_fresh_keys_and_nonces_each_time() -> None:
 )
 def test_round_trip(request: bytes, response: bytes, algorithm: SymmetricAlgorithm) -> None:
     server = OhttpServer(3)
-    enc_request, client_ctx = encapsulate_request(server.key_config, request, symmetric_algorithm=algorithm)
-    assert enc_request[1:7] == (0x20).to_bytes(2, "big") + algorithm.kdf_id.to_bytes(2, "big") + algorithm.aead_id.to_bytes(2, "big")
+    enc_request, client_ctx = encapsulate_request(
+        server.key_config, request, symmetric_algorithm=algorithm
+    )
+    ids = (0x20, algorithm.kdf_id, algorithm.aead_id)
+    assert enc_request[1:7] == b"".join(i.to_bytes(2, "big") for i in ids)
     got, server_ctx = server.decapsulate_request(enc_request)
     assert got == request
     assert client_ctx.decapsulate(server_ctx.encapsulate(response)) == response
@@ -128,7 +137,8 @@ def _assert_request_rejected(enc_request: bytes, bit: int) -> None:
     tampered = _flip(enc_request, bit)
     # The 7-byte header is public: a changed key id or algorithm gets its own typed error (or,
     # if it names another allowed pair, fails decryption). Past the header only DecryptError.
-    expected = (UnknownKeyIdError, UnsupportedAlgorithmError, DecryptError) if bit < 56 else DecryptError
+    header_errors = (UnknownKeyIdError, UnsupportedAlgorithmError, DecryptError)
+    expected = header_errors if bit < 56 else DecryptError
     with pytest.raises(expected) as info:
         _SERVER.decapsulate_request(tampered)
     if isinstance(info.value, DecryptError):
@@ -139,7 +149,8 @@ def _assert_request_rejected(enc_request: bytes, bit: int) -> None:
 @given(body=st.binary(max_size=300), data=st.data())
 def test_any_flipped_request_bit_is_rejected_and_changes_no_state(body: bytes, data) -> None:
     enc_request, _ = encapsulate_request(_SERVER.key_config, body)
-    _assert_request_rejected(enc_request, data.draw(st.integers(0, 8 * len(enc_request) - 1), label="bit"))
+    bit = data.draw(st.integers(0, 8 * len(enc_request) - 1), label="bit")
+    _assert_request_rejected(enc_request, bit)
     # The server is unchanged: the untouched request (and an older one) still decapsulate.
     assert _SERVER.decapsulate_request(enc_request)[0] == body
     assert _SERVER.decapsulate_request(_GOOD_REQUEST)[0] == b"the request body"
@@ -220,7 +231,8 @@ def test_server_refuses_algorithms_it_cannot_serve() -> None:
 
 def test_decrypt_errors_are_indistinguishable() -> None:
     messages = set()
-    for bad in (_flip(_GOOD_REQUEST, 60), _flip(_GOOD_REQUEST, 8 * len(_GOOD_REQUEST) - 1), _GOOD_REQUEST[:-1]):
+    last_bit = 8 * len(_GOOD_REQUEST) - 1
+    for bad in (_flip(_GOOD_REQUEST, 60), _flip(_GOOD_REQUEST, last_bit), _GOOD_REQUEST[:-1]):
         with pytest.raises(DecryptError) as info:
             _SERVER.decapsulate_request(bad)
         messages.add((type(info.value), str(info.value), info.value.args, info.value.__cause__))
@@ -235,4 +247,6 @@ def test_gateway_key_is_memory_only() -> None:
             copy.deepcopy(obj)
         assert "redacted" in repr(obj)
     public_api = {name for name in dir(_SERVER) if not name.startswith("_")}
-    assert public_api == {"key_config", "ohttp_keys", "decapsulate_request", "decapsulate_chunked_request"}
+    assert public_api == {
+        "key_config", "ohttp_keys", "decapsulate_request", "decapsulate_chunked_request"
+    }

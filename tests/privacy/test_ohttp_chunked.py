@@ -16,7 +16,11 @@ from traceless.privacy.ohttp_chunked import (
     encapsulate_chunked_request,
     split_chunks,
 )
-from traceless.privacy.ohttp_encap import CHUNKED_REQUEST_LABEL, CHUNKED_RESPONSE_LABEL, RequestHeader
+from traceless.privacy.ohttp_encap import (
+    CHUNKED_REQUEST_LABEL,
+    CHUNKED_RESPONSE_LABEL,
+    RequestHeader,
+)
 from traceless.privacy.ohttp_errors import ChunkError, DecryptError, MalformedMessageError
 from traceless.privacy.ohttp_keys import SymmetricAlgorithm
 from traceless.privacy.wire import encode_varint
@@ -27,7 +31,8 @@ H = bytes.fromhex
 
 def _draft_server() -> OhttpServer:
     algorithms = (SymmetricAlgorithm(1, 1), SymmetricAlgorithm(1, 3))
-    return OhttpServer(1, symmetric_algorithms=algorithms, _secret_key_for_tests=H(V["gateway_x25519_secret_key"]))
+    secret_key = H(V["gateway_x25519_secret_key"])
+    return OhttpServer(1, symmetric_algorithms=algorithms, _secret_key_for_tests=secret_key)
 
 
 def _split_by(data: bytes, lengths: list[int]) -> list[bytes]:
@@ -61,8 +66,9 @@ def test_draft_example_request_byte_for_byte() -> None:
     server = _draft_server()
     assert server.key_config.encode() == H(V["key_config"])
     chunks = _split_by(H(V["request_bhttp"]), V["request_chunk_plaintext_lengths"])
+    ephemeral = H(V["client_ephemeral_secret_key"])
     enc_request, client_ctx = encapsulate_chunked_request(
-        server.key_config, chunks, _ephemeral_secret_key_for_tests=H(V["client_ephemeral_secret_key"])
+        server.key_config, chunks, _ephemeral_secret_key_for_tests=ephemeral
     )
     assert enc_request == H("".join(V["encapsulated_request"]))
     assert client_ctx.secret.secret == H(V["response_export_secret"])
@@ -72,7 +78,8 @@ def test_draft_example_request_byte_for_byte() -> None:
 
 
 def test_draft_example_response_byte_for_byte() -> None:
-    _, server_ctx = _draft_server().decapsulate_chunked_request(H("".join(V["encapsulated_request"])))
+    enc_request = H("".join(V["encapsulated_request"]))
+    _, server_ctx = _draft_server().decapsulate_chunked_request(enc_request)
     secret = server_ctx.secret
     assert secret.enc + H(V["response_nonce"]) == H(V["response_salt"])
     key, aead_nonce = secret.derive(H(V["response_nonce"]))
@@ -88,8 +95,9 @@ def test_draft_example_response_byte_for_byte() -> None:
 
 def test_draft_example_response_decrypts_chunk_by_chunk() -> None:
     chunks = _split_by(H(V["request_bhttp"]), V["request_chunk_plaintext_lengths"])
+    ephemeral = H(V["client_ephemeral_secret_key"])
     _, client_ctx = encapsulate_chunked_request(
-        _draft_server().key_config, chunks, _ephemeral_secret_key_for_tests=H(V["client_ephemeral_secret_key"])
+        _draft_server().key_config, chunks, _ephemeral_secret_key_for_tests=ephemeral
     )
     decryptor = client_ctx.decryptor()
     got = [decryptor.feed(H(x)) for x in V["encapsulated_response"]]
@@ -118,8 +126,14 @@ _chunks = st.lists(st.binary(min_size=1, max_size=200), max_size=8)
 
 
 @settings(max_examples=150, deadline=None)
-@given(chunks=_chunks, final=st.binary(max_size=200), points=st.lists(st.integers(0, 10_000), max_size=12))
-def test_random_byte_boundaries_decode_to_the_same_chunks(chunks: list[bytes], final: bytes, points: list[int]) -> None:
+@given(
+    chunks=_chunks,
+    final=st.binary(max_size=200),
+    points=st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_random_byte_boundaries_decode_to_the_same_chunks(
+    chunks: list[bytes], final: bytes, points: list[int]
+) -> None:
     stream = _encrypt(chunks, final)
     assert _decrypt_all(_CLIENT_CTX.decryptor(), _cuts(stream, points)) == chunks + [final]
     assert _decrypt_all(_CLIENT_CTX.decryptor(), [bytes([b]) for b in stream]) == chunks + [final]
@@ -171,7 +185,8 @@ def test_every_truncation_and_any_trailing_data_is_rejected() -> None:
 
 def test_reordered_dropped_or_foreign_chunks_are_rejected() -> None:
     encryptor = _SERVER_CTX.encryptor()
-    first, second, final = encryptor.seal_chunk(b"one"), encryptor.seal_chunk(b"two"), encryptor.seal_final(b"end")
+    first, second = encryptor.seal_chunk(b"one"), encryptor.seal_chunk(b"two")
+    final = encryptor.seal_final(b"end")
     nonce, first = first[:16], first[16:]
     for stream in (nonce + second + first + final, nonce + first + final, nonce + second + final):
         with pytest.raises(DecryptError):
@@ -188,11 +203,13 @@ def test_empty_non_final_and_oversized_chunks_are_rejected() -> None:
     empty = aead.seal(aead_nonce, b"", b"")  # counter 0, validly sealed but empty
     final = aead.seal(ohttp_chunked._chunk_nonce(aead_nonce, 1), b"final", b"x")
     with pytest.raises(DecryptError):
-        _decrypt_all(_CLIENT_CTX.decryptor(), [nonce + encode_varint(len(empty)) + empty + b"\x00" + final])
+        stream = nonce + encode_varint(len(empty)) + empty + b"\x00" + final
+        _decrypt_all(_CLIENT_CTX.decryptor(), [stream])
     stream = _encrypt([b"y" * 100], b"z" * 100)
     with pytest.raises(DecryptError):
         _decrypt_all(_CLIENT_CTX.decryptor(max_chunk_length=99), [stream])
-    assert _decrypt_all(_CLIENT_CTX.decryptor(max_chunk_length=100), [stream]) == [b"y" * 100, b"z" * 100]
+    got = _decrypt_all(_CLIENT_CTX.decryptor(max_chunk_length=100), [stream])
+    assert got == [b"y" * 100, b"z" * 100]
 
 
 def test_encryptor_misuse_is_a_typed_error() -> None:
@@ -216,11 +233,14 @@ def test_encryptor_misuse_is_a_typed_error() -> None:
 @settings(max_examples=100, deadline=None)
 @given(body=st.binary(max_size=300), size=st.integers(1, 64), data=st.data())
 def test_chunked_request_round_trip_and_bit_flips(body: bytes, size: int, data) -> None:
-    enc_request, client_ctx = encapsulate_chunked_request(_SERVER.key_config, split_chunks(body, size))
+    chunks = split_chunks(body, size)
+    enc_request, client_ctx = encapsulate_chunked_request(_SERVER.key_config, chunks)
     request, server_ctx = _SERVER.decapsulate_chunked_request(enc_request)
     assert request == body
-    assert _decrypt_all(client_ctx.decryptor(), [server_ctx.encryptor().seal_final(b"ok")]) == [b"ok"]
-    bit = data.draw(st.integers(56, 8 * len(enc_request) - 1), label="bit")  # past the public header
+    response = server_ctx.encryptor().seal_final(b"ok")
+    assert _decrypt_all(client_ctx.decryptor(), [response]) == [b"ok"]
+    # Past the 56-bit public header every flip is a decryption failure.
+    bit = data.draw(st.integers(56, 8 * len(enc_request) - 1), label="bit")
     with pytest.raises(DecryptError):
         _SERVER.decapsulate_chunked_request(_flip(enc_request, bit))
     cut = data.draw(st.integers(39, len(enc_request) - 1), label="cut")

@@ -11,13 +11,20 @@ from traceless.privacy.hpke_aead import AeadId
 from traceless.privacy.hpke_kdf import KdfId
 from traceless.privacy.hpke_kem import KemId
 from traceless.privacy.ohttp_errors import KeyConfigError, UnsupportedAlgorithmError
-from traceless.privacy.ohttp_keys import KeyConfig, SymmetricAlgorithm, decode_ohttp_keys, encode_ohttp_keys
+from traceless.privacy.ohttp_keys import (
+    KeyConfig,
+    SymmetricAlgorithm,
+    decode_ohttp_keys,
+    encode_ohttp_keys,
+)
 
 VECTOR = shared_vectors("ohttp/rfc9458-appendix-a.json")
 APPENDIX_CONFIG = bytes.fromhex(VECTOR["key_config"])
 
 
-def _config(key_id: int = 1, kem_id: KemId = KemId.DHKEM_X25519_HKDF_SHA256, pairs=((1, 1),)) -> KeyConfig:
+def _config(
+    key_id: int = 1, kem_id: KemId = KemId.DHKEM_X25519_HKDF_SHA256, pairs=((1, 1),)
+) -> KeyConfig:
     pk = hpke_kem.generate_key_pair(kem_id).public_key_bytes
     return KeyConfig(key_id, kem_id, pk, tuple(SymmetricAlgorithm(k, a) for k, a in pairs))
 
@@ -44,7 +51,8 @@ def test_ohttp_keys_prefixes_each_config_with_its_length() -> None:
 
 def test_configs_with_unknown_kems_are_skipped_not_misparsed() -> None:
     unknown = bytes([9]) + (0x0042).to_bytes(2, "big") + b"\xaa" * 40 + b"\x00\x04\x00\x01\x00\x01"
-    body = len(unknown).to_bytes(2, "big") + unknown + encode_ohttp_keys([KeyConfig.decode(APPENDIX_CONFIG)])
+    known = encode_ohttp_keys([KeyConfig.decode(APPENDIX_CONFIG)])
+    body = len(unknown).to_bytes(2, "big") + unknown + known
     assert decode_ohttp_keys(body) == (KeyConfig.decode(APPENDIX_CONFIG),)
     with pytest.raises(UnsupportedAlgorithmError):
         KeyConfig.decode(unknown)
@@ -85,7 +93,8 @@ def test_malformed_key_config_is_a_typed_error(mutate) -> None:
 
 def test_invalid_public_key_and_fields_are_rejected() -> None:
     with pytest.raises(KeyConfigError):  # not a point on P-256
-        KeyConfig(1, KemId.DHKEM_P256_HKDF_SHA256, b"\x04" + b"\x01" * 64, (SymmetricAlgorithm(1, 1),))
+        not_on_curve = b"\x04" + b"\x01" * 64
+        KeyConfig(1, KemId.DHKEM_P256_HKDF_SHA256, not_on_curve, (SymmetricAlgorithm(1, 1),))
     with pytest.raises(KeyConfigError):
         _config(key_id=256)
     with pytest.raises(KeyConfigError):
@@ -121,7 +130,12 @@ def test_key_config_round_trip(key_id: int, kem_id: KemId, pairs) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(body=st.one_of(st.binary(max_size=120), st.binary(max_size=60).map(lambda b: b"\x00\x2d" + APPENDIX_CONFIG + b)))
+@given(
+    body=st.one_of(
+        st.binary(max_size=120),
+        st.binary(max_size=60).map(lambda b: b"\x00\x2d" + APPENDIX_CONFIG + b),
+    )
+)
 def test_arbitrary_bytes_never_crash_the_keys_decoder(body: bytes) -> None:
     try:
         decode_ohttp_keys(body)

@@ -31,7 +31,6 @@ REQUEST_LABEL = b"message/bhttp request"
 RESPONSE_LABEL = b"message/bhttp response"
 CHUNKED_REQUEST_LABEL = b"message/bhttp chunked request"
 CHUNKED_RESPONSE_LABEL = b"message/bhttp chunked response"
-HEADER_LENGTH = 7
 
 
 @dataclass(frozen=True, slots=True)
