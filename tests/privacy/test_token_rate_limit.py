@@ -24,7 +24,12 @@ def test_reserve_refund_and_window_rollover():
 def test_refund_never_goes_negative_and_old_windows_do_not_count():
     limiter = TokenRateLimiter(RateLimit(tokens_per_window=3, window_seconds=10.0))
     limiter.reserve("u", 2, now=1.0)
-    limiter.refund("u", 2, now=12.0)  # a refund in a later window gives back nothing extra
-    assert limiter.remaining("u", now=12.0) == 3
+    limiter.refund("u", 5, now=1.0)
+    assert limiter.snapshot() == {"u": (0, 0)}
+    limiter.reserve("u", 2, now=1.0)
+    limiter.reserve("u", 3, now=12.0)  # the counter moves on to window 1 ...
+    limiter.refund("u", 2, now=1.0)  # ... so a late refund for window 0 must not touch it
+    assert limiter.snapshot() == {"u": (1, 3)}
+    assert limiter.remaining("u", now=12.0) == 0
     with pytest.raises(ValueError):
         limiter.reserve("u", 0, now=12.0)

@@ -59,11 +59,16 @@ class TokenRateLimiter:
             self._counters[user_id] = (window, used + count)
 
     def refund(self, user_id: str, count: int, now: float) -> None:
-        """Give back tokens reserved in this window that were not issued after all."""
+        """Give back tokens reserved at `now` that were not issued after all.
+
+        Only the window they were reserved in is credited: once the user's counter has
+        moved on to a later window, the refund is moot and must not touch the new count.
+        """
         window = self._window(now)
         with self._lock:
-            used = self._used(user_id, window)
-            self._counters[user_id] = (window, max(0, used - count))
+            stored = self._counters.get(user_id)
+            if stored is not None and stored[0] == window:
+                self._counters[user_id] = (window, max(0, stored[1] - count))
 
     def remaining(self, user_id: str, now: float) -> int:
         with self._lock:
