@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from tests.privacy.token_vectors import header_vector_blocks, type2_issuance_vectors
 from traceless.privacy.privacypass_http import (
-    HeaderParseError,
     PrivateTokenChallenge,
     b64url_decode,
     b64url_encode,
@@ -20,7 +19,11 @@ from traceless.privacy.privacypass_http import (
 )
 from traceless.privacy.privacypass_keys import IssuerPublicKey
 from traceless.privacy.privacypass_wire import NK, Token, TokenChallenge
-from traceless.privacy.token_errors import DecodeError, UnsupportedTokenTypeError
+from traceless.privacy.token_errors import (
+    DecodeError,
+    HeaderParseError,
+    UnsupportedTokenTypeError,
+)
 
 BLOCKS = header_vector_blocks()
 RFC_KEY = IssuerPublicKey.from_spki(bytes.fromhex(type2_issuance_vectors()[0]["pkS"]))
@@ -61,7 +64,8 @@ def test_choose_challenge_follows_rfc9577_client_rules():
     changed_key = two[0].token_key[:-1] + bytes([two[0].token_key[-1] ^ 1])
     other_key = PrivateTokenChallenge(two[0].challenge, changed_key, 10)
     assert choose_challenge([other_key], "origin.example", RFC_KEY) is None
-    assert choose_challenge(parse_www_authenticate(BLOCKS[2]["WWW-Authenticate"]), "origin.example", RFC_KEY) is None
+    grease = parse_www_authenticate(BLOCKS[2]["WWW-Authenticate"])
+    assert choose_challenge(grease, "origin.example", RFC_KEY) is None
     no_key = PrivateTokenChallenge(two[0].challenge)
     assert choose_challenge([no_key], "origin.example", RFC_KEY) is not None
 

@@ -4,12 +4,10 @@
                       token-key="<b64url key>", max-age="<seconds>"
     Authorization: PrivateToken token="<b64url Token>"
 
-The header syntax is RFC 9110 section 11: a comma-separated list of challenges, each an
-auth-scheme followed by a token68 or by comma-separated auth-params, so the parser has to
-look ahead after each comma to tell "next parameter" from "next challenge". Scheme and
-parameter names are case-insensitive; values may be tokens or quoted-strings. Base64url
-values are emitted padded (the RFC's MUST); on input both padded and unpadded forms are
-accepted, but only in canonical form.
+The header grammar (RFC 9110 section 11) is in http_auth_syntax.py. Scheme and parameter
+names are case-insensitive; values may be tokens or quoted-strings. Base64url values are
+emitted padded (the RFC's MUST); on input both padded and unpadded forms are accepted,
+but only in canonical form.
 
 PrivateToken challenges that cannot be used (no or undecodable `challenge`, bad
 `token-key` or `max-age`) are skipped: RFC 9577 section 2.1.2 says a client MUST NOT act on
@@ -21,22 +19,16 @@ from __future__ import annotations
 import base64
 import binascii
 import string
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from traceless.privacy.http_auth_syntax import parse_auth_list
 from traceless.privacy.privacypass_keys import IssuerPublicKey
 from traceless.privacy.privacypass_wire import TOKEN_TYPE_BLIND_RSA, Token, TokenChallenge
-from traceless.privacy.token_errors import DecodeError
+from traceless.privacy.token_errors import DecodeError, HeaderParseError
 
 SCHEME = "PrivateToken"
-_TCHAR = frozenset("!#$%&'*+-.^_`|~" + string.ascii_letters + string.digits)
-_TOKEN68 = frozenset("-._~+/" + string.ascii_letters + string.digits)
 _B64URL = frozenset("-_" + string.ascii_letters + string.digits)
-
-
-class HeaderParseError(DecodeError):
-    """The header is not valid RFC 9110 authentication syntax, or lacks a required part."""
-
 
 def b64url_encode(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode("ascii")
@@ -97,7 +89,7 @@ def format_www_authenticate(challenges: Sequence[PrivateTokenChallenge]) -> str:
 def parse_www_authenticate(value: str) -> list[PrivateTokenChallenge]:
     """The usable PrivateToken challenges in a WWW-Authenticate value, in header order."""
     out = []
-    for scheme, params, token68 in _parse_auth_list(value):
+    for scheme, params, token68 in parse_auth_list(value):
         if scheme.lower() != SCHEME.lower() or token68 is not None:
             continue
         try:
@@ -113,7 +105,7 @@ def format_authorization(token: Token) -> str:
 
 def parse_authorization(value: str) -> Token:
     """The Token in an `Authorization: PrivateToken token=...` value; unknown params ignored."""
-    items = _parse_auth_list(value)
+    items = parse_auth_list(value)
     if len(items) != 1:
         raise HeaderParseError("Authorization must hold exactly one credential")
     scheme, params, _ = items[0]
@@ -169,123 +161,3 @@ def _challenge_from_params(params: dict[str, str]) -> PrivateTokenChallenge:
             raise HeaderParseError("max-age is not a number of seconds")
         max_age = int(params["max-age"])
     return PrivateTokenChallenge(challenge, token_key, max_age)
-
-
-# --- RFC 9110 section 11 list syntax ------------------------------------------------------
-#   challenge  = auth-scheme [ 1*SP ( token68 / #auth-param ) ]
-#   auth-param = token BWS "=" BWS ( token / quoted-string )
-
-_AuthItem = tuple[str, dict[str, str], "str | None"]  # scheme, params, token68
-
-
-class _Cursor:
-    __slots__ = ("text", "pos")
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def at_end(self) -> bool:
-        return self.pos >= len(self.text)
-
-    def peek(self) -> str:
-        return "" if self.at_end() else self.text[self.pos]
-
-    def skip(self, chars: Collection[str]) -> bool:
-        start = self.pos
-        while not self.at_end() and self.text[self.pos] in chars:
-            self.pos += 1
-        return self.pos > start
-
-    def take(self, chars: frozenset[str], what: str) -> str:
-        start = self.pos
-        while not self.at_end() and self.text[self.pos] in chars:
-            self.pos += 1
-        if self.pos == start:
-            raise HeaderParseError(f"expected {what}")
-        return self.text[start : self.pos]
-
-    def quoted_string(self) -> str:
-        self.pos += 1  # opening DQUOTE
-        out = []
-        while True:
-            if self.at_end():
-                raise HeaderParseError("unterminated quoted-string")
-            ch = self.text[self.pos]
-            self.pos += 1
-            if ch == '"':
-                return "".join(out)
-            if ch == "\\":  # quoted-pair
-                if self.at_end():
-                    raise HeaderParseError("unterminated quoted-pair")
-                ch = self.text[self.pos]
-                self.pos += 1
-            if not (ch == "\t" or " " <= ch <= "~" or "\x80" <= ch <= "\xff"):
-                raise HeaderParseError("invalid character in quoted-string")
-            out.append(ch)
-
-
-def _parse_auth_list(value: str) -> list[_AuthItem]:
-    c = _Cursor(value)
-    items: list[_AuthItem] = []
-    while True:
-        c.skip(" \t,")  # empty list elements are allowed
-        if c.at_end():
-            return items
-        items.append(_parse_item(c))
-        c.skip(" \t")
-        if not c.at_end() and c.peek() != ",":
-            raise HeaderParseError("expected ',' between challenges")
-
-
-def _parse_item(c: _Cursor) -> _AuthItem:
-    scheme = c.take(_TCHAR, "auth-scheme")
-    if not c.skip(" ") or c.at_end() or c.peek() == ",":
-        return scheme, {}, None
-    if not _param_ahead(c):
-        token68 = c.take(_TOKEN68, "token68")
-        while c.peek() == "=":
-            token68 += "="
-            c.pos += 1
-        return scheme, {}, token68
-    return scheme, _parse_params(c), None
-
-
-def _param_ahead(c: _Cursor) -> bool:
-    """Whether `token BWS "=" BWS (token / quoted-string)` starts here; consumes nothing."""
-    start = c.pos
-    try:
-        if not c.skip(_TCHAR):
-            return False
-        c.skip(" \t")
-        if c.peek() != "=":
-            return False
-        c.pos += 1
-        c.skip(" \t")
-        return c.peek() == '"' or (c.peek() != "" and c.peek() in _TCHAR)
-    finally:
-        c.pos = start
-
-
-def _parse_params(c: _Cursor) -> dict[str, str]:
-    params: dict[str, str] = {}
-    while True:
-        name = c.take(_TCHAR, "auth-param name").lower()
-        c.skip(" \t")
-        if c.peek() != "=":
-            raise HeaderParseError("expected '=' in auth-param")
-        c.pos += 1
-        c.skip(" \t")
-        value = c.quoted_string() if c.peek() == '"' else c.take(_TCHAR, "auth-param value")
-        if name in params:
-            raise HeaderParseError("duplicate auth-param")
-        params[name] = value
-        mark = c.pos
-        c.skip(" \t")
-        if c.peek() != ",":
-            c.pos = mark
-            return params
-        c.skip(" \t,")
-        if c.at_end() or not _param_ahead(c):  # the comma ended this challenge
-            c.pos = mark
-            return params

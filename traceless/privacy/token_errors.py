@@ -19,6 +19,10 @@ class DecodeError(TokenError):
     """A wire structure, key encoding or header could not be parsed."""
 
 
+class HeaderParseError(DecodeError):
+    """An HTTP authentication header is malformed or lacks a required part."""
+
+
 class UnsupportedTokenTypeError(TokenError):
     """The token_type is not one this code implements (only 0x0002, blind RSA)."""
 
