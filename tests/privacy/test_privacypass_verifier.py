@@ -123,7 +123,8 @@ def test_wrong_issuer_and_wrong_challenge_are_rejected(issuers, current_token):
     foreign = _token(first, other_context.current(T0).challenge)
     with pytest.raises(ChallengeMismatchError):
         _verifier(first, clock).redeem(foreign)
-    forged = Token(2, b"\x00" * 32, current_token.challenge_digest, current_token.token_key_id, current_token.authenticator)
+    t = current_token
+    forged = Token(2, b"\x00" * 32, t.challenge_digest, t.token_key_id, t.authenticator)
     verifier = _verifier(first, clock)
     with pytest.raises(TokenSignatureError):
         verifier.redeem(forged)

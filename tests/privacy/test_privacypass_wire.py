@@ -73,7 +73,9 @@ def test_origin_names_split():
     ],
 )
 def test_challenge_validation(kwargs):
-    fields = dict(token_type=2, issuer_name="issuer.example", redemption_context=b"", origin_info="")
+    fields = dict(
+        token_type=2, issuer_name="issuer.example", redemption_context=b"", origin_info=""
+    )
     fields.update(kwargs)
     with pytest.raises(DecodeError):
         TokenChallenge(**fields)

@@ -13,7 +13,7 @@ from traceless.privacy.token_errors import MessageEncodingError
 
 
 def mgf1(mgf_seed: bytes, mask_len: int, hash_name: str) -> bytes:
-    """MGF1 (RFC 8017 B.2.1): T = Hash(seed || C(0)) || Hash(seed || C(1)) || ..., cut to mask_len."""
+    """MGF1 (RFC 8017 B.2.1): Hash(seed || C(0)) || Hash(seed || C(1)) || ..., cut to mask_len."""
     h_len = hashlib.new(hash_name).digest_size
     if mask_len < 0 or mask_len > (h_len << 32):
         raise MessageEncodingError("MGF1 mask too long")

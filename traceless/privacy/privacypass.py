@@ -148,6 +148,8 @@ def verify_token(token: Token, issuer_key: IssuerPublicKey) -> None:
     if token.token_key_id != issuer_key.token_key_id:
         raise TokenKeyError("token_key_id does not match the issuer key")
     try:
-        blind_rsa.verify(VARIANT, issuer_key.public_key, token.authenticator_input(), token.authenticator)
+        blind_rsa.verify(
+            VARIANT, issuer_key.public_key, token.authenticator_input(), token.authenticator
+        )
     except InvalidSignatureError:
         raise TokenSignatureError("token authenticator is not a valid signature") from None
