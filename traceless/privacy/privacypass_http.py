@@ -30,6 +30,7 @@ from traceless.privacy.token_errors import DecodeError, HeaderParseError
 SCHEME = "PrivateToken"
 _B64URL = frozenset("-_" + string.ascii_letters + string.digits)
 
+
 def b64url_encode(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode("ascii")
 
@@ -118,6 +119,8 @@ def parse_authorization(value: str) -> Token:
 
 @dataclass(frozen=True, slots=True)
 class SelectedChallenge:
+    """The challenge a client chose to answer, and how long the origin says it is good for."""
+
     challenge: TokenChallenge
     max_age: int | None
 
