@@ -8,7 +8,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from tests.cluster._service import running_log_service
+from tests.cluster._helpers import running_log_service
 from traceless import events
 from traceless.cluster import log_service
 from traceless.privacy.merkle import leaf_hash, merkle_tree_hash, verify_consistency, verify_inclusion

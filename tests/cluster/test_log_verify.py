@@ -1,19 +1,17 @@
 """The log client and `verify_log` against the real service: forks, rollbacks, forged answers."""
 import base64
-import json
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import serialization
 
+from tests.cluster._helpers import rewrite_history
 from traceless.privacy import translog as tl
-from traceless.privacy.merkle import leaf_hash, merkle_tree_hash
+from traceless.privacy.merkle import leaf_hash
 from traceless.privacy.translog import TransparencyLog
 from traceless.privacy.translog_client import (
     InclusionProofError, InconsistentLogError, LogClient, LogState, LogUnavailableError,
     PublicKeyMismatchError, RootMismatchError, TreeHeadSignatureError, measurement_leaf, verify_log,
 )
-from traceless.privacy.tree_head import sign_tree_head
 
 RELEASES = [bytes([i]) * 32 for i in range(1, 6)]
 
@@ -23,16 +21,6 @@ def setup(tmp_path, log_service):
     log = TransparencyLog.create(tmp_path / "log")
     log.append_batch(RELEASES[:3])
     return log, log_service(tmp_path / "log"), tmp_path / "state.json"
-
-
-def _rewrite_history(directory, leaves):
-    """What a log operator holding the key could do: replace the history and re-sign."""
-    key = serialization.load_pem_private_key((directory / tl.SIGNING_KEY).read_bytes(), None)
-    records = b"".join(len(x).to_bytes(4, "big") + x + leaf_hash(x) for x in leaves)
-    (directory / tl.ENTRIES).write_bytes(tl.MAGIC + records)
-    old = json.loads((directory / tl.STH).read_text())
-    sth = sign_tree_head(key, len(leaves), old["timestamp"] + 1, merkle_tree_hash(leaves))
-    (directory / tl.STH).write_text(json.dumps(sth.to_json()))
 
 
 def test_first_use_then_growth(setup):
@@ -56,7 +44,7 @@ def test_fork_is_detected_against_saved_state(setup, tmp_path, forked):
     _, url, state = setup
     verify_log(url, state)
     saved = state.read_text()
-    _rewrite_history(tmp_path / "log", forked)
+    rewrite_history(tmp_path / "log", forked)
     TransparencyLog.open(tmp_path / "log")  # the forked directory is itself a valid log
     with pytest.raises(InconsistentLogError):
         verify_log(url, state)

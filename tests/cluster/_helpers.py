@@ -1,10 +1,16 @@
-"""Run the log service on a free loopback port in a thread (real HTTP, no mocks)."""
+"""Test helpers: run the log service on a free loopback port (real HTTP), forge a log's history."""
+import json
 import socket
 import threading
 import time
 from contextlib import contextmanager
 
+from cryptography.hazmat.primitives import serialization
+
 from traceless.cluster.log_service import build_server
+from traceless.privacy import translog as tl
+from traceless.privacy.merkle import leaf_hash, merkle_tree_hash
+from traceless.privacy.tree_head import sign_tree_head
 
 
 @contextmanager
@@ -27,3 +33,13 @@ def running_log_service(log_dir):
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def rewrite_history(directory, leaves):
+    """What a log operator holding the key could do: replace the history and re-sign it."""
+    key = serialization.load_pem_private_key((directory / tl.SIGNING_KEY).read_bytes(), None)
+    records = b"".join(len(x).to_bytes(4, "big") + x + leaf_hash(x) for x in leaves)
+    (directory / tl.ENTRIES).write_bytes(tl.MAGIC + records)
+    old = json.loads((directory / tl.STH).read_text())
+    sth = sign_tree_head(key, len(leaves), old["timestamp"] + 1, merkle_tree_hash(leaves))
+    (directory / tl.STH).write_text(json.dumps(sth.to_json()))
