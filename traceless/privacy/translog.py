@@ -95,7 +95,7 @@ class AppendResult:
 
 @dataclass(slots=True)
 class _Snapshot:
-    """What the log holds as of one sth.json; `stamp` identifies that file version."""
+    """What the log holds as of one version of sth.json (`raw_sth`, its exact bytes)."""
 
     sth: SignedTreeHead
     public_key: Ed25519PublicKey
@@ -103,7 +103,7 @@ class _Snapshot:
     tree: MerkleTree
     index: dict[bytes, int]  # leaf hash -> leaf index
     published_end: int  # byte offset in entries.bin just past the last published record
-    stamp: tuple[int, ...]
+    raw_sth: bytes
 
 
 def _parse_records(data: bytes, count: int) -> tuple[list[bytes], list[bytes], int]:
@@ -129,15 +129,10 @@ def _parse_records(data: bytes, count: int) -> tuple[list[bytes], list[bytes], i
     return leaves, hashes, off
 
 
-def _stamp(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-
-
 def _load(directory: Path) -> _Snapshot:
     try:
         public_key = serialization.load_pem_public_key((directory / PUBLIC_KEY).read_bytes())
-        with open(directory / STH, "rb") as f:
-            stamp, raw_sth = _stamp(os.fstat(f.fileno())), f.read()
+        raw_sth = (directory / STH).read_bytes()
         data = (directory / ENTRIES).read_bytes()
     except FileNotFoundError:
         raise LogCorruptError("log directory is missing a file") from None
@@ -157,7 +152,7 @@ def _load(directory: Path) -> _Snapshot:
     index: dict[bytes, int] = {}
     for i, h in enumerate(hashes):
         index.setdefault(h, i)
-    return _Snapshot(sth, public_key, leaves, tree, index, end, stamp)
+    return _Snapshot(sth, public_key, leaves, tree, index, end, raw_sth)
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
@@ -239,12 +234,16 @@ class TransparencyLog:
         return self._snap
 
     def refresh(self) -> bool:
-        """Reload if sth.json changed on disk (another process appended); True if it did."""
+        """Reload if sth.json changed on disk (another process appended); True if it did.
+
+        Compares the file's bytes, not its stat: a few hundred bytes per call, and immune to
+        coarse mtimes and reused inode numbers.
+        """
         try:
-            stamp = _stamp(os.stat(self._dir / STH))
+            raw_sth = (self._dir / STH).read_bytes()
         except FileNotFoundError:
             raise LogCorruptError("log directory is missing a file") from None
-        if self._snap is not None and stamp == self._snap.stamp:
+        if self._snap is not None and raw_sth == self._snap.raw_sth:
             return False
         self._snap = None
         self._snap = _load(self._dir)
@@ -345,9 +344,9 @@ class TransparencyLog:
                 snap.index[h] = first + i
             ts = max(_now_ms(), snap.sth.timestamp)  # tree head timestamps never go back
             sth = sign_tree_head(key, snap.tree.size, ts, snap.tree.root())
-            _replace(self._dir / STH, json.dumps(sth.to_json()).encode())
-            snap.sth, snap.published_end = sth, end
-            snap.stamp = _stamp(os.stat(self._dir / STH))
+            raw_sth = json.dumps(sth.to_json()).encode()
+            _replace(self._dir / STH, raw_sth)
+            snap.sth, snap.published_end, snap.raw_sth = sth, end, raw_sth
             self._snap = snap
         emit("log.appended", tree_size=sth.tree_size)
         return [AppendResult(first + i, h, sth) for i, h in enumerate(hashes)]
