@@ -49,7 +49,8 @@ def test_measure_default_model_comes_from_the_package(tmp_path, capsys, monkeypa
     (tmp_path / log_commands.DEFAULT_MODEL_FILE).write_bytes(b"packaged weights")
     monkeypatch.setattr(log_commands.importlib.util, "find_spec", lambda name: _fake_spec(tmp_path))
     assert main(["measure"]) == 0
-    assert _lines(capsys)["model"].strip() == measure(tmp_path / log_commands.DEFAULT_MODEL_FILE, {}).model.hex()
+    want = measure(tmp_path / log_commands.DEFAULT_MODEL_FILE, {}).model.hex()
+    assert _lines(capsys)["model"].strip() == want
 
 
 @pytest.mark.parametrize("spec", [None, "empty-dir"])

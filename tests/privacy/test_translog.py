@@ -191,3 +191,15 @@ def test_tree_head_json_round_trip_and_rejects_malformed(log):
     forged = SignedTreeHead(sth.tree_size + 1, sth.timestamp, sth.root_hash, sth.signature)
     with pytest.raises(TreeHeadError):
         forged.verify(log.public_key)
+
+
+def test_tree_head_signature_input_is_the_documented_encoding(log):
+    from traceless.privacy.tree_head import tree_head_signature_input
+
+    root = bytes(range(32))
+    want = b"traceless/sth/v1\x00" + (7).to_bytes(8, "big") + (1234).to_bytes(8, "big") + root
+    assert tree_head_signature_input(7, 1234, root) == want
+    sth = log.sth
+    log.public_key.verify(sth.signature, tree_head_signature_input(sth.tree_size, sth.timestamp, sth.root_hash))
+    with pytest.raises(TreeHeadError):
+        tree_head_signature_input(2**64, 0, root)

@@ -146,7 +146,8 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"traceless: log verification FAILED: {e}", file=sys.stderr)
         return 1
     sth = result.sth
-    print(f"ok: tree_size {sth.tree_size} root_hash {sth.root_hash.hex()} (signature, entries and root verified)")
+    print(f"ok: tree_size {sth.tree_size} root_hash {sth.root_hash.hex()}"
+          " (signature, entries and root verified)")
     if result.previous_size is not None:
         print(f"consistent with the tree head seen before (tree_size {result.previous_size})")
     elif args.state is not None:

@@ -232,7 +232,8 @@ class LogClient:
         entries: list[bytes] = []
         while len(entries) < tree_size:
             body = self._get("/entries", start=len(entries), end=tree_size - 1)
-            page = [_b64(e.get("leaf_input") if isinstance(e, dict) else None) for e in _list(body, "entries")]
+            page = [_b64(e.get("leaf_input") if isinstance(e, dict) else None)
+                    for e in _list(body, "entries")]
             if not page or len(entries) + len(page) > tree_size:
                 raise LogProtocolError("entries page is empty or too long")
             entries.extend(page)

@@ -69,6 +69,8 @@ class SignedTreeHead:
         return cls(size, ts, root, sig)
 
 
-def sign_tree_head(key: Ed25519PrivateKey, tree_size: int, timestamp: int, root_hash: bytes) -> SignedTreeHead:
+def sign_tree_head(
+    key: Ed25519PrivateKey, tree_size: int, timestamp: int, root_hash: bytes
+) -> SignedTreeHead:
     signature = key.sign(tree_head_signature_input(tree_size, timestamp, root_hash))
     return SignedTreeHead(tree_size, timestamp, root_hash, signature)
