@@ -8,7 +8,7 @@ import sys
 
 # Modules exposing `register(subparsers)`; each adds one or more subcommands.
 COMMAND_MODULES = (
-
+    "traceless.cluster.log_commands",
 )
 
 

@@ -72,6 +72,17 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "status_code": INT, "duration_s": FLOAT, "stream": BOOL,
     },
     "http.error": {"component": COMPONENT, "status_code": INT, "error_kind": ERROR_KIND},
+    # transparency log
+    "log.opened": {"tree_size": INT},
+    "log.appended": {"tree_size": INT},
+    "log.recovered": {"dropped_bytes": INT},
+    "log.verified": {
+        "result": Choice.of(
+            "ok", "bad_signature", "key_mismatch", "inconsistent", "root_mismatch", "bad_proof",
+            "protocol", "unreachable",
+        ),
+        "tree_size": INT,
+    },
 }
 
 

