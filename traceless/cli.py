@@ -8,12 +8,14 @@ import sys
 
 # Modules exposing `register(subparsers)`; each adds one or more subcommands.
 COMMAND_MODULES = (
+    "traceless.entrypoints.commands",
+    "traceless.bench.commands",
     "traceless.cluster.log_commands",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="traceless", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="traceless", description="traceless: LLM inference for private cloud compute")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

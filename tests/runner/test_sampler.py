@@ -1,0 +1,76 @@
+import math
+
+import pytest
+import torch
+
+from traceless.runner.sampler import Sampler, SampleRow
+from traceless.sampling_params import SamplingParams
+
+
+def row(**kw):
+    return SampleRow(SamplingParams(**kw), None, None, None)
+
+
+def test_greedy_picks_the_argmax():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 4.9]])
+    out = Sampler(torch.device("cpu"), seed=0)(logits, [row(temperature=0), row(temperature=0)])
+    assert out.token_ids == [1, 0]
+
+
+def test_sampling_follows_the_distribution():
+    """An exponential race draws exactly from softmax(logits / T): chi-square check."""
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    out = Sampler(torch.device("cpu"), seed=0)(logits.clone(), [row(temperature=1.0)] * 4000)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=4).float()
+    expected = probs * 4000
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27  # p = 0.001 for 3 degrees of freedom
+
+
+def test_top_k_top_p_min_p_restrict_the_support():
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.06, 0.04])).repeat(600, 1)
+    s = Sampler(torch.device("cpu"), seed=1)
+    assert set(s(logits.clone(), [row(top_k=2)] * 600).token_ids) == {0, 1}
+    # top_p 0.65: 0.4 + 0.3 crosses it -> tokens {0, 1}
+    assert set(s(logits.clone(), [row(top_p=0.65)] * 600).token_ids) == {0, 1}
+    # min_p 0.4: keep p >= 0.4 * 0.4 = 0.16 -> {0, 1, 2}
+    assert set(s(logits.clone(), [row(min_p=0.4)] * 600).token_ids) == {0, 1, 2}
+
+
+def test_seeded_rows_do_not_depend_on_their_neighbours():
+    torch.manual_seed(0)
+    base = torch.randn(1, 50)
+
+    def draw(batch_logits, index):
+        g = torch.Generator().manual_seed(1234)
+        rows = [row(temperature=1.0)] * batch_logits.shape[0]
+        rows[index] = SampleRow(SamplingParams(temperature=1.0, seed=1234), g, None, None)
+        return [Sampler(torch.device("cpu"))(batch_logits.clone(), rows).token_ids[index] for _ in range(1)]
+
+    alone = [draw(base, 0) for _ in range(3)]
+    busy = torch.cat([torch.randn(3, 50), base, torch.randn(4, 50)])
+    assert alone == [draw(busy, 3) for _ in range(3)]
+
+
+def test_penalties():
+    logits = torch.tensor([[2.0, 2.0, -1.0, 0.5]])
+    s = Sampler(torch.device("cpu"), seed=0)
+    rep = SampleRow(SamplingParams(temperature=0, repetition_penalty=2.0), None, [0], [2])
+    out = s(logits.clone(), [rep])
+    assert out.token_ids == [1]  # token 0 halved to 1.0
+    pres = SampleRow(SamplingParams(temperature=0, presence_penalty=1.0, frequency_penalty=0.5), None, None, [1, 1, 0])
+    adjusted = logits.clone()
+    s(adjusted, [pres])
+    assert adjusted.tolist() == [[0.5, 0.0, -1.0, 0.5]]  # 2 - 1 - 0.5*1 ; 2 - 1 - 0.5*2
+
+
+def test_logprobs_report_top_n_and_the_chosen_token():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    out = Sampler(torch.device("cpu"), seed=0)(logits.clone(), [row(temperature=0, logprobs=2)])
+    lp = out.logprobs[0]
+    ref = torch.log_softmax(logits, -1)[0]
+    assert lp.top_ids == [1, 2]
+    assert lp.top_logprobs == pytest.approx([float(ref[1]), float(ref[2])])
+    assert lp.token_rank == 1 and lp.token_logprob == pytest.approx(float(ref[1]))
+    assert math.isclose(sum(math.exp(v) for v in ref.tolist()), 1.0, rel_tol=1e-6)
