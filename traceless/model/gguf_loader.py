@@ -73,9 +73,11 @@ def _dequantize(tensor) -> np.ndarray:
             f"tensor {tensor.name} has GGUF type {kind}; supported: {', '.join(SUPPORTED_TYPES)}"
         )
     try:
-        return np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        out = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     except Exception:
         raise ModelLoadError(f"tensor {tensor.name} is corrupt or truncated") from None
+    # float32 tensors come back as read-only views of the memory-mapped file; torch wants to own them
+    return out if out.flags.writeable else out.copy()
 
 
 def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:

@@ -27,7 +27,7 @@ _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4
 
 def _byte_level_pre(pre: str):
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    if pre in ("gpt2", "gpt-2", "default"):
+    if pre in ("gpt2", "gpt-2"):
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False
     if pre == "smollm":
         return pre_tokenizers.Sequence(
@@ -37,6 +37,7 @@ def _byte_level_pre(pre: str):
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level]), True
     if pre == "qwen2":
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2_SPLIT), "isolated"), byte_level]), False
+    # "default" (or no name) means a different regex set in llama.cpp than in GPT-2: refuse rather than guess.
     raise UnsupportedModelError(f"unsupported GGUF pre-tokenizer {pre!r} (supported: gpt2, smollm, llama-bpe, qwen2)")
 
 
@@ -62,7 +63,7 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}
     if kind == "gpt2":
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-        pre, ignore_merges = _byte_level_pre(str(meta.get("tokenizer.ggml.pre", "default")))
+        pre, ignore_merges = _byte_level_pre(str(meta.get("tokenizer.ggml.pre", "(none)")))
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
         tok.pre_tokenizer = pre
         tok.decoder = decoders.ByteLevel()
@@ -70,9 +71,13 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
         scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
         unk = tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))]
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=_spm_merges(tokens, scores), unk_token=unk, byte_fallback=True, fuse_unk=True))
-        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+        tok.normalizer = normalizers.Sequence(
+            ([normalizers.Prepend("\u2581")] if prefix else []) + [normalizers.Replace(" ", "\u2581")]
+        )
         tok.decoder = decoders.Sequence(
-            [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+            [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+            + ([decoders.Strip(" ", 1, 0)] if prefix else [])
         )
     else:
         raise UnsupportedModelError(f"unsupported GGUF tokenizer model {kind!r} (supported: gpt2, llama)")
@@ -108,8 +113,10 @@ class Tokenizer:
         eos = meta.get("tokenizer.ggml.eos_token_id")
         eot = meta.get("tokenizer.ggml.eot_token_id")
         eos_ids = frozenset(int(x) for x in (eos, eot) if x is not None)
+        # As llama.cpp: SentencePiece vocabularies and llama-bpe add BOS unless the file says otherwise.
+        default_bos = meta.get("tokenizer.ggml.model") == "llama" or meta.get("tokenizer.ggml.pre") == "llama-bpe"
         return cls(_gguf_backend(meta), bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
                    chat_template=meta.get("tokenizer.chat_template"))
 
     @classmethod
@@ -156,7 +163,10 @@ class Tokenizer:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise InvalidRequestError("each message needs a string 'role' and a string 'content'")
         if self._template is None:
-            self._template = _compile_template(self.chat_template)
+            try:
+                self._template = _compile_template(self.chat_template)
+            except Exception:
+                raise InvalidRequestError("this model's chat template is invalid and cannot render messages") from None
         special = {
             "bos_token": self.token_text(self.bos_id) if self.bos_id is not None else "",
             "eos_token": self.token_text(min(self.eos_ids)) if self.eos_ids else "",
@@ -180,12 +190,19 @@ def _json_or_empty(path: Path) -> dict:
 
 
 def _compile_template(source: str):
+    from jinja2.exceptions import SecurityError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class StrictSandbox(ImmutableSandboxedEnvironment):
+        """Reading an unsafe attribute raises instead of rendering as an empty string."""
+
+        def unsafe_undefined(self, obj, attribute):
+            raise SecurityError(f"access to attribute {attribute!r} is not allowed in a chat template")
 
     def raise_exception(message: str):
         raise InvalidRequestError(f"chat template: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
