@@ -10,6 +10,7 @@ import sys
 COMMAND_MODULES = (
     "traceless.entrypoints.commands",
     "traceless.bench.commands",
+    "traceless.server.commands",
     "traceless.cluster.log_commands",
 )
 

@@ -116,6 +116,13 @@ class LLMEngine:
         self._release(request, RequestStatus.FINISHED_ABORTED)
         return True
 
+    def abort_all(self) -> int:
+        """Abort every request (shutdown); returns how many there were."""
+        ids = list(self._requests)
+        for rid in ids:
+            self.abort(rid)
+        return len(ids)
+
     # --- stepping -----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
         return bool(self._requests)

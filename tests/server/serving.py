@@ -1,0 +1,92 @@
+"""Run the real app under uvicorn on a loopback port in a background thread, for tests."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, app, engine):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.engine = engine  # the AsyncEngine
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, access_log=False, log_config=None, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.server.serve())
+
+    def on_engine(self, fn, timeout=60):
+        """Run fn(engine) on the engine thread and return its result."""
+        return asyncio.run_coroutine_threadsafe(self.engine.call(fn), self.loop).result(timeout)
+
+    def wait_idle(self, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.on_engine(lambda e: e.has_unfinished()):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("engine still busy")
+
+    @contextmanager
+    def slowed(self, seconds_per_step: float):
+        """Test-only: make every engine step take at least this long (for timing-sensitive tests)."""
+        def install(e):
+            real = e.runner.step
+
+            def slow(*a, **k):
+                time.sleep(seconds_per_step)
+                return real(*a, **k)
+
+            e.runner.step = slow
+            return real
+
+        real = self.on_engine(install)
+        try:
+            yield
+        finally:
+            self.on_engine(lambda e: setattr(e.runner, "step", real))
+
+    def check_integrity(self):
+        self.wait_idle()
+        self.on_engine(lambda e: e.check_integrity())
+
+
+@contextmanager
+def serve(app, engine):
+    s = Served(app, engine)
+    s.thread.start()
+    deadline = time.monotonic() + 60
+    while not s.server.started:
+        if time.monotonic() > deadline or not s.thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield s
+    finally:
+        s.server.should_exit = True
+        s.thread.join(timeout=30)
+
+
+def make_served_app(engine_config, model_name=None, **settings):
+    from traceless.engine.llm_engine import LLMEngine
+    from traceless.server.app import ServerSettings, create_app
+    from traceless.server.async_engine import AsyncEngine
+
+    engine = AsyncEngine(LLMEngine(engine_config))
+    app = create_app(engine, ServerSettings(model_name or engine.engine.model_name, **settings))
+    return app, engine

@@ -1,0 +1,127 @@
+"""Bad input gets its OpenAI-shaped error with the right status, and the server keeps serving."""
+import json
+import time
+
+import httpx
+import pytest
+
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def url(tiny_server):
+    return tiny_server.url
+
+
+def post(url, path, body, **kw):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(url + path, content=data, headers={"content-type": "application/json"}, timeout=60, **kw)
+
+
+def ok_completion(url, model):
+    r = post(url, "/v1/completions", {"model": model, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+@pytest.fixture(scope="module")
+def model(url):
+    return httpx.get(url + "/v1/models").json()["data"][0]["id"]
+
+
+CASES = [
+    ("malformed json", "/v1/completions", b"{not json", 400, "invalid_json", None),
+    ("not an object", "/v1/completions", b"[1, 2]", 400, None, None),
+    ("unknown field", "/v1/completions", {"prompt": "w5", "best_friend": 1}, 400, "unsupported_parameter", "best_friend"),
+    ("wrong type", "/v1/completions", {"prompt": "w5", "max_tokens": "ten"}, 400, None, "max_tokens"),
+    ("negative max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": -3}, 400, None, "max_tokens"),
+    ("huge max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": 10**9}, 400, "context_length_exceeded", None),
+    ("negative temperature", "/v1/completions", {"prompt": "w5", "temperature": -1}, 400, None, "temperature"),
+    ("prompt too long", "/v1/completions", {"prompt": [5] * 500}, 400, "context_length_exceeded", None),
+    ("token out of vocab", "/v1/completions", {"prompt": [5, 10**7]}, 400, None, None),
+    ("empty prompt", "/v1/completions", {"prompt": ""}, 400, None, None),
+    ("missing prompt", "/v1/completions", {}, 400, "missing_required_parameter", "prompt"),
+    ("logit_bias", "/v1/completions", {"prompt": "w5", "logit_bias": {"5": 10}}, 400, "unsupported_parameter", "logit_bias"),
+    ("echo", "/v1/completions", {"prompt": "w5", "echo": True}, 400, "unsupported_parameter", "echo"),
+    ("tools", "/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "tools": [{"type": "function"}]},
+     400, "unsupported_parameter", "tools"),
+    ("bad role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "w5"}]}, 400, None, "messages[0]"),
+    ("bad content", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None, "messages[0]"),
+    ("top_logprobs alone", "/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2},
+     400, None, "top_logprobs"),
+    ("stream_options without stream", "/v1/completions", {"prompt": "w5", "stream_options": {"include_usage": True}},
+     400, None, "stream_options"),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, code, param", CASES, ids=[c[0] for c in CASES])
+def test_bad_requests_get_openai_errors(url, model, name, path, body, status, code, param):
+    if isinstance(body, dict):
+        body = {"model": model, **body}
+    r = post(url, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if code:
+        assert err["code"] == code
+    if param:
+        assert err["param"] == param
+    ok_completion(url, model)
+
+
+def test_unknown_model_is_404(url, model):
+    r = post(url, "/v1/completions", {"model": "gpt-9", "prompt": "w5"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_oversized_body_is_413(url, model):
+    big = json.dumps({"model": model, "prompt": "w5 " * 40000})
+    r = post(url, "/v1/completions", big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    ok_completion(url, model)
+
+
+def test_unknown_route_and_method(url):
+    assert httpx.get(url + "/v1/nothing").status_code == 404
+    r = httpx.get(url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_client_disconnect_mid_stream_aborts_and_frees(tiny_server, model):
+    body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 100, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", tiny_server.url + "/v1/completions", json=body) as r:
+            it = r.iter_lines()
+            first = [next(it) for _ in range(3)]
+            assert any(line.startswith("data: ") for line in first)
+    # the connection is closed: the request must be aborted, its blocks freed and zeroed
+    tiny_server.check_integrity()
+    ok_completion(tiny_server.url, model)
+
+
+def test_client_disconnect_during_non_streaming_request_aborts(tiny_server, model):
+    body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+    with tiny_server.slowed(0.02):  # 120 steps take > 2 s; the client gives up after 0.3 s
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(tiny_server.url + "/v1/completions", json=body, timeout=0.3)
+        tiny_server.wait_idle(timeout=1.5)  # aborted: nowhere near the 2.4 s a finished request takes
+    tiny_server.check_integrity()
+    ok_completion(tiny_server.url, model)
+
+
+def test_queue_full_is_503_with_retry_after(tiny_llama_dir):
+    from tests.server.serving import make_served_app, serve
+    from traceless.config import EngineConfig
+
+    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+                                               max_model_len=128, max_queued_requests=1))
+    with serve(app, engine) as s, s.slowed(0.05):  # the first request surely holds its slot
+        m = httpx.get(s.url + "/v1/models").json()["data"][0]["id"]
+        body = {"model": m, "prompt": [5, 6], "max_tokens": 100, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream("POST", s.url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()  # keep the iterator: dropping it closes the stream (a disconnect)
+            next(lines)  # the first request holds the only slot
+            second = client.post(s.url + "/v1/completions", json={**body, "stream": False})
+            assert second.status_code == 503 and "retry-after" in second.headers
+            assert second.json()["error"]["code"] == "queue_full"
+        s.check_integrity()

@@ -1,0 +1,125 @@
+"""Run an LLMEngine on its own thread beside the asyncio event loop.
+
+    event loop                               engine thread
+    generate() --- ("add", id, ...) --->     engine.add_request()  (result/exception via a Future)
+               <-- call_soon_threadsafe --   engine.step() -> [StepOutput] -> _dispatch() -> per-request queues
+    cancel     --- ("abort", id) ------->    engine.abort()
+
+The engine object is only ever touched by its thread. A client that goes away (its generator is
+closed or cancelled) triggers an abort, which frees and zeroes the request's blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+
+from traceless.engine.llm_engine import LLMEngine, StepOutput
+from traceless.errors import EngineDeadError
+from traceless.events import emit
+from traceless.sampling_params import SamplingParams
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.dead = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="traceless-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # --- event-loop side ----------------------------------------------------------------------
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[StepOutput]:
+        """Stream a request's StepOutputs. Validation errors raise before the first output;
+        closing or cancelling the iterator aborts the request."""
+        if self.dead:
+            raise EngineDeadError("the engine has stopped")
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = stream
+        finished = False
+        try:
+            await asyncio.wrap_future(self._submit("add", request_id, prompt, params))
+            while True:
+                out = await stream.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._submit("abort", request_id)
+
+    def _submit(self, kind: str, *args) -> Future:
+        fut: Future = Future()
+        self._commands.put((kind, args, fut))
+        self._wake.set()
+        return fut
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                stream.put_nowait(out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(exc)
+
+    # --- engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain()
+                if not self.engine.has_unfinished():
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                outputs = self.engine.step()
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        except Exception:  # a bug outside the per-batch error handling: stop serving, loudly
+            self.dead = True
+            emit("engine.step_failed", num_requests=len(self._streams), error_kind="internal")
+            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
+        finally:
+            self.engine.abort_all()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, args, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if kind == "add":
+                    fut.set_result(self.engine.add_request(*args))
+                elif kind == "abort":
+                    fut.set_result(self.engine.abort(*args))
+                elif kind == "call":
+                    fut.set_result(args[0](self.engine))
+            except Exception as exc:
+                fut.set_exception(exc)
+
+    async def call(self, fn):
+        """Run fn(engine) on the engine thread (e.g. check_integrity in tests)."""
+        return await asyncio.wrap_future(self._submit("call", fn))

@@ -1,0 +1,56 @@
+"""`traceless serve`: the plaintext OpenAI-compatible server (argument parsing only)."""
+from __future__ import annotations
+
+import argparse
+
+from traceless.entrypoints.engine_args import add_engine_args, engine_options, parse_size
+
+
+def add_http_args(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's name)")
+    p.add_argument("--max-body-bytes", type=parse_size, default=None, help="largest request body (default 4MiB)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (plaintext: local use, privacy-off baseline)")
+    add_engine_args(serve)
+    add_http_args(serve, 8000)
+    serve.set_defaults(handler=_serve)
+
+
+def build_engine(args: argparse.Namespace):
+    from traceless.engine.llm_engine import LLMEngine
+    from traceless.config import EngineConfig
+    from traceless.server.async_engine import AsyncEngine
+
+    return AsyncEngine(LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
+
+
+def run_uvicorn(app, host: str, port: int, component: str) -> None:
+    import uvicorn
+
+    from traceless.events import emit
+
+    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None, server_header=False,
+                            date_header=False, lifespan="on")
+    server = uvicorn.Server(config)
+    emit("service.started", component=component, port=port)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    emit("service.stopped", component=component)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from traceless.events import configure_logging
+    from traceless.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
+
+    configure_logging()
+    engine = build_engine(args)
+    settings = ServerSettings(args.served_model_name or engine.engine.model_name,
+                              args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    run_uvicorn(create_app(engine, settings), args.host, args.port, "server")
+    return 0

@@ -1,0 +1,177 @@
+"""The OpenAI API over an AsyncEngine, independent of the HTTP framework.
+
+`completions(body)` / `chat(body)` take a parsed JSON body and return either a response dict or
+an async iterator of SSE bytes. The plaintext server (app.py) and the private node (OHTTP) both
+call these. One request with P prompts and n completions each runs P*n engine requests; choice c
+uses prompt c // n and, with a seed, seed + c % n.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from traceless.engine.llm_engine import StepOutput
+from traceless.errors import TracelessError
+from traceless.server.async_engine import AsyncEngine
+from traceless.server.errors import ApiError, from_engine_error
+from traceless.server.metrics import Metrics
+from traceless.server.protocol import ParsedRequest, parse_chat, parse_completion
+from traceless.server.responses import ChoiceState, Formatter
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    kind: str  # "completions" | "chat_completions"
+    request: ParsedRequest
+    prompt_ids: list[list[int]]
+    response_id: str
+    created: int
+
+
+class OpenAIService:
+    def __init__(self, engine: AsyncEngine, model_name: str, metrics: Metrics):
+        self.engine = engine
+        self.model_name = model_name
+        self.metrics = metrics
+        self.tokenizer = engine.engine.tokenizer
+        self.max_model_len = engine.engine.max_model_len
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless"}]}
+
+    async def completions(self, body) -> dict | AsyncIterator[bytes]:
+        req = parse_completion(body)
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
+        return await self._run(Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time())))
+
+    async def chat(self, body) -> dict | AsyncIterator[bytes]:
+        def render(messages):
+            try:
+                return self.tokenizer.apply_chat_template(messages)
+            except TracelessError as exc:
+                raise from_engine_error(exc) from None
+
+        req = parse_chat(body, render)
+        ids = [self.tokenizer.encode(req.prompts[0], add_special_tokens=False)]
+        return await self._run(Job("chat_completions", req, ids, f"chatcmpl-{uuid.uuid4().hex}", int(time.time())))
+
+    # -------------------------------------------------------------------------------------------
+    def _check(self, job: Job) -> None:
+        if job.request.model != self.model_name:
+            raise ApiError(404, "the model does not exist on this server", param="model", code="model_not_found")
+        max_tokens = job.request.params.max_tokens
+        for ids in job.prompt_ids:
+            if not ids:
+                raise ApiError(400, "the prompt is empty", param="prompt")
+            if len(ids) >= self.max_model_len or (max_tokens is not None and len(ids) + max_tokens > self.max_model_len):
+                raise ApiError(400, f"this model's maximum context length is {self.max_model_len} tokens; the request "
+                               f"has {len(ids)} prompt tokens and asks for {max_tokens or 1} more",
+                               param="max_tokens" if max_tokens else "prompt", code="context_length_exceeded")
+
+    async def _run(self, job: Job):
+        self._check(job)
+        n = job.request.params.n
+        children = []
+        for c in range(len(job.prompt_ids) * n):
+            ids = job.prompt_ids[c // n]
+            params = job.request.params.with_seed_offset(c % n) if n > 1 else job.request.params
+            if params.max_tokens is None:
+                params = _replace_max_tokens(params, self.max_model_len - len(ids))
+            children.append((f"{job.response_id}-{c}", ids, params))
+        stream = self._merged(job, children)
+        fmt = Formatter(job, self.model_name, self.tokenizer)
+        if job.request.stream:
+            first = await _first_or_error(stream)  # validation errors become HTTP errors, not broken streams
+            return fmt.sse(first, stream, self._observe(job))
+        states = [ChoiceState() for _ in children]
+        async for c, out in stream:
+            states[c].add(out)
+        self._record(job, states)
+        return fmt.response(states)
+
+    async def _merged(self, job: Job, children) -> AsyncIterator[tuple[int, StepOutput]]:
+        """(choice index, output) pairs of all children as they come; closing it aborts them all."""
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(c, rid, ids, params):
+            try:
+                async for out in self.engine.generate(rid, ids, params):
+                    q.put_nowait((c, out))
+            except BaseException as exc:  # includes validation errors from the engine
+                q.put_nowait((c, exc))
+                raise
+            finally:
+                q.put_nowait((c, None))
+
+        tasks = [asyncio.create_task(pump(c, *child)) for c, child in enumerate(children)]
+        live = len(tasks)
+        try:
+            while live:
+                c, item = await q.get()
+                if item is None:
+                    live -= 1
+                elif isinstance(item, BaseException):
+                    raise from_engine_error(item) if isinstance(item, TracelessError) else item
+                else:
+                    yield c, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _record(self, job: Job, states: list["ChoiceState"]) -> None:
+        m = self.metrics
+        m.inc("traceless_prompt_tokens_total", sum(len(i) for i in job.prompt_ids))
+        m.inc("traceless_generation_tokens_total", sum(len(s.token_ids) for s in states))
+        for s in states:
+            if s.finish_reason in ("stop", "length", "abort", "error"):
+                m.inc("traceless_finished_total", finish_reason=s.finish_reason)
+
+    def _observe(self, job: Job):
+        """Per-stream metric hooks for the SSE formatter."""
+        return StreamObserver(self, job)
+
+
+class StreamObserver:
+    def __init__(self, service: OpenAIService, job: Job):
+        self.service, self.job = service, job
+        self.t0 = time.monotonic()
+        self.last: dict[int, float] = {}
+        self.first = True
+
+    def token(self, c: int) -> None:
+        now = time.monotonic()
+        m = self.service.metrics
+        if self.first:
+            m.observe("traceless_time_to_first_token_seconds", now - self.t0)
+            self.first = False
+        elif c in self.last:
+            m.observe("traceless_inter_token_latency_seconds", now - self.last[c])
+        self.last[c] = now
+
+    def done(self, states: list[ChoiceState]) -> None:
+        self.service._record(self.job, states)
+
+
+async def _first_or_error(stream: AsyncIterator):
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        await stream.aclose()
+        raise
+
+
+def _replace_max_tokens(params, max_tokens: int):
+    from dataclasses import replace
+
+    return replace(params, max_tokens=max_tokens)
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,201 @@
+"""Parse and validate OpenAI request bodies strictly.
+
+Every field a body may carry is declared here; anything else gets a 400 naming it. Fields the
+server understands but does not implement (tools, logit_bias, echo, ...) are accepted only with
+their "off" value, so nothing is ever accepted and ignored. `user` is validated and dropped: it is
+never stored or used.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from traceless.errors import InvalidRequestError
+from traceless.sampling_params import OutputKind, SamplingParams
+from traceless.server.errors import bad_request
+
+Validator = Callable[[str, Any], Any]
+MAX_COMPLETION_LOGPROBS = 5
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def string(name, v):
+    if not isinstance(v, str):
+        raise bad_request(f"'{name}' must be a string", name)
+    return v
+
+
+def boolean(name, v):
+    if not isinstance(v, bool):
+        raise bad_request(f"'{name}' must be a boolean", name)
+    return v
+
+
+def integer(name, v):
+    if not _is_int(v):
+        raise bad_request(f"'{name}' must be an integer", name)
+    return v
+
+
+def number(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{name}' must be a number", name)
+    return v
+
+
+def stop(name, v):
+    if isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+        return v
+    raise bad_request(f"'{name}' must be a string or a list of strings", name)
+
+
+def int_list(name, v):
+    if isinstance(v, list) and all(_is_int(t) for t in v):
+        return v
+    raise bad_request(f"'{name}' must be a list of integers", name)
+
+
+def stream_options(name, v):
+    if not isinstance(v, dict) or set(v) - {"include_usage"}:
+        raise bad_request("'stream_options' supports only 'include_usage'", name)
+    return bool(boolean("stream_options.include_usage", v.get("include_usage", False)))
+
+
+def only(value_ok: Callable[[Any], bool], what: str) -> Validator:
+    """A field we recognise but do not implement: only its 'off' value is accepted."""
+
+    def check(name, v):
+        if not value_ok(v):
+            raise bad_request(f"'{name}' is not supported by this server ({what})", name, "unsupported_parameter")
+        return None
+
+    return check
+
+
+SAMPLING_FIELDS: dict[str, Validator] = {
+    "max_tokens": integer, "temperature": number, "top_p": number, "n": integer, "stream": boolean,
+    "stream_options": stream_options, "stop": stop, "presence_penalty": number, "frequency_penalty": number,
+    "seed": integer, "user": string,
+    "logit_bias": only(lambda v: not v, "only an empty logit_bias"),
+    # vLLM extensions
+    "top_k": integer, "min_p": number, "repetition_penalty": number, "ignore_eos": boolean, "stop_token_ids": int_list,
+}
+COMPLETION_FIELDS: dict[str, Validator] = {
+    **SAMPLING_FIELDS, "model": string, "prompt": lambda n, v: v, "logprobs": integer,
+    "echo": only(lambda v: v is False, "echo must be false"),
+    "best_of": only(lambda v: v in (1,), "best_of must be 1"),
+    "suffix": only(lambda v: v in ("",), "suffix must be empty"),
+}
+CHAT_FIELDS: dict[str, Validator] = {
+    **SAMPLING_FIELDS, "model": string, "messages": lambda n, v: v, "max_completion_tokens": integer,
+    "logprobs": boolean, "top_logprobs": integer,
+    "response_format": only(lambda v: v == {"type": "text"}, 'only {"type": "text"}'),
+    "tools": only(lambda v: v == [], "tool calls are not supported"),
+    "tool_choice": only(lambda v: v == "none", "tool calls are not supported"),
+    "parallel_tool_calls": only(lambda v: False, "tool calls are not supported"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    model: str
+    prompts: list[str | list[int]]  # completions: one or more prompts; chat: one rendered conversation
+    params: SamplingParams  # n and max_tokens as requested; max_tokens None = up to the context
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # completions: top-N; chat: top_logprobs when logprobs is true
+
+
+def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    unknown = sorted(set(body) - set(spec))
+    if unknown:
+        raise bad_request(f"unsupported parameter '{unknown[0]}'", unknown[0], "unsupported_parameter")
+    for name in required:
+        if body.get(name) is None:
+            raise bad_request(f"'{name}' is required", name, "missing_required_parameter")
+    return {k: spec[k](k, v) for k, v in body.items() if v is not None}
+
+
+def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    if f.get("stream_options") is not None and not f.get("stream", False):
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    kw = {k: f[k] for k in ("temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "seed",
+                            "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids") if k in f}
+    try:
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
+                              output_kind=OutputKind.DELTA, **kw)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    f = _fields(body, COMPLETION_FIELDS, ("model", "prompt"))
+    prompt = f["prompt"]
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists", "prompt")
+    logprobs = f.get("logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}", "logprobs")
+    params = _sampling(f, f.get("max_tokens", 16), logprobs)
+    return ParsedRequest(f["model"], prompts, params, f.get("stream", False), f.get("stream_options", False), logprobs)
+
+
+def parse_chat(body: Any, render: Callable[[list[dict]], str]) -> ParsedRequest:
+    f = _fields(body, CHAT_FIELDS, ("model", "messages"))
+    if "max_tokens" in f and "max_completion_tokens" in f:
+        raise bad_request("give 'max_tokens' or 'max_completion_tokens', not both", "max_completion_tokens")
+    top = f.get("top_logprobs")
+    if top is not None and not f.get("logprobs"):
+        raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
+    logprobs = (top or 0) if f.get("logprobs") else None
+    params = _sampling(f, f.get("max_completion_tokens", f.get("max_tokens")), logprobs)
+    prompt = render(messages(f["messages"]))
+    return ParsedRequest(f["model"], [prompt], params, f.get("stream", False), f.get("stream_options", False), logprobs)
+
+
+_ROLES = ("system", "developer", "user", "assistant")
+
+
+def messages(raw: Any) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"'{where}' must be an object", where)
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra or m.get("name") is not None:
+            raise bad_request(f"'{where}.{(extra or ['name'])[0]}' is not supported", where, "unsupported_parameter")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"'{where}.role' must be one of {', '.join(_ROLES)}", where)
+        out.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)})
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"'{where}.content' parts must be text parts", where, "unsupported_parameter")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"'{where}.content' must be a string or a list of text parts", where)
