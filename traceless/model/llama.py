@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
-from traceless.model.rope import Rope, apply_rope
 from traceless.runner.attention import AttentionMetadata, PagedAttention
 
 
@@ -54,13 +53,14 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: PagedAttention,
-                 rope: Rope, device: torch.device, pack: bool):
-        """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors."""
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: PagedAttention, ops,
+                 device: torch.device, pack: bool):
+        """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors.
+        `ops` is a runner.ops implementation (native fused kernels or torch)."""
         c = config
         self.config = c
         self.attention = attention
-        self.rope = rope
+        self.ops = ops
         H, D, nh, nkv, I = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
         weights.pop("rope_freqs", None)  # consumed by Rope
 
@@ -93,25 +93,25 @@ class LlamaModel:
             raise ModelLoadError(f"unused tensors in weights: {', '.join(sorted(weights)[:5])}")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
-        c = self.config
-        H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads
-        eps = c.rms_norm_eps
-        T = input_ids.shape[0]
-        cos, sin = self.rope.tables(positions)  # [T, 1, D/2]
-        x = F.embedding(input_ids, self.embed)  # [T, H]
+        """input_ids, positions: [T] -> final normed hidden states [T, hidden].
+
+        Per layer: 4 matmuls and 4 fused elementwise calls. The residual add is fused with the next
+        norm, so the final norm rides on the last layer's add.
+        """
+        c, ops = self.config, self.ops
+        x = F.embedding(input_ids, self.embed)  # [T, H] residual stream
+        h = torch.empty_like(x)  # normed input of the next matmul
+        ops.add_rms_norm(x, None, self.layers[0].attn_norm, h)
+        act = x.new_empty(x.shape[0], c.intermediate_size)
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (H,), layer.attn_norm, eps)
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) D]
-            qk = apply_rope(qkv[:, : (nh + nkv) * D].view(T, nh + nkv, D), cos, sin)  # q and k in one pass
-            q, k = qk[:, :nh], qk[:, nh:]
-            v = qkv[:, (nh + nkv) * D :].view(T, nkv, D)
-            a = self.attention(i, q.contiguous(), k, v, meta)  # [T, nh, D]
-            x = x + layer.o(a.view(T, nh * D))
-            h = F.rms_norm(x, (H,), layer.mlp_norm, eps)
-            g, u = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(g) * u)
-        return F.rms_norm(x, (H,), self.norm, eps)
+            ops.rope_cache(i, qkv, positions, meta.slots)
+            a = self.attention(i, qkv, meta)  # [T, nh, D]
+            ops.add_rms_norm(x, layer.o(a.view(x.shape[0], -1)), layer.mlp_norm, h)
+            ops.silu_mul(layer.gate_up(h), act)
+            nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
+            ops.add_rms_norm(x, layer.down(act), nxt, h)
+        return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[S, hidden] -> [S, vocab] float32."""

@@ -41,8 +41,10 @@ class Rope:
                  freq_factors: torch.Tensor | None = None):
         inv_freq = inv_frequencies(config, freq_factors)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, D/2]
-        self.cos = angles.cos().to(dtype).to(device)
-        self.sin = angles.sin().to(dtype).to(device)
+        self.cos32 = angles.cos().to(device).contiguous()  # float32, for the fused native kernel
+        self.sin32 = angles.sin().to(device).contiguous()
+        self.cos = self.cos32.to(dtype)  # model dtype, as transformers applies it
+        self.sin = self.sin32.to(dtype)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions: [T, 1, D/2] each (broadcast over heads)."""

@@ -49,14 +49,19 @@ class AttentionMetadata:
 
 
 class PagedAttention:
-    def __init__(self, cache: KVCache, kernels: NativeKernels | None):
+    def __init__(self, cache: KVCache, kernels: NativeKernels | None, heads: tuple[int, int, int]):
         self.cache = cache
         self.kernels = kernels
+        self.heads = heads  # (num_heads, num_kv_heads, head_dim)
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q: [T, H, D], k/v: [T, H_kv, D] -> [T, H, D]."""
-        self.cache.write(layer, meta.slots, k, v)
-        out = torch.empty_like(q)
+    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D]."""
+        nh, nkv, d = self.heads
+        T = qkv.shape[0]
+        q = qkv[:, : nh * d].view(T, nh, d)  # strided views: no copies
+        k = qkv[:, nh * d : (nh + nkv) * d].view(T, nkv, d)
+        v = qkv[:, (nh + nkv) * d :].view(T, nkv, d)
+        out = q.new_empty(T, nh, d)
         n_short = 0
         if meta.short is not None:
             n_short = meta.short.num_tokens

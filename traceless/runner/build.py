@@ -17,6 +17,7 @@ from traceless.runner.attention import PagedAttention
 from traceless.runner.kernels import KernelUnavailable, NativeKernels
 from traceless.runner.kv_cache import KVCache, block_bytes
 from traceless.runner.model_runner import ModelRunner
+from traceless.runner.ops import NativeOps, TorchOps
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -102,9 +103,12 @@ def build_runner(cfg: EngineConfig) -> BuiltRunner:
     kernels = _attention_backend(cfg, device, dtype)
     cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
     rope = Rope(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
+    heads = (mc.num_heads, mc.num_kv_heads, mc.head_dim)
+    ops = (NativeOps(kernels, cache, rope, heads, mc.rms_norm_eps) if kernels is not None
+           else TorchOps(cache, rope, heads, mc.rms_norm_eps))
     pack = device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
     try:
-        model = LlamaModel(mc, loaded.weights, PagedAttention(cache, kernels), rope, device, pack)
+        model = LlamaModel(mc, loaded.weights, PagedAttention(cache, kernels, heads), ops, device, pack)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
     runner = ModelRunner(model, cfg.block_size, device, kernels is not None, cfg.seed)

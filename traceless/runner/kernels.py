@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+_P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
 class _AttnShape(ctypes.Structure):
@@ -25,6 +26,17 @@ class _AttnShape(ctypes.Structure):
         ("block_size", ctypes.c_int),
         ("max_blocks", ctypes.c_int),
         ("scale", ctypes.c_float),
+        ("q_stride", ctypes.c_long),
+    ]
+
+
+class _RopeShape(ctypes.Structure):
+    _fields_ = [
+        ("rows", ctypes.c_long),
+        ("num_heads", ctypes.c_int),
+        ("num_kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int),
+        ("block_size", ctypes.c_int),
     ]
 
 
@@ -34,9 +46,10 @@ class KernelUnavailable(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class PagedAttentionArgs:
-    """Tensors of one paged-attention call (all on CPU, contiguous).
+    """Tensors of one paged-attention call (all on CPU).
 
-    q, out:        [num_tokens, num_heads, head_dim]      (bfloat16 or float32)
+    q:             [num_tokens, num_heads, head_dim] rows, row stride `q.stride(0)` (may be a view of qkv)
+    out:           [num_tokens, num_heads, head_dim] contiguous
     k_cache:       [num_blocks, num_kv_heads, head_dim, block_size]  (transposed)
     v_cache:       [num_blocks, num_kv_heads, block_size, head_dim]
     block_tables:  [num_seqs, max_blocks] int32
@@ -54,18 +67,26 @@ class PagedAttentionArgs:
     scale: float
 
 
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
 class NativeKernels:
     def __init__(self, lib: ctypes.CDLL):
         if lib.tl_abi_version() != ABI_VERSION:
             raise KernelUnavailable("native kernel library is stale; reinstall traceless (pip install -e .)")
-        args = [ctypes.POINTER(_AttnShape)] + [ctypes.c_void_p] * 7
-        self._fns = {}
-        for dtype, name in ((torch.bfloat16, "tl_paged_attention_bf16"), (torch.float32, "tl_paged_attention_f32")):
-            fn = getattr(lib, name)
-            fn.argtypes = args
-            fn.restype = ctypes.c_int
-            self._fns[dtype] = fn
         self._lib = lib
+        self._attn, self._norm, self._silu, self._rope = {}, {}, {}, {}
+        for dtype, sfx in _SUFFIX.items():
+            self._attn[dtype] = self._fn(f"tl_paged_attention_{sfx}", [ctypes.POINTER(_AttnShape)] + [_P] * 7, _I)
+            self._norm[dtype] = self._fn(f"tl_add_rms_norm_{sfx}", [_P, _P, _P, _P, _L, _I, _F], None)
+            self._silu[dtype] = self._fn(f"tl_silu_mul_{sfx}", [_P, _P, _L, _I], None)
+            self._rope[dtype] = self._fn(f"tl_rope_cache_{sfx}", [ctypes.POINTER(_RopeShape)] + [_P] * 8, None)
+
+    def _fn(self, name, argtypes, restype):
+        fn = getattr(self._lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+        return fn
 
     @classmethod
     def load(cls) -> "NativeKernels":
@@ -80,16 +101,38 @@ class NativeKernels:
             raise KernelUnavailable(f"cannot load native kernels: {exc}") from None
 
     def supports(self, dtype: torch.dtype) -> bool:
-        return dtype in self._fns
+        return dtype in _SUFFIX
 
     def paged_attention(self, a: PagedAttentionArgs) -> None:
         num_seqs, max_blocks = a.block_tables.shape
         _, num_kv_heads, block_size, head_dim = a.v_cache.shape
-        shape = _AttnShape(num_seqs, a.q.shape[1], num_kv_heads, head_dim, block_size, max_blocks, a.scale)
-        rc = self._fns[a.q.dtype](
+        shape = _AttnShape(num_seqs, a.q.shape[1], num_kv_heads, head_dim, block_size, max_blocks, a.scale, a.q.stride(0))
+        rc = self._attn[a.q.dtype](
             ctypes.byref(shape),
             a.q.data_ptr(), a.k_cache.data_ptr(), a.v_cache.data_ptr(),
             a.block_tables.data_ptr(), a.cu_q.data_ptr(), a.context_lens.data_ptr(), a.out.data_ptr(),
         )
         if rc != 0:
             raise MemoryError("paged attention could not allocate its scratch memory")
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
+                     eps: float) -> None:
+        """x += delta (when given), then out = rms_norm(x) * weight. x, delta, out: [T, H] contiguous."""
+        rows, h = x.shape
+        self._norm[x.dtype](x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
+                            out.data_ptr(), rows, h, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""
+        rows, i = out.shape
+        self._silu[out.dtype](gate_up.data_ptr(), out.data_ptr(), rows, i)
+
+    def rope_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], cos: torch.Tensor, sin: torch.Tensor,
+                   positions: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
+                   v_cache: torch.Tensor) -> None:
+        """RoPE in place on the q and k parts of qkv [T, (nh + 2 nkv) D], then k, v into the cache.
+        heads = (nh, nkv, D); cos/sin float32 [P, D/2]; positions, slot blocks/offsets int64 [T]."""
+        nh, nkv, d = heads
+        shape = _RopeShape(qkv.shape[0], nh, nkv, d, v_cache.shape[2])
+        self._rope[qkv.dtype](ctypes.byref(shape), qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+                              slots[0].data_ptr(), slots[1].data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())

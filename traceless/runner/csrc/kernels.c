@@ -44,6 +44,7 @@ typedef struct {
     int block_size;
     int max_blocks;  /* row stride of block_tables */
     float scale;
+    long q_stride;   /* elements between consecutive query rows (q may be a view into qkv rows) */
 } AttnShape;
 
 static inline float bf16_load(const uint16_t *p, int i) {
@@ -245,7 +246,7 @@ static int cpu_has_avx512(void) {
                 const int32_t *table = block_tables + (long)b * s->max_blocks;                 \
                 for (int i = 0; i < q_len; i++) {                                              \
                     const long r = cu_q[b] + i;                                                \
-                    row(s, q + r * row_stride, k_cache, v_cache, table, kvh,                   \
+                    row(s, q + r * s->q_stride, k_cache, v_cache, table, kvh,                  \
                         ctx - q_len + i + 1, scratch, scores, out + r * row_stride, TO_BF16);  \
                 }                                                                              \
             }                                                                                  \
@@ -282,5 +283,100 @@ static int use_fast_path(const AttnShape *s) {
 DEFINE_ENTRY(tl_paged_attention_bf16, row_bf16, row16_bf16, uint16_t, 1)
 DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row16_f32, float, 0)
 
+
+/* ============================================================================================
+ * Fused elementwise kernels for one decoder layer. Each replaces several small torch ops, whose
+ * per-op overhead dominates a decode step at small batch. Math in float32, one rounding at the
+ * end for bfloat16. Rows are split over OpenMP threads only when there are enough of them.
+ * ============================================================================================ */
+
+#define PAR_ROWS 8 /* below this many rows a parallel region costs more than it saves */
+
+/* x[T][H] += delta[T][H] (if delta), then out[T][H] = x * rsqrt(mean(x^2) + eps) * w */
+#define DEFINE_ADD_RMS_NORM(NAME, T, LOAD, STORE)                                              \
+    TL_CLONES void NAME(T *x, const T *delta, const T *w, T *out, long rows, int H, float eps) \
+    {                                                                                          \
+        _Pragma("omp parallel for if(rows >= PAR_ROWS) schedule(static)")                      \
+        for (long r = 0; r < rows; r++) {                                                      \
+            T *xr = x + r * H;                                                                 \
+            float ss = 0.f;                                                                    \
+            for (int i = 0; i < H; i++) {                                                      \
+                float v = LOAD(xr, i);                                                         \
+                if (delta) { v += LOAD(delta + r * H, i); STORE(xr, i, v); v = LOAD(xr, i); }  \
+                ss += v * v;                                                                   \
+            }                                                                                  \
+            const float inv = 1.f / sqrtf(ss / H + eps);                                       \
+            for (int i = 0; i < H; i++) STORE(out + r * H, i, LOAD(xr, i) * inv * LOAD(w, i)); \
+        }                                                                                      \
+    }
+
+/* out[T][I] = silu(gu[T][:I]) * gu[T][I:] */
+#define DEFINE_SILU_MUL(NAME, T, LOAD, STORE)                                                  \
+    TL_CLONES void NAME(const T *gu, T *out, long rows, int I)                                 \
+    {                                                                                          \
+        _Pragma("omp parallel for if(rows >= PAR_ROWS) schedule(static)")                      \
+        for (long r = 0; r < rows; r++) {                                                      \
+            const T *g = gu + r * 2L * I, *u = g + I;                                          \
+            for (int i = 0; i < I; i++) {                                                      \
+                const float a = LOAD(g, i);                                                    \
+                STORE(out + r * I, i, a / (1.f + expf(-a)) * LOAD(u, i));                      \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+/*
+ * RoPE (rotate-half) in place on the q and k parts of qkv[T][(nh + 2 nkv) * D], then write this
+ * step's k and v into the paged cache of one layer at slot (blocks[t], offsets[t]):
+ *     k_cache[block][kvh][d][off]   (transposed)      v_cache[block][kvh][off][d]
+ * cos/sin tables are float32 [positions][D/2].
+ */
+typedef struct {
+    long rows;
+    int num_heads, num_kv_heads, head_dim, block_size;
+} RopeShape;
+
+#define DEFINE_ROPE_CACHE(NAME, T, LOAD, STORE)                                                \
+    TL_CLONES void NAME(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t,   \
+                        const int64_t *positions, const int64_t *blocks,                       \
+                        const int64_t *offsets, T *k_cache, T *v_cache)                        \
+    {                                                                                          \
+        const int D = s->head_dim, half = D / 2, nh = s->num_heads, nkv = s->num_kv_heads;     \
+        const int BS = s->block_size;                                                          \
+        const long row_len = (long)(nh + 2 * nkv) * D;                                         \
+        _Pragma("omp parallel for if(s->rows >= PAR_ROWS) schedule(static)")                   \
+        for (long t = 0; t < s->rows; t++) {                                                   \
+            T *row = qkv + t * row_len;                                                        \
+            const float *c = cos_t + positions[t] * half, *sn = sin_t + positions[t] * half;   \
+            for (int h = 0; h < nh + nkv; h++) {                                               \
+                T *x = row + (long)h * D;                                                      \
+                for (int i = 0; i < half; i++) {                                               \
+                    const float x1 = LOAD(x, i), x2 = LOAD(x, i + half);                       \
+                    STORE(x, i, x1 * c[i] - x2 * sn[i]);                                       \
+                    STORE(x, i + half, x2 * c[i] + x1 * sn[i]);                                \
+                }                                                                              \
+            }                                                                                  \
+            const long blk = blocks[t], off = offsets[t];                                      \
+            for (int h = 0; h < nkv; h++) {                                                    \
+                const T *k = row + (long)(nh + h) * D, *v = row + (long)(nh + nkv + h) * D;    \
+                T *kc = k_cache + ((blk * nkv + h) * (long)D) * BS + off;                      \
+                T *vc = v_cache + ((blk * nkv + h) * (long)BS + off) * D;                      \
+                for (int d = 0; d < D; d++) kc[(long)d * BS] = k[d];                           \
+                memcpy(vc, v, sizeof(T) * D);                                                  \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+static inline void bf16_store(uint16_t *p, int i, float v) { p[i] = bf16_from_f32(v); }
+static inline void f32_store(float *p, int i, float v) { p[i] = v; }
+#define STORE_BF16(p, i, v) bf16_store((p), (i), (v))
+#define STORE_F32(p, i, v) f32_store((p), (i), (v))
+
+DEFINE_ADD_RMS_NORM(tl_add_rms_norm_bf16, uint16_t, LOAD_BF16, STORE_BF16)
+DEFINE_ADD_RMS_NORM(tl_add_rms_norm_f32, float, LOAD_F32, STORE_F32)
+DEFINE_SILU_MUL(tl_silu_mul_bf16, uint16_t, LOAD_BF16, STORE_BF16)
+DEFINE_SILU_MUL(tl_silu_mul_f32, float, LOAD_F32, STORE_F32)
+DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, LOAD_BF16, STORE_BF16)
+DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, LOAD_F32, STORE_F32)
+
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 1; }
+int tl_abi_version(void) { return 2; }
