@@ -146,6 +146,10 @@ AVX512_TARGET static inline __m512 load16_bf16(const uint16_t *p) {
 }
 AVX512_TARGET static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 
+static inline void prefetch_block(const void *p, long bytes) {
+    for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
+}
+
 #define DEFINE_ROW16(NAME, T, LOAD16, LOAD)                                                    \
     AVX512_TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,       \
                                    const T *v_cache, const int32_t *table, int kvh,            \
@@ -162,6 +166,13 @@ AVX512_TARGET static inline __m512 load16_f32(const float *p) { return _mm512_lo
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
         for (int b = 0; b < nblk; b++) {                                                       \
             const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            /* Blocks sit anywhere in the pool: without prefetching, every block is a DRAM     \
+               miss the thread waits for. Fetch the next K block and this V block now. */      \
+            if (b + 1 < nblk)                                                                  \
+                prefetch_block(k_cache + (long)table[b + 1] * blk_stride + (long)kvh * BS * D, \
+                               sizeof(T) * BS * D);                                            \
+            prefetch_block(v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D,         \
+                           sizeof(T) * BS * D);                                                \
             __m512 sacc[GMAX];                                                                 \
             for (int g = 0; g < G; g++) sacc[g] = _mm512_setzero_ps();                         \
             for (int d = 0; d < D; d++) {                                                      \
