@@ -72,6 +72,11 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "status_code": INT, "duration_s": FLOAT, "stream": BOOL,
     },
     "http.error": {"component": COMPONENT, "status_code": INT, "error_kind": ERROR_KIND},
+    # private path
+    "node.registered": {"ok": BOOL, "status_code": INT},
+    "client.refused_node": {"reason": Choice.of(
+        "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error")},
+    "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
     # transparency log
     "log.opened": {"tree_size": INT},
     "log.appended": {"tree_size": INT},

@@ -248,5 +248,18 @@ def test_gateway_key_is_memory_only() -> None:
         assert "redacted" in repr(obj)
     public_api = {name for name in dir(_SERVER) if not name.startswith("_")}
     assert public_api == {
-        "key_config", "ohttp_keys", "decapsulate_request", "decapsulate_chunked_request"
+        "key_config", "ohttp_keys", "decapsulate_request", "decapsulate_request_buffer",
+        "decapsulate_chunked_request", "decapsulate_chunked_request_buffer",
     }
+
+
+def test_decapsulate_into_a_wipeable_buffer() -> None:
+    server = OhttpServer()
+    enc, client = encapsulate_request(server.key_config, b"plaintext the node must wipe")
+    buf, response = server.decapsulate_request_buffer(enc)
+    assert isinstance(buf, bytearray) and bytes(buf) == b"plaintext the node must wipe"
+    buf[:] = bytes(len(buf))  # the caller owns it: zeroing it leaves no copy behind in this object
+    assert client.decapsulate(response.encapsulate(b"ok")) == b"ok"
+    for bad in (_flip(enc, len(enc) * 8 - 1), enc[:-1]):
+        with pytest.raises(DecryptError):
+            server.decapsulate_request_buffer(bad)

@@ -218,6 +218,30 @@ def decode_request(data: bytes) -> Request:
     return Request(*control_data, **_read_body(r, known_length))
 
 
+def decode_request_buffer(buf: bytearray) -> tuple[Request, bytearray]:
+    """As decode_request, for a decrypted request held in a bytearray the caller will wipe: the
+    content comes back as a separate bytearray (wipeable), and the returned Request has empty
+    content. Nothing of the content is copied into immutable bytes."""
+    r = ByteReader(buf, BhttpError)
+    try:
+        known_length = _read_framing(r, KNOWN_LENGTH_REQUEST, INDETERMINATE_LENGTH_REQUEST, "request")
+        control_data = [r.read_length_prefixed(part) for part in ("method", "scheme", "authority", "path")]
+        headers = _read_field_section(r, known_length, "header") if not r.at_end() else []
+        content = bytearray()
+        if not r.at_end():
+            if known_length:
+                content = r.read_buffer(r.read_varint("content length"), "content")
+            else:
+                while (length := r.read_varint("content chunk length")) != 0:
+                    content += r.read_buffer(length, "content chunk")
+        trailers = _read_field_section(r, known_length, "trailer") if not r.at_end() else []
+        if any(r.read_rest()):
+            raise BhttpError("non-zero padding")
+        return Request(*control_data, headers=tuple(headers), trailers=tuple(trailers)), content
+    finally:
+        r.release()
+
+
 def decode_response(data: bytes) -> Response:
     """Decode a known- or indeterminate-length response (framing indicator 1 or 3)."""
     r = ByteReader(data, BhttpError)

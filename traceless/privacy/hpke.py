@@ -150,6 +150,13 @@ class RecipientContext(_Context):
         self._seq += 1
         return pt
 
+    def open_into(self, aad: bytes, ct: bytes) -> bytearray:
+        """As `open`, into a bytearray the caller owns and can zero."""
+        aead = self._require_aead()
+        pt = aead.open_into(self._compute_nonce(), aad, ct)  # raises before any state change
+        self._seq += 1
+        return pt
+
 
 def setup_base_s(
     suite: Suite, pk_r: bytes, info: bytes, *, _ephemeral_for_tests: KemPrivateKey | None = None

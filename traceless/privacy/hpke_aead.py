@@ -46,7 +46,7 @@ def aead_sizes(aead_id: AeadId) -> tuple[int, int, int]:
 class AeadKey:
     """An AEAD keyed once; nonces are passed per call (RFC 5116 Seal/Open)."""
 
-    __slots__ = ("_cipher", "_n_n")
+    __slots__ = ("_cipher", "_n_n", "_aead_id")
 
     def __init__(self, aead_id: AeadId, key: bytes) -> None:
         n_k, n_n, _ = _SIZES[aead_id]
@@ -55,6 +55,7 @@ class AeadKey:
         if len(key) != n_k:
             raise ValueError(f"AEAD key must be {n_k} bytes, got {len(key)}")
         self._n_n = n_n
+        self._aead_id = aead_id
         self._cipher = ChaCha20Poly1305(key) if aead_id is AeadId.CHACHA20_POLY1305 else AESGCM(key)
 
     def __repr__(self) -> str:
@@ -64,6 +65,22 @@ class AeadKey:
         if len(nonce) != self._n_n:
             raise ValueError(f"AEAD nonce must be {self._n_n} bytes, got {len(nonce)}")
         return self._cipher.encrypt(nonce, pt, aad)
+
+    def open_into(self, nonce: bytes, aad: bytes, ct: bytes) -> bytearray:
+        """Open into a new bytearray the caller owns, so it can zero the plaintext when done.
+        (Plain `open` returns immutable bytes that live until garbage collection.)"""
+        if len(nonce) != self._n_n:
+            raise ValueError(f"AEAD nonce must be {self._n_n} bytes, got {len(nonce)}")
+        n_t = _SIZES[self._aead_id][2]
+        if len(ct) < n_t:
+            raise DecryptError()
+        out = bytearray(len(ct) - n_t)
+        try:
+            self._cipher.decrypt_into(nonce, ct, aad, out)
+        except (InvalidTag, ValueError, OverflowError):
+            out[:] = bytes(len(out))
+            raise DecryptError() from None
+        return out
 
     def open(self, nonce: bytes, aad: bytes, ct: bytes) -> bytes:
         if len(nonce) != self._n_n:

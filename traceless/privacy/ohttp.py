@@ -29,6 +29,7 @@ from traceless.privacy.hpke_aead import AeadId, AeadKey
 from traceless.privacy.hpke_kdf import KdfId
 from traceless.privacy.hpke_kem import KemId
 from traceless.privacy.ohttp_chunked import (
+    decapsulate_chunked_request_buffer,
     DEFAULT_MAX_CHUNK_LENGTH,
     ChunkedClientResponse,
     ChunkedResponseDecryptor,
@@ -190,11 +191,28 @@ class OhttpServer:
         request = context.open(b"", r.read_rest())
         return request, ServerResponse(export_response_secret(context, enc, RESPONSE_LABEL))
 
+    def decapsulate_request_buffer(self, enc_request: bytes) -> tuple[bytearray, ServerResponse]:
+        """As decapsulate_request, with the plaintext in a bytearray the caller owns and must
+        zero when the request ends (a node holds decrypted requests only in wipeable buffers)."""
+        self._check_length(enc_request)
+        r, enc, context = open_request_context(
+            enc_request, self._config, self._private_key, REQUEST_LABEL
+        )
+        request = context.open_into(b"", r.read_rest())
+        return request, ServerResponse(export_response_secret(context, enc, RESPONSE_LABEL))
+
     def decapsulate_chunked_request(
         self, enc_request: bytes
     ) -> tuple[bytes, ChunkedServerResponse]:
         """Open a whole message/ohttp-chunked-req; its response must be chunked too."""
         self._check_length(enc_request)
         return decapsulate_chunked_request(
+            enc_request, self._config, self._private_key, self._max_chunk_length
+        )
+
+    def decapsulate_chunked_request_buffer(self, enc_request: bytes) -> tuple[bytearray, ChunkedServerResponse]:
+        """As decapsulate_chunked_request, with the plaintext in a bytearray the caller must wipe."""
+        self._check_length(enc_request)
+        return decapsulate_chunked_request_buffer(
             enc_request, self._config, self._private_key, self._max_chunk_length
         )

@@ -102,22 +102,39 @@ def decapsulate_chunked_request(
 ) -> tuple[bytes, ChunkedServerResponse]:
     """Gateway: open a whole `message/ohttp-chunked-req`. Framing errors after the header are
     DecryptError like tag failures: the chunk framing is part of what an attacker could alter."""
+    buf, response = decapsulate_chunked_request_buffer(enc_request, config, private_key, max_chunk_length)
+    out = bytes(buf)
+    buf[:] = bytes(len(buf))
+    return out, response
+
+
+def decapsulate_chunked_request_buffer(
+    enc_request: bytes, config: KeyConfig, private_key: KemPrivateKey, max_chunk_length: int
+) -> tuple[bytearray, ChunkedServerResponse]:
+    """As decapsulate_chunked_request, with the plaintext in a bytearray the caller must wipe."""
     r, enc, context = open_request_context(enc_request, config, private_key, CHUNKED_REQUEST_LABEL)
     limit = max_chunk_length + context.suite.n_t
-    pieces = []
+    out = bytearray()
     try:
         while (length := r.read_varint("chunk length")) != 0:
             if length > limit:
                 raise DecryptError()
-            piece = context.open(b"", r.read(length, "chunk"))
+            piece = context.open_into(b"", r.read(length, "chunk"))
             if not piece:  # §6: an empty non-final chunk counts as a decryption error
                 raise DecryptError()
-            pieces.append(piece)
-        pieces.append(context.open(FINAL_AAD, r.read_rest()))
+            out += piece
+            piece[:] = bytes(len(piece))
+        piece = context.open_into(FINAL_AAD, r.read_rest())
+        out += piece
+        piece[:] = bytes(len(piece))
     except MalformedMessageError:  # stream ended before the final chunk
+        out[:] = bytes(len(out))
         raise DecryptError() from None
+    except DecryptError:
+        out[:] = bytes(len(out))
+        raise
     secret = export_response_secret(context, enc, CHUNKED_RESPONSE_LABEL)
-    return b"".join(pieces), ChunkedServerResponse(secret)
+    return out, ChunkedServerResponse(secret)
 
 
 # ---- responses (streamed) ---------------------------------------------------------------------

@@ -53,3 +53,8 @@ class UnknownKeyIdError(InvalidRequestError):
 
 class MessageTooLargeError(InvalidRequestError):
     """An encapsulated message or chunk exceeds the configured limit (HTTP 413)."""
+
+
+# Everything decapsulation, encapsulation or binary HTTP parsing can raise about a message.
+OHTTP_ERRORS = (DecryptError, ChunkError, UnsupportedAlgorithmError, MalformedMessageError, UnknownKeyIdError,
+                MessageTooLargeError)

@@ -46,7 +46,11 @@ def peek_varint(buffer: bytes | bytearray) -> tuple[int, int] | None:
 
 
 class ByteReader:
-    """A cursor over immutable bytes. Every read is bounds-checked and raises `error` on underrun.
+    """A cursor over bytes. Every read is bounds-checked and raises `error` on underrun.
+
+    A bytearray is read in place (not copied), so a caller holding decrypted data in a buffer it
+    will wipe does not get an unwipeable copy of the whole message; `read_buffer` returns a part
+    as a new bytearray, wipeable too.
 
     `error` is the typed error the caller wants (e.g. BhttpError); `what` names the field in the
     message, so errors say which part was short without quoting any of the data.
@@ -57,7 +61,7 @@ class ByteReader:
     def __init__(
         self, data: bytes, error: type[MalformedMessageError] = MalformedMessageError
     ) -> None:
-        self._data = memoryview(bytes(data))
+        self._data = memoryview(data if isinstance(data, bytearray) else bytes(data))
         self._pos = 0
         self._error = error
 
@@ -78,6 +82,17 @@ class ByteReader:
         start = self._pos
         self._pos += n
         return bytes(self._data[start : self._pos])
+
+    def read_buffer(self, n: int, what: str) -> bytearray:
+        if n < 0 or n > self.remaining:
+            raise self._error(f"truncated {what}: needs {n} bytes, {self.remaining} left")
+        start = self._pos
+        self._pos += n
+        return bytearray(self._data[start : self._pos])
+
+    def release(self) -> None:
+        """Drop the view of the input (a bytearray under a view cannot be resized or cleared)."""
+        self._data.release()
 
     def read_uint(self, n: int, what: str) -> int:
         return int.from_bytes(self.read(n, what), "big")
