@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTION_BACKENDS = ("auto", "native", "torch")
+PREFIX_CACHE_MODES = ("off", "isolated", "global")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
 
@@ -13,7 +14,11 @@ class EngineConfig:
     """model: GGUF file or HF directory (None = the built-in default model).
     kv_cache_memory: bytes for the KV cache; or gpu_memory_utilization: on CUDA the fraction of
     device memory for weights + KV cache, on CPU the fraction of system memory for the KV cache.
-    Neither: 2 GiB on CPU, 0.9 on CUDA."""
+    Neither: 2 GiB on CPU, 0.9 on CUDA.
+    prefix_cache: "isolated" (default: sharing only between requests with the same cache_salt, plus
+    `public_prefixes`, exact operator system prompts), "global" (vLLM-style shared cache: the
+    insecure baseline for benchmarks and attack demos) or "off"; cached blocks expire after
+    prefix_cache_ttl seconds."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -27,12 +32,21 @@ class EngineConfig:
     max_queued_requests: int = 1024
     attention_backend: str = "auto"
     seed: int | None = None
+    prefix_cache: str = "isolated"
+    prefix_cache_ttl: float = 60.0
+    public_prefixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError("device must be auto, cpu, cuda or cuda:N")
+        if self.prefix_cache not in PREFIX_CACHE_MODES:
+            raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}")
+        if self.prefix_cache_ttl < 0:
+            raise ValueError("prefix_cache_ttl must be >= 0")
+        if self.public_prefixes and self.prefix_cache != "isolated":
+            raise ValueError("public prefixes are declared for the isolated prefix cache only")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
         if not 1 <= self.block_size <= 256:

@@ -49,6 +49,8 @@ CASES = [
     ("bad content", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None, "messages[0]"),
     ("top_logprobs alone", "/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2},
      400, None, "top_logprobs"),
+    ("weak cache_salt", "/v1/completions", {"prompt": "w5", "cache_salt": "only-16-chars-ok"}, 400, None, "cache_salt"),
+    ("cache_salt not a string", "/v1/completions", {"prompt": "w5", "cache_salt": 12345}, 400, None, "cache_salt"),
     ("stream_options without stream", "/v1/completions", {"prompt": "w5", "stream_options": {"include_usage": True}},
      400, None, "stream_options"),
 ]
@@ -67,6 +69,12 @@ def test_bad_requests_get_openai_errors(url, model, name, path, body, status, co
     if param:
         assert err["param"] == param
     ok_completion(url, model)
+
+
+def test_a_good_cache_salt_is_accepted(url, model):
+    r = post(url, "/v1/completions", {"model": model, "prompt": [5, 6, 7], "max_tokens": 2,
+                                      "cache_salt": "Zm9vYmFyYmF6cXV4cXV1eHp6enp6"})
+    assert r.status_code == 200, r.text
 
 
 def test_unknown_model_is_404(url, model):

@@ -1,12 +1,15 @@
-"""Which KV blocks each request owns. No torch.
+"""Which KV blocks each request owns, and prefix-cache hits and inserts. No torch.
 
-A request owns exactly the blocks that hold its computed tokens plus the ones it is about to
-compute: ceil((num_computed + num_new) / block_size). Freeing a request (whatever way it ended)
-returns all of them to the pool, which zeroes them.
+A request owns the blocks that hold its computed tokens plus the ones it is about to compute:
+ceil((num_computed + num_new) / block_size). With prefix caching, its leading blocks may be
+cached blocks it shares (by reference) with requests of the same domain; each block it fills is
+registered in the cache as soon as it is full. Freeing a request returns every reference; blocks
+that reach zero references are zeroed unless they stay cached (until reuse, eviction or expiry).
 """
 from __future__ import annotations
 
 from traceless.engine.block_pool import BlockPool, KVBlock
+from traceless.engine.prefix_cache import ROOT, CacheMode, PrefixCacheConfig, block_hashes
 from traceless.engine.request import Request
 
 
@@ -15,28 +18,75 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int):
+    def __init__(self, pool: BlockPool, block_size: int, cache: PrefixCacheConfig | None = None):
         self.pool = pool
         self.block_size = block_size
+        self.cache = cache or PrefixCacheConfig(CacheMode.OFF)
         self._blocks: dict[str, list[KVBlock]] = {}
+        self._hashes: dict[str, list[bytes]] = {}  # hash chain of the request's cached leading blocks
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Make room for num_new_tokens more computed tokens; False (nothing taken) if full."""
+    @property
+    def caching(self) -> bool:
+        return self.cache.mode is not CacheMode.OFF
+
+    def computed_blocks(self, request: Request) -> list[KVBlock]:
+        """Cached blocks holding the request's leading tokens (its domain or public), longest
+        verified run; at least one token is always left to compute (its logits give the next token)."""
+        if not self.caching:
+            return []
+        tokens = request.token_ids(0, request.num_tokens)
+        hits = []
+        for h, chunk in block_hashes(self.cache, tokens, request.domain, self.block_size):
+            block = self.pool.lookup(h, chunk)
+            if block is None:
+                break
+            hits.append(block)
+        if hits and len(hits) * self.block_size >= request.num_tokens:
+            hits.pop()
+        return hits
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed: list[KVBlock] = ()) -> bool:
+        """Reference `computed` (prefix hits, for a request that starts now) and allocate blocks
+        for num_new_tokens more tokens after them; False (nothing taken) if the pool is short."""
         owned = self._blocks.setdefault(request.request_id, [])
-        need = blocks_for(request.num_computed_tokens + num_new_tokens, self.block_size) - len(owned)
-        if need <= 0:
-            return True
-        new = self.pool.allocate(need)
-        if new is None:
+        start = request.num_computed_tokens + len(computed) * self.block_size
+        need = blocks_for(start + num_new_tokens, self.block_size) - len(owned) - len(computed)
+        revived = sum(1 for b in computed if b.ref_cnt == 0)  # free cached blocks leave the free queue
+        if need > 0 and need > self.pool.num_free_blocks - revived:
+            if not owned:
+                del self._blocks[request.request_id]
             return False
-        owned.extend(new)
+        for b in computed:
+            self.pool.touch(b)
+        owned.extend(computed)
+        if computed:
+            self._hashes[request.request_id] = [b.block_hash for b in computed]
+        if need > 0:
+            owned.extend(self.pool.allocate(need))
         return True
 
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's newly filled blocks in the prefix cache."""
+        if not self.caching:
+            return
+        hashes = self._hashes.setdefault(request.request_id, [])
+        n_full = request.num_computed_tokens // self.block_size
+        if n_full <= len(hashes):
+            return
+        owned = self._blocks[request.request_id]
+        tokens = request.token_ids(0, n_full * self.block_size)
+        new = block_hashes(self.cache, tokens, request.domain, self.block_size, start=len(hashes),
+                           parent=hashes[-1] if hashes else ROOT)
+        for i, (h, chunk) in enumerate(new, start=len(hashes)):
+            self.pool.cache(owned[i], h, chunk)  # False if an identical block is already cached
+            hashes.append(h)
+
     def free(self, request: Request) -> None:
+        self._hashes.pop(request.request_id, None)
         blocks = self._blocks.pop(request.request_id, None)
         if blocks:
-            # Tail first: with prefix caching, a request's last blocks are the least reusable,
-            # so they should be the first evicted.
+            # Tail first: a request's last blocks are its least reusable, so they go to the LRU
+            # position that is evicted first.
             self.pool.free(reversed(blocks))
 
     def block_ids(self, request_id: str) -> list[int]:
@@ -47,6 +97,6 @@ class KVCacheManager:
 
     def check_integrity(self) -> list[str]:
         problems = self.pool.check_integrity()
-        if self._blocks:
+        if self._blocks or self._hashes:
             problems.append(f"{len(self._blocks)} request(s) still own KV blocks")
         return problems

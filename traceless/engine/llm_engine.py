@@ -15,6 +15,7 @@ from traceless.config import EngineConfig
 from traceless.engine.block_pool import BlockPool
 from traceless.engine.detokenizer import IncrementalDetokenizer
 from traceless.engine.kv_manager import KVCacheManager
+from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.scheduler import Scheduler, SchedulerConfig
 from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
@@ -58,7 +59,10 @@ class LLMEngine:
         self.max_model_len = built.max_model_len
         self.runner = built.runner
         pool = BlockPool(built.cache.num_blocks, built.cache.zero_blocks)
-        self.kv = KVCacheManager(pool, config.block_size)
+        self.cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
+                                              self._public_prefixes(config.public_prefixes))
+        self.kv = KVCacheManager(pool, config.block_size, self.cache_config)
+        self._last_expiry = 0.0
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv
         )
@@ -68,9 +72,22 @@ class LLMEngine:
              num_blocks=pool.num_blocks, block_size=config.block_size, max_model_len=self.max_model_len,
              load_s=time.monotonic() - t0, attention=built.attention)
 
+    def _public_prefixes(self, texts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Token forms of the operator's public prefixes: as a plain prompt and as a chat system message."""
+        out = []
+        for text in texts:
+            out.append(tuple(self.tokenizer.encode(text)))
+            if self.tokenizer.chat_template is not None:
+                rendered = self.tokenizer.apply_chat_template([{"role": "system", "content": text}],
+                                                              add_generation_prompt=False)
+                out.append(tuple(self.tokenizer.encode(rendered, add_special_tokens=False)))
+        return tuple(p for p in out if p)
+
     # --- admission ----------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """Validate, tokenize and queue a request; returns (a copy of) its prompt token ids."""
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    cache_salt: str | None = None) -> list[int]:
+        """Validate, tokenize and queue a request; returns (a copy of) its prompt token ids.
+        `cache_salt` names the request's prefix-cache isolation domain (a client secret)."""
         if request_id in self._requests:
             raise InvalidRequestError("request id is already in use")
         if params.n != 1:
@@ -86,8 +103,9 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids must be below the vocabulary size {vocab}")
+        domain = domain_of(self.cache_config, cache_salt)
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
-        request = Request(request_id, ids, params, eos)
+        request = Request(request_id, ids, params, eos, domain=domain)
         self._requests[request_id] = request
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         self.scheduler.add(request)
@@ -138,7 +156,19 @@ class LLMEngine:
     def kv_usage(self) -> float:
         return self.kv.pool.usage()
 
+    def tick(self, now: float | None = None) -> None:
+        """Housekeeping between steps: expire (and zero) prefix-cache blocks past their TTL."""
+        now = time.monotonic() if now is None else now
+        if self.kv.caching and now - self._last_expiry >= 0.5:
+            self._last_expiry = now
+            self.kv.pool.expire(self.cache_config.ttl_s, now)
+
+    def drop_prefix_cache(self) -> int:
+        """Evict and zero every cached block that no running request holds (shutdown, tests)."""
+        return self.kv.pool.drop_cache()
+
     def step(self) -> list[StepOutput]:
+        self.tick()
         sched = self.scheduler.schedule()
         if not sched.chunks:
             return []
@@ -152,6 +182,7 @@ class LLMEngine:
         for chunk in sched.chunks:
             request = chunk.request
             request.num_computed_tokens += chunk.num_new_tokens
+            self.kv.cache_full_blocks(request)
             s = sampled.get(request.request_id)
             if s is not None:
                 outputs.append(self._on_token(request, s.token_id, s.logprobs))

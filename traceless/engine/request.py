@@ -55,7 +55,7 @@ class Request:
 
     __slots__ = (
         "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
-        "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens",
+        "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens", "domain",
     )
 
     def __init__(
@@ -65,6 +65,7 @@ class Request:
         params: SamplingParams,
         eos_token_ids: frozenset[int],
         arrival_time: float | None = None,
+        domain: bytes | None = None,
     ):
         self.request_id = request_id
         self.params = params
@@ -77,6 +78,7 @@ class Request:
         self._prompt = list(prompt_token_ids)
         self._output: list[int] = []
         self.num_prompt_tokens = len(self._prompt)
+        self.domain = domain  # prefix-cache isolation domain (derived from the client's salt), or None
 
     # --- read-only views -------------------------------------------------------------------
     @property
@@ -124,6 +126,7 @@ class Request:
                 buf[i] = 0
             buf.clear()
         self.stop_reason = None
+        self.domain = None
 
     def __repr__(self) -> str:  # never the tokens themselves
         return (

@@ -87,9 +87,14 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv.allocate_slots(request, n):
+            # A request starting from scratch (new, or preempted by recompute) first takes the
+            # cached blocks of its own domain that hold its leading tokens.
+            computed = self.kv.computed_blocks(request) if request.num_computed_tokens == 0 else []
+            cached = len(computed) * self.kv.block_size
+            n = min(request.num_tokens - request.num_computed_tokens - cached, budget)
+            if not self.kv.allocate_slots(request, n, computed):
                 break
+            request.num_computed_tokens += cached
             self.waiting.popleft()
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from traceless.config import ATTENTION_BACKENDS, DTYPES
+from pathlib import Path
+
+from traceless.config import ATTENTION_BACKENDS, DTYPES, PREFIX_CACHE_MODES
 
 
 def parse_size(text: str) -> int:
@@ -31,6 +33,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--max-queued-requests", type=int, default=1024)
     g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    g.add_argument("--prefix-cache", default="isolated", choices=PREFIX_CACHE_MODES,
+                   help="isolated: share only within a cache_salt (default); global: vLLM-style shared cache "
+                        "(insecure baseline); off")
+    g.add_argument("--prefix-cache-ttl", type=float, default=60.0, help="seconds a cached block lives after its last use")
+    g.add_argument("--public-prefix", action="append", default=[], metavar="FILE",
+                   help="an exact system prompt (not user data) that all domains may share; repeatable")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -40,4 +48,6 @@ def engine_options(args: argparse.Namespace) -> dict:
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_queued_requests=args.max_queued_requests, attention_backend=args.attention_backend,
+        prefix_cache=args.prefix_cache, prefix_cache_ttl=args.prefix_cache_ttl,
+        public_prefixes=tuple(Path(f).read_text() for f in args.public_prefix),
     )

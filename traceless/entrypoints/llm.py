@@ -56,18 +56,23 @@ class LLM:
         prompts = []
         for conv in conversations:
             text = tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt)
-            prompts.append((text, tok.encode(text, add_special_tokens=False)))
+            prompts.append((text, tok.encode(text, add_special_tokens=False), None))
         return self._run(prompts, self._params(sampling_params, len(prompts)), use_tqdm)
 
     # -------------------------------------------------------------------------------------------
-    def _prompt(self, p: PromptType) -> tuple[str | None, str | list[int]]:
+    def _prompt(self, p: PromptType) -> tuple[str | None, str | list[int], str | None]:
+        """(prompt text, what the engine takes, cache_salt)."""
         if isinstance(p, str):
-            return p, p
-        if isinstance(p, dict) and set(p) == {"prompt_token_ids"}:
-            return None, p["prompt_token_ids"]
-        if isinstance(p, dict) and set(p) == {"prompt"}:
-            return p["prompt"], p["prompt"]
-        raise InvalidRequestError('a prompt is a string, {"prompt": str} or {"prompt_token_ids": [int, ...]}')
+            return p, p, None
+        if isinstance(p, dict):
+            salt = p.get("cache_salt")
+            keys = set(p) - {"cache_salt"}
+            if keys == {"prompt_token_ids"}:
+                return None, p["prompt_token_ids"], salt
+            if keys == {"prompt"}:
+                return p["prompt"], p["prompt"], salt
+        raise InvalidRequestError('a prompt is a string, or a dict with "prompt" (str) or "prompt_token_ids" '
+                                  '([int, ...]) and optionally "cache_salt"')
 
     @staticmethod
     def _params(params, count: int) -> list[SamplingParams]:
@@ -80,17 +85,18 @@ class LLM:
             raise InvalidRequestError(f"got {len(params)} sampling params for {count} prompts")
         return params
 
-    def _run(self, prompts: list[tuple[str | None, str | list[int]]], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: list[tuple[str | None, str | list[int], str | None]], params: list[SamplingParams],
+             use_tqdm: bool) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
         engine = self.engine
         children: dict[str, tuple[int, int]] = {}  # child request id -> (prompt index, completion index)
         prompt_ids: list[tuple[int, ...]] = []
         try:
-            for i, ((_, prompt), p) in enumerate(zip(prompts, params)):
+            for i, ((_, prompt, salt), p) in enumerate(zip(prompts, params)):
                 for j in range(p.n):
                     rid = f"gen-{next(self._ids)}"
-                    ids = engine.add_request(rid, prompt, p.with_seed_offset(j) if p.n > 1 else p)
+                    ids = engine.add_request(rid, prompt, p.with_seed_offset(j) if p.n > 1 else p, cache_salt=salt)
                     children[rid] = (i, j)
                     if j == 0:
                         prompt_ids.append(tuple(ids))

@@ -46,7 +46,8 @@ class AsyncEngine:
             self._thread.join(timeout=30)
 
     # --- event-loop side ----------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[StepOutput]:
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
+                       cache_salt: str | None = None) -> AsyncIterator[StepOutput]:
         """Stream a request's StepOutputs. Validation errors raise before the first output;
         closing or cancelling the iterator aborts the request."""
         if self.dead:
@@ -55,7 +56,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         finished = False
         try:
-            await asyncio.wrap_future(self._submit("add", request_id, prompt, params))
+            await asyncio.wrap_future(self._submit("add", request_id, prompt, params, cache_salt))
             while True:
                 out = await stream.get()
                 if isinstance(out, BaseException):
@@ -91,8 +92,9 @@ class AsyncEngine:
             while not self._stopping:
                 self._drain()
                 if not self.engine.has_unfinished():
-                    self._wake.wait()
+                    self._wake.wait(timeout=1.0)  # wake now and then to expire cached blocks
                     self._wake.clear()
+                    self.engine.tick()
                     continue
                 outputs = self.engine.step()
                 if outputs:

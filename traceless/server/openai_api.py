@@ -81,7 +81,7 @@ class OpenAIService:
             params = job.request.params.with_seed_offset(c % n) if n > 1 else job.request.params
             if params.max_tokens is None:
                 params = _replace_max_tokens(params, self.max_model_len - len(ids))
-            children.append((f"{job.response_id}-{c}", ids, params))
+            children.append((f"{job.response_id}-{c}", ids, params, job.request.cache_salt))
         stream = self._merged(job, children)
         fmt = Formatter(job, self.model_name, self.tokenizer)
         if job.request.stream:
@@ -97,9 +97,9 @@ class OpenAIService:
         """(choice index, output) pairs of all children as they come; closing it aborts them all."""
         q: asyncio.Queue = asyncio.Queue()
 
-        async def pump(c, rid, ids, params):
+        async def pump(c, rid, ids, params, salt):
             try:
-                async for out in self.engine.generate(rid, ids, params):
+                async for out in self.engine.generate(rid, ids, params, salt):
                     q.put_nowait((c, out))
             except BaseException as exc:  # includes validation errors from the engine
                 q.put_nowait((c, exc))

@@ -82,6 +82,7 @@ SAMPLING_FIELDS: dict[str, Validator] = {
     "seed": integer, "user": string,
     "logit_bias": only(lambda v: not v, "only an empty logit_bias"),
     # vLLM extensions
+    "cache_salt": lambda name, v: _salt(name, v),
     "top_k": integer, "min_p": number, "repetition_penalty": number, "ignore_eos": boolean, "stop_token_ids": int_list,
 }
 COMPLETION_FIELDS: dict[str, Validator] = {
@@ -100,6 +101,15 @@ CHAT_FIELDS: dict[str, Validator] = {
 }
 
 
+def _salt(name, v):
+    from traceless.engine.prefix_cache import check_salt
+
+    try:
+        return check_salt(v)
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), name) from None
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     model: str
@@ -108,6 +118,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     logprobs: int | None  # completions: top-N; chat: top_logprobs when logprobs is true
+    cache_salt: str | None = None  # prefix-cache isolation domain (a client secret)
 
 
 def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) -> dict[str, Any]:
@@ -151,7 +162,8 @@ def parse_completion(body: Any) -> ParsedRequest:
     if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
         raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}", "logprobs")
     params = _sampling(f, f.get("max_tokens", 16), logprobs)
-    return ParsedRequest(f["model"], prompts, params, f.get("stream", False), f.get("stream_options", False), logprobs)
+    return ParsedRequest(f["model"], prompts, params, f.get("stream", False), f.get("stream_options", False), logprobs,
+                         f.get("cache_salt"))
 
 
 def parse_chat(body: Any, render: Callable[[list[dict]], str]) -> ParsedRequest:
@@ -164,7 +176,8 @@ def parse_chat(body: Any, render: Callable[[list[dict]], str]) -> ParsedRequest:
     logprobs = (top or 0) if f.get("logprobs") else None
     params = _sampling(f, f.get("max_completion_tokens", f.get("max_tokens")), logprobs)
     prompt = render(messages(f["messages"]))
-    return ParsedRequest(f["model"], [prompt], params, f.get("stream", False), f.get("stream_options", False), logprobs)
+    return ParsedRequest(f["model"], [prompt], params, f.get("stream", False), f.get("stream_options", False), logprobs,
+                         f.get("cache_salt"))
 
 
 _ROLES = ("system", "developer", "user", "assistant")
