@@ -35,11 +35,14 @@ from traceless.server.async_engine import AsyncEngine
 from traceless.server.errors import ApiError, internal_error
 from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
+from traceless.server.stream_shape import StreamShape, padding_event
+from traceless.privacy.wire import encode_varint
 
 OHTTP_REQ, OHTTP_RES = "message/ohttp-req", "message/ohttp-res"
 OHTTP_CHUNKED_REQ, OHTTP_CHUNKED_RES = "message/ohttp-chunked-req", "message/ohttp-chunked-res"
 ROUTES = {b"/v1/chat/completions": "chat_completions", b"/v1/completions": "completions"}
 JSON_HEADERS = ((b"content-type", b"application/json"),)
+END_LEN = 2  # content terminator + empty trailer section
 SSE_HEADERS = ((b"content-type", b"text/event-stream"),)
 
 
@@ -52,6 +55,7 @@ class NodeSettings:
     gateway_url: str | None = None
     public_url: str | None = None
     register_interval_s: float = 60.0
+    stream_shape: StreamShape = StreamShape()
 
 
 class NodeIdentity:
@@ -86,6 +90,7 @@ class NodeService:
 
     def __init__(self, identity: NodeIdentity, api: OpenAIService, metrics: Metrics):
         self.identity, self.api, self.metrics = identity, api, metrics
+        self.padding = api.shape.padding
 
     async def handle(self, body: bytes, chunked: bool) -> Response:
         ohttp = self.identity.ohttp
@@ -104,6 +109,9 @@ class NodeService:
             if chunked:  # a chunked request always gets a chunked response
                 return self._chunked(ctx, status, JSON_HEADERS, _once(bytes(result)))
             inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)))
+            if self.padding:  # whole responses too: their length would tell the output's length
+                inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)),
+                                              padding=-len(inner) % self.padding)
             return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
         return self._chunked(ctx, 200, SSE_HEADERS, result)
 
@@ -144,19 +152,34 @@ class NodeService:
         finally:
             _wipe(content)
 
-    @staticmethod
-    def _chunked(ctx, status: int, headers, events: AsyncIterator[bytes]) -> StreamingResponse:
+    def _chunked(self, ctx, status: int, headers, events: AsyncIterator[bytes]) -> StreamingResponse:
+        padding = self.padding
+
         async def gen():
             enc, msg = ctx.encryptor(), ResponseStreamEncoder()
+            # With padding, every chunk's plaintext is `size` bytes: data chunks carry one padded SSE
+            # event; the head and the final chunk are filled out with an SSE comment.
+            size = len(encode_varint(padding)) + padding if padding else 0
             try:
-                yield enc.seal_chunk(msg.head(status, headers))
+                yield enc.seal_chunk(_fill(msg.head(status, headers), size, msg))
                 async for event in events:
                     yield enc.seal_chunk(msg.chunk(event))
-                yield enc.seal_final(msg.end())
+                filler = _fill(b"", size - END_LEN, msg) if size else b""  # before end(): chunks precede it
+                yield enc.seal_final(filler + msg.end())
             finally:
                 await events.aclose()
 
         return StreamingResponse(gen(), media_type=OHTTP_CHUNKED_RES)
+
+
+def _fill(prefix: bytes, size: int, msg: ResponseStreamEncoder) -> bytes:
+    """prefix + one content chunk holding an SSE comment, `size` bytes in all (prefix alone if
+    size is 0 or too small to hold a comment)."""
+    for varint_len in (1, 2, 4):
+        room = size - len(prefix) - varint_len
+        if room >= 4 and len(encode_varint(room)) == varint_len:
+            return prefix + msg.chunk(padding_event(room))
+    return prefix
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
@@ -166,7 +189,7 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeSettings,
                     metrics: Metrics | None = None) -> Starlette:
     metrics = metrics or Metrics()
-    service = NodeService(identity, OpenAIService(engine, settings.model_name, metrics), metrics)
+    service = NodeService(identity, OpenAIService(engine, settings.model_name, metrics, settings.stream_shape), metrics)
 
     async def attestation(request: Request) -> Response:
         raw = request.query_params.get("nonce")

@@ -30,6 +30,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "served_model_name": args.served_model_name, "attestation_ttl": args.attestation_ttl,
         "prefix_cache": args.prefix_cache, "prefix_cache_ttl": args.prefix_cache_ttl,
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
+        "stream_padding": args.stream_padding, "stream_interval": args.stream_interval,
     }
 
 
@@ -60,7 +61,7 @@ def _node(args: argparse.Namespace) -> int:
     from traceless.privacy.attestation import SoftwareAttester
     from traceless.privacy.measurement import measure
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES
-    from traceless.server.commands import build_engine, run_uvicorn
+    from traceless.server.commands import build_engine, run_uvicorn, stream_shape
 
     configure_logging()
     if args.capacity < 1:
@@ -77,7 +78,7 @@ def _node(args: argparse.Namespace) -> int:
         model_name=args.served_model_name or engine.engine.model_name, capacity=args.capacity,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, attestation_ttl_s=args.attestation_ttl,
         gateway_url=args.gateway, public_url=args.public_url or f"http://{args.host}:{args.port}",
-        register_interval_s=args.register_interval,
+        register_interval_s=args.register_interval, stream_shape=stream_shape(args),
     )
     run_uvicorn(create_node_app(engine, NodeIdentity(attester, measurement), settings), args.host, args.port, "node")
     return 0

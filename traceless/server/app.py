@@ -25,6 +25,7 @@ from traceless.server.async_engine import AsyncEngine
 from traceless.server.errors import ApiError, internal_error
 from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
+from traceless.server.stream_shape import StreamShape
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 
@@ -34,6 +35,7 @@ class ServerSettings:
     model_name: str
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     component: str = "server"
+    stream_shape: StreamShape = StreamShape()
 
 
 async def read_json_body(request: Request, limit: int):
@@ -64,7 +66,7 @@ async def _until_disconnect(request: Request) -> None:
 
 def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics | None = None) -> Starlette:
     metrics = metrics or Metrics()
-    service = OpenAIService(engine, settings.model_name, metrics)
+    service = OpenAIService(engine, settings.model_name, metrics, settings.stream_shape)
 
     async def generation(request: Request, handler, endpoint: str) -> Response:
         t0 = time.monotonic()

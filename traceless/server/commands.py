@@ -11,6 +11,10 @@ def add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--port", type=int, default=port)
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's name)")
     p.add_argument("--max-body-bytes", type=parse_size, default=None, help="largest request body (default 4MiB)")
+    p.add_argument("--stream-padding", type=int, default=0, metavar="BYTES",
+                   help="pad every streamed chunk to this many bytes (0 = off; at least 64)")
+    p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
+                   help="stream in groups of this many tokens instead of one chunk per step")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_args(serve)
     add_http_args(serve, 8000)
     serve.set_defaults(handler=_serve)
+
+
+def stream_shape(args: argparse.Namespace):
+    from traceless.server.stream_shape import StreamShape
+
+    try:
+        return StreamShape(args.stream_padding, args.stream_interval)
+    except ValueError as exc:
+        raise SystemExit(f"traceless: {exc}") from None
 
 
 def build_engine(args: argparse.Namespace):
@@ -51,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging()
     engine = build_engine(args)
     settings = ServerSettings(args.served_model_name or engine.engine.model_name,
-                              args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+                              args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                              stream_shape=stream_shape(args))
     run_uvicorn(create_app(engine, settings), args.host, args.port, "server")
     return 0

@@ -21,6 +21,7 @@ from traceless.server.errors import ApiError, from_engine_error
 from traceless.server.metrics import Metrics
 from traceless.server.protocol import ParsedRequest, parse_chat, parse_completion
 from traceless.server.responses import ChoiceState, Formatter
+from traceless.server.stream_shape import StreamShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +34,9 @@ class Job:
 
 
 class OpenAIService:
-    def __init__(self, engine: AsyncEngine, model_name: str, metrics: Metrics):
+    def __init__(self, engine: AsyncEngine, model_name: str, metrics: Metrics, shape: StreamShape = StreamShape()):
         self.engine = engine
+        self.shape = shape
         self.model_name = model_name
         self.metrics = metrics
         self.tokenizer = engine.engine.tokenizer
@@ -83,7 +85,7 @@ class OpenAIService:
                 params = _replace_max_tokens(params, self.max_model_len - len(ids))
             children.append((f"{job.response_id}-{c}", ids, params, job.request.cache_salt))
         stream = self._merged(job, children)
-        fmt = Formatter(job, self.model_name, self.tokenizer)
+        fmt = Formatter(job, self.model_name, self.tokenizer, self.shape)
         if job.request.stream:
             first = await _first_or_error(stream)  # validation errors become HTTP errors, not broken streams
             return fmt.sse(first, stream, self._observe(job))

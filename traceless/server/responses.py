@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from traceless.engine.llm_engine import StepOutput
 from traceless.server.errors import ApiError, internal_error
+from traceless.server.stream_shape import StreamShape, pad_event
 
 
 @dataclass(slots=True)
@@ -32,12 +33,26 @@ def _sse(obj: dict) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
+def merge(outs: list[StepOutput]) -> StepOutput:
+    """Several step outputs of one choice as one (for grouped streaming)."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    lps = [lp for o in outs for lp in (o.new_logprobs or [])]
+    return StepOutput(last.request_id, [t for o in outs for t in o.new_token_ids], "".join(o.new_text for o in outs),
+                      lps or None, last.finish_reason, last.stop_reason, last.num_prompt_tokens, last.num_output_tokens)
+
+
 class Formatter:
-    def __init__(self, job, model_name: str, tokenizer):
+    def __init__(self, job, model_name: str, tokenizer, shape: StreamShape = StreamShape()):
         self.job = job
         self.chat = job.kind == "chat_completions"
         self.model = model_name
         self.tokenizer = tokenizer
+        self.shape = shape
+
+    def _event(self, obj: dict) -> bytes:
+        return pad_event(_sse(obj), self.shape.padding)
 
     # --- logprobs -----------------------------------------------------------------------------
     def _tok(self, token_id: int) -> str:
@@ -104,31 +119,38 @@ class Formatter:
 
     async def sse(self, first, stream: AsyncIterator, observer) -> AsyncIterator[bytes]:
         states = [ChoiceState() for _ in range(len(self.job.prompt_ids) * self.job.request.params.n)]
+        pending: dict[int, list[StepOutput]] = {}
         try:
             if self.chat:
                 for c in range(len(states)):
-                    yield _sse(self._chunk(c, None, states[c]))
-            pending = [first] if first is not None else []
+                    yield self._event(self._chunk(c, None, states[c]))
+            queued = [first] if first is not None else []
             while True:
-                item = pending.pop() if pending else await anext(stream, None)
+                item = queued.pop() if queued else await anext(stream, None)
                 if item is None:
                     break
                 c, out = item
                 if out.new_token_ids:
                     observer.token(c)
-                chunk = self._chunk(c, out, states[c])
-                states[c].add(out)
-                if out.new_text or out.finished or chunk["choices"][0]["logprobs"] is not None:
-                    yield _sse(chunk)
+                group = pending.setdefault(c, [])
+                group.append(out)
+                if sum(len(o.new_token_ids) for o in group) < self.shape.interval and not out.finished:
+                    continue  # hold tokens until the group is full (stream interval)
+                merged = merge(group)
+                group.clear()
+                chunk = self._chunk(c, merged, states[c])
+                states[c].add(merged)
+                if merged.new_text or merged.finished or chunk["choices"][0]["logprobs"] is not None:
+                    yield self._event(chunk)
             if self.job.request.include_usage:
                 usage = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
                 usage["usage"] = self._usage(states)
-                yield _sse(usage)
+                yield self._event(usage)
         except ApiError as exc:
-            yield _sse(exc.body())
+            yield self._event(exc.body())
         except Exception:
-            yield _sse(internal_error().body())
+            yield self._event(internal_error().body())
         finally:
             await stream.aclose()
             observer.done(states)
-        yield DONE
+        yield pad_event(DONE, self.shape.padding)
