@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--json", metavar="FILE", help="write the report as JSON")
     serve.set_defaults(handler=_serve)
 
+    pc = bench_sub.add_parser("prefix-cache", help="TTFT with prefix caching off / isolated / isolated+public / global")
+    pc.add_argument("--repeat-system", type=int, default=12, help="length of the long system prompt, in repeats of a paragraph")
+    pc.add_argument("--model", default=None)
+    pc.add_argument("--json", metavar="FILE")
+    pc.set_defaults(handler=_prefix_cache)
+
 
 def _offline(args: argparse.Namespace) -> int:
     from traceless.bench import offline
@@ -51,3 +57,10 @@ def _serve(args: argparse.Namespace) -> int:
                       args.api_key, not args.no_ignore_eos)
     rep = run(cfg, args.json)
     return 0 if rep["failed"] == 0 else 1
+
+
+def _prefix_cache(args: argparse.Namespace) -> int:
+    from traceless.bench.prefix_cache import run
+
+    run(args.repeat_system, args.json, args.model)
+    return 0
