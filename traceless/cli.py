@@ -11,7 +11,10 @@ COMMAND_MODULES = (
     "traceless.entrypoints.commands",
     "traceless.bench.commands",
     "traceless.server.commands",
+    "traceless.cluster.node_commands",
+    "traceless.client.commands",
     "traceless.cluster.log_commands",
+    "traceless.audit.commands",
 )
 
 
