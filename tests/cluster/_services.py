@@ -56,7 +56,7 @@ class FakeNode:
     message/ohttp-req -> message/ohttp-res holding a BHTTP 200 whose content is the inner
     request's content. message/ohttp-chunked-req -> message/ohttp-chunked-res: STREAM_CHUNKS
     chunks b"chunk-i;" STREAM_DELAY_S apart, then the inner request as the final chunk.
-    Records the headers it was sent and when each stream finished.
+    Records the headers it was sent, when each stream finished and how many were abandoned.
     """
 
     def __init__(self) -> None:
@@ -64,6 +64,8 @@ class FakeNode:
         self.healthy = True
         self.seen_headers: list[dict[str, str]] = []
         self.stream_finished_at: list[float] = []
+        self.streams_abandoned = 0
+        self.break_streams = False  # True: fail (drop the connection) after the first chunk
         self.app = Starlette(routes=[
             Route("/health", self._health, methods=["GET"]),
             Route("/pcc/v1/ohttp", self._ohttp_route, methods=["POST"]),
@@ -89,9 +91,15 @@ class FakeNode:
         return Response(context.encapsulate(reply), media_type="message/ohttp-res")
 
     async def _stream(self, inner: bytes, encryptor):
-        for i in range(STREAM_CHUNKS):
-            yield encryptor.seal_chunk(f"chunk-{i};".encode())
-            await asyncio.sleep(STREAM_DELAY_S)
+        try:
+            for i in range(STREAM_CHUNKS):
+                yield encryptor.seal_chunk(f"chunk-{i};".encode())
+                if self.break_streams:
+                    raise RuntimeError("the node fails mid-stream")
+                await asyncio.sleep(STREAM_DELAY_S)
+        except BaseException:  # cancelled: the receiving side went away
+            self.streams_abandoned += 1
+            raise
         self.stream_finished_at.append(time.monotonic())
         yield encryptor.seal_final(inner)
 

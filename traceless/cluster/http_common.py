@@ -5,14 +5,15 @@
 - `read_body` / `require_media_type`: validation at the boundary (413, 415).
 - `upstream_client` / `UpstreamStream`: forwarding. The upstream client sends no default
   headers of its own (no User-Agent, no Accept-Encoding: a compressed upstream body would be
-  passed on raw), and an upstream response is streamed back as its bytes arrive, never buffered
-  whole. Closing the downstream response (done or client gone) closes the upstream one, so a
-  node stops work for a client that left.
+  passed on raw) and keeps no cookies; an upstream response is streamed back as its bytes
+  arrive, never buffered whole. Closing the downstream response (done or client gone) closes
+  the upstream one, so a node stops work for a client that left.
 """
 from __future__ import annotations
 
+import http.cookiejar
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from starlette.exceptions import HTTPException
@@ -115,7 +116,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 def upstream_client(read_timeout_s: float, connect_timeout_s: float = 5.0) -> httpx.AsyncClient:
     """An AsyncClient that sends only the headers each call names (plus Host and framing)."""
     timeout = httpx.Timeout(connect_timeout_s, read=read_timeout_s)
-    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
+    # A cookie jar would let an upstream set a value that the client then sends with every
+    # later request, whoever it carries: a tag shared across users. This jar accepts none.
+    no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
+                               cookies=no_cookies)
     for name in _HTTPX_DEFAULT_HEADERS:
         del client.headers[name]
     return client
@@ -129,9 +134,20 @@ class UpstreamStream(StreamingResponse):
     cancels the body loop).
     """
 
-    def __init__(self, upstream: httpx.Response, headers: dict[str, str]) -> None:
-        super().__init__(upstream.aiter_raw(), status_code=upstream.status_code, headers=headers)
+    def __init__(self, upstream: httpx.Response, headers: dict[str, str], component: str) -> None:
+        super().__init__(self._body(upstream, component), status_code=upstream.status_code, headers=headers)
         self._upstream = upstream
+
+    @staticmethod
+    async def _body(upstream: httpx.Response, component: str) -> AsyncIterator[bytes]:
+        try:
+            async for data in upstream.aiter_raw():
+                yield data
+        except httpx.HTTPError:
+            # The status is already sent: all that is left is to cut the connection, so the
+            # client sees a truncated body (which OHTTP decryption refuses) rather than an end.
+            emit("http.error", component=component, status_code=502, error_kind="upstream")
+            raise
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
