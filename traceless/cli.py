@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "traceless.bench.commands",
     "traceless.server.commands",
     "traceless.cluster.log_commands",
+    "traceless.cluster.commands",
 )
 
 
