@@ -163,7 +163,8 @@ def _cases(key):
         ("/token-request-batch", BATCH, encode_batch([good]) + b"\x01", 400),  # dangling length
         ("/token-request-batch", BATCH, b"\x00\x00" + encode_batch([good]), 400),  # empty item
         ("/token-request-batch", BATCH, encode_batch([good, good[:100]]), 400),  # short item
-        ("/token-request-batch", BATCH, encode_batch([good] * 101), 413),  # over max_batch
+        ("/token-request-batch", BATCH, encode_batch([good] * 101), 413),  # over the body cap
+        ("/token-request-batch", BATCH, encode_batch([b"x"] * 101), 413),  # over max_batch
         ("/token-request-batch", SINGLE, encode_batch([good]), 415),
     ]
 
@@ -236,6 +237,15 @@ def test_load_api_keys_file(tmp_path):
         path.write_text(content)
         with pytest.raises(ValueError):
             load_api_keys(path)
+
+
+def test_default_body_limit_fits_a_full_batch_and_no_more(issuer):
+    good = privacypass.begin(CHALLENGE, issuer.public_key)[0].encode()
+    config = IssuerConfig(max_batch=7)
+    assert config.body_limit == len(encode_batch([good] * 7))
+    assert IssuerConfig(max_body_bytes=10).body_limit == 10
+    with pytest.raises(ValueError):
+        IssuerConfig(max_body_bytes=0)
 
 
 def test_batch_framing_round_trip_and_limits():

@@ -31,7 +31,7 @@ from traceless.cluster.http_common import endpoint, http_exception_handler, read
 from traceless.events import emit
 from traceless.privacy.privacypass import Issuer
 from traceless.privacy.privacypass_http import b64url_encode
-from traceless.privacy.privacypass_wire import TOKEN_TYPE_BLIND_RSA
+from traceless.privacy.privacypass_wire import NK, TOKEN_TYPE_BLIND_RSA
 from traceless.privacy.token_batch import (
     BATCH_REQUEST_MEDIA_TYPE, BATCH_RESPONSE_MEDIA_TYPE, ISSUER_DIRECTORY_MEDIA_TYPE,
     TOKEN_REQUEST_MEDIA_TYPE, TOKEN_RESPONSE_MEDIA_TYPE, decode_batch, encode_batch,
@@ -46,22 +46,32 @@ from traceless.server.errors import ApiError, internal_error
 COMPONENT = "issuer"
 REQUEST_URI = "/token-request"
 BATCH_URI = "/token-request-batch"
+_TOKEN_REQUEST_LEN = 3 + NK  # token_type, truncated_token_key_id, blinded_msg
 _BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="traceless-issuer"'}
 
 
 @dataclass(frozen=True, slots=True)
 class IssuerConfig:
-    """Per-user quota (tokens per fixed window), batch size and body size limits."""
+    """Per-user quota (tokens per fixed window), batch size and body size limits.
+
+    max_body_bytes defaults to what a full batch needs: max_batch framed TokenRequests.
+    """
 
     tokens_per_window: int = 1000
     window_seconds: float = 3600.0
     max_batch: int = 100
-    max_body_bytes: int = 64 * 1024
+    max_body_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self.rate_limit()  # validates the quota fields
-        if self.max_body_bytes < 1:
+        if self.max_body_bytes is not None and self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be positive")
+
+    @property
+    def body_limit(self) -> int:
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return self.max_batch * (2 + _TOKEN_REQUEST_LEN)
 
     def rate_limit(self) -> RateLimit:
         return RateLimit(self.tokens_per_window, self.window_seconds, self.max_batch)
@@ -129,14 +139,14 @@ class _IssuerEndpoints:
     async def single(self, request: Request) -> Response:
         api_key = _bearer_key(request)
         require_media_type(request, (TOKEN_REQUEST_MEDIA_TYPE,))
-        body = await read_body(request, self._config.max_body_bytes)
+        body = await read_body(request, self._config.body_limit)
         (response,) = await self._issue(api_key, [body])
         return Response(response, media_type=TOKEN_RESPONSE_MEDIA_TYPE)
 
     async def batch(self, request: Request) -> Response:
         api_key = _bearer_key(request)
         require_media_type(request, (BATCH_REQUEST_MEDIA_TYPE,))
-        body = await read_body(request, self._config.max_body_bytes)
+        body = await read_body(request, self._config.body_limit)
         try:
             items = decode_batch(body)
         except TokenError as exc:
