@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "traceless.client.commands",
     "traceless.cluster.log_commands",
     "traceless.audit.commands",
+    "traceless.cluster.commands",
 )
 
 

@@ -44,7 +44,7 @@ COMPONENT = Choice.of("engine", "server", "node", "gateway", "relay", "issuer", 
 ERROR_KIND = Choice.of(
     "invalid_request", "context_length", "queue_full", "not_found", "too_large", "unauthorized",
     "rate_limited", "decrypt_failed", "token_invalid", "token_replayed", "upstream", "internal",
-    "model_error", "timeout",
+    "model_error", "timeout", "unavailable",
 )
 
 SCHEMA: dict[str, dict[str, FieldKind]] = {
@@ -68,6 +68,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "component": COMPONENT, "route": Choice.of(
             "models", "completions", "chat_completions", "health", "metrics", "attestation",
             "ohttp_keys", "ohttp", "nodes", "register", "token", "log", "other",
+            "challenge", "token_directory", "token_batch",
         ),
         "status_code": INT, "duration_s": FLOAT, "stream": BOOL,
     },
@@ -77,6 +78,13 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "client.refused_node": {"reason": Choice.of(
         "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error")},
     "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
+    # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)
+    "gateway.configured": {
+        "token_check": BOOL, "issuer_keys": INT, "health_interval_s": FLOAT, "unhealthy_after": INT,
+    },
+    "gateway.node_registered": {"new": BOOL, "nodes": INT},
+    "gateway.node_dropped": {"failures": INT, "nodes": INT},
+    "issuer.issued": {"tokens": INT},
     # transparency log
     "log.opened": {"tree_size": INT},
     "log.appended": {"tree_size": INT},

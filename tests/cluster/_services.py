@@ -1,0 +1,132 @@
+"""Test doubles and runners for the private-path services: any ASGI app on a loopback port,
+a fake node (OHTTP echo, optionally streamed), issuer keys and tokens from a local Issuer."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from traceless.privacy import bhttp, privacypass
+from traceless.privacy.ohttp import OhttpServer, encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp_chunked import split_chunks
+from traceless.privacy.privacypass_http import format_authorization, parse_www_authenticate
+from traceless.privacy.privacypass_wire import TokenChallenge
+
+STREAM_CHUNKS = 4
+STREAM_DELAY_S = 0.15
+
+
+@contextmanager
+def running_app(app):
+    """Serve `app` on a free loopback port in a thread (lifespan on); yields its base URL."""
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that name it (else ~40 ms
+    # per response from Nagle's algorithm and delayed ACKs).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, access_log=False, log_config=None, server_header=False,
+                            date_header=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("service did not start")
+            time.sleep(0.005)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+class FakeNode:
+    """A node stand-in: /health (switchable) and /pcc/v1/ohttp answering an encrypted echo.
+
+    message/ohttp-req -> message/ohttp-res holding a BHTTP 200 whose content is the inner
+    request's content. message/ohttp-chunked-req -> message/ohttp-chunked-res: STREAM_CHUNKS
+    chunks b"chunk-i;" STREAM_DELAY_S apart, then the inner request as the final chunk.
+    Records the headers it was sent, when each stream finished and how many were abandoned.
+    """
+
+    def __init__(self) -> None:
+        self.ohttp = OhttpServer(key_id=1)
+        self.healthy = True
+        self.seen_headers: list[dict[str, str]] = []
+        self.stream_finished_at: list[float] = []
+        self.streams_abandoned = 0
+        self.break_streams = False  # True: fail (drop the connection) after the first chunk
+        self.app = Starlette(routes=[
+            Route("/health", self._health, methods=["GET"]),
+            Route("/pcc/v1/ohttp", self._ohttp_route, methods=["POST"]),
+        ])
+
+    @property
+    def ohttp_keys_b64(self) -> str:
+        return base64.b64encode(self.ohttp.ohttp_keys()).decode()
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"}, status_code=200 if self.healthy else 503)
+
+    async def _ohttp_route(self, request: Request) -> Response:
+        self.seen_headers.append(dict(request.headers))
+        body = await request.body()
+        if request.headers.get("content-type") == "message/ohttp-chunked-req":
+            inner, context = self.ohttp.decapsulate_chunked_request(body)
+            return StreamingResponse(self._stream(inner, context.encryptor()),
+                                     media_type="message/ohttp-chunked-res")
+        inner, context = self.ohttp.decapsulate_request(body)
+        content = bhttp.decode_request(inner).content
+        reply = bhttp.encode_response(bhttp.Response(200, content=content))
+        return Response(context.encapsulate(reply), media_type="message/ohttp-res")
+
+    async def _stream(self, inner: bytes, encryptor):
+        try:
+            for i in range(STREAM_CHUNKS):
+                yield encryptor.seal_chunk(f"chunk-{i};".encode())
+                if self.break_streams:
+                    raise RuntimeError("the node fails mid-stream")
+                await asyncio.sleep(STREAM_DELAY_S)
+        except BaseException:  # cancelled: the receiving side went away
+            self.streams_abandoned += 1
+            raise
+        self.stream_finished_at.append(time.monotonic())
+        yield encryptor.seal_final(inner)
+
+    def registration(self, url: str, model: str = "m", capacity: float = 1) -> dict:
+        return {"url": url, "model": model, "capacity": capacity, "attestation": "jws.of.node",
+                "ohttp_keys": self.ohttp_keys_b64}
+
+
+def inner_request(content: bytes) -> bytes:
+    return bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/chat/completions",
+                                              content=content))
+
+
+def encrypt_for(node: FakeNode, content: bytes):
+    """(message/ohttp-req body, response context) for the node's key."""
+    return encapsulate_request(node.ohttp.key_config, inner_request(content))
+
+
+def encrypt_chunked_for(node: FakeNode, payload: bytes):
+    return encapsulate_chunked_request(node.ohttp.key_config, split_chunks(payload))
+
+
+def mint_tokens(issuer: privacypass.Issuer, www_authenticate: str, count: int) -> list[str]:
+    """Authorization header values for `count` fresh tokens answering the first challenge."""
+    challenge = TokenChallenge.decode(parse_www_authenticate(www_authenticate)[0].challenge)
+    out = []
+    for _ in range(count):
+        request, state = privacypass.begin(challenge, issuer.public_key)
+        out.append(format_authorization(privacypass.finalize(state, issuer.issue(request))))
+    return out

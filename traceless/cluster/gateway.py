@@ -1,0 +1,232 @@
+"""The gateway (`traceless gateway`): untrusted load balancer of the private path.
+
+    POST /pcc/v1/register          node -> {"node_id"}              (registry.py)
+    GET  /pcc/v1/nodes?model&k     K capacity-weighted candidates   (routing.py)
+    GET  /pcc/v1/challenge         WWW-Authenticate: PrivateToken ...
+    POST /pcc/v1/ohttp/{node_id}   token check, then the body to {node}/pcc/v1/ohttp and the
+                                   node's response streamed back as it comes
+
+What it sees: ciphertext, a token, a model name. It cannot decrypt (it holds no OHTTP key)
+and cannot tell who sent a request (the relay hides the address; tokens are unlinkable to
+their issuance). Routing gets the model, the nodes' capacity and health, and randomness, and
+nothing from the request. To a node it forwards the body and its content-type, nothing else.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from traceless.cluster.health import health_loop
+from traceless.cluster.http_common import (
+    OHTTP_REQUEST_MEDIA_TYPES, UpstreamStream, endpoint, http_exception_handler, read_body,
+    require_media_type, upstream_client, upstream_error,
+)
+from traceless.cluster.issuer_directory import issuer_name
+from traceless.cluster.registry import NodeRegistration, NodeRegistry
+from traceless.cluster.routing import NoNodeAvailableError, choose_nodes
+from traceless.errors import InvalidRequestError
+from traceless.events import emit
+from traceless.privacy.privacypass_keys import IssuerPublicKey
+from traceless.privacy.privacypass_verifier import Verifier
+from traceless.privacy.redemption_schedule import RedemptionSchedule
+from traceless.privacy.token_errors import DoubleSpendError, SpentSetFullError, TokenRejectedError
+from traceless.server.errors import ApiError
+
+COMPONENT = "gateway"
+MAX_REGISTRATION_BYTES = 256 * 1024
+MAX_K = 1000
+_UINT = re.compile(r"[0-9]{1,6}")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Gateway settings. `privacy=False` skips the token check (benchmarks only)."""
+
+    issuer_url: str | None = None
+    privacy: bool = True
+    register_secret: str | None = field(default=None, repr=False)
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
+    unhealthy_after: int = 3
+    max_body_bytes: int = 8 * 2**20
+    default_k: int = 3
+    challenge_epoch_s: float = 3600.0
+    challenge_grace_s: float = 300.0
+    max_spent_entries: int = 1_000_000
+    node_read_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not (self.health_interval_s > 0 and self.health_timeout_s > 0):
+            raise ValueError("health interval and timeout must be positive")
+        if self.unhealthy_after < 1 or self.default_k < 1 or self.max_body_bytes < 1:
+            raise ValueError("unhealthy_after, default_k and max_body_bytes must be positive")
+        if self.privacy and not self.issuer_url:
+            raise ValueError("the token check needs the issuer's URL")
+
+
+def build_verifier(
+    config: GatewayConfig, issuer_keys: Sequence[IssuerPublicKey], clock: Callable[[], float]
+) -> Verifier:
+    """One verifier serves both the challenge route and the token check, so the challenge a
+    client is given is by construction one the check accepts. origin_info is empty: the
+    per-process redemption context already ties tokens to this gateway."""
+    name = issuer_name(config.issuer_url) if config.issuer_url else "traceless-issuer"
+    schedule = RedemptionSchedule(name, "", config.challenge_epoch_s, config.challenge_grace_s)
+    return Verifier(issuer_keys, schedule, max_spent_entries=config.max_spent_entries, clock=clock)
+
+
+def _token_required(verifier: Verifier, message: str, code: str) -> ApiError:
+    return ApiError(401, message, type="authentication_error", code=code,
+                    headers={"WWW-Authenticate": verifier.www_authenticate()})
+
+
+def _k(request: Request, default: int) -> int:
+    raw = request.query_params.get("k")
+    if raw is None:
+        return default
+    if not _UINT.fullmatch(raw) or not 1 <= int(raw) <= MAX_K:
+        raise ApiError(400, f"k must be an integer in 1..{MAX_K}", param="k", code="invalid_parameter")
+    return int(raw)
+
+
+class Gateway:
+    """The route handlers; `registry` and `verifier` are public so tests can inspect them."""
+
+    def __init__(self, config: GatewayConfig, verifier: Verifier | None, rng: random.Random) -> None:
+        self.config = config
+        self.verifier = verifier
+        self.registry = NodeRegistry(config.unhealthy_after)
+        self._rng = rng
+        self._client: httpx.AsyncClient | None = None  # opened by the app's lifespan
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        self._client = upstream_client(self.config.node_read_timeout_s)
+        checks = asyncio.create_task(health_loop(
+            self.registry, self._client, self.config.health_interval_s, self.config.health_timeout_s))
+        try:
+            yield
+        finally:
+            checks.cancel()
+            await asyncio.gather(checks, return_exceptions=True)
+            await self._client.aclose()
+
+    async def register(self, request: Request) -> Response:
+        secret = self.config.register_secret
+        if secret is not None and not secrets.compare_digest(
+                request.headers.get("authorization", "").encode(), f"Bearer {secret}".encode()):
+            raise ApiError(401, "registration needs the gateway's register secret",
+                           type="authentication_error", code="invalid_register_secret")
+        require_media_type(request, ("application/json",))
+        body = await read_body(request, MAX_REGISTRATION_BYTES)
+        try:
+            registration = NodeRegistration.from_json(json.loads(body))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), code="invalid_registration") from None
+        node_id, is_new = self.registry.register(registration)
+        emit("gateway.node_registered", new=is_new, nodes=len(self.registry))
+        return JSONResponse({"node_id": node_id})
+
+    async def nodes(self, request: Request) -> Response:
+        model = request.query_params.get("model")
+        if not model:
+            raise ApiError(400, "query parameter 'model' is required", param="model", code="invalid_parameter")
+        k = _k(request, self.config.default_k)
+        try:
+            chosen = choose_nodes(model, self.registry.routing_entries(), k, self._rng)
+        except NoNodeAvailableError:
+            raise ApiError(404, "no healthy node serves this model", type="not_found_error",
+                           param="model", code="model_not_found") from None
+        listed = []
+        for entry in chosen:
+            reg = self.registry.get(entry.node_id).registration
+            listed.append({"node_id": entry.node_id, "capacity": reg.capacity,
+                           "attestation": reg.attestation, "ohttp_keys": reg.ohttp_keys})
+        return JSONResponse({"nodes": listed})
+
+    async def challenge(self, request: Request) -> Response:
+        if self.verifier is None:
+            raise ApiError(404, "this gateway runs without an issuer (privacy off)",
+                           type="not_found_error", code="privacy_off")
+        return Response(status_code=200, headers={"WWW-Authenticate": self.verifier.www_authenticate()})
+
+    async def ohttp(self, request: Request) -> Response:
+        check = self.config.privacy
+        credential = request.headers.get("authorization")
+        if check and not credential:
+            raise _token_required(self.verifier, "a PrivateToken is required", "token_required")
+        record = self.registry.get(request.path_params["node_id"])
+        if record is None:
+            raise ApiError(404, "no such node", type="not_found_error", code="node_not_found")
+        content_type = require_media_type(request, OHTTP_REQUEST_MEDIA_TYPES)
+        body = await read_body(request, self.config.max_body_bytes)
+        if check:  # after the size check, so an oversized body does not burn the client's token
+            self._redeem(credential)
+        return await self._forward(record.registration.url, content_type, body)
+
+    def _redeem(self, credential: str) -> None:
+        try:
+            self.verifier.redeem_authorization(credential)
+        except DoubleSpendError:
+            raise ApiError(403, "this token was already redeemed", type="permission_error",
+                           code="token_replayed") from None
+        except TokenRejectedError:
+            raise _token_required(self.verifier, "the PrivateToken is not valid", "token_invalid") from None
+        except SpentSetFullError:
+            raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
+                           code="spent_set_full", headers={"Retry-After": "1"}) from None
+
+    async def _forward(self, node_url: str, content_type: str, body: bytes) -> Response:
+        upstream_request = self._client.build_request(
+            "POST", f"{node_url}/pcc/v1/ohttp", content=body, headers={"content-type": content_type})
+        try:
+            upstream = await self._client.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            raise upstream_error(exc) from None
+        headers = {}
+        if "content-type" in upstream.headers:
+            headers["content-type"] = upstream.headers["content-type"]
+        return UpstreamStream(upstream, headers, COMPONENT)
+
+
+def create_gateway_app(
+    config: GatewayConfig,
+    issuer_keys: Sequence[IssuerPublicKey] = (),
+    *,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Starlette:
+    """The gateway app. Routing draws from `secrets.SystemRandom` unless a test passes `rng`."""
+    if config.privacy and not issuer_keys:
+        raise ValueError("the token check needs at least one issuer key")
+    verifier = build_verifier(config, issuer_keys, clock) if issuer_keys else None
+    gateway = Gateway(config, verifier, rng if rng is not None else secrets.SystemRandom())
+    routes = [
+        Route("/pcc/v1/register", endpoint(COMPONENT, "register", gateway.register), methods=["POST"]),
+        Route("/pcc/v1/nodes", endpoint(COMPONENT, "nodes", gateway.nodes), methods=["GET"]),
+        Route("/pcc/v1/challenge", endpoint(COMPONENT, "challenge", gateway.challenge), methods=["GET"]),
+        Route("/pcc/v1/ohttp/{node_id}", endpoint(COMPONENT, "ohttp", gateway.ohttp), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=gateway.lifespan,
+                    exception_handlers={HTTPException: http_exception_handler(COMPONENT)})
+    app.router.redirect_slashes = False
+    app.state.gateway = gateway
+    emit("gateway.configured", token_check=config.privacy, issuer_keys=len(issuer_keys),
+         health_interval_s=float(config.health_interval_s), unhealthy_after=config.unhealthy_after)
+    return app
