@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.py traceless/runner/csrc/kernels.c
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/traceless serve
+	$(VENV)/bin/traceless up
 
 test: $(STAMP)
 	# pytest exits 5 when it collects no tests: that is a failure of the suite, not a pass.

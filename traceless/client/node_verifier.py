@@ -18,6 +18,7 @@ from traceless.privacy.attestation import (
     AttestationError, AttestationExpiredError, AttestationNotYetValidError, BadSignatureError, OhttpKeyMismatchError,
     UntrustedKeyError, verify_attestation,
 )
+from traceless.privacy.merkle import leaf_hash
 from traceless.privacy.ohttp_errors import OHTTP_ERRORS
 from traceless.privacy.ohttp_keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog_client import InclusionProofError, LogClient, LogClientError, measurement_leaf
@@ -85,7 +86,7 @@ class NodeVerifier:
                 sth = self._log.update()  # signature + consistency with the last head seen
                 self._sth_checked_at = now
                 if combined not in self._proven:
-                    self._log.prove_inclusion(measurement_leaf(combined), sth)
+                    self._log.prove_inclusion(leaf_hash(measurement_leaf(combined)), sth)
                     self._proven.add(combined)
         except InclusionProofError:
             raise NodeRefused("not_in_log") from None

@@ -169,15 +169,21 @@ def _raise_outer(status: int, body: bytes) -> None:
 async def _read_head(it, decryptor, parser, response):
     """Decrypt until the inner response head; returns (head, content already received)."""
     head, got = None, []
-    async for raw in it:
-        for plain in decryptor.feed(raw):
-            for item in parser.feed(plain):
-                if head is None:
-                    head = item
-                else:
-                    got.append(item)
-        if head is not None:
-            return head, b"".join(got)
+    try:
+        async for raw in it:
+            for plain in decryptor.feed(raw):
+                for item in parser.feed(plain):
+                    if head is None:
+                        head = item
+                    else:
+                        got.append(item)
+            if head is not None:
+                return head, b"".join(got)
+    except OHTTP_ERRORS:
+        await response.aclose()
+        raise PrivateClientError("the response stream failed to decrypt") from None
+    except httpx.HTTPError:
+        pass  # the node failed before answering: retry elsewhere
     await response.aclose()
     raise _NodeFailed("the stream ended before the response head")
 
@@ -193,6 +199,8 @@ async def _events(it, decryptor, parser, response) -> AsyncIterator[bytes]:
             raise PrivateClientError("the response stream was truncated")
     except OHTTP_ERRORS:
         raise PrivateClientError("the response stream failed to decrypt") from None
+    except httpx.HTTPError:
+        raise PrivateClientError("the response stream broke off (the node or a hop failed)") from None
     finally:
         parser.wipe()
         await response.aclose()

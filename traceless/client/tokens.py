@@ -8,7 +8,6 @@ starts over.
 from __future__ import annotations
 
 import asyncio
-import struct
 
 import httpx
 
@@ -16,29 +15,11 @@ from traceless.privacy import privacypass
 from traceless.privacy.privacypass_http import choose_challenge, parse_www_authenticate
 from traceless.privacy.privacypass_keys import IssuerPublicKey
 from traceless.privacy.privacypass_wire import Token, TokenResponse
-
-BATCH_REQUEST = "application/private-token-batch-request"
-
+from traceless.privacy.token_batch import BATCH_REQUEST_MEDIA_TYPE, decode_batch, encode_batch
+from traceless.privacy.token_errors import TokenError as WireTokenError
 
 class TokenError(Exception):
     """Tokens could not be obtained (issuer refused, rate limit, no usable challenge)."""
-
-
-def frame(items: list[bytes]) -> bytes:
-    return b"".join(struct.pack(">H", len(i)) + i for i in items)
-
-
-def unframe(data: bytes) -> list[bytes]:
-    out, pos = [], 0
-    while pos < len(data):
-        if pos + 2 > len(data):
-            raise TokenError("malformed batch response")
-        (n,) = struct.unpack_from(">H", data, pos)
-        if pos + 2 + n > len(data):
-            raise TokenError("malformed batch response")
-        out.append(data[pos + 2:pos + 2 + n])
-        pos += 2 + n
-    return out
 
 
 class TokenWallet:
@@ -92,11 +73,14 @@ class TokenWallet:
             requests.append(req.encode())
             states.append(state)
         r = await self._http.post(
-            self._config.issuer_url.rstrip("/") + "/token-request-batch", content=frame(requests),
-            headers={"content-type": BATCH_REQUEST, "authorization": f"Bearer {self._config.api_key}"})
+            self._config.issuer_url.rstrip("/") + "/token-request-batch", content=encode_batch(requests),
+            headers={"content-type": BATCH_REQUEST_MEDIA_TYPE, "authorization": f"Bearer {self._config.api_key}"})
         if r.status_code != 200:
             raise TokenError(f"the issuer refused tokens (HTTP {r.status_code})")
-        responses = unframe(r.content)
+        try:
+            responses = decode_batch(r.content)
+        except (WireTokenError, ValueError):
+            raise TokenError("malformed batch response") from None
         if len(responses) != len(states):
             raise TokenError("the issuer answered a different number of tokens")
         return [privacypass.finalize(s, TokenResponse.decode(b)) for s, b in zip(states, responses)]

@@ -52,6 +52,11 @@ class Deployment:
         self.temporary = opts.state_dir is None
         self.logs = self.state / "logs"
 
+    def link(self, target: str, url: str) -> str:
+        """The URL a service's clients use to reach `target` (the service itself; tests put a
+        recording tap in between)."""
+        return url
+
     # --- processes ------------------------------------------------------------------------------
     def spawn(self, name: str, *argv: str) -> subprocess.Popen:
         out = open(self.logs / f"{name}.out", "wb")
@@ -132,9 +137,11 @@ class Deployment:
         for i, cap in enumerate(self.opts.capacities):
             port = free_port()
             name = f"node{i}"
+            url = f"http://127.0.0.1:{port}"
             proc = self.spawn(name, "node", *self.opts.node_args, "--port", str(port), "--gateway", gateway,
-                              "--capacity", str(cap), "--register-interval", "30")
-            started.append((name, proc, f"http://127.0.0.1:{port}"))
+                              "--capacity", str(cap), "--register-interval", "30",
+                              "--public-url", self.link(name, url))
+            started.append((name, proc, url))
         keys = []
         for name, proc, url in started:
             keys.append(self.printed(name, proc, "attester-public-key"))
@@ -164,10 +171,11 @@ class Deployment:
             path.chmod(0o600)
         issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file))
         gateway = self._service("gateway", "/pcc/v1/challenge", "--issuer", issuer)
-        relay = self._service("relay", "/pcc/v1/challenge", "--gateway", gateway)
+        relay = self._service("relay", "/pcc/v1/challenge", "--gateway", self.link("gateway", gateway))
         nodes, attester_keys, model = self._nodes(gateway)
         self._wait_registered(gateway, model)
-        proxy_args = ["--issuer", issuer, "--api-key-file", str(key_file), "--relay", relay, "--log", log_url,
+        proxy_args = ["--issuer", issuer, "--api-key-file", str(key_file), "--relay", self.link("relay", relay),
+                      "--log", log_url,
                       "--log-public-key", log_key, "--model", model, "--port", str(self.opts.port)]
         for k in attester_keys:
             proxy_args += ["--attester-key", k]

@@ -1,0 +1,236 @@
+"""The private request path end to end, every component a real process on loopback (issue checks:
+openai client through the proxy, no plaintext at the relay or gateway, refusals, faults)."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+import uuid
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from tests.cluster.tap import Tap
+from traceless import SamplingParams
+from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
+from traceless.cluster.up import Deployment, UpOptions
+from traceless.privacy import bhttp
+from traceless.privacy.ohttp import encapsulate_request
+from traceless.privacy.ohttp_keys import decode_ohttp_keys
+from traceless.privacy.privacypass_http import format_authorization
+
+pytestmark = pytest.mark.slow
+
+
+class TappedDeployment(Deployment):
+    """traceless up, with a recording tap in front of the relay, the gateway and every node."""
+
+    def __init__(self, opts):
+        super().__init__(opts)
+        self.taps: dict[str, Tap] = {}
+
+    def link(self, target: str, url: str) -> str:
+        tap = Tap(urlparse(url).port)
+        self.taps[target] = tap
+        return f"http://127.0.0.1:{tap.port}"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    d = TappedDeployment(UpOptions([1, 2], _free_port(), str(tmp_path_factory.mktemp("up")),
+                                   ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"]))
+    d.endpoints = d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _free_port():
+    from traceless.audit.services import free_port
+
+    return free_port()
+
+
+def client_config(e: dict, relay: str, **changes) -> ClientConfig:
+    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay, log_url=e["log"],
+               log_public_key=base64.b64decode(e["log_public_key"]),
+               attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"])
+    cfg.update(changes)
+    return ClientConfig(**cfg)
+
+
+def test_the_openai_client_through_the_proxy_matches_the_offline_api(deployment, real_llm):
+    from openai import OpenAI
+
+    e = deployment.endpoints
+    client = OpenAI(base_url=e["proxy"] + "/v1", api_key="unused")
+    q = "Name two planets of the solar system."
+    want = real_llm.chat([{"role": "user", "content": q}], SamplingParams(temperature=0, max_tokens=24),
+                         use_tqdm=False)[0].outputs[0].text
+    got = client.chat.completions.create(model=e["model"], messages=[{"role": "user", "content": q}], max_tokens=24,
+                                         temperature=0)
+    assert got.choices[0].message.content == want
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=e["model"], messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0, stream=True)
+        if c.choices)
+    assert streamed == want
+    want_c = real_llm.generate("The sky is", SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+    assert client.completions.create(model=e["model"], prompt="The sky is", max_tokens=12,
+                                     temperature=0).choices[0].text == want_c.outputs[0].text
+
+
+def test_relay_and_gateway_never_see_plaintext(deployment):
+    from openai import OpenAI
+
+    e = deployment.endpoints
+    canary = f"CANARY-{uuid.uuid4().hex[:16]}"
+    client = OpenAI(base_url=e["proxy"] + "/v1", api_key="unused")
+    answer = client.chat.completions.create(
+        model=e["model"], messages=[{"role": "user", "content": f"Repeat exactly: {canary}"}], max_tokens=32,
+        temperature=0).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=e["model"], messages=[{"role": "user", "content": f"Say {canary} again"}], max_tokens=32,
+        temperature=0, stream=True) if c.choices)
+    needles = [canary.encode(), canary[8:].encode()]
+    needles += [t.strip().encode() for t in (answer, streamed) if len(t.strip()) >= 12]
+    relay_and_gateway = ("relay", "gateway", "node0", "node1")  # every link into or out of them
+    assert all(deployment.taps[name].captured for name in ("relay", "gateway"))  # the taps saw the traffic
+    for name in relay_and_gateway:
+        for needle in needles:
+            assert deployment.taps[name].count(needle) == 0, (name, needle)
+
+
+def _raw_request(e: dict, relay: str, node: dict, token_header: str | None, tamper: bool = False) -> httpx.Response:
+    config = decode_ohttp_keys(base64.b64decode(node["ohttp_keys"]))[0]
+    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"t", b"/v1/completions", (),
+                                               json.dumps({"model": e["model"], "prompt": "Hi", "max_tokens": 2}).encode()))
+    enc, _ = encapsulate_request(config, inner)
+    if tamper:
+        enc = enc[:-3] + bytes([enc[-3] ^ 1]) + enc[-2:]
+    headers = {"content-type": "message/ohttp-req"}
+    if token_header:
+        headers["authorization"] = token_header
+    return httpx.post(f"{relay}/pcc/v1/ohttp/{node['node_id']}", content=enc, headers=headers, timeout=60)
+
+
+def test_bad_requests_get_clear_4xx_and_nothing_is_processed(deployment):
+    import asyncio
+
+    e = deployment.endpoints
+    relay = f"http://127.0.0.1:{deployment.taps['relay'].port}"
+    node = httpx.get(relay + "/pcc/v1/nodes", params={"model": e["model"], "k": 1}).json()["nodes"][0]
+    before = _processed(deployment)
+    r = _raw_request(e, relay, node, None)
+    assert r.status_code == 401 and "privatetoken" in r.headers.get("www-authenticate", "").lower()
+
+    async def one_token():
+        c = AsyncPrivateClient(client_config(e, relay, token_batch=2))
+        try:
+            return await c.wallet.take()
+        finally:
+            await c.aclose()
+
+    token = format_authorization(asyncio.run(one_token()))
+    tampered = _raw_request(e, relay, node, token, tamper=True)
+    assert tampered.status_code == 400
+    replayed = _raw_request(e, relay, node, token)
+    assert replayed.status_code == 403 and replayed.json()["error"]["code"] == "token_replayed"
+    unknown = _raw_request(e, relay, {**node, "node_id": "0" * 32}, token)
+    assert unknown.status_code in (401, 403, 404)
+    assert _processed(deployment) == before  # no engine ran any of them
+
+
+def _processed(deployment) -> float:
+    total = 0.0
+    for url in deployment.endpoints["nodes"]:
+        for line in httpx.get(url + "/metrics").text.splitlines():
+            if line.startswith("traceless_requests_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_error"), ("not_in_log", "not_in_log"),
+])
+def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, tmp_path, change, reason, caplog):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    import logging
+
+    caplog.set_level(logging.INFO, logger="traceless.events")
+    e = deployment.endpoints
+    relay = f"http://127.0.0.1:{deployment.taps['relay'].port}"
+    other_key = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    changes = {}
+    if change == "attester":
+        changes["attester_keys"] = (other_key,)
+    elif change == "log_key":
+        changes["log_public_key"] = other_key
+    elif change == "not_in_log":
+        changes.update(_other_log(tmp_path))
+    posts_before = deployment.taps["relay"].count(b"POST /pcc/v1/ohttp/")
+    client = PrivateClient(client_config(e, relay, **changes))
+    try:
+        if change == "log_went_back":  # a tree head bigger than the log's: the log must have been rewritten
+            from dataclasses import replace
+
+            log = client._client.verifier._log
+            log.last_sth = replace(log.get_sth(), tree_size=99)
+        with pytest.raises(PrivateClientError, match="nothing was sent"):
+            client.chat({"model": e["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    finally:
+        client.close()
+    assert deployment.taps["relay"].count(b"POST /pcc/v1/ohttp/") == posts_before
+    assert any(f'"reason":"{reason}"' in r.getMessage() for r in caplog.records)
+
+
+def _other_log(tmp_path) -> dict:
+    """A second, honest transparency log that does not contain the nodes' release."""
+    import threading
+
+    import uvicorn
+
+    from traceless.audit.services import free_port
+    from traceless.cluster.log_service import create_app
+    from traceless.privacy.translog import TransparencyLog
+
+    log = TransparencyLog.create(tmp_path / "log")
+    log.append(b"\x42" * 32)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(log), host="127.0.0.1", port=port, log_config=None))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return {"log_url": f"http://127.0.0.1:{port}", "log_public_key": log.public_key_bytes()}
+
+
+def test_zz_killing_a_node_mid_stream_fails_cleanly_and_the_rest_keeps_serving(deployment):
+    e = deployment.endpoints
+    relay = f"http://127.0.0.1:{deployment.taps['relay'].port}"
+    client = PrivateClient(client_config(e, relay))
+    try:
+        before = {n: deployment.taps[n].count(b"POST /pcc/v1/ohttp") for n in ("node0", "node1")}
+        stream = client.completions({"model": e["model"], "prompt": "Once upon a time", "max_tokens": 400,
+                                     "ignore_eos": True, "stream": True})
+        next(stream)
+        serving = next(n for n in before if deployment.taps[n].count(b"POST /pcc/v1/ohttp") > before[n])
+        proc = dict(deployment.procs)[serving]
+        os.killpg(proc.pid, signal.SIGKILL)
+        with pytest.raises(PrivateClientError):
+            for _ in stream:
+                pass
+        # the surviving node answers (the client retries on another candidate if offered the dead one)
+        for _ in range(3):
+            out = client.completions({"model": e["model"], "prompt": "Hello", "max_tokens": 3})
+            assert out["choices"][0]["text"]
+    finally:
+        client.close()
+    canary_dirs = [deployment.state]
+    for d in canary_dirs:  # no request data on disk: only logs, keys and the release log
+        for path in d.rglob("*"):
+            if path.is_file():
+                assert b"Once upon a time" not in path.read_bytes(), path
