@@ -35,6 +35,8 @@ class EngineConfig:
     prefix_cache: str = "isolated"
     prefix_cache_ttl: float = 60.0
     public_prefixes: tuple[str, ...] = ()
+    kv_offload: str = "none"
+    kv_offload_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -47,6 +49,10 @@ class EngineConfig:
             raise ValueError("prefix_cache_ttl must be >= 0")
         if self.public_prefixes and self.prefix_cache != "isolated":
             raise ValueError("public prefixes are declared for the isolated prefix cache only")
+        if self.kv_offload not in ("none", "memory", "disk"):
+            raise ValueError("kv_offload must be none, memory or disk")
+        if self.kv_offload_dir is not None and self.kv_offload != "disk":
+            raise ValueError("kv_offload_dir is for kv_offload='disk'")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
         if not 1 <= self.block_size <= 256:

@@ -31,6 +31,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "prefix_cache": args.prefix_cache, "prefix_cache_ttl": args.prefix_cache_ttl,
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
         "stream_padding": args.stream_padding, "stream_interval": args.stream_interval,
+        "kv_offload": args.kv_offload,
     }
 
 

@@ -18,10 +18,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, cache: PrefixCacheConfig | None = None):
+    def __init__(self, pool: BlockPool, block_size: int, cache: PrefixCacheConfig | None = None, offloader=None):
+        """`offloader` (runner/offload.py: save, restore, discard, is_swapped) seals a preempted
+        request's KV instead of letting it be recomputed; None = preemption by recompute."""
         self.pool = pool
         self.block_size = block_size
         self.cache = cache or PrefixCacheConfig(CacheMode.OFF)
+        self.offloader = offloader
         self._blocks: dict[str, list[KVBlock]] = {}
         self._hashes: dict[str, list[bytes]] = {}  # hash chain of the request's cached leading blocks
 
@@ -81,7 +84,32 @@ class KVCacheManager:
             self.pool.cache(owned[i], h, chunk)  # False if an identical block is already cached
             hashes.append(h)
 
+    # --- encrypted offload -------------------------------------------------------------------------
+    @property
+    def can_offload(self) -> bool:
+        return self.offloader is not None
+
+    def is_swapped(self, request: Request) -> bool:
+        return self.offloader is not None and self.offloader.is_swapped(request.request_id)
+
+    def swap_out(self, request: Request) -> None:
+        """Seal the KV of the request's computed tokens, then release its blocks (zeroed)."""
+        n = blocks_for(request.num_computed_tokens, self.block_size)
+        self.offloader.save(request.request_id, self.block_ids(request.request_id)[:n])
+        self._release(request)
+
+    def swap_in(self, request: Request) -> None:
+        """Restore the sealed KV into the request's (just allocated) leading blocks."""
+        n = blocks_for(request.num_computed_tokens, self.block_size)
+        self.offloader.restore(request.request_id, self.block_ids(request.request_id)[:n])
+
     def free(self, request: Request) -> None:
+        """The request is over: release its blocks and destroy any sealed copy of its KV."""
+        if self.offloader is not None:
+            self.offloader.discard(request.request_id)
+        self._release(request)
+
+    def _release(self, request: Request) -> None:
         self._hashes.pop(request.request_id, None)
         blocks = self._blocks.pop(request.request_id, None)
         if blocks:
@@ -99,4 +127,6 @@ class KVCacheManager:
         problems = self.pool.check_integrity()
         if self._blocks or self._hashes:
             problems.append(f"{len(self._blocks)} request(s) still own KV blocks")
+        if self.offloader is not None and self.offloader.num_swapped():
+            problems.append(f"{self.offloader.num_swapped()} request(s) still have swapped-out KV")
         return problems

@@ -61,7 +61,7 @@ class LLMEngine:
         pool = BlockPool(built.cache.num_blocks, built.cache.zero_blocks)
         self.cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
                                               self._public_prefixes(config.public_prefixes))
-        self.kv = KVCacheManager(pool, config.block_size, self.cache_config)
+        self.kv = KVCacheManager(pool, config.block_size, self.cache_config, built.offloader)
         self._last_expiry = 0.0
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv

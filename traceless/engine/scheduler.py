@@ -4,8 +4,9 @@ One rule covers prefill, chunked prefill and decode: each step, every scheduled 
 num_computed_tokens moves toward num_tokens by as many tokens as the step's budget allows.
 Order is first come, first served, with no priority classes (routing and scheduling never read
 who the user is or what they wrote). Running requests are served before waiting ones; when
-blocks run out, the most recently arrived running request is preempted by recompute: its blocks
-are freed (and zeroed) and it goes back to the front of the queue with num_computed_tokens = 0.
+blocks run out, the most recently arrived running request is preempted: by recompute (its blocks are freed and
+zeroed and it goes back to the front of the queue with num_computed_tokens = 0) or, with KV
+offload, by swapping (its KV is sealed outside the pool and restored when it resumes).
 """
 from __future__ import annotations
 
@@ -87,13 +88,17 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
+            swapped = self.kv.is_swapped(request)
             # A request starting from scratch (new, or preempted by recompute) first takes the
-            # cached blocks of its own domain that hold its leading tokens.
-            computed = self.kv.computed_blocks(request) if request.num_computed_tokens == 0 else []
+            # cached blocks of its own domain that hold its leading tokens; a swapped-out one gets
+            # its own KV back instead.
+            computed = self.kv.computed_blocks(request) if request.num_computed_tokens == 0 and not swapped else []
             cached = len(computed) * self.kv.block_size
             n = min(request.num_tokens - request.num_computed_tokens - cached, budget)
             if not self.kv.allocate_slots(request, n, computed):
                 break
+            if swapped:
+                self.kv.swap_in(request)
             request.num_computed_tokens += cached
             self.waiting.popleft()
             request.transition(RequestStatus.RUNNING)
@@ -106,8 +111,11 @@ class Scheduler:
         return SchedulerOutput(tuple(chunks), preempted)
 
     def _preempt(self, request: Request) -> None:
-        self.kv.free(request)
-        request.num_computed_tokens = 0
+        if self.kv.can_offload and request.num_computed_tokens > 0:
+            self.kv.swap_out(request)  # KV sealed outside the pool; blocks freed and zeroed
+        else:
+            self.kv.free(request)  # recompute: its KV is gone, its tokens are not
+            request.num_computed_tokens = 0
         request.transition(RequestStatus.PREEMPTED)
         self.waiting.appendleft(request)
 

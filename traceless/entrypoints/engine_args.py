@@ -37,6 +37,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="isolated: share only within a cache_salt (default); global: vLLM-style shared cache "
                         "(insecure baseline); off")
     g.add_argument("--prefix-cache-ttl", type=float, default=60.0, help="seconds a cached block lives after its last use")
+    g.add_argument("--kv-offload", default="none", choices=("none", "memory", "disk"),
+                   help="on preemption, seal the request's KV (AES-256-GCM, per-request key) instead of recomputing")
+    g.add_argument("--kv-offload-dir", default=None, help="spill directory for --kv-offload disk")
     g.add_argument("--public-prefix", action="append", default=[], metavar="FILE",
                    help="an exact system prompt (not user data) that all domains may share; repeatable")
 
@@ -50,4 +53,5 @@ def engine_options(args: argparse.Namespace) -> dict:
         max_queued_requests=args.max_queued_requests, attention_backend=args.attention_backend,
         prefix_cache=args.prefix_cache, prefix_cache_ttl=args.prefix_cache_ttl,
         public_prefixes=tuple(Path(f).read_text() for f in args.public_prefix),
+        kv_offload=args.kv_offload, kv_offload_dir=args.kv_offload_dir,
     )

@@ -34,6 +34,7 @@ class BuiltRunner:
     device: torch.device
     dtype: torch.dtype
     attention: str  # "native" | "torch"
+    offloader: object | None = None  # runner.offload.KVOffloader when KV offload is on
 
 
 def resolve_device(name: str) -> torch.device:
@@ -112,5 +113,22 @@ def build_runner(cfg: EngineConfig) -> BuiltRunner:
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
     runner = ModelRunner(model, cfg.block_size, device, kernels is not None, cfg.seed)
+    offloader = None
+    if cfg.kv_offload != "none":
+        from traceless.runner.offload import KVOffloader
+
+        offloader = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
     return BuiltRunner(runner, cache, loaded.tokenizer, mc, loaded.name, str(loaded.path), max_model_len,
-                       device, dtype, "native" if kernels is not None else "torch")
+                       device, dtype, "native" if kernels is not None else "torch", offloader)
+
+
+def _default_offload_dir() -> str:
+    """A private spill directory for this process, removed at exit (it is empty by then: every
+    spill file is unlinked when its request resumes or ends)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="traceless-kv-")
+    atexit.register(shutil.rmtree, path, True)
+    return path

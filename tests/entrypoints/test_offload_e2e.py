@@ -1,0 +1,63 @@
+"""KV offload under memory pressure: same outputs as without pressure, no plaintext or canary in the
+spill files while they exist, an empty spill directory afterwards."""
+import random
+
+import pytest
+import torch
+
+from traceless import LLM, SamplingParams
+from traceless.runner.offload import KVOffloader
+
+
+def prompts(n, seed=0):
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(3, 384) for _ in range(rng.randrange(20, 60))]} for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+def test_outputs_under_pressure_with_offload_equal_the_unpressured_run(tiny_llama_dir, tmp_path, mode):
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ps = prompts(12)
+    roomy = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, block_size=4)
+    want = [o.outputs[0].token_ids for o in roomy.generate(ps, greedy, use_tqdm=False)]
+    spill = tmp_path / "spill"
+    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128, kv_offload=mode,
+                kv_offload_dir=str(spill) if mode == "disk" else None)
+    off = tight.engine.kv.offloader
+    got = [o.outputs[0].token_ids for o in tight.generate(ps, greedy, use_tqdm=False)]
+    assert off.bytes_out > 0 and off.bytes_in == off.bytes_out  # it really swapped, and everything came back
+    assert got == want
+    tight.engine.check_integrity()
+    if mode == "disk":
+        assert not any(spill.iterdir())
+
+
+@pytest.mark.slow
+def test_spill_files_hold_no_canary_and_no_plaintext_kv(tmp_path, monkeypatch):
+    spill = tmp_path / "spill"
+    seen = []
+    real_gather, real_save = KVOffloader._gather, KVOffloader.save
+
+    def gather(self, block_ids):
+        staged = real_gather(self, block_ids)
+        seen.append({"plain": staged.clone()})
+        return staged
+
+    def save(self, request_id, block_ids):
+        real_save(self, request_id, block_ids)
+        seen[-1]["file"] = self._swapped[request_id].path.read_bytes()  # the spill file as it is on disk
+
+    monkeypatch.setattr(KVOffloader, "_gather", gather)
+    monkeypatch.setattr(KVOffloader, "save", save)
+    llm = LLM(kv_cache_memory=48 * 2**20, max_model_len=1024, kv_offload="disk", kv_offload_dir=str(spill), max_num_seqs=16)
+    canary = "CANARY-7f3e2a9b41d0"
+    ps = [f"Write a long story about {canary} number {i}." for i in range(16)]
+    llm.generate(ps, SamplingParams(temperature=0, max_tokens=160, ignore_eos=True), use_tqdm=False)
+    assert seen, "the workload was meant to run out of KV blocks and swap"
+    for item in seen:
+        data, plain = item["file"], item["plain"].numpy().tobytes()
+        assert canary.encode() not in data
+        nonzero = [i for i in range(0, len(plain) - 48, 4096) if any(plain[i:i + 48])][:64]
+        assert nonzero and all(plain[i:i + 48] not in data for i in nonzero)
+    llm.engine.check_integrity()
+    assert not any(spill.iterdir())

@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from traceless.model.config import ModelConfig
+from traceless.runner.kv_cache import KVCache
+from traceless.runner.offload import KVOffloader, OffloadError
+
+CFG = ModelConfig(architecture="llama", vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  max_position_embeddings=64, tie_word_embeddings=True, qkv_bias=False)
+
+
+def filled_cache(dtype=torch.bfloat16):
+    cache = KVCache(CFG, 10, 4, dtype, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    return cache
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+def test_round_trip_restores_the_exact_kv_into_other_blocks(tmp_path, mode):
+    cache = filled_cache()
+    off = KVOffloader(cache, mode, tmp_path / "spill")
+    want_k, want_v = cache.k[:, [2, 5, 7]].clone(), cache.v[:, [2, 5, 7]].clone()
+    off.save("r1", [2, 5, 7])
+    if mode == "disk":
+        (spill,) = list((tmp_path / "spill").iterdir())
+        assert "r1" not in spill.name and spill.stat().st_mode & 0o777 == 0o600
+    off.restore("r1", [1, 3, 4])
+    assert torch.equal(cache.k[:, [1, 3, 4]], want_k) and torch.equal(cache.v[:, [1, 3, 4]], want_v)
+    assert off.num_swapped() == 0 and not any((tmp_path / "spill").iterdir()) if mode == "disk" else True
+
+
+def test_tampered_spill_is_refused_and_shredded(tmp_path):
+    cache = filled_cache()
+    off = KVOffloader(cache, "disk", tmp_path)
+    off.save("r1", [1, 2])
+    (spill,) = list(tmp_path.iterdir())
+    data = bytearray(spill.read_bytes())
+    data[40] ^= 1
+    spill.write_bytes(bytes(data))
+    with pytest.raises(OffloadError):
+        off.restore("r1", [3, 4])
+    assert not any(tmp_path.iterdir()) and off.num_swapped() == 0
+
+
+def test_discard_destroys_key_and_file(tmp_path):
+    cache = filled_cache()
+    off = KVOffloader(cache, "disk", tmp_path)
+    off.save("r1", [1])
+    key = off._swapped["r1"].key
+    off.discard("r1")
+    assert not any(tmp_path.iterdir()) and not any(key) and off.num_swapped() == 0
+    with pytest.raises(OffloadError):
+        off.restore("r1", [1])
