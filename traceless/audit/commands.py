@@ -16,6 +16,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--plot", metavar="PNG")
     pt.set_defaults(handler=_prefix_timing)
 
+    audit = sub.add_parser("audit", help="measure the privacy properties of the real code")
+    audit_sub = audit.add_subparsers(dest="audit_command", metavar="AUDIT", required=True)
+    tg = audit_sub.add_parser("targeting", help="P(target's request lands on attacker nodes) vs their "
+                              "capacity share: ours on the real gateway vs simulated production routers")
+    tg.add_argument("--capacities", type=_floats, default=(1.0, 2.0, 3.0, 4.0),
+                    help="node capacities, comma-separated (default 1,2,3,4)")
+    tg.add_argument("--attacker-nodes", type=_ints, default=(0, 1),
+                    help="indices of the attacker's nodes, comma-separated (default 0,1)")
+    tg.add_argument("--requests", type=int, default=2000, help="target requests per policy x strategy")
+    tg.add_argument("--seed", type=int, default=None,
+                    help="seed every random source, the gateway's included (default: the gateway's CSPRNG)")
+    tg.add_argument("--json", metavar="FILE")
+    tg.add_argument("--plot", metavar="PNG")
+    tg.set_defaults(handler=_targeting)
+
 
 def _prefix_timing(args: argparse.Namespace) -> int:
     from traceless.audit.prefix_timing import AttackConfig, run
@@ -23,4 +38,32 @@ def _prefix_timing(args: argparse.Namespace) -> int:
     if args.trials < 4 or args.prefix_tokens < 16:
         raise SystemExit("traceless attack prefix-timing: use at least 4 trials and a 16-token prefix")
     run(AttackConfig(args.trials, args.prefix_tokens, args.model, args.seed), args.json, args.plot)
+    return 0
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated numbers, e.g. 1,2,3,4") from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated node indices, e.g. 0,1") from None
+
+
+def _targeting(args: argparse.Namespace) -> int:
+    from traceless.audit.targeting import run
+    from traceless.audit.targeting_estimate import Scenario
+
+    if args.requests < 100:
+        raise SystemExit("traceless audit targeting: use at least 100 target requests per row")
+    try:
+        scenario = Scenario(args.capacities, frozenset(args.attacker_nodes), args.requests, args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"traceless audit targeting: {exc}") from None
+    run(scenario, args.json, args.plot)
     return 0

@@ -1,0 +1,244 @@
+"""Our routing (`capacity_random`) measured on the REAL gateway, under every attacker strategy.
+
+Per strategy: a fresh `create_gateway_app` (privacy off: no token check, so the attacker's
+volume is not limited by tokens) and the audit's nodes (targeting_nodes.py), each on a
+loopback uvicorn server. Every node registers through `POST /pcc/v1/register` with a real
+OHTTP key configuration and a signed attestation. Each target request is what a client does:
+`GET /pcc/v1/nodes?model=M&k=1`, first node. The client sends no user id, prompt or class:
+the gateway has no input for them, which is the property under test.
+
+Strategies, applied through the gateway's own interfaces:
+  flood         worker threads send OHTTP requests to the honest nodes through the gateway for
+                the whole measurement; the honest nodes hold each one (real load), the
+                attacker's stay idle: a least-loaded router would now pick the attacker.
+  sybil         the attacker registers extra nodes (the gateway, not the node, picks node ids,
+                so no ring position can be chosen); T's share includes what it registered.
+  seed_prefix   before the targets, and every `seed_every` of them, the attacker sends the
+                target's app prompt to its own nodes through the gateway (warming their caches).
+  premium_pool  the attacker registers its nodes again with a `"pool": "premium"` field.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import random
+import secrets
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+
+from traceless.audit.targeting_estimate import Estimate, Scenario
+from traceless.audit.targeting_nodes import AuditNode, NodeFarm, serve_in_thread
+from traceless.audit.targeting_policies import PREMIUM, ClusterState, NodeSpec, RequestFeatures, RoutingPolicy
+from traceless.audit.targeting_sim import app_prefix
+from traceless.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless.privacy import bhttp
+from traceless.privacy.ohttp import encapsulate_request
+from traceless.privacy.ohttp_keys import decode_ohttp_keys
+
+MODEL = "traceless-audit-model"
+GATEWAY_STRATEGIES = ("none", "flood", "sybil", "seed_prefix", "premium_pool")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayAttackConfig:
+    flood_workers: int = 8  # concurrent flood requests kept in flight
+    hold_s: float = 0.05  # how long an honest node works on one request
+    sybil_nodes: int = 8
+    sybil_capacity: float = 0.25
+    seed_every: int = 100
+
+
+class GatewayRouting(RoutingPolicy):
+    """OURS: capacity-weighted random routing, by asking the real gateway over HTTP."""
+
+    name = "capacity_random"
+    simulated = False
+
+    def __init__(self, http: httpx.Client, index_of: dict[str, int]) -> None:
+        self._http = http
+        self._index_of = index_of  # gateway node_id -> index into state.nodes
+
+    def choose(self, request: RequestFeatures, state: ClusterState) -> int:
+        # `request` and `state` are deliberately not sent: the client's candidate request
+        # carries only the model and k, and routing reads nothing else (routing.choose_nodes).
+        response = self._http.get("/pcc/v1/nodes", params={"model": MODEL, "k": "1"})
+        response.raise_for_status()
+        return self._index_of[response.json()["nodes"][0]["node_id"]]
+
+
+@dataclass
+class GatewayRun:
+    """One live gateway with its nodes; what the attacker's strategies act through."""
+
+    http: httpx.Client
+    farm: NodeFarm
+    farm_url: str
+    rng: random.Random
+    state: ClusterState = field(default_factory=lambda: ClusterState([]))
+    index_of: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, object] = field(default_factory=dict)
+
+    def register(self, node: AuditNode) -> str:
+        response = self.http.post("/pcc/v1/register", json=node.registration(self.farm_url, MODEL))
+        response.raise_for_status()
+        node_id = response.json()["node_id"]
+        self.index_of[node_id] = len(self.state.nodes)
+        self.state.nodes.append(NodeSpec(node.name, node.capacity, node.attacker))
+        return node_id
+
+    def listing(self, attacker: bool) -> list[dict]:
+        """The gateway's public node list (k = all), split by who the attacker knows it owns."""
+        nodes = self.http.get("/pcc/v1/nodes", params={"model": MODEL, "k": "1000"}).json()["nodes"]
+        return [n for n in nodes if self.state.nodes[self.index_of[n["node_id"]]].attacker == attacker]
+
+
+def send_ohttp(http: httpx.Client, entry: dict, messages: list[dict], max_tokens: int) -> int:
+    """POST an encapsulated chat request to one listed node through the gateway; the status."""
+    (config, *_) = decode_ohttp_keys(base64.b64decode(entry["ohttp_keys"]))
+    body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens}).encode()
+    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/chat/completions", content=body))
+    enc, _ = encapsulate_request(config, inner)
+    response = http.post(f"/pcc/v1/ohttp/{entry['node_id']}", content=enc,
+                         headers={"content-type": "message/ohttp-req"})
+    return response.status_code
+
+
+class GatewayAttack:
+    """No attack; the base of the strategies."""
+
+    name = "none"
+
+    def __init__(self, cfg: GatewayAttackConfig) -> None:
+        self.cfg = cfg
+
+    def setup(self, run: GatewayRun) -> None:
+        pass
+
+    @contextmanager
+    def running(self, run: GatewayRun):
+        yield
+
+    def before_target(self, run: GatewayRun, k: int) -> None:
+        pass
+
+
+class Flood(GatewayAttack):
+    name = "flood"
+
+    def __init__(self, cfg: GatewayAttackConfig) -> None:
+        super().__init__(cfg)
+        self._samples: list[int] = []  # honest nodes' requests in flight at each target request
+
+    @contextmanager
+    def running(self, run):
+        honest = run.listing(attacker=False)
+        stop, lock = threading.Event(), threading.Lock()
+        statuses: Counter = Counter()
+        errors: list[BaseException] = []
+        base_url = str(run.http.base_url)
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                with httpx.Client(base_url=base_url, timeout=30) as http:
+                    while not stop.is_set():
+                        status = send_ohttp(http, rng.choice(honest),
+                                            [{"role": "user", "content": "write a very long story"}], 4096)
+                        with lock:
+                            statuses[status] += 1
+            except BaseException as exc:  # re-raised in the measuring thread below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(run.rng.getrandbits(64),), daemon=True)
+                   for _ in range(self.cfg.flood_workers)]
+        for t in threads:
+            t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        if errors:
+            raise RuntimeError("a flood worker failed") from errors[0]
+        run.notes.update(flood_status_counts={str(k): v for k, v in statuses.items()},
+                         flood_forwarded_to_honest=run.farm.served(attacker=False),
+                         honest_inflight_mean_at_target=sum(self._samples) / max(1, len(self._samples)),
+                         attacker_served=run.farm.served(attacker=True))
+
+    def before_target(self, run, k):
+        self._samples.append(run.farm.inflight(attacker=False))
+
+
+class Sybil(GatewayAttack):
+    name = "sybil"
+
+    def setup(self, run):
+        for j in range(self.cfg.sybil_nodes):
+            run.register(run.farm.add(f"sybil{j}", self.cfg.sybil_capacity, attacker=True))
+        run.notes["sybil_nodes_registered"] = self.cfg.sybil_nodes
+
+
+class SeedPrefix(GatewayAttack):
+    name = "seed_prefix"
+
+    def before_target(self, run, k):
+        if k % self.cfg.seed_every:
+            return
+        seed = [{"role": "system", "content": " ".join(app_prefix(0))}, {"role": "user", "content": "hi"}]
+        for entry in run.listing(attacker=True):
+            status = send_ohttp(run.http, entry, seed, 1)
+            key = f"seed_status_{status}"
+            run.notes[key] = run.notes.get(key, 0) + 1
+
+
+class PremiumPool(GatewayAttack):
+    name = "premium_pool"
+
+    def setup(self, run):
+        statuses = Counter()
+        for node in list(run.farm.nodes.values()):
+            if node.attacker:
+                body = {**node.registration(run.farm_url, MODEL), "pool": PREMIUM}
+                statuses[run.http.post("/pcc/v1/register", json=body).status_code] += 1
+        run.notes["premium_registration_statuses"] = {str(k): v for k, v in statuses.items()}
+
+
+def make_gateway_attack(name: str, cfg: GatewayAttackConfig) -> GatewayAttack:
+    for cls in (GatewayAttack, Flood, Sybil, SeedPrefix, PremiumPool):
+        if cls.name == name:
+            return cls(cfg)
+    raise ValueError(f"unknown strategy {name!r}")
+
+
+def measure_gateway(strategy: str, scenario: Scenario, cfg: GatewayAttackConfig = GatewayAttackConfig()) -> Estimate:
+    """Register the cluster on a fresh real gateway, run `strategy`, ask for N target routes."""
+    seeded = scenario.seed is not None
+    gateway_rng = random.Random(f"{scenario.seed}:gateway:{strategy}") if seeded else None  # None: CSPRNG
+    rng = random.Random(f"{scenario.seed}:attacker:{strategy}" if seeded else secrets.randbits(64))
+    attack = make_gateway_attack(strategy, cfg)
+    farm = NodeFarm(cfg.hold_s)
+    app = create_gateway_app(GatewayConfig(privacy=False, health_interval_s=3600), rng=gateway_rng)
+    with serve_in_thread(farm.app) as farm_url, serve_in_thread(app) as gateway_url, \
+            httpx.Client(base_url=gateway_url, timeout=30) as http:
+        run = GatewayRun(http, farm, farm_url, rng)
+        for i, capacity in enumerate(scenario.capacities):
+            run.register(farm.add(f"node{i}", capacity, i in scenario.attacker_nodes))
+        attack.setup(run)
+        policy = GatewayRouting(http, run.index_of)
+        target = RequestFeatures("target-user", app_prefix(0) + ("private:question",), PREMIUM)  # never sent
+        landed = Counter({node.name: 0 for node in run.state.nodes})
+        with attack.running(run):
+            for k in range(scenario.requests):
+                attack.before_target(run, k)
+                landed[run.state.nodes[policy.choose(target, run.state)].name] += 1
+        registry = app.state.gateway.registry
+        registry.check_integrity()
+        run.notes.update(registered_nodes=len(registry), gateway_rng="seeded" if seeded else "SystemRandom")
+    nodes = run.state.nodes
+    return Estimate(GatewayRouting.name, strategy, False, dict(landed), {n.name: n.capacity for n in nodes},
+                    frozenset(n.name for n in nodes if n.attacker), run.notes)
