@@ -83,6 +83,17 @@ def test_the_openai_client_through_the_proxy_matches_the_offline_api(deployment,
                                      temperature=0).choices[0].text == want_c.outputs[0].text
 
 
+def test_a_private_stream_ends_cleanly(deployment):
+    """Iterate a PrivateClient stream to its very end (the SDK stops at [DONE]; this must not need to)."""
+    e = deployment.endpoints
+    client = PrivateClient(client_config(e, f"http://127.0.0.1:{deployment.taps['relay'].port}"))
+    try:
+        events = list(client.completions({"model": e["model"], "prompt": "Hello", "max_tokens": 5, "stream": True}))
+    finally:
+        client.close()
+    assert events[-1].startswith(b"data: [DONE]") and len(events) >= 3
+
+
 def test_relay_and_gateway_never_see_plaintext(deployment):
     from openai import OpenAI
 

@@ -46,7 +46,7 @@ class ClientConfig:
     model: str
     origin_name: str = "traceless"
     candidates: int = 3
-    token_batch: int = 8
+    token_batch: int = 16
     timeout_s: float = 300.0
 
 
@@ -104,21 +104,32 @@ class AsyncPrivateClient:
         path: the response dict, or an async iterator of SSE event bytes when body asks to stream."""
         stream = body.get("stream") is True
         payload = json.dumps(body).encode()
-        nodes = await self._candidates()
+        candidates = asyncio.create_task(self._candidates())  # overlaps with taking a token
+        try:
+            token = await self.wallet.take()
+        finally:
+            nodes = await candidates
         last: Exception | None = None
-        for attempt, node in enumerate(nodes[:2], start=1):  # retry once on another candidate
-            try:
-                result = await self._send(node, path.encode(), payload, stream)
-                emit("client.request", ok=True, attempts=attempt, stream=stream)
-                return result
-            except (httpx.TransportError, _NodeFailed) as exc:
-                last = exc
-        emit("client.request", ok=False, attempts=min(2, len(nodes)), stream=stream)
+        attempts = 0
+        for node in nodes[:2]:  # retry once on another candidate
+            for _ in range(2):  # and once with a fresh challenge if the gateway rejected the token
+                attempts += 1
+                try:
+                    result = await self._send(node, path.encode(), payload, stream, token)
+                    emit("client.request", ok=True, attempts=attempts, stream=stream)
+                    return result
+                except _TokenRejected:
+                    self.wallet.invalidate()
+                    token = await self.wallet.take()
+                except (httpx.TransportError, _NodeFailed) as exc:
+                    last = exc
+                    token = await self.wallet.take()  # that token may have been spent
+                    break
+        emit("client.request", ok=False, attempts=attempts, stream=stream)
         raise PrivateClientError("the chosen nodes failed to answer") from last
 
-    async def _send(self, node: VerifiedNode, path: bytes, payload: bytes, stream: bool):
+    async def _send(self, node: VerifiedNode, path: bytes, payload: bytes, stream: bool, token):
         enc, ctx, kind = self._encapsulate(node, path, payload, stream)
-        token = await self.wallet.take()
         headers = {"content-type": kind, "authorization": format_authorization(token)}
         url = f"{self._relay}/pcc/v1/ohttp/{node.node_id}"
         if not stream:
@@ -155,10 +166,16 @@ class _NodeFailed(Exception):
     pass
 
 
+class _TokenRejected(Exception):
+    pass
+
+
 def _raise_outer(status: int, body: bytes) -> None:
     """An error outside the encryption (gateway, relay, or a node that could not decrypt)."""
     if status >= 500:
         raise _NodeFailed(f"upstream answered HTTP {status}")
+    if status == 401:  # the gateway's challenge rotated under the wallet's tokens
+        raise _TokenRejected()
     try:
         data = json.loads(body)
     except ValueError:
@@ -194,7 +211,8 @@ async def _events(it, decryptor, parser, response) -> AsyncIterator[bytes]:
             for plain in decryptor.feed(raw):
                 for item in parser.feed(plain):
                     yield item
-        decryptor.finish()  # raises if the stream was cut before its final chunk
+        for item in parser.feed(decryptor.finish()):  # the final chunk (raises if the stream was cut before it)
+            yield item
         if not parser.complete:
             raise PrivateClientError("the response stream was truncated")
     except OHTTP_ERRORS:

@@ -8,11 +8,12 @@ starts over.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 
 from traceless.privacy import privacypass
-from traceless.privacy.privacypass_http import choose_challenge, parse_www_authenticate
+from traceless.privacy.privacypass_http import b64url_decode, choose_challenge, parse_www_authenticate
 from traceless.privacy.privacypass_keys import IssuerPublicKey
 from traceless.privacy.privacypass_wire import Token, TokenResponse
 from traceless.privacy.token_batch import BATCH_REQUEST_MEDIA_TYPE, decode_batch, encode_batch
@@ -23,21 +24,30 @@ class TokenError(Exception):
 
 
 class TokenWallet:
-    def __init__(self, config, http: httpx.AsyncClient):
+    """Tokens for the current challenge. The challenge is fetched at most every CHALLENGE_TTL_S
+    seconds (it changes once per gateway epoch), and the wallet refills in the background when it
+    runs low, so a request rarely waits for the issuer."""
+
+    CHALLENGE_TTL_S = 30.0
+    LOW_WATER = 4
+
+    def __init__(self, config, http: httpx.AsyncClient, clock=time.monotonic):
         self._config = config
         self._http = http
+        self._clock = clock
         self._key: IssuerPublicKey | None = None
         self._tokens: list[Token] = []
-        self._challenge: bytes | None = None
+        self._challenge = None
+        self._challenge_at = -1e9
+        self._refill: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+        self.issuer_calls = 0
 
     async def _issuer_key(self) -> IssuerPublicKey:
         if self._key is None:
             r = await self._http.get(self._config.issuer_url.rstrip("/") + "/token-issuer-directory")
             if r.status_code != 200:
                 raise TokenError(f"issuer directory unavailable (HTTP {r.status_code})")
-            from traceless.privacy.privacypass_http import b64url_decode
-
             keys = [k for k in r.json().get("token-keys", []) if k.get("token-type") == 2]
             if not keys:
                 raise TokenError("the issuer offers no type-2 token key")
@@ -45,6 +55,8 @@ class TokenWallet:
         return self._key
 
     async def _current_challenge(self, key: IssuerPublicKey):
+        if self._challenge is not None and self._clock() - self._challenge_at < self.CHALLENGE_TTL_S:
+            return self._challenge
         r = await self._http.get(self._config.relay_url.rstrip("/") + "/pcc/v1/challenge")
         header = r.headers.get("www-authenticate")
         if header is None:
@@ -52,26 +64,49 @@ class TokenWallet:
         selected = choose_challenge(parse_www_authenticate(header), self._config.origin_name, key)
         if selected is None:
             raise TokenError("no usable PrivateToken challenge for this issuer")
-        return selected.challenge
+        if self._challenge is None or selected.challenge.encode() != self._challenge.encode():
+            self._tokens.clear()  # a new epoch: tokens for the old challenge are no use
+        self._challenge, self._challenge_at = selected.challenge, self._clock()
+        return self._challenge
 
     async def take(self) -> Token:
         async with self._lock:
             key = await self._issuer_key()
             challenge = await self._current_challenge(key)
-            encoded = challenge.encode()
-            if encoded != self._challenge:  # a new epoch: tokens for the old one are no use
-                self._tokens.clear()
-                self._challenge = encoded
             if not self._tokens:
-                self._tokens = await self._fetch(challenge, key)
-            return self._tokens.pop()
+                if self._refill is None:
+                    self._refill = asyncio.create_task(self._fetch(challenge, key))
+                await self._finish_refill()
+            token = self._tokens.pop()
+            if len(self._tokens) < self.LOW_WATER and self._refill is None:
+                self._refill = asyncio.create_task(self._fetch(challenge, key))  # refill ahead of need
+                self._refill.add_done_callback(self._store_background)
+            return token
 
-    async def _fetch(self, challenge, key: IssuerPublicKey) -> list[Token]:
+    async def _finish_refill(self) -> None:
+        task, self._refill = self._refill, None
+        tokens, challenge = await task
+        if challenge is self._challenge:
+            self._tokens.extend(tokens)
+        if not self._tokens:
+            raise TokenError("the issuer gave no tokens for the current challenge")
+
+    def _store_background(self, task: asyncio.Task) -> None:
+        if self._refill is task:
+            self._refill = None
+        if task.cancelled() or task.exception() is not None:
+            return  # the next take() that finds the wallet empty fetches (and reports) itself
+        tokens, challenge = task.result()
+        if challenge is self._challenge:
+            self._tokens.extend(tokens)
+
+    async def _fetch(self, challenge, key: IssuerPublicKey):
         states, requests = [], []
         for _ in range(self._config.token_batch):
             req, state = privacypass.begin(challenge, key)
             requests.append(req.encode())
             states.append(state)
+        self.issuer_calls += 1
         r = await self._http.post(
             self._config.issuer_url.rstrip("/") + "/token-request-batch", content=encode_batch(requests),
             headers={"content-type": BATCH_REQUEST_MEDIA_TYPE, "authorization": f"Bearer {self._config.api_key}"})
@@ -83,8 +118,9 @@ class TokenWallet:
             raise TokenError("malformed batch response") from None
         if len(responses) != len(states):
             raise TokenError("the issuer answered a different number of tokens")
-        return [privacypass.finalize(s, TokenResponse.decode(b)) for s, b in zip(states, responses)]
+        return [privacypass.finalize(s, TokenResponse.decode(b)) for s, b in zip(states, responses)], challenge
 
     def invalidate(self) -> None:
+        """The gateway refused a token (its challenge rotated): start over with a fresh challenge."""
         self._tokens.clear()
         self._challenge = None
