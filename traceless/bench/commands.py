@@ -36,6 +36,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     pc.add_argument("--json", metavar="FILE")
     pc.set_defaults(handler=_prefix_cache)
 
+    tax = bench_sub.add_parser("privacy-tax", help="the private path (traceless up, one node) vs the plaintext server: "
+                                                   "tokens/s, requests/s, TTFT, ITL per prompt class")
+    tax.add_argument("--classes", default=None, help="comma-separated subset of short,medium,long (default: all)")
+    tax.add_argument("--requests", type=int, default=None, help="requests per class, path and repetition (default 10)")
+    tax.add_argument("--output-len", type=int, default=None, help="output tokens per request, EOS ignored (default 64)")
+    tax.add_argument("--concurrency", type=int, default=None, help="requests in flight (default 4)")
+    tax.add_argument("--repeats", type=int, default=None, help="alternating plain/private repetitions (default 4)")
+    tax.add_argument("--probes", type=int, default=None, help="sequential 1-token requests per path (default 10)")
+    tax.add_argument("--quick", action="store_true",
+                     help="a small run: 4 requests, 16 tokens, concurrency 2, 1 repetition")
+    tax.add_argument("--model", default=None, help="GGUF file or HF directory (default: the built-in model)")
+    tax.add_argument("--workdir", default=None,
+                     help="keep the services' event logs here (default: a temporary directory)")
+    tax.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    tax.add_argument("--plot", metavar="PNG", help="plot the overheads per class against the published figures")
+    tax.set_defaults(handler=_privacy_tax)
+
+    ko = bench_sub.add_parser("kv-offload", help="throughput under memory pressure: KV offload vs recompute")
+    ko.add_argument("--num-prompts", type=int, default=24)
+    ko.add_argument("--prompt-len", type=int, default=384)
+    ko.add_argument("--output-len", type=int, default=192)
+    ko.add_argument("--kv-cache-mib", type=int, default=48, help="KV cache size: small, to force preemption")
+    ko.add_argument("--model", default=None)
+    ko.add_argument("--json", metavar="FILE")
+    ko.set_defaults(handler=_kv_offload)
+
 
 def _offline(args: argparse.Namespace) -> int:
     from traceless.bench import offline
@@ -64,3 +90,28 @@ def _prefix_cache(args: argparse.Namespace) -> int:
 
     run(args.repeat_system, args.json, args.model)
     return 0
+
+
+def _kv_offload(args: argparse.Namespace) -> int:
+    from traceless.bench.kv_offload import run
+
+    run(args.num_prompts, args.prompt_len, args.output_len, args.kv_cache_mib, args.json, args.model)
+    return 0
+
+
+def _privacy_tax(args: argparse.Namespace) -> int:
+    from traceless.bench.privacy_tax import config_from, run
+    from traceless.cluster.up import StartupError
+
+    classes = tuple(c.strip() for c in args.classes.split(",") if c.strip()) if args.classes else None
+    try:
+        cfg = config_from(args.quick, classes=classes, requests=args.requests, output_len=args.output_len,
+                          concurrency=args.concurrency, repeats=args.repeats, probes=args.probes, model=args.model,
+                          workdir=args.workdir)
+    except ValueError as exc:
+        raise SystemExit(f"traceless bench privacy-tax: {exc}") from None
+    try:
+        rep = run(cfg, args.json, args.plot)
+    except StartupError as exc:
+        raise SystemExit(f"traceless bench privacy-tax: the private path did not start: {exc}") from None
+    return 0 if rep["failed"] == 0 else 1
