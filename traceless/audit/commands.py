@@ -30,6 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     tg.add_argument("--json", metavar="FILE")
     tg.add_argument("--plot", metavar="PNG")
     tg.set_defaults(handler=_targeting)
+    rs = audit_sub.add_parser("residue", help="send canaries through every path, then look for traces everywhere")
+    rs.add_argument("--model", default=None)
+    rs.add_argument("--ttl", type=float, default=3.0, help="the node's prefix-cache TTL (seconds) during the audit")
+    rs.add_argument("--scrub", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the node with freed-memory scrubbing, its default (--no-scrub to see what it removes)")
+    rs.add_argument("--json", metavar="FILE")
+    rs.set_defaults(handler=_residue)
 
 
 def _prefix_timing(args: argparse.Namespace) -> int:
@@ -67,3 +74,10 @@ def _targeting(args: argparse.Namespace) -> int:
         raise SystemExit(f"traceless audit targeting: {exc}") from None
     run(scenario, args.json, args.plot)
     return 0
+
+
+def _residue(args: argparse.Namespace) -> int:
+    from traceless.audit.residue import ResidueConfig, run
+
+    report = run(ResidueConfig(args.model, args.ttl, args.scrub), args.json)
+    return 1 if report["failed"] else 0

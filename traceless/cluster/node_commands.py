@@ -17,6 +17,9 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--public-url", default=None, help="URL the gateway reaches this node at (default http://HOST:PORT)")
     p.add_argument("--register-interval", type=float, default=60.0, help="seconds between re-registrations")
     p.add_argument("--attestation-ttl", type=int, default=300, help="seconds an attestation document is valid")
+    p.add_argument("--scrub-freed-memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="have the allocator overwrite freed heap memory, so request text left in freed Python "
+                        "objects does not linger (PYTHONMALLOC=malloc + glibc MALLOC_PERTURB_; default on)")
 
 
 def node_measured_config(args: argparse.Namespace) -> dict:
@@ -31,7 +34,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "prefix_cache": args.prefix_cache, "prefix_cache_ttl": args.prefix_cache_ttl,
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
         "stream_padding": args.stream_padding, "stream_interval": args.stream_interval,
-        "kv_offload": args.kv_offload,
+        "kv_offload": args.kv_offload, "scrub_freed_memory": args.scrub_freed_memory,
     }
 
 
@@ -54,6 +57,21 @@ def node_parser() -> argparse.ArgumentParser:
     return p
 
 
+SCRUB_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_PERTURB_": "165"}
+
+
+def _reexec_with_scrubbing() -> None:
+    """glibc reads MALLOC_PERTURB_ and Python reads PYTHONMALLOC at process start: start again
+    with them set (same arguments). Every freed heap chunk is then overwritten, which is what
+    removes the immutable Python strings of finished requests from memory (traceless audit residue)."""
+    import os
+    import sys
+
+    if all(os.environ.get(k) == v for k, v in SCRUB_ENV.items()):
+        return
+    os.execve(sys.executable, [sys.executable, "-m", "traceless.cli", *sys.argv[1:]], {**os.environ, **SCRUB_ENV})
+
+
 def _node(args: argparse.Namespace) -> int:
     import base64
 
@@ -64,9 +82,11 @@ def _node(args: argparse.Namespace) -> int:
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES
     from traceless.server.commands import build_engine, run_uvicorn, stream_shape
 
-    configure_logging()
     if args.capacity < 1:
         raise SystemExit("traceless node: --capacity must be at least 1")
+    if args.scrub_freed_memory:
+        _reexec_with_scrubbing()
+    configure_logging()
     engine = build_engine(args)
     measurement = measure(engine.engine.built.model_path, node_measured_config(args))
     attester = SoftwareAttester()

@@ -45,6 +45,16 @@ class IntegrityError(AssertionError):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class ResidueStats:
+    """What the engine still holds, as counts: for allowlisted metrics and residue audits."""
+
+    requests: int
+    nonzero_blocks: int  # KV blocks whose memory is not all zeros (a scan of the cache tensors)
+    cached_blocks: int  # blocks resident in the prefix cache (non-zero until they expire)
+    swapped_requests: int  # requests whose KV is sealed in the offload store
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         from traceless.runner.build import build_runner  # torch lives behind this import
@@ -226,6 +236,12 @@ class LLMEngine:
              output_tokens=request.num_output_tokens, ttft_s=(first - request.arrival_time) if first else 0.0,
              e2e_s=now - request.arrival_time)
         request.wipe()
+
+    def residue_stats(self) -> ResidueStats:
+        """Scan what the engine holds (reads the whole KV cache: call it when idle)."""
+        off = self.kv.offloader
+        return ResidueStats(len(self._requests), len(self.built.cache.nonzero_blocks()), len(self.kv.pool.cached),
+                            off.num_swapped() if off is not None else 0)
 
     # --- integrity ----------------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from traceless.events import emit
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.errors import ApiError, internal_error
-from traceless.server.metrics import Metrics
+from traceless.server.metrics import Metrics, set_engine_gauges
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import StreamShape
 
@@ -120,10 +120,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
         return JSONResponse({"status": "ok"})
 
     async def metrics_route(request: Request) -> Response:
-        e = engine.engine
-        metrics.set("traceless_num_requests_running", e.num_running)
-        metrics.set("traceless_num_requests_waiting", e.num_waiting)
-        metrics.set("traceless_kv_cache_usage_ratio", e.kv_usage())
+        set_engine_gauges(metrics, engine)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @asynccontextmanager

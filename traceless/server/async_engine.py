@@ -32,6 +32,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.dead = False
+        self.residue = None  # ResidueStats from the last idle scan (for allowlisted metrics)
+        self._residue_at = 0.0
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -95,6 +97,7 @@ class AsyncEngine:
                     self._wake.wait(timeout=1.0)  # wake now and then to expire cached blocks
                     self._wake.clear()
                     self.engine.tick()
+                    self._scan_residue()
                     continue
                 outputs = self.engine.step()
                 if outputs:
@@ -105,6 +108,17 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
         finally:
             self.engine.abort_all()
+
+    RESIDUE_SCAN_INTERVAL_S = 3.0
+
+    def _scan_residue(self) -> None:
+        """When idle, now and then, count what the engine still holds (read by /metrics)."""
+        import time
+
+        now = time.monotonic()
+        if now - self._residue_at >= self.RESIDUE_SCAN_INTERVAL_S and not self.engine.has_unfinished():
+            self._residue_at = now
+            self.residue = self.engine.residue_stats()
 
     def _drain(self) -> None:
         while True:

@@ -35,6 +35,9 @@ SPECS = (
     Spec("traceless_num_requests_running", "gauge", "Requests in the running batch."),
     Spec("traceless_num_requests_waiting", "gauge", "Requests waiting to be scheduled."),
     Spec("traceless_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks in use."),
+    Spec("traceless_kv_blocks_nonzero", "gauge", "KV blocks holding non-zero values at the last idle scan."),
+    Spec("traceless_prefix_cache_blocks", "gauge", "Blocks resident in the prefix cache at the last idle scan."),
+    Spec("traceless_kv_offload_swapped_requests", "gauge", "Requests with sealed offloaded KV at the last idle scan."),
 )
 
 
@@ -103,3 +106,16 @@ class Metrics:
             out.append(f'{spec.name}_bucket{{le="{le}"}} {cumulative}')
         out += [f"{spec.name}_sum {total[0]:g}", f"{spec.name}_count {cumulative}"]
         return out
+
+
+def set_engine_gauges(metrics: Metrics, engine) -> None:
+    """Gauges read from an AsyncEngine (counts only)."""
+    e = engine.engine
+    metrics.set("traceless_num_requests_running", e.num_running)
+    metrics.set("traceless_num_requests_waiting", e.num_waiting)
+    metrics.set("traceless_kv_cache_usage_ratio", e.kv_usage())
+    r = engine.residue
+    if r is not None:
+        metrics.set("traceless_kv_blocks_nonzero", r.nonzero_blocks)
+        metrics.set("traceless_prefix_cache_blocks", r.cached_blocks)
+        metrics.set("traceless_kv_offload_swapped_requests", r.swapped_requests)

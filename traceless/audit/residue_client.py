@@ -1,0 +1,48 @@
+"""A bare OHTTP client for audits: talks to a node directly (no gateway, no tokens)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from traceless.privacy import bhttp
+from traceless.privacy.ohttp import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp_chunked import split_chunks
+from traceless.privacy.ohttp_keys import decode_ohttp_keys
+
+
+class OhttpTestClient:
+    def __init__(self, node_url: str, offload_dir: Path, log_path: Path | None = None):
+        self.url = node_url
+        self.offload_dir = offload_dir
+        self.log_path = log_path
+        self.config = decode_ohttp_keys(httpx.get(node_url + "/pcc/v1/ohttp-keys").content)[0]
+        self.spill_files_seen: set[str] = set()
+
+    def _inner(self, path: bytes, body: dict) -> bytes:
+        return bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", path, (), json.dumps(body).encode()))
+
+    def completion(self, body: dict, path: bytes = b"/v1/completions") -> int:
+        enc, ctx = encapsulate_request(self.config, self._inner(path, body))
+        r = httpx.post(self.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"},
+                       timeout=600)
+        return bhttp.decode_response(ctx.decapsulate(r.content)).status
+
+    def chat(self, body: dict) -> int:
+        return self.completion(body, b"/v1/chat/completions")
+
+    def stream(self, body: dict, abort_after: int | None = None) -> None:
+        enc, ctx = encapsulate_chunked_request(self.config, split_chunks(self._inner(b"/v1/completions",
+                                                                                      {**body, "stream": True})))
+        with httpx.stream("POST", self.url + "/pcc/v1/ohttp", content=enc,
+                          headers={"content-type": "message/ohttp-chunked-req"}, timeout=600) as r:
+            for i, _ in enumerate(r.iter_raw()):
+                if abort_after is not None and i + 1 >= abort_after:
+                    return  # leaving the block closes the connection: the node must abort
+
+    def model_name(self) -> str:
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("model: "):
+                return line.split(": ", 1)[1].strip()
+        raise RuntimeError("the node did not report its model name")
