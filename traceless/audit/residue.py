@@ -146,7 +146,10 @@ def run(cfg: ResidueConfig, json_path: str | None) -> dict:
     places["log streams"] = _count(node.log_path.read_bytes(), needles)
     places["files the node wrote"] = sum(_count(p.read_bytes(), needles) for p in workdir.rglob("*")
                                          if p.is_file() and p != node.log_path)
+    preempted = sum(json.loads(line).get("num_requests", 0) for line in node.log_path.read_text().splitlines()
+                    if line.startswith('{"ts"') and '"engine.preempted"' in line)
     report = {"audit": "residue", "scrub": cfg.scrub, "paths": list(PATHS), "spill_files_seen": len(client.spill_files_seen),
+              "preemptions": preempted,
               "places": places, "process_memory": {name: memory.get(n, 0) for name, n in needles.items()},
               "process_memory_total": sum(memory.values()), "failed": any(v != 0 for v in places.values())}
     print_report(report)
@@ -175,8 +178,8 @@ def _wait_quiet(node: NodeUnderAudit, ttl_s: float, timeout: float = 90.0) -> di
 
 
 def print_report(rep: dict) -> None:
-    print(f"\ntraceless audit residue  (paths: {', '.join(rep['paths'])}; spill files seen during the run: "
-          f"{rep['spill_files_seen']})")
+    print(f"\ntraceless audit residue  (paths: {', '.join(rep['paths'])}; preemptions {rep['preemptions']}, "
+          f"spill files seen during the run: {rep['spill_files_seen']})")
     print(f"{'place':<40}{'hits':>8}")
     for place, hits in rep["places"].items():
         print(f"{place:<40}{hits:>8g}")
