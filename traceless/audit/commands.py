@@ -5,6 +5,11 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser("report", help="run the benchmarks, attacks and audits (quick) into one HTML page")
+    report.add_argument("--output", "-o", default="traceless-report.html")
+    report.add_argument("--only", default=None, help="comma-separated sections: offline, privacy_tax, prefix_timing, "
+                                                     "targeting, residue, prefix_cache, kv_offload")
+    report.set_defaults(handler=_report)
     attack = sub.add_parser("attack", help="run published attacks against live services")
     attack_sub = attack.add_subparsers(dest="attack_command", metavar="ATTACK", required=True)
     pt = attack_sub.add_parser("prefix-timing", help="prefix-cache timing attack: global vs isolated cache")
@@ -81,3 +86,14 @@ def _residue(args: argparse.Namespace) -> int:
 
     report = run(ResidueConfig(args.model, args.ttl, args.scrub), args.json)
     return 1 if report["failed"] else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from traceless.audit.report import run, sections
+
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    known = {s.key for s in sections()}
+    if only and set(only) - known:
+        raise SystemExit(f"traceless report: unknown sections {sorted(set(only) - known)}; known: {sorted(known)}")
+    run(args.output, only)
+    return 0

@@ -11,6 +11,7 @@ closed or cancelled) triggers an abort, which frees and zeroes the request's blo
 from __future__ import annotations
 
 import asyncio
+import gc
 import queue
 import threading
 from collections.abc import AsyncIterator
@@ -90,15 +91,20 @@ class AsyncEngine:
 
     # --- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        idle = True
         try:
             while not self._stopping:
                 self._drain()
                 if not self.engine.has_unfinished():
+                    if not idle:  # just went idle: free request objects caught in reference cycles now,
+                        idle = True  # not whenever the collector would next run (with scrubbing, freed = zeroed)
+                        gc.collect()
                     self._wake.wait(timeout=1.0)  # wake now and then to expire cached blocks
                     self._wake.clear()
                     self.engine.tick()
                     self._scan_residue()
                     continue
+                idle = False
                 outputs = self.engine.step()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
