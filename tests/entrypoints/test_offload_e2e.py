@@ -3,7 +3,6 @@ spill files while they exist, an empty spill directory afterwards."""
 import random
 
 import pytest
-import torch
 
 from traceless import LLM, SamplingParams
 from traceless.runner.offload import KVOffloader

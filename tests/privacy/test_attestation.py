@@ -1,5 +1,4 @@
 """Attestation documents: JWS/EAT round trip, and every reason to refuse a node."""
-import base64
 import hashlib
 import json
 

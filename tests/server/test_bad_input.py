@@ -1,6 +1,5 @@
 """Bad input gets its OpenAI-shaped error with the right status, and the server keeps serving."""
 import json
-import time
 
 import httpx
 import pytest

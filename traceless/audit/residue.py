@@ -16,7 +16,6 @@ heap memory until it is reused, unless the allocator scrubs freed memory (--scru
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 import secrets

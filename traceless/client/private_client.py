@@ -14,9 +14,7 @@ its capacity share (a client-side check that routing is not aimed at it).
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import time
 import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass

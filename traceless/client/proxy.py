@@ -19,6 +19,7 @@ from traceless.client.tokens import TokenError
 from traceless.events import emit
 from traceless.server.app import read_json_body
 from traceless.server.errors import ApiError
+from traceless.server.http_common import route_error
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -65,16 +66,13 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        return ApiError(exc.status_code, "no such route" if exc.status_code == 404 else "method not allowed").response()
-
     routes = [
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: route_error})
 
 
 def dumps(obj) -> bytes:

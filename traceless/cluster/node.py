@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from traceless.events import emit
@@ -33,6 +33,7 @@ from traceless.privacy.ohttp import OhttpServer
 from traceless.privacy.ohttp_errors import OHTTP_ERRORS
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.errors import ApiError, internal_error
+from traceless.server.http_common import engine_routes, read_capped, route_error
 from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import StreamShape, padding_event
@@ -211,7 +212,7 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
             kind = request.headers.get("content-type", "").split(";")[0].strip()
             if kind not in (OHTTP_REQ, OHTTP_CHUNKED_REQ):
                 raise ApiError(415, f"content-type must be {OHTTP_REQ} or {OHTTP_CHUNKED_REQ}", code="unsupported_media_type")
-            body = await _read_capped(request, settings.max_body_bytes)
+            body = await read_capped(request, settings.max_body_bytes)
             response = await service.handle(body, chunked=kind == OHTTP_CHUNKED_REQ)
             status = response.status_code
             return response
@@ -222,16 +223,6 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
         finally:
             emit("http.request", component="node", route="ohttp", status_code=status,
                  duration_s=time.monotonic() - t0, stream=False)
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "dead"}, status_code=503) if engine.dead else JSONResponse({"status": "ok"})
-
-    async def metrics_route(request: Request) -> Response:
-        e = engine.engine
-        metrics.set("traceless_num_requests_running", e.num_running)
-        metrics.set("traceless_num_requests_waiting", e.num_waiting)
-        metrics.set("traceless_kv_cache_usage_ratio", e.kv_usage())
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @asynccontextmanager
     async def lifespan(app):
@@ -244,27 +235,13 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
                 task.cancel()
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        return ApiError(exc.status_code, "no such route" if exc.status_code == 404 else "method not allowed").response()
-
     routes = [
         Route("/pcc/v1/attestation", attestation, methods=["GET"]),
         Route("/pcc/v1/ohttp-keys", ohttp_keys, methods=["GET"]),
         Route("/pcc/v1/ohttp", ohttp, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
+        *engine_routes(engine, metrics),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
-
-
-async def _read_capped(request: Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error})
 
 
 async def _register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:

@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,14 +33,7 @@ class UpOptions:
     node_args: list[str]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class StartupError(RuntimeError):
-    pass
+from traceless.cluster.processes import StartupError, free_port, stop, wait_ready
 
 
 class Deployment:
@@ -68,17 +60,7 @@ class Deployment:
         return proc
 
     def wait_ready(self, name: str, proc: subprocess.Popen, url: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StartupError(f"{name} exited during startup (see {self.logs / (name + '.log')})")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise StartupError(f"{name} did not become ready in {READY_TIMEOUT_S:.0f}s")
+        wait_ready(proc, url, READY_TIMEOUT_S, f"{name} (log: {self.logs / (name + '.log')})")
 
     def printed(self, name: str, proc: subprocess.Popen, key: str) -> str:
         """A `key: value` line a process prints on stdout at startup."""
@@ -94,16 +76,11 @@ class Deployment:
         raise StartupError(f"{name} did not report its {key}")
 
     def stop(self) -> None:
-        for _, proc in reversed(self.procs):
+        for _, proc in reversed(self.procs):  # signal all first, so they shut down in parallel
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + 20
         for _, proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop(proc, timeout=20)
 
     # --- the deployment -------------------------------------------------------------------------
     def _log(self) -> tuple[str, str]:

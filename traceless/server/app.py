@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from traceless.events import emit
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.errors import ApiError, internal_error
-from traceless.server.metrics import Metrics, set_engine_gauges
+from traceless.server.http_common import engine_routes, read_capped, route_error
+from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import StreamShape
 
@@ -39,22 +40,11 @@ class ServerSettings:
 
 
 async def read_json_body(request: Request, limit: int):
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    raw = await read_capped(request, limit)
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-    finally:
-        chunks.clear()
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -114,15 +104,6 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
     async def models(request: Request) -> Response:
         return JSONResponse(service.models())
 
-    async def health(request: Request) -> Response:
-        if engine.dead:
-            return JSONResponse({"status": "dead"}, status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    async def metrics_route(request: Request) -> Response:
-        set_engine_gauges(metrics, engine)
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
-
     @asynccontextmanager
     async def lifespan(app):
         engine.start(asyncio.get_running_loop())
@@ -131,19 +112,13 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
         finally:
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return ApiError(exc.status_code, "no such route" if exc.status_code == 404 else "method not allowed",
-                        code=code).response()
-
     routes = [
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
+        *engine_routes(engine, metrics),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error})
 
 
 async def _timed(body: AsyncIterator[bytes], metrics: Metrics, t0: float) -> AsyncIterator[bytes]:
