@@ -237,10 +237,13 @@ class LLMEngine:
              e2e_s=now - request.arrival_time)
         request.wipe()
 
-    def residue_stats(self) -> ResidueStats:
-        """Scan what the engine holds (reads the whole KV cache: call it when idle)."""
+    def residue_stats(self, nonzero_blocks: int | None = None) -> ResidueStats:
+        """What the engine holds, as counts. Without `nonzero_blocks` (from a sliced idle scan) the
+        whole KV cache is read here: call it when idle."""
         off = self.kv.offloader
-        return ResidueStats(len(self._requests), len(self.built.cache.nonzero_blocks()), len(self.kv.pool.cached),
+        if nonzero_blocks is None:
+            nonzero_blocks = len(self.built.cache.nonzero_blocks())
+        return ResidueStats(len(self._requests), nonzero_blocks, len(self.kv.pool.cached),
                             off.num_swapped() if off is not None else 0)
 
     # --- integrity ----------------------------------------------------------------------------

@@ -35,6 +35,12 @@ class KVCache:
         self.k.index_fill_(1, idx, 0)
         self.v.index_fill_(1, idx, 0)
 
+    def count_nonzero(self, start: int, end: int) -> int:
+        """How many of blocks [start, end) hold any non-zero value (one slice of an idle scan)."""
+        k = self.k[:, start:end].ne(0).flatten(2).any(-1).any(0)
+        v = self.v[:, start:end].ne(0).flatten(2).any(-1).any(0)
+        return int((k | v).sum())
+
     def nonzero_blocks(self) -> set[int]:
         """Ids of blocks holding any non-zero value (for integrity checks; scans the whole cache)."""
         used = self.k.ne(0).flatten(2).any(-1).any(0) | self.v.ne(0).flatten(2).any(-1).any(0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import queue
+import time
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -33,8 +34,12 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.dead = False
-        self.residue = None  # ResidueStats from the last idle scan (for allowlisted metrics)
-        self._residue_at = 0.0
+        self._idle = IdleWork(engine)
+
+    @property
+    def residue(self):
+        """ResidueStats from the last complete idle scan (for allowlisted metrics), or None."""
+        return self._idle.residue
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -91,20 +96,16 @@ class AsyncEngine:
 
     # --- engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        idle = True
         try:
             while not self._stopping:
                 self._drain()
                 if not self.engine.has_unfinished():
-                    if not idle:  # just went idle: free request objects caught in reference cycles now,
-                        idle = True  # not whenever the collector would next run (with scrubbing, freed = zeroed)
-                        gc.collect()
-                    self._wake.wait(timeout=1.0)  # wake now and then to expire cached blocks
+                    # Idle: housekeeping in small slices, so a request that arrives waits at most one slice.
+                    more = self._commands.empty() and self._idle.step()
+                    self._wake.wait(timeout=0.0 if more else 1.0)
                     self._wake.clear()
-                    self.engine.tick()
-                    self._scan_residue()
                     continue
-                idle = False
+                self._idle.reset()
                 outputs = self.engine.step()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
@@ -114,17 +115,6 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
         finally:
             self.engine.abort_all()
-
-    RESIDUE_SCAN_INTERVAL_S = 3.0
-
-    def _scan_residue(self) -> None:
-        """When idle, now and then, count what the engine still holds (read by /metrics)."""
-        import time
-
-        now = time.monotonic()
-        if now - self._residue_at >= self.RESIDUE_SCAN_INTERVAL_S and not self.engine.has_unfinished():
-            self._residue_at = now
-            self.residue = self.engine.residue_stats()
 
     def _drain(self) -> None:
         while True:
@@ -145,3 +135,55 @@ class AsyncEngine:
     async def call(self, fn):
         """Run fn(engine) on the engine thread (e.g. check_integrity in tests)."""
         return await asyncio.wrap_future(self._submit("call", fn))
+
+
+class IdleWork:
+    """What the engine thread does while no request runs, one short slice per call:
+
+    1. expire cached prefix blocks past their TTL (engine.tick);
+    2. after IDLE_GC_S of quiet, one garbage collection, so request objects caught in reference
+       cycles are freed (and, with freed-memory scrubbing, overwritten) instead of lingering;
+    3. every SCAN_INTERVAL_S, a scan of the whole KV cache for non-zero blocks, SCAN_SLICE blocks
+       at a time, whose totals the allowlisted residue metrics report.
+    """
+
+    IDLE_GC_S = 0.2
+    SCAN_INTERVAL_S = 3.0
+    SCAN_SLICE = 128
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self.residue = None
+        self._idle_since: float | None = None
+        self._collected = True
+        self._cursor = 0
+        self._nonzero = 0
+        self._scanned_at = -1e9
+
+    def reset(self) -> None:
+        """A request is running: start over next time the engine goes idle."""
+        self._idle_since, self._collected, self._cursor, self._nonzero = None, False, 0, 0
+
+    def step(self) -> bool:
+        """Do one slice of idle work; True if there is more to do right away."""
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        self.engine.tick(now)
+        if not self._collected:
+            if now - self._idle_since < self.IDLE_GC_S:
+                return False  # wait for quiet (the wake-up timeout brings us back)
+            gc.collect()
+            self._collected = True
+            return True
+        if self._cursor == 0 and now - self._scanned_at < self.SCAN_INTERVAL_S:
+            return False
+        cache = self.engine.built.cache
+        end = min(self._cursor + self.SCAN_SLICE, cache.num_blocks)
+        self._nonzero += cache.count_nonzero(self._cursor, end)
+        self._cursor = end
+        if end < cache.num_blocks:
+            return True
+        self.residue = self.engine.residue_stats(self._nonzero)
+        self._cursor, self._nonzero, self._scanned_at = 0, 0, time.monotonic()
+        return False
