@@ -29,7 +29,7 @@ def _write_tokenizer(path: Path, vocab_size: int) -> None:
 
 def make_tiny_model(path: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -40,6 +40,8 @@ def make_tiny_model(path: Path, kind: str = "llama", seed: int = 0, **overrides)
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(**common))
     else:
         raise ValueError(kind)
     with torch.no_grad():

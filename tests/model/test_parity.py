@@ -26,11 +26,31 @@ def ours(llm: LLM, prompts: list[list[int]], n: int, batched: bool) -> list[list
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_tiny_models_match_transformers(kind, tiny_llama_dir, tiny_qwen2_dir):
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 32}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama3_dir(tmp_path_factory):
+    from tests.conftest import make_tiny_model
+
+    # llama3 RoPE scaling with a short original context, so the prompts below cross its wavelengths
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama3"), "llama", seed=2, rope_scaling=LLAMA3_SCALING,
+                           rope_theta=500000.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_mistral_dir(tmp_path_factory):
+    from tests.conftest import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral", seed=3, sliding_window=None)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "llama3", "mistral"])
+def test_tiny_models_match_transformers(kind, tiny_llama_dir, tiny_qwen2_dir, tiny_llama3_dir, tiny_mistral_dir):
     from transformers import AutoModelForCausalLM
 
-    path = tiny_llama_dir if kind == "llama" else tiny_qwen2_dir
+    path = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "llama3": tiny_llama3_dir, "mistral": tiny_mistral_dir}[kind]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rng = random.Random(kind)
     # varied lengths: single token, a partial block, several blocks, one long enough to chunk
@@ -41,6 +61,18 @@ def test_tiny_models_match_transformers(kind, tiny_llama_dir, tiny_qwen2_dir):
     assert ours(llm, prompts, 24, batched=True) == want
     assert ours(llm, prompts, 24, batched=False) == want
     llm.engine.check_integrity()
+
+
+def test_llama3_scaling_is_parsed_and_changes_frequencies(tiny_llama3_dir):
+    from traceless.model.config import from_hf_config
+    from traceless.model.hf_loader import read_json
+    from traceless.model.rope import inv_frequencies
+
+    config = from_hf_config(read_json(tiny_llama3_dir / "config.json"))
+    assert config.rope_scaling is not None and config.rope_scaling.kind == "llama3"
+    from dataclasses import replace
+
+    assert not torch.equal(inv_frequencies(config), inv_frequencies(replace(config, rope_scaling=None)))
 
 
 def test_qwen2_biases_are_used(tiny_qwen2_dir):
