@@ -30,6 +30,8 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "served_model_name": args.served_model_name, "attestation_ttl": args.attestation_ttl,
         "prefix_cache": args.prefix_cache, "prefix_cache_ttl": args.prefix_cache_ttl,
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
+        "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
+        "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
     }
 
 
