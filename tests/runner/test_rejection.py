@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from traceless.runner.rejection import Drafts, Noise, RejectionSampler, SpecRow, verify
+from traceless.runner.rejection import Drafts, Noise, RejectionSampler, SpecRow, verify, verify_greedy
 from traceless.runner.sampler import Sampler, SampleRow
 from traceless.sampling_params import SamplingParams
 
@@ -37,6 +37,17 @@ def test_greedy_accepts_while_drafts_match_the_argmax_then_corrects():
     assert one_seq(p, [1, 2], greedy=True) == (2, 0)  # both match: the bonus is row 2's argmax
     assert one_seq(p, [1, 0], greedy=True) == (1, 2)  # second draft wrong: emit row 1's argmax
     assert one_seq(p, [2, 2], greedy=True) == (0, 1)  # first draft wrong; later match does not count
+
+
+def test_the_all_greedy_shortcut_agrees_with_the_general_rule():
+    torch.manual_seed(1)
+    S, K, V = 200, 3, 4  # few tokens: drafts often match the argmax
+    p = torch.softmax(torch.randn(S, K + 1, V), -1)
+    drafts = Drafts(torch.randint(0, V, (S, K)), torch.randint(0, K + 1, (S,)), None)
+    noise = Noise(torch.rand(S, K), torch.ones(S, V))
+    n, tok = verify(p, p.argmax(-1), torch.ones(S, dtype=torch.bool), drafts, noise)
+    n2, tok2 = verify_greedy(p.argmax(-1), drafts)
+    assert torch.equal(n, n2) and torch.equal(tok, tok2) and 0 < int((n > 0).sum()) < S
 
 
 def test_point_mass_drafts_are_accepted_with_probability_p_of_the_draft():

@@ -40,6 +40,15 @@ class Noise:
     exponential: torch.Tensor  # [S, V] Exp(1): the exponential race that draws the final token
 
 
+def verify_greedy(target_argmax: torch.Tensor, drafts: Drafts) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence greedy: target_argmax [S, K+1] -> (accepted drafts [S], final token [S])."""
+    K = drafts.token_ids.shape[1]
+    valid = torch.arange(K, device=target_argmax.device)[None, :] < drafts.counts[:, None]
+    accept = (drafts.token_ids == target_argmax[:, :K]) & valid
+    n_acc = accept.long().cumprod(dim=1).sum(dim=1)
+    return n_acc, target_argmax.gather(1, n_acc[:, None])[:, 0]
+
+
 def verify(target: torch.Tensor, target_argmax: torch.Tensor, greedy: torch.Tensor, drafts: Drafts,
            noise: Noise) -> tuple[torch.Tensor, torch.Tensor]:
     """target [S, K+1, V] normalized p (rows of greedy sequences unused), target_argmax [S, K+1],
@@ -95,22 +104,29 @@ class RejectionSampler:
         self.sampler.penalize(logits, expanded)
         lp = torch.log_softmax(logits, dim=-1) if any(r.row.params.logprobs is not None for r in rows) else None
         S, K, V = len(rows), max(len(r.draft_ids) for r in rows), logits.shape[1]
-        counts = [len(r.draft_ids) for r in rows]
-        pad = torch.tensor([s * (K + 1) + j for s, d in enumerate(counts) for j in range(d + 1)], device=logits.device)
+        pad = _padded_rows(rows, K).to(logits.device)
         argmax = logits.new_zeros(S * (K + 1), dtype=torch.long).index_copy_(0, pad, logits.argmax(dim=-1))
-        greedy = [r.row.params.greedy for r in rows]
-        target = logits.new_zeros(S * (K + 1), V)
-        if not all(greedy):
-            probs = self.sampler.distribution(logits, expanded)
-            target.index_copy_(0, pad, probs / probs.sum(dim=-1, keepdim=True))
-            probs.zero_()
         drafts = self._drafts(rows, K, V, logits.device)
-        n_acc, final = verify(target.view(S, K + 1, V), argmax.view(S, K + 1),
-                              torch.tensor(greedy, device=logits.device), drafts, self._noise(rows, K, V))
+        if all(r.row.params.greedy for r in rows):  # no distributions needed: compare with the argmax
+            n_acc, final = verify_greedy(argmax.view(S, K + 1), drafts)
+        else:
+            n_acc, final = self._verify_sampled(logits, expanded, rows, argmax.view(S, K + 1), drafts)
+        return self._outputs(rows, n_acc.tolist(), final.tolist(), lp)
+
+    def _verify_sampled(self, logits: torch.Tensor, expanded: list[SampleRow], rows: list[SpecRow],
+                        argmax: torch.Tensor, drafts: Drafts) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [R, V] penalized, argmax [S, K+1] padded."""
+        S, K1 = argmax.shape
+        probs = self.sampler.distribution(logits, expanded)  # [R, V], filtered, not renormalized
+        target = logits.new_zeros(S * K1, logits.shape[1])  # padded [S, K+1, V]
+        target.index_copy_(0, _padded_rows(rows, K1 - 1).to(logits.device), probs / probs.sum(dim=-1, keepdim=True))
+        probs.zero_()
+        greedy = torch.tensor([r.row.params.greedy for r in rows], device=logits.device)
+        out = verify(target.view(S, K1, -1), argmax, greedy, drafts, self._noise(rows, K1 - 1, logits.shape[1]))
         target.zero_()  # derived from user content: wipe before the allocator reuses it
         if drafts.probs is not None:
             drafts.probs.zero_()
-        return self._outputs(rows, n_acc.tolist(), final.tolist(), lp)
+        return out
 
     @staticmethod
     def _drafts(rows: list[SpecRow], K: int, V: int, device: torch.device) -> Drafts:
@@ -154,6 +170,11 @@ class RejectionSampler:
             out.append(Verified(ids, lps))
             first += len(r.draft_ids) + 1
         return out
+
+
+def _padded_rows(rows: list[SpecRow], K: int) -> torch.Tensor:
+    """Where each packed row goes in the padded [S, K+1] layout: row j of sequence s -> s * (K+1) + j."""
+    return torch.tensor([s * (K + 1) + j for s, r in enumerate(rows) for j in range(len(r.draft_ids) + 1)])
 
 
 def _position_row(r: SpecRow, j: int) -> SampleRow:
