@@ -1,58 +1,60 @@
 """`traceless bench offline --speculative ngram|draft`: each workload with and without speculative
-decoding, on two engines that differ only in that option (built one after the other).
+decoding, on two engines that differ only in that option, their timed runs interleaved.
 
 Per workload: output tokens/s of plain decoding and with speculation (medians of `repeats` timed
-runs after one warm-up), their ratio (speedup), the acceptance rate (accepted / proposed drafts),
+runs after one warm-up each), their ratio (speedup), the acceptance rate (accepted / proposed drafts),
 tokens per verifying step (1 + accepted / steps that verified drafts, per request), and whether
 the greedy outputs of the two engines are identical.
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
 from traceless.bench.offline import run_once, summarize
 from traceless.bench.workloads import offline_workloads
 
 
-def measure(model: str | None, dtype: str, options: dict, names: list[str], repeats: int) -> tuple[dict, dict]:
-    """(engine description, {workload: summary + speculation counters + first run's outputs})."""
-    from traceless.entrypoints.llm import LLM
+def _counters(engine) -> tuple[int, int, int]:
+    s = engine.spec_stats
+    return s.proposed, s.accepted, s.verify_steps
 
-    llm = LLM(model, dtype=dtype, **options)
-    engine = llm.engine
-    workloads = offline_workloads()
-    results = {}
-    for name in names:
-        w = workloads[name]
-        run_once(engine, w, f"{name}-warmup")
-        before = replace(engine.spec_stats)
-        runs = [run_once(engine, w, f"{name}-{i}") for i in range(repeats)]
-        s = engine.spec_stats
-        proposed, accepted, steps = s.proposed - before.proposed, s.accepted - before.accepted, s.verify_steps - before.verify_steps
-        results[name] = dict(summarize(name, runs), proposed=proposed, accepted=accepted, verify_steps=steps,
-                             outputs=runs[0].outputs)
-    engine.check_integrity()
-    info = {"model": engine.model_name, "dtype": str(engine.built.dtype).removeprefix("torch."),
-            "device": engine.built.device.type, "attention": engine.built.attention}
-    del llm, engine
-    gc.collect()
-    return info, results
+
+def measure(engines: dict, name: str, repeats: int) -> dict[str, dict]:
+    """One workload on each engine, runs interleaved (off, spec, off, spec, ...) so that a change
+    of machine load hits both alike: {engine key: summary + speculation counters + outputs}."""
+    w = offline_workloads()[name]
+    runs: dict[str, list] = {key: [] for key in engines}
+    for key, engine in engines.items():
+        run_once(engine, w, f"{name}-{key}-warmup")
+    before = {key: _counters(e) for key, e in engines.items()}
+    for i in range(repeats):
+        for key, engine in engines.items():
+            runs[key].append(run_once(engine, w, f"{name}-{key}-{i}"))
+    out = {}
+    for key, engine in engines.items():
+        proposed, accepted, steps = (b - a for a, b in zip(before[key], _counters(engine)))
+        out[key] = dict(summarize(name, runs[key]), proposed=proposed, accepted=accepted, verify_steps=steps,
+                        outputs=runs[key][0].outputs)
+    return out
 
 
 def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None, engine_options: dict) -> dict:
+    from traceless.entrypoints.llm import LLM
+
     load_start = os.getloadavg()
-    info, off = measure(model, dtype, dict(engine_options, speculative="off", draft_layers=None), names, repeats)
-    _, spec = measure(model, dtype, engine_options, names, repeats)
-    report = {"engine": "traceless", **info, "speculative": engine_options["speculative"],
+    engines = {"off": LLM(model, dtype=dtype, **dict(engine_options, speculative="off", draft_layers=None)).engine,
+               "spec": LLM(model, dtype=dtype, **engine_options).engine}
+    e = engines["off"]
+    report = {"engine": "traceless", "model": e.model_name, "dtype": str(e.built.dtype).removeprefix("torch."),
+              "device": e.built.device.type, "attention": e.built.attention,
+              "speculative": engine_options["speculative"],
               "num_speculative_tokens": engine_options.get("num_speculative_tokens", 4),
-              "draft_layers": engine_options.get("draft_layers"), "repeats": repeats,
-              "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
+              "draft_layers": engine_options.get("draft_layers"), "repeats": repeats, "loadavg_start": load_start}
     for name in names:
-        a, b = off[name], spec[name]
+        m = measure(engines, name, repeats)
+        a, b = m["off"], m["spec"]
         report[name] = {
             "description": offline_workloads()[name].description,
             "off_output_tokens_per_s": a["output_tokens_per_s"],
@@ -63,6 +65,9 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
             "proposed": b["proposed"], "accepted": b["accepted"], "verify_steps": b["verify_steps"],
             "identical_outputs": a["outputs"] == b["outputs"],
         }
+    for engine in engines.values():
+        engine.check_integrity()
+    report["loadavg_end"] = os.getloadavg()
     print_table(report, names)
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")

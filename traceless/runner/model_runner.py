@@ -59,7 +59,7 @@ class ModelRunner:
             logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
             rows = [self._sample_row(chunks[i].request) for i in order]
             if any(d is not None for d in drafts):
-                spec = [SpecRow(r, drafts[i].token_ids if drafts[i] else [], drafts[i].probs if drafts[i] else None)
+                spec = [SpecRow(r, [], None) if drafts[i] is None else SpecRow(r, drafts[i].token_ids, drafts[i].probs)
                         for r, i in zip(rows, order)]
                 results = [Sampled(v.token_ids, v.logprobs) for v in self.rejection(logits, spec)]
                 for d in drafts:
