@@ -7,6 +7,8 @@ ATTENTION_BACKENDS = ("auto", "native", "torch")
 PREFIX_CACHE_MODES = ("off", "isolated", "global")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
+SPECULATIVE_MODES = ("off", "ngram", "draft")
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +20,11 @@ class EngineConfig:
     prefix_cache: "isolated" (default: sharing only between requests with the same cache_salt, plus
     `public_prefixes`, exact operator system prompts), "global" (vLLM-style shared cache: the
     insecure baseline for benchmarks and attack demos) or "off"; cached blocks expire after
-    prefix_cache_ttl seconds."""
+    prefix_cache_ttl seconds.
+    speculative: "ngram" (prompt lookup: drafts copied from the request's own earlier tokens, the
+    last n in [ngram_min, ngram_max] matched), "draft" (self-speculation: the model's first
+    draft_layers layers, default a quarter of them, propose) or "off"; each decoding step verifies
+    up to num_speculative_tokens drafts. Drafts never come from anything shared across requests."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -37,6 +43,11 @@ class EngineConfig:
     public_prefixes: tuple[str, ...] = ()
     kv_offload: str = "none"
     kv_offload_dir: str | None = None
+    speculative: str = "off"
+    num_speculative_tokens: int = 4
+    ngram_min: int = 2
+    ngram_max: int = 4
+    draft_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -68,3 +79,16 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if self.speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("ngram_min and ngram_max must satisfy 1 <= ngram_min <= ngram_max")
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise ValueError("draft_layers must be at least 1 (and below the model's layer count)")
+        if self.draft_layers is not None and self.speculative != "draft":
+            raise ValueError("draft_layers applies to speculative='draft' only")

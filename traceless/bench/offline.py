@@ -35,6 +35,7 @@ class RunTimes:
     prompt_tokens: int
     output_tokens: int
     requests: int
+    outputs: tuple[tuple[int, ...], ...] = ()  # generated ids per prompt, in order (synthetic prompts)
 
 
 def run_once(engine, workload: Workload, tag: str) -> RunTimes:
@@ -45,14 +46,17 @@ def run_once(engine, workload: Workload, tag: str) -> RunTimes:
     for i, prompt in enumerate(workload.prompts):
         engine.add_request(f"{tag}-{i}", list(prompt), params)
     first = None
-    produced = 0
+    generated: dict[str, list[int]] = {f"{tag}-{i}": [] for i in range(len(workload.prompts))}
     while engine.has_unfinished():
         outs = engine.step()
         if outs and first is None:
             first = time.perf_counter() - t0
-        produced += sum(len(o.new_token_ids) for o in outs)
+        for o in outs:
+            generated[o.request_id].extend(o.new_token_ids)
     total = time.perf_counter() - t0
-    return RunTimes(first or total, total, workload.prompt_tokens, produced, len(workload.prompts))
+    produced = sum(len(g) for g in generated.values())
+    return RunTimes(first or total, total, workload.prompt_tokens, produced, len(workload.prompts),
+                    tuple(tuple(g) for g in generated.values()))
 
 
 def summarize(name: str, runs: list[RunTimes]) -> dict:
@@ -71,6 +75,10 @@ def summarize(name: str, runs: list[RunTimes]) -> dict:
 
 
 def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None, engine_options: dict) -> dict:
+    if engine_options.get("speculative", "off") != "off":
+        from traceless.bench.speculative import run as run_speculative
+
+        return run_speculative(model, dtype, repeats, names, json_path, engine_options)
     from tqdm.auto import tqdm
 
     from traceless.entrypoints.llm import LLM

@@ -32,10 +32,19 @@ def _prompts(seed: int, count: int, length: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(rng.randrange(_ID_LOW, _ID_HIGH) for _ in range(length)) for _ in range(count))
 
 
+def _repeated(seed: int, count: int, length: int, times: int) -> tuple[tuple[int, ...], ...]:
+    """Each prompt: a random passage of `length` ids written out `times` times (the model is shown
+    a text over and over and continues it: the case prompt lookup is made for)."""
+    return tuple(p * times for p in _prompts(seed, count, length))
+
+
 def offline_workloads() -> dict[str, Workload]:
-    """W1 single stream, W2 batch, W3 long prompts (see issue: engine core, Speed)."""
+    """W1 single stream, W2 batch, W3 long prompts (see issue: engine core, Speed); W4 repetitive
+    text (speculative decoding)."""
     return {
         "W1": Workload("W1", "single stream: 1 x 128-token prompt, 128 output tokens", _prompts(1, 1, 128), 128),
         "W2": Workload("W2", "batch: 64 distinct 128-token prompts, 128 output tokens each", _prompts(2, 64, 128), 128),
         "W3": Workload("W3", "long prompts: 4 x 1024-token prompts, 64 output tokens each", _prompts(3, 4, 1024), 64),
+        "W4": Workload("W4", "repetitive: 4 x a 64-token passage repeated 3 times (192 tokens), 128 output tokens each",
+                       _repeated(4, 4, 64, 3), 128),
     }

@@ -35,6 +35,8 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
         "stream_padding": args.stream_padding, "stream_interval": args.stream_interval,
         "kv_offload": args.kv_offload, "scrub_freed_memory": args.scrub_freed_memory,
+        "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
+        "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
     }
 
 

@@ -1,6 +1,9 @@
 """The engine: admit requests, step the model, turn samples into outputs, release.
 
-    step():  scheduler.schedule() -> runner.step() -> _postprocess() -> [StepOutput]
+    step():  _propose() -> scheduler.schedule() -> runner.step() -> _on_tokens() -> [StepOutput]
+
+With speculative decoding a step may emit several tokens for one request (accepted drafts plus one
+sampled token); stop checks run token by token and cut the output at the first stop.
 
 Every way a request ends (stop, length, abort, error) goes through `_release`, which frees and
 zeroes its KV blocks, drops its sampler generator and detokenizer state, and wipes its tokens.
@@ -18,6 +21,7 @@ from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.scheduler import Scheduler, SchedulerConfig
+from traceless.engine.speculative import NgramProposer, SpecMode, SpeculativeConfig, SpecStats
 from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
@@ -73,8 +77,13 @@ class LLMEngine:
                                               self._public_prefixes(config.public_prefixes))
         self.kv = KVCacheManager(pool, config.block_size, self.cache_config, built.offloader)
         self._last_expiry = 0.0
+        self.spec = SpeculativeConfig(SpecMode(config.speculative), config.num_speculative_tokens,
+                                      config.ngram_min, config.ngram_max)
+        self.spec_stats = SpecStats()
+        self._ngram = NgramProposer(self.spec) if self.spec.mode is SpecMode.NGRAM else None
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.kv
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                            self.spec.model_drafts), self.kv
         )
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -179,6 +188,7 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         self.tick()
+        self._propose()
         sched = self.scheduler.schedule()
         if not sched.chunks:
             return []
@@ -191,28 +201,61 @@ class LLMEngine:
         outputs = []
         for chunk in sched.chunks:
             request = chunk.request
-            request.num_computed_tokens += chunk.num_new_tokens
-            self.kv.cache_full_blocks(request)
+            request.clear_drafts()
+            # The drafts' KV counts only once they are accepted (_on_tokens); a rejected draft's
+            # slot lies past num_computed_tokens, so nothing reads it before it is overwritten.
+            request.num_computed_tokens += chunk.num_new_tokens - chunk.num_draft_tokens
             s = sampled.get(request.request_id)
-            if s is not None:
-                outputs.append(self._on_token(request, s.token_id, s.logprobs))
+            if s is None:
+                self.kv.cache_full_blocks(request)
+                continue
+            self.spec_stats.record(chunk.num_draft_tokens, len(s.token_ids) - 1)
+            outputs.append(self._on_tokens(request, s.token_ids, s.logprobs))
         return outputs
 
-    def _on_token(self, request: Request, token_id: int, logprobs) -> StepOutput:
-        request.append_output(token_id)
+    def _propose(self) -> None:
+        """Prompt lookup for every decoding request, from its own tokens only."""
+        if self._ngram is None:
+            return
+        for request in self.scheduler.running:
+            if request.num_tokens - request.num_computed_tokens == 1:
+                request.set_drafts(self._ngram.propose(request))
+
+    def _on_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> StepOutput:
+        """Append the step's tokens one by one (accepted drafts, then the sampled token), stopping
+        at the first that ends the request; later ones are dropped."""
+        detok = self._detok[request.request_id]
+        text, status, n = "", None, 0
+        for token_id in token_ids:
+            if n:  # token n-1 was an accepted draft, fed to the model at this step: its KV is valid
+                request.num_computed_tokens += 1
+            request.append_output(token_id)
+            n += 1
+            status, piece = self._stop(request, token_id, detok)
+            text += piece
+            if status is not None:
+                break
+        self.kv.cache_full_blocks(request)
+        kept = token_ids[:n]
+        lps = logprobs[:n] if logprobs is not None else None
+        if status is not None:
+            return self._finish(request, status, kept, text, lps)
+        return StepOutput(request.request_id, kept, text, lps, None, None, request.num_prompt_tokens,
+                          request.num_output_tokens)
+
+    def _stop(self, request: Request, token_id: int, detok: IncrementalDetokenizer) -> tuple[RequestStatus | None, str]:
+        """Whether token_id (just appended) ends the request, and the text it adds."""
         p = request.params
-        lps = [logprobs] if logprobs is not None else None
         if token_id in request.eos_token_ids or token_id in p.stop_token_ids:
             request.stop_reason = None if token_id in request.eos_token_ids else token_id
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token_id], None, lps)
-        text, stop = self._detok[request.request_id].add(token_id)
+            return RequestStatus.FINISHED_STOPPED, ""
+        text, stop = detok.add(token_id)
         if stop is not None:
             request.stop_reason = stop
-            return self._finish(request, RequestStatus.FINISHED_STOPPED, [token_id], text, lps)
+            return RequestStatus.FINISHED_STOPPED, text
         if (p.max_tokens is not None and request.num_output_tokens >= p.max_tokens) or request.num_tokens >= self.max_model_len:
-            return self._finish(request, RequestStatus.FINISHED_LENGTH, [token_id], text, lps)
-        return StepOutput(request.request_id, [token_id], text, lps, None, None, request.num_prompt_tokens,
-                          request.num_output_tokens)
+            return RequestStatus.FINISHED_LENGTH, text
+        return None, text
 
     def _finish(self, request: Request, status: RequestStatus, tokens: list[int], text: str | None, lps) -> StepOutput:
         detok = self._detok.get(request.request_id)

@@ -50,12 +50,15 @@ class Request:
 
     num_computed_tokens counts tokens whose KV is in the cache; the scheduler's one rule is to let
     it catch up with num_tokens (prompt + generated). That covers prefill, chunked prefill and
-    decode alike: a decode step computes the one token sampled last.
+    decode alike: a decode step computes the one token sampled last. With speculative decoding a
+    decoding request may also carry draft tokens proposed from its own tokens (`draft_token_ids`):
+    they live for one step, in which they are verified along with the last sampled token.
     """
 
     __slots__ = (
         "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
         "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens", "domain",
+        "_drafts",
     )
 
     def __init__(
@@ -79,6 +82,7 @@ class Request:
         self._output: list[int] = []
         self.num_prompt_tokens = len(self._prompt)
         self.domain = domain  # prefix-cache isolation domain (derived from the client's salt), or None
+        self._drafts: list[int] = []  # proposed continuation, verified in the next step only
 
     # --- read-only views -------------------------------------------------------------------
     @property
@@ -105,6 +109,14 @@ class Request:
         return list(self._output)
 
     @property
+    def draft_token_ids(self) -> tuple[int, ...]:
+        return tuple(self._drafts)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self._drafts)
+
+    @property
     def last_token_id(self) -> int:
         return self._output[-1] if self._output else self._prompt[-1]
 
@@ -119,12 +131,18 @@ class Request:
             self.first_token_time = time.monotonic()
         self._output.append(token_id)
 
+    def set_drafts(self, token_ids: list[int]) -> None:
+        """Replace the draft tokens (the old ones are overwritten first)."""
+        self.clear_drafts()
+        self._drafts.extend(token_ids)
+
+    def clear_drafts(self) -> None:
+        _overwrite(self._drafts)
+
     def wipe(self) -> None:
         """Overwrite and drop every token id this request held (the release path calls this)."""
-        for buf in (self._prompt, self._output):
-            for i in range(len(buf)):
-                buf[i] = 0
-            buf.clear()
+        for buf in (self._prompt, self._output, self._drafts):
+            _overwrite(buf)
         self.stop_reason = None
         self.domain = None
 
@@ -135,3 +153,9 @@ class Request:
         )
 
     __str__ = __repr__
+
+
+def _overwrite(buf: list[int]) -> None:
+    for i in range(len(buf)):
+        buf[i] = 0
+    buf.clear()

@@ -7,6 +7,9 @@ who the user is or what they wrote). Running requests are served before waiting 
 blocks run out, the most recently arrived running request is preempted: by recompute (its blocks are freed and
 zeroed and it goes back to the front of the queue with num_computed_tokens = 0) or, with KV
 offload, by swapping (its KV is sealed outside the pool and restored when it resumes).
+Speculative decoding fits the same rule: a decoding request with d draft tokens is scheduled for
+1 + d tokens (its last sampled token plus the drafts), d capped by the budget, max_tokens and the
+context. Drafts never cost a preemption: without room for them the request decodes one token.
 """
 from __future__ import annotations
 
@@ -23,21 +26,29 @@ class SchedulerConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
+    model_drafts: int = 0  # draft positions per decoding request for drafts the model makes in the step
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 2:
             raise ValueError("max_num_seqs, max_num_batched_tokens must be >= 1 and max_model_len >= 2")
+        if self.model_drafts < 0:
+            raise ValueError("model_drafts must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledChunk:
+    """num_new_tokens from the request's num_computed_tokens on; the last num_draft_tokens of them
+    are drafts (the request's own, or made by the model in the step) that the step verifies."""
+
     request: Request
     num_new_tokens: int
+    num_draft_tokens: int = 0
 
     @property
     def completes_sequence(self) -> bool:
         """After this chunk every known token is computed, so the step samples a new one."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == r.num_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +83,13 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            d = self._num_drafts(request, budget)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if d and self.kv.allocate_slots(request, n + d):
+                chunks.append(ScheduledChunk(request, n + d, d))
+                budget -= n + d
+                i += 1
+                continue
             while not self.kv.allocate_slots(request, n):
                 victim = self.running.pop()  # always at index >= i: not yet scheduled this step
                 self._preempt(victim)
@@ -110,7 +127,19 @@ class Scheduler:
             emit("engine.preempted", num_requests=preempted)
         return SchedulerOutput(tuple(chunks), preempted)
 
+    def _num_drafts(self, request: Request, budget: int) -> int:
+        """Drafts to verify with a decoding request this step (0 while it prefills). After the
+        step it holds at most num_tokens + 1 + d tokens: within max_tokens and the context."""
+        if request.num_tokens - request.num_computed_tokens != 1:
+            return 0
+        wanted = self.config.model_drafts or request.num_draft_tokens
+        room = self.config.max_model_len - request.num_tokens - 1
+        if request.params.max_tokens is not None:
+            room = min(room, request.params.max_tokens - request.num_output_tokens - 1)
+        return max(0, min(wanted, room, budget - 1))
+
     def _preempt(self, request: Request) -> None:
+        request.clear_drafts()
         if self.kv.can_offload and request.num_computed_tokens > 0:
             self.kv.swap_out(request)  # KV sealed outside the pool; blocks freed and zeroed
         else:

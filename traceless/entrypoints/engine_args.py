@@ -5,7 +5,7 @@ import argparse
 
 from pathlib import Path
 
-from traceless.config import ATTENTION_BACKENDS, DTYPES, PREFIX_CACHE_MODES
+from traceless.config import ATTENTION_BACKENDS, DTYPES, PREFIX_CACHE_MODES, SPECULATIVE_MODES
 
 
 def parse_size(text: str) -> int:
@@ -42,6 +42,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-offload-dir", default=None, help="spill directory for --kv-offload disk")
     g.add_argument("--public-prefix", action="append", default=[], metavar="FILE",
                    help="an exact system prompt (not user data) that all domains may share; repeatable")
+    g.add_argument("--speculative", default="off", choices=SPECULATIVE_MODES,
+                   help="speculative decoding: ngram (prompt lookup in the request's own tokens), draft "
+                        "(self-speculation on the model's first layers) or off")
+    g.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens verified per step at most")
+    g.add_argument("--ngram-min", type=int, default=2, help="shortest suffix prompt lookup matches")
+    g.add_argument("--ngram-max", type=int, default=4, help="longest suffix prompt lookup matches (tried first)")
+    g.add_argument("--draft-layers", type=int, default=None,
+                   help="layers of the self-speculation draft (default: a quarter of the model's)")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -54,4 +62,6 @@ def engine_options(args: argparse.Namespace) -> dict:
         prefix_cache=args.prefix_cache, prefix_cache_ttl=args.prefix_cache_ttl,
         public_prefixes=tuple(Path(f).read_text() for f in args.public_prefix),
         kv_offload=args.kv_offload, kv_offload_dir=args.kv_offload_dir,
+        speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+        ngram_min=args.ngram_min, ngram_max=args.ngram_max, draft_layers=args.draft_layers,
     )

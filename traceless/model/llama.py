@@ -92,24 +92,27 @@ class LlamaModel:
         if weights:
             raise ModelLoadError(f"unused tensors in weights: {', '.join(sorted(weights)[:5])}")
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                num_layers: int | None = None) -> torch.Tensor:
         """input_ids, positions: [T] -> final normed hidden states [T, hidden].
 
         Per layer: 4 matmuls and 4 fused elementwise calls. The residual add is fused with the next
-        norm, so the final norm rides on the last layer's add.
+        norm, so the final norm rides on the last layer's add. `num_layers` runs only the first
+        layers (then the final norm): the self-speculation draft. Their K/V go to the cache as usual.
         """
         c, ops = self.config, self.ops
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
         x = F.embedding(input_ids, self.embed)  # [T, H] residual stream
         h = torch.empty_like(x)  # normed input of the next matmul
-        ops.add_rms_norm(x, None, self.layers[0].attn_norm, h)
+        ops.add_rms_norm(x, None, layers[0].attn_norm, h)
         act = x.new_empty(x.shape[0], c.intermediate_size)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) D]
             ops.rope_cache(i, qkv, positions, meta.slots)
             a = self.attention(i, qkv, meta)  # [T, nh, D]
             ops.add_rms_norm(x, layer.o(a.view(x.shape[0], -1)), layer.mlp_norm, h)
             ops.silu_mul(layer.gate_up(h), act)
-            nxt = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
+            nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm
             ops.add_rms_norm(x, layer.down(act), nxt, h)
         return h
 

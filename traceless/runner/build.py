@@ -84,11 +84,22 @@ def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dty
     return kernels if kernels.supports(dtype) else None
 
 
+def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
+    """Self-speculation depth: the configured one, or a quarter of the model's layers."""
+    if cfg.speculative != "draft":
+        return None
+    n = cfg.draft_layers if cfg.draft_layers is not None else max(1, mc.num_layers // 4)
+    if n >= mc.num_layers:
+        raise ValueError(f"draft_layers={n} must be below the model's {mc.num_layers} layers")
+    return n
+
+
 def build_runner(cfg: EngineConfig) -> BuiltRunner:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     loaded = load_model(cfg.model, dtype)
     mc = loaded.config
+    draft_layers = _draft_layers(cfg, mc)
     limit = mc.max_position_embeddings if mc.sliding_window is None else min(mc.max_position_embeddings, mc.sliding_window)
     max_model_len = cfg.max_model_len or limit
     if max_model_len > limit:
@@ -112,7 +123,7 @@ def build_runner(cfg: EngineConfig) -> BuiltRunner:
         model = LlamaModel(mc, loaded.weights, PagedAttention(cache, kernels, heads), ops, device, pack)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
-    runner = ModelRunner(model, cfg.block_size, device, kernels is not None, cfg.seed)
+    runner = ModelRunner(model, cfg.block_size, device, kernels is not None, cfg.seed, draft_layers)
     offloader = None
     if cfg.kv_offload != "none":
         from traceless.runner.offload import KVOffloader

@@ -49,8 +49,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
         """logits: [S, V] float32, one row per entry of `rows` (modified in place)."""
-        if any(r.params.needs_penalties for r in rows):
-            self._apply_penalties(logits, rows)
+        self.penalize(logits, rows)
         logprobs = self._logprobs(logits, rows) if any(r.params.logprobs is not None for r in rows) else None
         greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
         token_ids = logits.argmax(dim=-1)
@@ -60,7 +59,12 @@ class Sampler:
         ids = token_ids.tolist()
         if logprobs is None:
             return SamplerOutput(ids, [None] * len(rows))
-        return SamplerOutput(ids, self._finish_logprobs(logprobs, ids, rows))
+        return SamplerOutput(ids, self.finish_logprobs(logprobs, ids, rows))
+
+    def penalize(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
+        """Penalties of the rows that ask for them, in place on logits [S, V]."""
+        if any(r.params.needs_penalties for r in rows):
+            self._apply_penalties(logits, rows)
 
     def _apply_penalties(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
         V = logits.shape[1]
@@ -85,10 +89,15 @@ class Sampler:
     def _logprobs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         return torch.log_softmax(logits, dim=-1)
 
-    def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    def distribution(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """What a sampled row draws from: temperature, softmax, then min_p / top_k / top_p.
+        logits [S, V] (penalized) -> [S, V] probabilities, zero outside the filters and *not*
+        renormalized (each row sums to at most 1)."""
         temp = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
-        probs = torch.softmax(logits / temp[:, None], dim=-1)
-        probs = self._filter(probs, rows)
+        return self._filter(torch.softmax(logits / temp[:, None], dim=-1), rows)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        probs = self.distribution(logits, rows)
         noise = torch.empty_like(probs)
         unseeded = [i for i, r in enumerate(rows) if r.generator is None]
         if unseeded:
@@ -120,7 +129,7 @@ class Sampler:
         return probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
 
     @staticmethod
-    def _finish_logprobs(lp: torch.Tensor, ids: list[int], rows: list[SampleRow]) -> list[TokenLogprobs | None]:
+    def finish_logprobs(lp: torch.Tensor, ids: list[int], rows: list[SampleRow]) -> list[TokenLogprobs | None]:
         out: list[TokenLogprobs | None] = []
         n_max = max(r.params.logprobs or 0 for r in rows)
         top_vals, top_idx = lp.topk(max(n_max, 1), dim=-1)

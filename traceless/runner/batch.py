@@ -1,0 +1,124 @@
+"""Pack one forward pass: sequences' new tokens -> token ids, positions, cache slots, attention
+metadata, and the rows that need logits.
+
+Rows are packed short-first (see attention.py): sequences with at most SHORT_MAX_TOKENS new tokens
+(decode, speculative verification, small chunks) go to the native kernel, the rest to SDPA.
+Logit rows come in packed order: `order` lists the sequences (indices into the input) that way.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from traceless.runner.attention import AttentionMetadata, LongBatch, ShortBatch
+
+# Sequences with at most this many new tokens go to the native kernel (decode, small chunks).
+SHORT_MAX_TOKENS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SeqInput:
+    """One sequence's part of a pass: token_ids at positions [start, start + len), K/V through
+    `table`; the last num_logits of its rows need logits."""
+
+    table: list[int]
+    start: int
+    token_ids: list[int]
+    num_logits: int
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logit_rows: torch.Tensor  # [R] packed row of each logit row, sequence by sequence in `order`
+    order: list[int]  # input indices of the sequences in packed order
+
+
+class BatchBuilder:
+    def __init__(self, block_size: int, device: torch.device, use_native: bool, scale: float):
+        self.block_size = block_size
+        self.device = device
+        self.use_native = use_native
+        self.scale = scale
+
+    def is_short(self, num_tokens: int) -> bool:
+        return self.use_native and num_tokens <= SHORT_MAX_TOKENS
+
+    def build(self, seqs: Sequence[SeqInput]) -> PackedBatch:
+        order = sorted(range(len(seqs)), key=lambda i: not self.is_short(len(seqs[i].token_ids)))  # stable
+        n_short = sum(1 for i in order if self.is_short(len(seqs[i].token_ids)))
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
+        slot_offsets: list[int] = []
+        logit_rows: list[int] = []
+        for i in order:
+            s = seqs[i]
+            ids.extend(s.token_ids)
+            logit_rows.extend(range(len(ids) - s.num_logits, len(ids)))
+            pos = range(s.start, s.start + len(s.token_ids))
+            positions.extend(pos)
+            slot_blocks.extend(s.table[p // bs] for p in pos)
+            slot_offsets.extend(p % bs for p in pos)
+        short, long = [seqs[i] for i in order[:n_short]], [seqs[i] for i in order[n_short:]]
+        dev = self.device
+        meta = AttentionMetadata(
+            slots=(torch.tensor(slot_blocks, device=dev), torch.tensor(slot_offsets, device=dev)),
+            short=self._short_batch(short) if short else None,
+            long=self._long_batch(long) if long else None,
+            scale=self.scale,
+        )
+        return PackedBatch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
+                           torch.tensor(logit_rows, dtype=torch.long, device=dev), order)
+
+    def _short_batch(self, seqs: list[SeqInput]) -> ShortBatch:
+        cu = [0]
+        for s in seqs:
+            cu.append(cu[-1] + len(s.token_ids))
+        ctx = [s.start + len(s.token_ids) for s in seqs]
+        return ShortBatch(
+            num_tokens=cu[-1],
+            block_tables=_pad_tables([s.table for s in seqs], [-(-x // self.block_size) for x in ctx], torch.int32,
+                                     self.device),
+            cu_q=torch.tensor(cu, dtype=torch.int32, device=self.device),
+            context_lens=torch.tensor(ctx, dtype=torch.int32, device=self.device),
+        )
+
+    def _long_batch(self, seqs: list[SeqInput]) -> LongBatch:
+        dev = self.device
+        q_lens = [len(s.token_ids) for s in seqs]
+        starts = [s.start for s in seqs]
+        B, max_q = len(seqs), max(q_lens)
+        fresh = not any(starts)
+        if B == 1 and fresh:
+            return LongBatch(1, max_q, True, None, None, None, None)
+        row_seq = torch.repeat_interleave(torch.arange(B, device=dev), torch.tensor(q_lens, device=dev))
+        row_pos = torch.cat([torch.arange(n, device=dev) for n in q_lens])
+        block_tables = None
+        if fresh:
+            num_keys = max_q
+        else:
+            n_blocks = [-(-(s + n) // self.block_size) for s, n in zip(starts, q_lens)]
+            block_tables = _pad_tables([s.table for s in seqs], n_blocks, torch.long, dev)
+            num_keys = block_tables.shape[1] * self.block_size
+        # Query row i of sequence b sits at position start_b + i and sees keys [0, start_b + i].
+        i = torch.arange(max_q, device=dev)[None, :, None]
+        j = torch.arange(num_keys, device=dev)[None, None, :]
+        start = torch.tensor(starts, device=dev)[:, None, None]
+        q_len = torch.tensor(q_lens, device=dev)[:, None, None]
+        allowed = j <= start + i
+        padding = i >= q_len
+        allowed = (allowed & ~padding) | (padding & (j == 0))  # padding rows see one key: no NaN rows
+        return LongBatch(B, max_q, fresh, block_tables, row_seq, row_pos, allowed[:, None])
+
+
+def _pad_tables(tables: list[list[int]], lengths: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Block tables cut to each sequence's blocks and padded with the null block 0."""
+    width = max(lengths)
+    rows = [t[:n] + [0] * (width - n) for t, n in zip(tables, lengths)]
+    return torch.tensor(rows, dtype=dtype, device=device)
