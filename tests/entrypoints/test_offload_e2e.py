@@ -60,3 +60,24 @@ def test_spill_files_hold_no_canary_and_no_plaintext_kv(tmp_path, monkeypatch):
         assert nonzero and all(plain[i:i + 48] not in data for i in nonzero)
     llm.engine.check_integrity()
     assert not any(spill.iterdir())
+
+
+def test_speculation_offload_and_prefix_caching_together_keep_outputs_and_leave_nothing(tiny_llama_dir, tmp_path):
+    """All the stateful speed features at once, under memory pressure: same greedy outputs as a plain
+    roomy run; afterwards no block, cache entry, spill file or draft is left."""
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    shared = [7] * 24  # a common prefix, so salted requests hit each other's cache
+    ps = [{"prompt_token_ids": shared + p["prompt_token_ids"]} for p in prompts(10, seed=4)]
+    want = [o.outputs[0].token_ids for o in LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+                                                 prefix_cache="off").generate(ps, greedy, use_tqdm=False)]
+    spill = tmp_path / "spill"
+    llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
+              kv_offload="disk", kv_offload_dir=str(spill), speculative="ngram", prefix_cache="isolated",
+              prefix_cache_ttl=0.0)
+    salted = [{**p, "cache_salt": "q" * 24} for p in ps]
+    got = [o.outputs[0].token_ids for o in llm.generate(salted, greedy, use_tqdm=False)]
+    assert got == want
+    assert llm.engine.kv.offloader.bytes_out > 0  # the pressure really made it swap
+    llm.engine.drop_prefix_cache()
+    llm.engine.check_integrity()
+    assert not any(spill.iterdir())
