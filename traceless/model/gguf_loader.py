@@ -33,8 +33,21 @@ _GLOBAL_NAMES = {
 def _reader(path: Path):
     import gguf
 
+    class Reader(gguf.GGUFReader):
+        """GGUFReader over a plain ndarray view of the same memory map (no copy). The stock reader
+        slices a np.memmap ~1.2 million times while parsing the vocabulary, and memmap slicing
+        costs a Python call each: 2-3 s of a 135M model's load, 0.7 s this way."""
+
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, value):
+            self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
     try:
-        return gguf.GGUFReader(str(path))
+        return Reader(str(path))
     except Exception as exc:  # the gguf package raises ValueError, struct/numpy errors, ...
         raise ModelLoadError(f"{path.name} is not a readable GGUF file ({type(exc).__name__})") from None
 
