@@ -1,9 +1,11 @@
 import math
+import random
 
 import pytest
 
 from traceless.audit.stats import (
-    auc_interval, auc_p_value, best_threshold_accuracy, chi2_sf, chi_square_p, roc_auc, wilson_interval,
+    auc_interval, auc_p_value, best_threshold_accuracy, chi2_sf, chi_square_p, held_out_accuracy, roc_auc,
+    wilson_interval,
 )
 
 
@@ -31,3 +33,24 @@ def test_intervals_and_p_values():
     lo, hi = auc_interval(0.8, 30, 30)
     assert lo < 0.8 < hi
     assert best_threshold_accuracy([5, 6, 7], [1, 2, 3]) == (1.0, 5)
+
+
+def test_threshold_accuracy_sweep_matches_brute_force():
+    rng = random.Random(3)
+    for _ in range(50):
+        pos = [rng.randint(0, 9) for _ in range(rng.randint(1, 12))]
+        neg = [rng.randint(0, 9) for _ in range(rng.randint(1, 12))]
+        n = len(pos) + len(neg)
+        brute = max([(max(len(pos), len(neg)) / n, float("inf"))] +
+                    [((sum(s >= t for s in pos) + sum(s < t for s in neg)) / n, t) for t in set(pos) | set(neg)])
+        assert best_threshold_accuracy(pos, neg) == brute
+
+
+def test_held_out_accuracy_is_honest_on_noise_and_finds_signal():
+    rng = random.Random(7)
+    noise_pos = [rng.gauss(0, 1) for _ in range(60)]
+    noise_neg = [rng.gauss(0, 1) for _ in range(60)]
+    in_sample, _ = best_threshold_accuracy(noise_pos, noise_neg)
+    held_out = held_out_accuracy(noise_pos, noise_neg)
+    assert held_out < in_sample and held_out < 0.62
+    assert held_out_accuracy([rng.gauss(3, 1) for _ in range(40)], [rng.gauss(0, 1) for _ in range(40)]) > 0.85

@@ -24,13 +24,39 @@ def roc_auc(positives: list[float], negatives: list[float]) -> float:
 
 def best_threshold_accuracy(positives: list[float], negatives: list[float]) -> tuple[float, float]:
     """(accuracy, threshold) of the best rule "score >= threshold means positive"."""
-    scores = sorted(set(positives) | set(negatives))
     n = len(positives) + len(negatives)
     best = (max(len(positives), len(negatives)) / n, float("inf"))
-    for t in scores:
-        correct = sum(s >= t for s in positives) + sum(s < t for s in negatives)
+    # Sweep thresholds from low to high: at threshold t, positives >= t and negatives < t are right.
+    events = sorted([(s, 1) for s in positives] + [(s, 0) for s in negatives])
+    pos_below, neg_below, i = 0, 0, 0
+    while i < len(events):
+        t = events[i][0]
+        correct = (len(positives) - pos_below) + neg_below
         best = max(best, (correct / n, t))
+        while i < len(events) and events[i][0] == t:
+            pos_below += events[i][1]
+            neg_below += 1 - events[i][1]
+            i += 1
     return best
+
+
+def held_out_accuracy(positives: list[float], negatives: list[float]) -> float:
+    """Leave-one-out accuracy of the threshold rule: each sample is classified by the best threshold
+    chosen on all the others. Unlike the best in-sample threshold (which picks the luckiest of n
+    cut points and reads well above chance on pure noise), this is what an attacker who tunes on
+    past probes gets on the next one; on noise it sits at or below the majority-class rate."""
+    samples = [(s, True) for s in positives] + [(s, False) for s in negatives]
+    correct = 0
+    for i, (score, label) in enumerate(samples):
+        pos = [s for j, (s, lab) in enumerate(samples) if lab and j != i]
+        neg = [s for j, (s, lab) in enumerate(samples) if not lab and j != i]
+        _, t = best_threshold_accuracy(pos, neg)
+        if t == float("inf"):  # no threshold beats guessing the majority class
+            guess = len(pos) >= len(neg)
+        else:
+            guess = score >= t
+        correct += guess == label
+    return correct / len(samples) if samples else float("nan")
 
 
 def roc_curve(positives: list[float], negatives: list[float]) -> tuple[list[float], list[float]]:
