@@ -178,6 +178,8 @@ class Deployment:
         except StartupError as exc:
             print(f"traceless up: {exc}", file=sys.stderr)
         finally:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # let the shutdown finish
+                signal.signal(sig, signal.SIG_IGN)
             self.stop()
             if self.temporary:
                 shutil.rmtree(self.state, ignore_errors=True)
