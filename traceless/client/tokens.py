@@ -75,30 +75,29 @@ class TokenWallet:
             challenge = await self._current_challenge(key)
             if not self._tokens:
                 if self._refill is None:
-                    self._refill = asyncio.create_task(self._fetch(challenge, key))
-                await self._finish_refill()
+                    self._refill = asyncio.create_task(self._fetch_and_store(challenge, key))
+                task, self._refill = self._refill, None
+                await task  # a failed fetch raises here, to the request that needs the token
+                if not self._tokens:
+                    raise TokenError("the issuer gave no tokens for the current challenge")
             token = self._tokens.pop()
             if len(self._tokens) < self.LOW_WATER and self._refill is None:
-                self._refill = asyncio.create_task(self._fetch(challenge, key))  # refill ahead of need
-                self._refill.add_done_callback(self._store_background)
+                self._refill = asyncio.create_task(self._fetch_and_store(challenge, key))  # ahead of need
+                self._refill.add_done_callback(self._background_done)
             return token
 
-    async def _finish_refill(self) -> None:
-        task, self._refill = self._refill, None
-        tokens, challenge = await task
+    async def _fetch_and_store(self, challenge, key: IssuerPublicKey) -> None:
+        """One batch, stored by the task itself: exactly once, whether a take() awaits the task or
+        it finishes in the background."""
+        tokens, challenge = await self._fetch(challenge, key)
         if challenge is self._challenge:
             self._tokens.extend(tokens)
-        if not self._tokens:
-            raise TokenError("the issuer gave no tokens for the current challenge")
 
-    def _store_background(self, task: asyncio.Task) -> None:
+    def _background_done(self, task: asyncio.Task) -> None:
         if self._refill is task:
             self._refill = None
-        if task.cancelled() or task.exception() is not None:
-            return  # the next take() that finds the wallet empty fetches (and reports) itself
-        tokens, challenge = task.result()
-        if challenge is self._challenge:
-            self._tokens.extend(tokens)
+        if not task.cancelled():
+            task.exception()  # retrieved: the next take() that finds the wallet empty fetches (and reports) itself
 
     async def _fetch(self, challenge, key: IssuerPublicKey):
         states, requests = [], []
