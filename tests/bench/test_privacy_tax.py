@@ -172,3 +172,27 @@ def test_a_tiny_run_measures_both_paths_and_really_uses_the_private_path(tmp_pat
     assert issued >= private_total  # one token spent per private request
     verdict = "-> below" if rep["comparison"]["below_published"] else "-> NOT below"
     assert verdict in capsys.readouterr().out
+
+
+def test_pooled_cost_has_a_t_interval_that_narrows_with_repetitions():
+    p = report.pooled([2.0, 4.0, 6.0, 8.0])
+    assert p["mean"] == pytest.approx(5.0) and p["n"] == 4
+    assert p["ci95"] == pytest.approx([5.0 - 3.182 * 2.582 / 2, 5.0 + 3.182 * 2.582 / 2], abs=1e-2)
+    wider = report.pooled([2.0, 8.0])
+    assert wider["ci95"][1] - wider["ci95"][0] > p["ci95"][1] - p["ci95"][0]
+    assert report.pooled([3.0])["n"] == 1 and math.isnan(report.pooled([3.0])["ci95"][0])
+    assert report.pooled([float("nan"), 1.0, 3.0])["n"] == 2
+
+
+def test_report_prints_the_pooled_interval_and_says_when_it_spans_the_published_figure(capsys):
+    machine = {"cpus": 2, "loadavg_before": (1.0, 1.0, 1.0), "loadavg_after": (1.0, 1.0, 1.0)}
+    classes = _classes(45.0)
+    for entry, costs in ((classes["short"], (1.0, 12.0)), (classes["long"], (3.0, 14.0))):
+        entry["repetitions"] = [{"order": list(PATHS), "plain": _summary(100.0, 0.1, 0.02),
+                                 "private": _summary(100.0 - c, 0.1, 0.02)} for c in costs]
+    rep = report.build({"requests": 4, "repeats": 2, "concurrency": 2, "output_len": 16}, classes, _parts(), machine)
+    pt = rep["comparison"]["pooled_tokens_per_s_pct"]
+    assert pt["n"] == 4 and pt["mean"] == pytest.approx(7.5) and pt["ci95"][0] < 7.0 < pt["ci95"][1]
+    report.print_report(rep)
+    out = capsys.readouterr().out
+    assert "pooled over 4 class x repetition pairs" in out and "spans the published figure" in out

@@ -60,12 +60,38 @@ def _worst(classes: dict, metric: str) -> tuple[str, float]:
     return name, classes[name]["metrics"][metric]["overhead_pct"]
 
 
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (no SciPy dependency)
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def pooled(costs: list[float]) -> dict:
+    """Mean of per-repetition costs (every class, every repetition) with a 95% t interval: one
+    run's estimate of the tax and how far the machine's noise leaves it uncertain."""
+    xs = [x for x in costs if math.isfinite(x)]
+    n = len(xs)
+    if n == 0:
+        return {"mean": float("nan"), "ci95": [float("nan"), float("nan")], "n": 0}
+    mean = sum(xs) / n
+    if n < 2:
+        return {"mean": mean, "ci95": [float("nan"), float("nan")], "n": n}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / math.sqrt(n)
+    return {"mean": mean, "ci95": [mean - half, mean + half], "n": n}
+
+
 def build(settings: dict, classes: dict, parts: dict, machine: dict) -> dict:
     for entry in classes.values():
         entry["metrics"] = class_rows(entry)
         entry["tokens_per_s_overhead_pct_per_repetition"] = [
             overhead_pct(r["plain"]["output_tokens_per_s"], r["private"]["output_tokens_per_s"], "throughput")
             for r in entry["repetitions"]]
+    for entry in classes.values():
+        entry["ttft_p50_overhead_pct_per_repetition"] = [
+            overhead_pct(r["plain"]["ttft_s"]["p50"], r["private"]["ttft_s"]["p50"], "latency")
+            for r in entry["repetitions"]]
+    pooled_tps = pooled([x for e in classes.values() for x in e["tokens_per_s_overhead_pct_per_repetition"]])
+    pooled_ttft = pooled([x for e in classes.values() for x in e["ttft_p50_overhead_pct_per_repetition"]])
     tps_class, tps = _worst(classes, "output_tokens_per_s")
     ttft_class, ttft = _worst(classes, "ttft_p50")
     ev = parts["evidence"]
@@ -80,6 +106,7 @@ def build(settings: dict, classes: dict, parts: dict, machine: dict) -> dict:
             "breakdown": parts, "published": PUBLISHED, "failed": failed, "note": NOTE,
             "comparison": {"worst_tokens_per_s_pct": tps, "worst_tokens_per_s_class": tps_class,
                            "worst_ttft_p50_pct": ttft, "worst_ttft_p50_class": ttft_class,
+                           "pooled_tokens_per_s_pct": pooled_tps, "pooled_ttft_p50_pct": pooled_ttft,
                            "below_published": bool(tps < PUBLISHED["tokens_per_s_pct"]
                                                    and ttft < PUBLISHED["ttft_pct"])}}
 
@@ -107,6 +134,16 @@ def print_report(rep: dict) -> None:
           f"~{p['ttft_pct']:.0f}% TTFT): privacy machinery costs {c['worst_tokens_per_s_pct']:+.1f}% tokens/s "
           f"(worst: {c['worst_tokens_per_s_class']}), "
           f"{c['worst_ttft_p50_pct']:+.1f}% TTFT p50 (worst: {c['worst_ttft_p50_class']}) -> {verdict}")
+    pt, pf = c["pooled_tokens_per_s_pct"], c["pooled_ttft_p50_pct"]
+    if pt["n"] >= 2:
+        print(f"pooled over {pt['n']} class x repetition pairs (mean, 95% interval): tokens/s {pt['mean']:+.1f}% "
+              f"[{pt['ci95'][0]:+.1f}, {pt['ci95'][1]:+.1f}], TTFT p50 {pf['mean']:+.1f}% "
+              f"[{pf['ci95'][0]:+.1f}, {pf['ci95'][1]:+.1f}]")
+        spans = [name for name, x, pub in (("tokens/s", pt, p["tokens_per_s_pct"]), ("TTFT", pf, p["ttft_pct"]))
+                 if x["ci95"][0] <= pub <= x["ci95"][1]]
+        if spans:
+            print(f"  (the interval for {' and '.join(spans)} spans the published figure: within this machine's noise;"
+                  f" more --repeats narrow it)")
     _print_breakdown(rep["breakdown"])
     print("\n" + rep["note"])
     if rep["failed"]:
