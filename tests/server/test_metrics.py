@@ -50,3 +50,33 @@ def test_live_metrics_count_requests_and_tokens(tiny_server):
     assert value(after, "traceless_inter_token_latency_seconds_count") - value(before, "traceless_inter_token_latency_seconds_count") == 3
     for line in after.splitlines():  # nothing outside the declared families
         assert line.startswith("# ") or line.split("{")[0].split(" ")[0].startswith("traceless_")
+
+
+def test_speculative_decoding_counters_are_exported(tiny_llama_dir):
+    from tests.server.serving import make_served_app, serve
+    from traceless.config import EngineConfig
+
+    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+                                               max_model_len=128, speculative="draft"), max_body_bytes=64 * 1024)
+    with serve(app, engine) as s:
+        model = httpx.get(s.url + "/v1/models").json()["data"][0]["id"]
+        # self-speculation proposes drafts at every decode step (prompt lookup would need a match)
+        r = httpx.post(s.url + "/v1/completions", json={"model": model, "prompt": [5, 6, 7, 8] * 6, "max_tokens": 24,
+                                                         "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200
+        text = httpx.get(s.url + "/metrics").text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if not line.startswith("#")}
+    drafts = values["traceless_spec_decode_num_draft_tokens_total"]
+    accepted = values["traceless_spec_decode_num_accepted_tokens_total"]
+    steps = values["traceless_spec_decode_num_verify_steps_total"]
+    assert drafts > 0 and 0 <= accepted <= drafts and 0 < steps <= drafts
+    assert drafts == engine.engine.spec_stats.proposed
+    assert "# TYPE traceless_spec_decode_num_draft_tokens_total counter" in text
+
+
+def test_set_total_is_only_for_declared_counters():
+    m = Metrics()
+    m.set_total("traceless_spec_decode_num_accepted_tokens_total", 7)
+    assert "traceless_spec_decode_num_accepted_tokens_total 7" in m.render()
+    with pytest.raises(UnknownMetric):
+        m.set_total("traceless_kv_cache_usage_ratio", 1)  # a gauge

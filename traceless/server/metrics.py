@@ -38,6 +38,10 @@ SPECS = (
     Spec("traceless_kv_blocks_nonzero", "gauge", "KV blocks holding non-zero values at the last idle scan."),
     Spec("traceless_prefix_cache_blocks", "gauge", "Blocks resident in the prefix cache at the last idle scan."),
     Spec("traceless_kv_offload_swapped_requests", "gauge", "Requests with sealed offloaded KV at the last idle scan."),
+    Spec("traceless_spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens sent to verification."),
+    Spec("traceless_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted."),
+    Spec("traceless_spec_decode_num_verify_steps_total", "counter",
+         "(request, step) pairs that verified at least one draft token."),
 )
 
 
@@ -72,6 +76,12 @@ class Metrics:
 
     def set(self, name: str, value: float) -> None:
         key = self._key(name, "gauge", {})
+        with self._lock:
+            self._values[key] = float(value)
+
+    def set_total(self, name: str, value: float) -> None:
+        """A counter kept by its owner (the engine) and mirrored here at scrape time."""
+        key = self._key(name, "counter", {})
         with self._lock:
             self._values[key] = float(value)
 
@@ -114,6 +124,10 @@ def set_engine_gauges(metrics: Metrics, engine) -> None:
     metrics.set("traceless_num_requests_running", e.num_running)
     metrics.set("traceless_num_requests_waiting", e.num_waiting)
     metrics.set("traceless_kv_cache_usage_ratio", e.kv_usage())
+    spec = e.spec_stats
+    metrics.set_total("traceless_spec_decode_num_draft_tokens_total", spec.proposed)
+    metrics.set_total("traceless_spec_decode_num_accepted_tokens_total", spec.accepted)
+    metrics.set_total("traceless_spec_decode_num_verify_steps_total", spec.verify_steps)
     r = engine.residue
     if r is not None:
         metrics.set("traceless_kv_blocks_nonzero", r.nonzero_blocks)
