@@ -57,3 +57,12 @@ def test_report_is_one_self_contained_page_with_every_headline(tmp_path, recorde
 def test_only_runs_the_sections_asked_for(tmp_path, recorded_sections):
     page = report.run(str(tmp_path / "r.html"), only=["residue"]).read_text()
     assert "canaries left outside process memory" in page and "privacy tax" not in page
+
+
+@pytest.mark.parametrize("interval, expected", [((2.0, 5.0), "below"), ((8.0, 12.0), "ABOVE"),
+                                                ((3.0, 9.0), "inconclusive")])
+def test_privacy_tax_verdict_follows_the_pooled_interval(interval, expected):
+    r = json.loads((RESULTS / "privacy_tax.json").read_text())
+    r["comparison"]["pooled_tokens_per_s_pct"] = {"mean": sum(interval) / 2, "ci95": list(interval), "n": 12}
+    tokens_row = report._privacy_tax_headline(r)[0]
+    assert tokens_row[2].startswith(expected)
