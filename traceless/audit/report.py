@@ -105,7 +105,7 @@ def _privacy_tax(d: Path) -> dict:
     # The full run's request shape (64 output tokens, 4 in flight) with fewer requests: --quick's 16-token
     # requests measure mostly the fixed per-request latency. Two repetitions (plain-private, then
     # private-plain) so that drift on the machine cancels.
-    return run(config_from(True, requests=6, output_len=64, concurrency=4, repeats=2),
+    return run(config_from(True, requests=10, output_len=64, concurrency=4, repeats=2),
                str(d / "privacy_tax.json"), str(d / "privacy_tax.png"))
 
 
