@@ -66,3 +66,16 @@ def test_privacy_tax_verdict_follows_the_pooled_interval(interval, expected):
     r["comparison"]["pooled_tokens_per_s_pct"] = {"mean": sum(interval) / 2, "ci95": list(interval), "n": 12}
     tokens_row = report._privacy_tax_headline(r)[0]
     assert tokens_row[2].startswith(expected)
+
+
+def test_the_report_leaves_no_work_directory(tmp_path, recorded_sections, monkeypatch):
+    made = []
+    real_mkdtemp = report.tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(Path(real_mkdtemp(dir=tmp_path, **kw)))
+        return str(made[-1])
+
+    monkeypatch.setattr(report.tempfile, "mkdtemp", mkdtemp)
+    report.run(str(tmp_path / "r.html"), only=["prefix_timing"])
+    assert made and not made[0].exists()

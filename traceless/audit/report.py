@@ -14,6 +14,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 import time
@@ -199,10 +200,13 @@ def run(path: str, only: list[str] | None = None) -> Path:
 
     workdir = Path(tempfile.mkdtemp(prefix="traceless-report-"))
     chosen = [s for s in sections() if not only or s.key in only]
-    for s in tqdm(chosen, desc="report", unit="section"):
-        run_section(s, workdir)
-    out = Path(path)
-    out.write_text(render(chosen))
+    try:
+        for s in tqdm(chosen, desc="report", unit="section"):
+            run_section(s, workdir)
+        out = Path(path)
+        out.write_text(render(chosen))  # plots are embedded: the work directory can go
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"wrote {out} ({out.stat().st_size // 1024} KiB)")
     return out
 

@@ -17,6 +17,7 @@ heap memory until it is reused, unless the allocator scrubs freed memory (--scru
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import secrets
 import subprocess
@@ -140,8 +141,11 @@ def run(cfg: ResidueConfig, json_path: str | None) -> dict:
             "metrics output": _count(httpx.get(node.url + "/metrics").content, needles),
         }
         memory = scan_process(node.proc.pid, list(needles.values()))
-    finally:
+    except BaseException:
         stop(node.proc)
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    stop(node.proc)
     places["log streams"] = _count(node.log_path.read_bytes(), needles)
     places["files the node wrote"] = sum(_count(p.read_bytes(), needles) for p in workdir.rglob("*")
                                          if p.is_file() and p != node.log_path)
@@ -151,6 +155,7 @@ def run(cfg: ResidueConfig, json_path: str | None) -> dict:
               "preemptions": preempted,
               "places": places, "process_memory": {name: memory.get(n, 0) for name, n in needles.items()},
               "process_memory_total": sum(memory.values()), "failed": any(v != 0 for v in places.values())}
+    shutil.rmtree(workdir, ignore_errors=True)  # searched above; the audit leaves nothing of its own
     print_report(report)
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")

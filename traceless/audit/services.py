@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,9 @@ class Service:
 
 @contextmanager
 def spawn_serve(*args: str, name: str = "serve", workdir: Path | None = None):
-    """`traceless serve ARGS` on a free port; yields a Service; stops it (SIGINT) on exit."""
+    """`traceless serve ARGS` on a free port; yields a Service; stops it (SIGINT) on exit. Without a
+    `workdir`, the service runs in a temporary one that is removed with it."""
+    owned = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="traceless-audit-"))
     port = free_port()
     log_path = workdir / f"{name}.log"
@@ -41,3 +44,5 @@ def spawn_serve(*args: str, name: str = "serve", workdir: Path | None = None):
         yield service
     finally:
         stop(proc)
+        if owned:
+            shutil.rmtree(workdir, ignore_errors=True)

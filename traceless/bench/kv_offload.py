@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def run(num_prompts: int, prompt_len: int, output_len: int, kv_mib: int, json_pa
                      "preemptions": preemptions[0], "swapped_mib": (off.bytes_out / 2**20) if off else 0.0})
         llm.engine.check_integrity()
         del llm
+        if spill is not None:  # empty by now: every spill file is unlinked when its request resumes or ends
+            shutil.rmtree(spill, ignore_errors=True)
     report = {"benchmark": "kv-offload", "num_prompts": num_prompts, "prompt_len": prompt_len,
               "output_len": output_len, "kv_cache_mib": kv_mib, "rows": rows}
     print(f"\ntraceless bench kv-offload  {num_prompts} x ({prompt_len} in, {output_len} out), KV cache {kv_mib} MiB")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -72,17 +73,20 @@ def run(repeat_system: int, json_path: str | None, model: str | None = None) -> 
     workdir = Path(tempfile.mkdtemp(prefix="traceless-bench-"))
     (workdir / "system.txt").write_text(system)
     rows = []
-    for name, args, policy in CONFIGS:
-        extra = ["--public-prefix", str(workdir / "system.txt")] if name == "isolated+public" else []
-        model_args = ["--model", model] if model else []
-        with spawn_serve(*model_args, *args, *extra, "--kv-cache-memory", "1GiB", name=name, workdir=workdir) as svc:
-            with httpx.Client(base_url=svc.url, timeout=300) as client:
-                m = client.get("/v1/models").json()["data"][0]["id"]
-                _ttft_chat(client, m, [{"role": "user", "content": "warm up"}], None)
-                sys_t = system_workload(client, m, policy, system)
-                chat_t = chat_workload(client, m, policy, system)
-        rows.append({"config": name, "system_first_s": sys_t[0], "system_rest_median_s": statistics.median(sys_t[1:]),
-                     "chat_turn_s": chat_t})
+    try:
+        for name, args, policy in CONFIGS:
+            extra = ["--public-prefix", str(workdir / "system.txt")] if name == "isolated+public" else []
+            model_args = ["--model", model] if model else []
+            with spawn_serve(*model_args, *args, *extra, "--kv-cache-memory", "1GiB", name=name, workdir=workdir) as svc:
+                with httpx.Client(base_url=svc.url, timeout=300) as client:
+                    m = client.get("/v1/models").json()["data"][0]["id"]
+                    _ttft_chat(client, m, [{"role": "user", "content": "warm up"}], None)
+                    sys_t = system_workload(client, m, policy, system)
+                    chat_t = chat_workload(client, m, policy, system)
+            rows.append({"config": name, "system_first_s": sys_t[0],
+                         "system_rest_median_s": statistics.median(sys_t[1:]), "chat_turn_s": chat_t})
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     report = {"benchmark": "prefix-cache", "system_prompt_chars": len(system), "rows": rows}
     print_report(report)
     if json_path:

@@ -1,0 +1,28 @@
+"""The audit tools' helper that runs `traceless serve`: its temporary work directory goes with it."""
+from pathlib import Path
+
+import httpx
+
+from traceless.audit import services
+
+
+def test_spawn_serve_removes_the_temporary_directory_it_made(tmp_path, tiny_llama_dir, monkeypatch):
+    made = []
+    real_mkdtemp = services.tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(Path(real_mkdtemp(dir=tmp_path, **kw)))
+        return str(made[-1])
+
+    monkeypatch.setattr(services.tempfile, "mkdtemp", mkdtemp)
+    with services.spawn_serve("--model", str(tiny_llama_dir), "--dtype", "float32", "--kv-cache-memory", "64MiB") as svc:
+        assert httpx.get(svc.url + "/health", timeout=10).status_code == 200
+        assert svc.log_path.parent == made[0] and svc.log_path.exists()
+    assert not made[0].exists()
+
+
+def test_spawn_serve_keeps_a_directory_it_was_given(tmp_path, tiny_llama_dir):
+    with services.spawn_serve("--model", str(tiny_llama_dir), "--dtype", "float32", "--kv-cache-memory", "64MiB",
+                              name="kept", workdir=tmp_path) as svc:
+        assert httpx.get(svc.url + "/health", timeout=10).status_code == 200
+    assert (tmp_path / "kept.log").exists()
