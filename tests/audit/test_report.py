@@ -68,14 +68,7 @@ def test_privacy_tax_verdict_follows_the_pooled_interval(interval, expected):
     assert tokens_row[2].startswith(expected)
 
 
-def test_the_report_leaves_no_work_directory(tmp_path, recorded_sections, monkeypatch):
-    made = []
-    real_mkdtemp = report.tempfile.mkdtemp
-
-    def mkdtemp(**kw):
-        made.append(Path(real_mkdtemp(dir=tmp_path, **kw)))
-        return str(made[-1])
-
-    monkeypatch.setattr(report.tempfile, "mkdtemp", mkdtemp)
+def test_the_report_leaves_no_work_directory(tmp_path, recorded_sections, record_mkdtemp):
+    made = record_mkdtemp(report)
     report.run(str(tmp_path / "r.html"), only=["prefix_timing"])
     assert made and not made[0].exists()

@@ -1,20 +1,11 @@
 """The audit tools' helper that runs `traceless serve`: its temporary work directory goes with it."""
-from pathlib import Path
-
 import httpx
 
 from traceless.audit import services
 
 
-def test_spawn_serve_removes_the_temporary_directory_it_made(tmp_path, tiny_llama_dir, monkeypatch):
-    made = []
-    real_mkdtemp = services.tempfile.mkdtemp
-
-    def mkdtemp(**kw):
-        made.append(Path(real_mkdtemp(dir=tmp_path, **kw)))
-        return str(made[-1])
-
-    monkeypatch.setattr(services.tempfile, "mkdtemp", mkdtemp)
+def test_spawn_serve_removes_the_temporary_directory_it_made(tiny_llama_dir, record_mkdtemp):
+    made = record_mkdtemp(services)
     with services.spawn_serve("--model", str(tiny_llama_dir), "--dtype", "float32", "--kv-cache-memory", "64MiB") as svc:
         assert httpx.get(svc.url + "/health", timeout=10).status_code == 200
         assert svc.log_path.parent == made[0] and svc.log_path.exists()
