@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
-import threading
 import time
-from contextlib import contextmanager
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from traceless.cluster.processes import serve_in_thread
 from traceless.privacy import bhttp, privacypass
 from traceless.privacy.ohttp import OhttpServer, encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.ohttp_chunked import split_chunks
@@ -25,29 +22,9 @@ STREAM_CHUNKS = 4
 STREAM_DELAY_S = 0.15
 
 
-@contextmanager
 def running_app(app):
     """Serve `app` on a free loopback port in a thread (lifespan on); yields its base URL."""
-    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that name it (else ~40 ms
-    # per response from Nagle's algorithm and delayed ACKs).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, access_log=False, log_config=None, server_header=False,
-                            date_header=False, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("service did not start")
-            time.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    return serve_in_thread(app, what="service")
 
 
 class FakeNode:

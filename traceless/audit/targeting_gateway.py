@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from traceless.audit.targeting_estimate import Estimate, Scenario
-from traceless.audit.targeting_nodes import AuditNode, NodeFarm, serve_in_thread
+from traceless.audit.targeting_nodes import AuditNode, NodeFarm
+from traceless.cluster.processes import serve_in_thread
 from traceless.audit.targeting_policies import PREMIUM, ClusterState, NodeSpec, RequestFeatures, RoutingPolicy
 from traceless.audit.targeting_sim import app_prefix
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app

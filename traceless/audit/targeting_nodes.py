@@ -13,13 +13,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import socket
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -32,30 +28,6 @@ from traceless.privacy.ohttp import OhttpServer
 
 # What the audit's nodes claim to run; no client verifies it here (the gateway passes it on).
 AUDIT_MEASUREMENT = Measurement(b"\xa1" * 32, b"\xa2" * 32, b"\xa3" * 32)
-
-
-@contextmanager
-def serve_in_thread(app):
-    """Serve `app` on a free loopback port in a daemon thread, lifespan on; yields its base URL."""
-    # IPPROTO_TCP named: asyncio then sets TCP_NODELAY (else Nagle + delayed ACK: ~40 ms a call).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, access_log=False, log_config=None, server_header=False,
-                            date_header=False, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the loopback service did not start")
-            time.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @dataclass(eq=False)

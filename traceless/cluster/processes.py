@@ -5,7 +5,10 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 
@@ -44,3 +47,32 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@contextmanager
+def serve_in_thread(app=None, *, server=None, what: str = "the loopback service") -> Iterator[str]:
+    """Serve `app` (or run a prepared uvicorn `server`) on a free loopback port in a daemon thread,
+    lifespan on; yields its base URL and stops the server on exit."""
+    import uvicorn
+
+    if (app is None) == (server is None):
+        raise ValueError("give exactly one of app and server")
+    if server is None:
+        server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_config=None, server_header=False,
+                                               date_header=False, lifespan="on"))
+    # IPPROTO_TCP named: asyncio then sets TCP_NODELAY (else Nagle + delayed ACK: ~40 ms a call).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError(f"{what} did not start")
+            time.sleep(0.005)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
