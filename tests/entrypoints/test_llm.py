@@ -22,16 +22,21 @@ def prompts(n, lo=3, hi=40, seed=0):
     return [{"prompt_token_ids": [rng.randrange(3, 384) for _ in range(rng.randrange(lo, hi))]} for _ in range(n)]
 
 
-def test_mixed_workload_with_preemption_aborts_and_stops_leaves_nothing(tiny):
-    engine = tiny.engine
-    rng = random.Random(1)
-    params = [
+def mixed_params() -> list[SamplingParams]:
+    """Greedy, top-p with a seed, top-k with a stop string, min-p with penalties and logprobs."""
+    return [
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
         SamplingParams(temperature=0.8, top_p=0.9, max_tokens=25, seed=3, ignore_eos=True),
         SamplingParams(temperature=1.0, top_k=5, max_tokens=20, stop=["w100 w"], ignore_eos=True),
         SamplingParams(temperature=0.5, min_p=0.1, max_tokens=40, repetition_penalty=1.3, presence_penalty=0.5,
                        logprobs=3, ignore_eos=True),
     ]
+
+
+def test_mixed_workload_with_preemption_aborts_and_stops_leaves_nothing(tiny):
+    engine = tiny.engine
+    rng = random.Random(1)
+    params = mixed_params()
     for i, p in enumerate(prompts(24, seed=2)):
         engine.add_request(f"r{i}", p["prompt_token_ids"], params[i % len(params)])
     finished, aborted, steps, preempted_seen = set(), set(), 0, False

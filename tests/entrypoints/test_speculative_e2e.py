@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import make_tiny_model
+from tests.entrypoints.test_llm import mixed_params
 from traceless import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -232,13 +233,7 @@ def test_mixed_workload_with_preemption_and_aborts_leaves_nothing(tiny_llama_dir
                  prefix_cache="global")
     eng = llm.engine
     rng = random.Random(1)
-    params = [
-        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
-        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=25, seed=3, ignore_eos=True),
-        SamplingParams(temperature=1.0, top_k=5, max_tokens=20, stop=["w100 w"], ignore_eos=True),
-        SamplingParams(temperature=0.5, min_p=0.1, max_tokens=40, repetition_penalty=1.3, presence_penalty=0.5,
-                       logprobs=3, ignore_eos=True),
-    ]
+    params = mixed_params()  # the plain engine's mixed workload (test_llm.py)
     for i, p in enumerate(prompts(24, seed=2)):
         eng.add_request(f"r{i}", p["prompt_token_ids"], params[i % len(params)])
     finished, aborted, steps, preempted_seen = set(), set(), 0, False
