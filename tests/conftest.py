@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 TINY_VOCAB = 384
-VECTORS = Path(__file__).resolve().parents[1].parent / "shared" / "vectors"
 
 
 def _write_tokenizer(path: Path, vocab_size: int) -> None:

@@ -6,9 +6,9 @@ import pytest
 
 from traceless.client.node_verifier import NodeRefused, NodeVerifier
 from traceless.client.private_client import ClientConfig
-from traceless.privacy.attestation import SoftwareAttester, new_claims
-from traceless.privacy.measurement import Measurement
-from traceless.privacy.ohttp import OhttpServer
+from traceless.privacy.attestation.software import SoftwareAttester, new_claims
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.ohttp.gateway import OhttpServer
 
 
 def entry(attester, server, ttl=60, now=None, key_config=None):

@@ -15,11 +15,12 @@ import httpx
 
 from tests.cluster._services import FakeNode, encrypt_for, running_app
 from traceless.cli import main
-from traceless.privacy import bhttp, privacypass
-from traceless.privacy.privacypass_http import format_authorization, parse_www_authenticate
-from traceless.privacy.privacypass_keys import IssuerPublicKey
-from traceless.privacy.privacypass_wire import TokenChallenge, TokenResponse
-from traceless.privacy.token_batch import decode_batch, encode_batch
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.privacypass import protocol as privacypass
+from traceless.privacy.privacypass.http import format_authorization, parse_www_authenticate
+from traceless.privacy.privacypass.keys import IssuerPublicKey
+from traceless.privacy.privacypass.wire import TokenChallenge, TokenResponse
+from traceless.privacy.privacypass.token_batch import decode_batch, encode_batch
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "demo-key-0123456789abcdef"

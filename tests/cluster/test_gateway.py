@@ -19,10 +19,11 @@ from traceless.cluster.health import check_all
 from traceless.cluster.http_common import upstream_client
 from traceless.cluster.issuer import IssuerConfig, create_issuer_app
 from traceless.cluster.issuer_directory import IssuerDirectoryError, fetch_issuer_keys
-from traceless.privacy import bhttp, privacypass
-from traceless.privacy.privacypass_http import parse_www_authenticate
-from traceless.privacy.privacypass_wire import TokenChallenge
-from traceless.privacy.token_issuance import ApiKeyStore
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.privacypass import protocol as privacypass
+from traceless.privacy.privacypass.http import parse_www_authenticate
+from traceless.privacy.privacypass.wire import TokenChallenge
+from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
 
 ISSUER_URL = "http://issuer.test:8091"
 OHTTP_REQ = {"content-type": "message/ohttp-req"}

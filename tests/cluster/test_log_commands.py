@@ -16,9 +16,9 @@ import pytest
 from tests.cluster._helpers import rewrite_history
 from traceless.cli import main
 from traceless.cluster import log_commands
-from traceless.privacy.measurement import measure
-from traceless.privacy.merkle import leaf_hash
-from traceless.privacy.translog import TransparencyLog
+from traceless.privacy.attestation.measurement import measure
+from traceless.privacy.translog.merkle import leaf_hash
+from traceless.privacy.translog.log import TransparencyLog
 
 REPO = Path(__file__).resolve().parents[2]
 MEASUREMENT_HEX = "ab" * 32

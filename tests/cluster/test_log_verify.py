@@ -5,12 +5,20 @@ import httpx
 import pytest
 
 from tests.cluster._helpers import rewrite_history
-from traceless.privacy import translog as tl
-from traceless.privacy.merkle import leaf_hash
-from traceless.privacy.translog import TransparencyLog
-from traceless.privacy.translog_client import (
-    InclusionProofError, InconsistentLogError, LogClient, LogState, LogUnavailableError,
-    PublicKeyMismatchError, RootMismatchError, TreeHeadSignatureError, measurement_leaf, verify_log,
+from traceless.privacy.translog import log as tl
+from traceless.privacy.translog.merkle import leaf_hash
+from traceless.privacy.translog.log import TransparencyLog
+from traceless.privacy.translog.client import (
+    InclusionProofError,
+    InconsistentLogError,
+    LogClient,
+    LogState,
+    LogUnavailableError,
+    PublicKeyMismatchError,
+    RootMismatchError,
+    TreeHeadSignatureError,
+    measurement_leaf,
+    verify_log,
 )
 
 RELEASES = [bytes([i]) * 32 for i in range(1, 6)]

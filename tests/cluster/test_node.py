@@ -13,13 +13,13 @@ from traceless.cluster.node import NodeIdentity, NodeSettings, create_node_app
 from traceless.config import EngineConfig
 from traceless.engine.llm_engine import LLMEngine
 from traceless.entrypoints.llm import LLM
-from traceless.privacy import bhttp
-from traceless.privacy.attestation import SoftwareAttester, verify_attestation
-from traceless.privacy.bhttp_stream import ResponseStreamDecoder
-from traceless.privacy.measurement import Measurement
-from traceless.privacy.ohttp import encapsulate_chunked_request, encapsulate_request
-from traceless.privacy.ohttp_chunked import split_chunks
-from traceless.privacy.ohttp_keys import decode_ohttp_keys
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.attestation.software import SoftwareAttester, verify_attestation
+from traceless.privacy.bhttp.stream import ResponseStreamDecoder
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.chunked import split_chunks
+from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.server.async_engine import AsyncEngine
 
 MODEL = "tiny"

@@ -17,10 +17,10 @@ from tests.cluster.tap import Tap
 from traceless import SamplingParams
 from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
 from traceless.cluster.up import Deployment, UpOptions
-from traceless.privacy import bhttp
-from traceless.privacy.ohttp import encapsulate_request
-from traceless.privacy.ohttp_keys import decode_ohttp_keys
-from traceless.privacy.privacypass_http import format_authorization
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.keys import decode_ohttp_keys
+from traceless.privacy.privacypass.http import format_authorization
 
 pytestmark = pytest.mark.slow
 
@@ -207,7 +207,7 @@ def _other_log(tmp_path) -> dict:
 
     from traceless.audit.services import free_port
     from traceless.cluster.log_service import create_app
-    from traceless.privacy.translog import TransparencyLog
+    from traceless.privacy.translog.log import TransparencyLog
 
     log = TransparencyLog.create(tmp_path / "log")
     log.append(b"\x42" * 32)

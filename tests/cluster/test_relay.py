@@ -11,7 +11,8 @@ from tests.cluster._services import (
 )
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app
 from traceless.cluster.relay import RelayConfig, create_relay_app
-from traceless.privacy import bhttp, privacypass
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.privacypass import protocol as privacypass
 
 # Sent by the client on every request; none of it may pass the relay.
 IDENTIFYING = {

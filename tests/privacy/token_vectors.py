@@ -1,15 +1,14 @@
-"""Known-answer vectors for the token tests, read from the shared vectors directory.
-
-The directory is found relative to the repository root (`<root>/../shared/vectors`), so the
-tests run from any worktree at /work/<name>. A missing file raises: the tests fail rather
-than skip when their vectors are not there.
+"""Known-answer vectors for the token tests (RFC 9474, RFC 9577/9578), from tests/data/vectors.
+A missing file raises: the tests fail rather than skip when their vectors are not there.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-VECTORS_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
+from tests.vectors import VECTORS
+
+VECTORS_DIR = VECTORS
 RSABSSA_FILE = VECTORS_DIR / "rsabssa" / "rfc9474-appendix-a.json"
 PRIVACYPASS_FILE = VECTORS_DIR / "privacypass" / "rfc9577-rfc9578-appendix-a.json"
 HEADERS_FILE = VECTORS_DIR / "privacypass" / "rfc9577-appendix-a-http-headers.txt"

@@ -80,11 +80,11 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
     from tests.cluster.test_node import call as node_call
     from traceless.cluster.node import NodeIdentity, NodeSettings, create_node_app
     from traceless.engine.llm_engine import LLMEngine
-    from traceless.privacy import bhttp
-    from traceless.privacy.attestation import SoftwareAttester
-    from traceless.privacy.measurement import Measurement
-    from traceless.privacy.ohttp import encapsulate_chunked_request
-    from traceless.privacy.ohttp_chunked import split_chunks
+    from traceless.privacy.bhttp import message as bhttp
+    from traceless.privacy.attestation.software import SoftwareAttester
+    from traceless.privacy.attestation.measurement import Measurement
+    from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
+    from traceless.privacy.ohttp.chunked import split_chunks
     from traceless.server.async_engine import AsyncEngine
 
     engine = AsyncEngine(LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import httpx
 
-from traceless.privacy import bhttp
-from traceless.privacy.ohttp import encapsulate_chunked_request, encapsulate_request
-from traceless.privacy.ohttp_chunked import split_chunks
-from traceless.privacy.ohttp_keys import decode_ohttp_keys
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.chunked import split_chunks
+from traceless.privacy.ohttp.keys import decode_ohttp_keys
 
 
 class OhttpTestClient:

@@ -36,9 +36,9 @@ from traceless.cluster.processes import serve_in_thread
 from traceless.audit.targeting_policies import PREMIUM, ClusterState, NodeSpec, RequestFeatures, RoutingPolicy
 from traceless.audit.targeting_sim import app_prefix
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.privacy import bhttp
-from traceless.privacy.ohttp import encapsulate_request
-from traceless.privacy.ohttp_keys import decode_ohttp_keys
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.keys import decode_ohttp_keys
 
 MODEL = "traceless-audit-model"
 GATEWAY_STRATEGIES = ("none", "flood", "sybil", "seed_prefix", "premium_pool")

@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from traceless.privacy import bhttp
-from traceless.privacy.attestation import SoftwareAttester, new_claims
-from traceless.privacy.measurement import Measurement
-from traceless.privacy.ohttp import OhttpServer
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.attestation.software import SoftwareAttester, new_claims
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.ohttp.gateway import OhttpServer
 
 # What the audit's nodes claim to run; no client verifies it here (the gateway passes it on).
 AUDIT_MEASUREMENT = Measurement(b"\xa1" * 32, b"\xa2" * 32, b"\xa3" * 32)

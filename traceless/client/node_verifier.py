@@ -14,14 +14,19 @@ import time
 from dataclasses import dataclass
 
 from traceless.events import emit
-from traceless.privacy.attestation import (
-    AttestationError, AttestationExpiredError, AttestationNotYetValidError, BadSignatureError, OhttpKeyMismatchError,
-    UntrustedKeyError, verify_attestation,
+from traceless.privacy.attestation.software import (
+    AttestationError,
+    AttestationExpiredError,
+    AttestationNotYetValidError,
+    BadSignatureError,
+    OhttpKeyMismatchError,
+    UntrustedKeyError,
+    verify_attestation,
 )
-from traceless.privacy.merkle import leaf_hash
-from traceless.privacy.ohttp_errors import OHTTP_ERRORS
-from traceless.privacy.ohttp_keys import KeyConfig, decode_ohttp_keys
-from traceless.privacy.translog_client import InclusionProofError, LogClient, LogClientError, measurement_leaf
+from traceless.privacy.translog.merkle import leaf_hash
+from traceless.privacy.ohttp.errors import OHTTP_ERRORS
+from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
+from traceless.privacy.translog.client import InclusionProofError, LogClient, LogClientError, measurement_leaf
 
 STH_REFRESH_S = 30.0
 

@@ -25,12 +25,12 @@ from traceless.client.node_verifier import NodeVerifier, VerifiedNode
 from traceless.client.routing_watch import RoutingWatch
 from traceless.client.tokens import TokenWallet
 from traceless.events import emit
-from traceless.privacy import bhttp
-from traceless.privacy.bhttp_stream import ResponseStreamDecoder
-from traceless.privacy.ohttp import encapsulate_chunked_request, encapsulate_request
-from traceless.privacy.ohttp_chunked import split_chunks
-from traceless.privacy.ohttp_errors import OHTTP_ERRORS
-from traceless.privacy.privacypass_http import format_authorization
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.bhttp.stream import ResponseStreamDecoder
+from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.chunked import split_chunks
+from traceless.privacy.ohttp.errors import OHTTP_ERRORS
+from traceless.privacy.privacypass.http import format_authorization
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,10 +40,10 @@ from traceless.cluster.registry import NodeRegistration, NodeRegistry
 from traceless.cluster.routing import NoNodeAvailableError, choose_nodes
 from traceless.errors import InvalidRequestError
 from traceless.events import emit
-from traceless.privacy.privacypass_keys import IssuerPublicKey
-from traceless.privacy.privacypass_verifier import Verifier
-from traceless.privacy.redemption_schedule import RedemptionSchedule
-from traceless.privacy.token_errors import DoubleSpendError, SpentSetFullError, TokenRejectedError
+from traceless.privacy.privacypass.keys import IssuerPublicKey
+from traceless.privacy.privacypass.verifier import Verifier
+from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
+from traceless.privacy.privacypass.errors import DoubleSpendError, SpentSetFullError, TokenRejectedError
 from traceless.server.errors import ApiError
 
 COMPONENT = "gateway"

@@ -29,18 +29,26 @@ from starlette.routing import Route
 
 from traceless.cluster.http_common import endpoint, http_exception_handler, read_body, require_media_type
 from traceless.events import emit
-from traceless.privacy.privacypass import Issuer
-from traceless.privacy.privacypass_http import b64url_encode
-from traceless.privacy.privacypass_wire import NK, TOKEN_TYPE_BLIND_RSA
-from traceless.privacy.token_batch import (
-    BATCH_REQUEST_MEDIA_TYPE, BATCH_RESPONSE_MEDIA_TYPE, ISSUER_DIRECTORY_MEDIA_TYPE,
-    TOKEN_REQUEST_MEDIA_TYPE, TOKEN_RESPONSE_MEDIA_TYPE, decode_batch, encode_batch,
+from traceless.privacy.privacypass.protocol import Issuer
+from traceless.privacy.privacypass.http import b64url_encode
+from traceless.privacy.privacypass.wire import NK, TOKEN_TYPE_BLIND_RSA
+from traceless.privacy.privacypass.token_batch import (
+    BATCH_REQUEST_MEDIA_TYPE,
+    BATCH_RESPONSE_MEDIA_TYPE,
+    ISSUER_DIRECTORY_MEDIA_TYPE,
+    TOKEN_REQUEST_MEDIA_TYPE,
+    TOKEN_RESPONSE_MEDIA_TYPE,
+    decode_batch,
+    encode_batch,
 )
-from traceless.privacy.token_errors import (
-    AuthenticationError, BatchTooLargeError, RateLimitExceededError, TokenError,
+from traceless.privacy.privacypass.errors import (
+    AuthenticationError,
+    BatchTooLargeError,
+    RateLimitExceededError,
+    TokenError,
 )
-from traceless.privacy.token_issuance import ApiKeyStore, TokenIssuanceService
-from traceless.privacy.token_rate_limit import RateLimit
+from traceless.privacy.privacypass.batch_issuance import ApiKeyStore, TokenIssuanceService
+from traceless.privacy.privacypass.rate_limit import RateLimit
 from traceless.server.errors import ApiError, internal_error
 
 COMPONENT = "issuer"

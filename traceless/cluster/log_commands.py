@@ -76,7 +76,7 @@ def default_model_path() -> Path:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from traceless.privacy.measurement import measure
+    from traceless.privacy.attestation.measurement import measure
 
     try:
         config = json.loads(args.config)
@@ -112,7 +112,7 @@ def _leaf_input(arg: str) -> bytes:
 
 
 def _append(args: argparse.Namespace) -> int:
-    from traceless.privacy.translog import LogNotFoundError, TransparencyLog
+    from traceless.privacy.translog.log import LogNotFoundError, TransparencyLog
 
     leaf = _leaf_input(args.leaf)
     try:
@@ -130,7 +130,7 @@ def _append(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from traceless.privacy.translog_client import LogClientError, verify_log
+    from traceless.privacy.translog.client import LogClientError, verify_log
 
     key = None
     if args.public_key is not None:

@@ -29,8 +29,8 @@ from starlette.routing import Route
 
 from traceless.errors import InvalidRequestError
 from traceless.events import emit
-from traceless.privacy.merkle import HASH_SIZE, TreeSizeError
-from traceless.privacy.translog import LeafNotFoundError, LogCorruptError, TransparencyLog
+from traceless.privacy.translog.merkle import HASH_SIZE, TreeSizeError
+from traceless.privacy.translog.log import LeafNotFoundError, LogCorruptError, TransparencyLog
 
 MAX_ENTRIES_PER_REQUEST = 1000
 _UINT = re.compile(r"[0-9]{1,19}")

@@ -25,12 +25,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from traceless.events import emit
-from traceless.privacy import bhttp
-from traceless.privacy.attestation import Attester, new_claims
-from traceless.privacy.bhttp_stream import ResponseStreamEncoder
-from traceless.privacy.measurement import Measurement
-from traceless.privacy.ohttp import OhttpServer
-from traceless.privacy.ohttp_errors import OHTTP_ERRORS
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.attestation.software import Attester, new_claims
+from traceless.privacy.bhttp.stream import ResponseStreamEncoder
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.ohttp.gateway import OhttpServer
+from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.errors import ApiError, internal_error
 from traceless.server.http_common import engine_routes, read_capped, route_error

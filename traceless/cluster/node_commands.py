@@ -82,8 +82,8 @@ def _node(args: argparse.Namespace) -> int:
 
     from traceless.cluster.node import NodeIdentity, NodeSettings, create_node_app
     from traceless.events import configure_logging
-    from traceless.privacy.attestation import SoftwareAttester
-    from traceless.privacy.measurement import measure
+    from traceless.privacy.attestation.software import SoftwareAttester
+    from traceless.privacy.attestation.measurement import measure
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES
     from traceless.server.commands import build_engine, run_uvicorn, stream_shape
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from traceless.errors import InvalidRequestError
-from traceless.privacy.ohttp_errors import MalformedMessageError
-from traceless.privacy.ohttp_keys import decode_ohttp_keys
+from traceless.privacy.errors import MalformedMessageError
+from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.cluster.routing import RoutingEntry
 
 MAX_URL_LEN = 2048

@@ -86,9 +86,9 @@ class Deployment:
     def _log(self) -> tuple[str, str]:
         from traceless.cluster.node_commands import node_measured_config, node_parser
         from traceless.model.loader import resolve_model_path
-        from traceless.privacy.measurement import measure
-        from traceless.privacy.translog import TransparencyLog
-        from traceless.privacy.translog_client import measurement_leaf
+        from traceless.privacy.attestation.measurement import measure
+        from traceless.privacy.translog.log import TransparencyLog
+        from traceless.privacy.translog.client import measurement_leaf
 
         node_ns = node_parser().parse_args(self.opts.node_args)
         combined = measure(resolve_model_path(node_ns.model), node_measured_config(node_ns)).combined
@@ -186,7 +186,7 @@ class Deployment:
 
 
 def _leaf_hash(leaf: bytes) -> bytes:
-    from traceless.privacy.merkle import leaf_hash
+    from traceless.privacy.translog.merkle import leaf_hash
 
     return leaf_hash(leaf)
 

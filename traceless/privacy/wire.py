@@ -7,7 +7,7 @@ or as a silently short slice.
 """
 from __future__ import annotations
 
-from traceless.privacy.ohttp_errors import MalformedMessageError
+from traceless.privacy.errors import MalformedMessageError
 
 VARINT_MAX = (1 << 62) - 1
 
