@@ -12,8 +12,8 @@ if platform.machine() not in ("x86_64", "AMD64"):
 setup(
     ext_modules=[
         Extension(
-            "traceless.runner._kernels",
-            sources=["traceless/runner/csrc/kernels.c"],
+            "traceless.model.layers._kernels",
+            sources=["traceless/model/layers/csrc/kernels.c"],
             extra_compile_args=flags,
             extra_link_args=["-fopenmp", "-lm", "-lmvec"] if platform.machine() in ("x86_64", "AMD64") else ["-fopenmp", "-lm"],
         )

@@ -3,6 +3,7 @@ default model (loaded once per session)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,41 @@ def real_llm():
     from traceless import LLM
 
     return LLM(dtype="float32", kv_cache_memory=512 * 2**20)
+
+
+def llm_with_executor(config, wrap):
+    """An LLM whose model executor is wrap(the real one): for tests that watch or break steps."""
+    import dataclasses
+
+    from traceless.engine.llm_engine import LLMEngine
+    from traceless.entrypoints.llm import LLM
+    from traceless.runner.build import build_engine_parts
+
+    parts = build_engine_parts(config)
+    return LLM.from_engine(LLMEngine(config, dataclasses.replace(parts, executor=wrap(parts.executor))))
+
+
+class ExecutorSpy:
+    """Passes every step to the real executor; `on_output(plan, output)` sees each step's result."""
+
+    def __init__(self, real, on_output=None):
+        self.real = real
+        self.on_output = on_output
+        self.broken = False
+        self.delay_s = 0.0  # make every step take at least this long (timing-sensitive tests)
+
+    def execute(self, plan):
+        if self.broken:
+            raise RuntimeError("simulated kernel failure")
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        out = self.real.execute(plan)
+        if self.on_output is not None:
+            self.on_output(plan, out)
+        return out
+
+    def release(self, request_id):
+        self.real.release(request_id)
+
+    def num_held(self):
+        return self.real.num_held()

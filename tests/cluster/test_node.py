@@ -11,7 +11,7 @@ from tests.server.serving import serve
 from traceless import SamplingParams
 from traceless.cluster.node import NodeIdentity, NodeSettings, create_node_app
 from traceless.config import EngineConfig
-from traceless.engine.llm_engine import LLMEngine
+from traceless.entrypoints.build import build_engine
 from traceless.entrypoints.llm import LLM
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.attestation.software import SoftwareAttester, verify_attestation
@@ -27,7 +27,7 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def node(tiny_llama_dir):
-    engine = AsyncEngine(LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
                                                 max_model_len=128)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s:

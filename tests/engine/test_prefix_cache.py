@@ -34,10 +34,9 @@ def run(sched, kv, rid, tokens, cfg, salt=None):
     r = Request(rid, tokens, SamplingParams(), frozenset(), domain=domain_of(cfg, salt))
     sched.add(r)
     out = sched.schedule()
-    (chunk,) = out.chunks
-    cached = r.num_computed_tokens
-    r.num_computed_tokens += chunk.num_new_tokens
-    kv.cache_full_blocks(r)
+    (seq,) = out.seqs
+    cached = seq.start
+    sched.update_from_output(out, {}, lambda request, token_id: (None, ""))
     sched.finish(r, RequestStatus.FINISHED_STOPPED)
     return cached
 

@@ -3,6 +3,7 @@ from traceless.engine.block_pool import BlockPool
 from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.scheduler import Scheduler, SchedulerConfig
+from traceless.engine.step_io import SampledTokens
 from traceless.sampling_params import SamplingParams
 
 
@@ -16,14 +17,14 @@ def req(rid, n_prompt):
     return Request(rid, list(range(10, 10 + n_prompt)), SamplingParams(), frozenset())
 
 
+def never_stop(request, token_id):
+    return None, ""
+
+
 def run_step(sched):
-    """Apply a step as the engine would: computed tokens catch up, finishing chunks get a token."""
+    """A step as the engine runs it: every sequence that samples gets token 7."""
     out = sched.schedule()
-    for c in out.chunks:
-        done = c.completes_sequence
-        c.request.num_computed_tokens += c.num_new_tokens
-        if done:
-            c.request.append_output(7)
+    sched.update_from_output(out, {s.request_id: SampledTokens([7], None) for s in out.seqs if s.sample}, never_stop)
     return out
 
 
@@ -33,9 +34,9 @@ def test_chunked_prefill_under_the_token_budget_mixes_with_decodes():
     sched.add(a)
     sched.add(b)
     out = run_step(sched)
-    assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [("a", 3), ("b", 5)]
+    assert [(s.request_id, s.num_tokens) for s in out.seqs] == [("a", 3), ("b", 5)]
     out = run_step(sched)  # a decodes one token, b continues its prefill
-    assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [("a", 1), ("b", 6)]
+    assert [(s.request_id, s.num_tokens) for s in out.seqs] == [("a", 1), ("b", 6)]
     assert b.num_output_tokens == 1 and a.num_output_tokens == 2
     assert kv.block_ids("a") == [1] and kv.block_ids("b") == [2, 3, 4]
 
@@ -45,7 +46,7 @@ def test_max_num_seqs_limits_the_running_set_fifo():
     for r in "abc":
         sched.add(req(r, 2))
     out = run_step(sched)
-    assert [c.request.request_id for c in out.chunks] == ["a", "b"]
+    assert [s.request_id for s in out.seqs] == ["a", "b"]
     assert [r.request_id for r in sched.waiting] == ["c"]
 
 
@@ -64,7 +65,7 @@ def test_preemption_takes_the_newest_request_and_zeroes_its_blocks():
     assert list(sched.waiting) == [b] and b.num_output_tokens == 1  # generated tokens are kept
     sched.finish(a, RequestStatus.FINISHED_STOPPED)
     out = run_step(sched)  # b comes back and recomputes prompt + its output token
-    assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [("b", 9)]
+    assert [(s.request_id, s.num_tokens) for s in out.seqs] == [("b", 9)]
     assert b.status is RequestStatus.RUNNING
 
 
@@ -77,7 +78,7 @@ def test_running_request_preempts_a_later_one_not_itself():
     assert kv.block_ids("a") == [1] and kv.block_ids("b") == [2]
     # a needs a second block at token 5; one is free, b also needs one -> b is preempted
     out = run_step(sched)
-    assert [c.request.request_id for c in out.chunks] == ["a"]
+    assert [s.request_id for s in out.seqs] == ["a"]
     assert b.status is RequestStatus.PREEMPTED and out.num_preempted == 1
 
 

@@ -113,8 +113,8 @@ def decoding(sched, rid, n_prompt, max_tokens=None):
 
 
 def chunk_of(out, r):
-    (c,) = [c for c in out.chunks if c.request is r]
-    return c.num_new_tokens, c.num_draft_tokens, c.completes_sequence
+    (s,) = [s for s in out.seqs if s.request_id == r.request_id]
+    return s.num_tokens, s.num_drafts, s.sample
 
 
 def test_a_decoding_request_is_scheduled_for_its_drafts():

@@ -22,9 +22,9 @@ def test_outputs_under_pressure_with_offload_equal_the_unpressured_run(tiny_llam
     spill = tmp_path / "spill"
     tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128, kv_offload=mode,
                 kv_offload_dir=str(spill) if mode == "disk" else None)
-    off = tight.engine.kv.offloader
     got = [o.outputs[0].token_ids for o in tight.generate(ps, greedy, use_tqdm=False)]
-    assert off.bytes_out > 0 and off.bytes_in == off.bytes_out  # it really swapped, and everything came back
+    kv = tight.engine.kv_stats()
+    assert kv.offload_bytes_out > 0 and kv.offload_bytes_in == kv.offload_bytes_out  # swapped, and all came back
     assert got == want
     tight.engine.check_integrity()
     if mode == "disk":
@@ -77,7 +77,7 @@ def test_speculation_offload_and_prefix_caching_together_keep_outputs_and_leave_
     salted = [{**p, "cache_salt": "q" * 24} for p in ps]
     got = [o.outputs[0].token_ids for o in llm.generate(salted, greedy, use_tqdm=False)]
     assert got == want
-    assert llm.engine.kv.offloader.bytes_out > 0  # the pressure really made it swap
+    assert llm.engine.kv_stats().offload_bytes_out > 0  # the pressure really made it swap
     llm.engine.drop_prefix_cache()
     llm.engine.check_integrity()
     assert not any(spill.iterdir())

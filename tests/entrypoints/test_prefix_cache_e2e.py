@@ -23,7 +23,7 @@ def test_cached_prefixes_give_identical_outputs(tiny_llama_dir, mode):
     salted = [{"prompt_token_ids": p, "cache_salt": SALT} for p in prompts]
     for p, w in zip(salted, want):  # one at a time: each later prompt hits the system prefix
         assert warm.generate(p, greedy, use_tqdm=False)[0].outputs[0].token_ids == w
-    assert len(warm.engine.kv.pool.cached) > 0
+    assert warm.engine.kv_stats().cached_blocks > 0
     # multi-turn: the second turn extends the first turn's prompt and output
     turn1 = prompts[0] + list(want[0])
     assert hit_tokens(warm, turn1 + [9, 9, 9]) >= 40  # the prompt and the generated tokens are cached
@@ -33,12 +33,11 @@ def test_cached_prefixes_give_identical_outputs(tiny_llama_dir, mode):
 
 def hit_tokens(llm, tokens) -> int:
     """How many leading tokens a salted request would take from the cache."""
-    r = Request("probe", tokens, SamplingParams(), frozenset(), domain=domain_of(llm.engine.cache_config, SALT))
-    return len(llm.engine.kv.computed_blocks(r)) * llm.engine.kv.block_size
+    return llm.engine.cached_prefix_len(tokens, SALT)
 
 
 def test_unsalted_requests_do_not_cache_in_isolated_mode(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20)
     llm.generate({"prompt_token_ids": list(range(5, 60))}, SamplingParams(max_tokens=2), use_tqdm=False)
-    assert not llm.engine.kv.pool.cached
+    assert llm.engine.kv_stats().cached_blocks == 0
     llm.engine.check_integrity()

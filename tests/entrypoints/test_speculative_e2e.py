@@ -8,19 +8,28 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.conftest import make_tiny_model
+from tests.conftest import ExecutorSpy, llm_with_executor, make_tiny_model
 from tests.entrypoints.test_llm import mixed_params
 from traceless import LLM, SamplingParams
+from traceless.config import EngineConfig
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
 
+_SPIES: dict[LLM, ExecutorSpy] = {}
+
+
 def engine(model_dir, mode, **kw):
+    """An LLM whose steps `emissions` can watch."""
     opts = dict(dtype="float32", kv_cache_memory=2**21, block_size=4)
     opts.update(kw)
     if mode == "ngram":
         opts.setdefault("ngram_min", 1)
-    return LLM(str(model_dir), speculative=mode, **opts)
+    spies = []
+    llm = llm_with_executor(EngineConfig(model=str(model_dir), speculative=mode, **opts),
+                            lambda real: spies.append(ExecutorSpy(real)) or spies[0])
+    _SPIES[llm] = spies[0]
+    return llm
 
 
 def prompts(n, seed):
@@ -88,19 +97,17 @@ def test_greedy_with_penalties_and_logprobs_is_identical(tiny_llama_dir):
 def emissions(llm, ps, params):
     """Outputs, plus what the runner emitted per step for each request (before stop checks)."""
     seen: dict[str, list[list[int]]] = {}
-    real = llm.engine.runner.step
 
-    def spy(chunks, block_ids):
-        out = real(chunks, block_ids)
+    def record(plan, out):
         for rid, s in out.items():
             seen.setdefault(rid, []).append(list(s.token_ids))
-        return out
 
-    llm.engine.runner.step = spy
+    spy = _SPIES[llm]
+    spy.on_output = record
     try:
         outs = [o.outputs[0] for o in llm.generate(ps, params, use_tqdm=False)]
     finally:
-        del llm.engine.runner.step
+        spy.on_output = None
     return outs, list(seen.values())
 
 
@@ -236,21 +243,20 @@ def test_mixed_workload_with_preemption_and_aborts_leaves_nothing(tiny_llama_dir
     params = mixed_params()  # the plain engine's mixed workload (test_llm.py)
     for i, p in enumerate(prompts(24, seed=2)):
         eng.add_request(f"r{i}", p["prompt_token_ids"], params[i % len(params)])
-    finished, aborted, steps, preempted_seen = set(), set(), 0, False
+    finished, aborted, steps = set(), set(), 0
     while eng.has_unfinished():
         for out in eng.step():
             assert len(out.new_token_ids) >= 1 or out.finished
             if out.finished:
                 finished.add(out.request_id)
         steps += 1
-        preempted_seen |= any(r.num_computed_tokens == 0 and r.num_output_tokens for r in eng.scheduler.waiting)
         if steps % 7 == 0:
-            live = sorted(eng._requests)
+            live = sorted({f"r{i}" for i in range(24)} - finished - aborted)
             if live:
                 victim = rng.choice(live)
                 assert eng.abort(victim)
                 aborted.add(victim)
-    assert preempted_seen and eng.spec_stats.accepted > 0
+    assert eng.kv_stats().preemptions > 0 and eng.spec_stats.accepted > 0
     assert finished | aborted == {f"r{i}" for i in range(24)}
     eng.drop_prefix_cache()
     eng.check_integrity()
@@ -259,7 +265,9 @@ def test_mixed_workload_with_preemption_and_aborts_leaves_nothing(tiny_llama_dir
 def test_draft_layers_must_leave_a_layer_to_verify_with(tiny_llama_dir):
     with pytest.raises(ValueError, match="draft_layers"):
         engine(tiny_llama_dir, "draft", draft_layers=2)  # the tiny model has 2 layers
-    assert engine(tiny_llama_dir, "draft", draft_layers=1).engine.runner.drafter.num_layers == 1
+    llm = engine(tiny_llama_dir, "draft", draft_layers=1)
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, GREEDY, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == GREEDY.max_tokens and llm.engine.spec_stats.proposed > 0
 
 
 # --- the real default model ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ def test_cuda_greedy_equals_cpu(tiny_llama_dir):
     gpu = LLM(str(tiny_llama_dir), dtype="float32", device="cuda", kv_cache_memory=2**20)
     want = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False)]
     assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params, use_tqdm=False)] == want
-    assert gpu.engine.built.attention == "torch"
+    assert gpu.engine.model.attention == "torch"
     gpu.engine.check_integrity()
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from traceless.model.config import ModelConfig
-from traceless.runner.kv_cache import KVCache
+from traceless.model.layers.kv_cache import KVCache
 from traceless.runner.offload import KVOffloader, OffloadError
 
 CFG = ModelConfig(architecture="llama", vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2,

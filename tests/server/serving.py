@@ -5,6 +5,7 @@ import asyncio
 import socket
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 
 import uvicorn
@@ -45,21 +46,12 @@ class Served:
     @contextmanager
     def slowed(self, seconds_per_step: float):
         """Test-only: make every engine step take at least this long (for timing-sensitive tests)."""
-        def install(e):
-            real = e.runner.step
-
-            def slow(*a, **k):
-                time.sleep(seconds_per_step)
-                return real(*a, **k)
-
-            e.runner.step = slow
-            return real
-
-        real = self.on_engine(install)
+        spy = _SPIES[self.engine]
+        spy.delay_s = seconds_per_step
         try:
             yield
         finally:
-            self.on_engine(lambda e: setattr(e.runner, "step", real))
+            spy.delay_s = 0.0
 
     def check_integrity(self):
         self.wait_idle()
@@ -82,11 +74,17 @@ def serve(app, engine):
         s.thread.join(timeout=30)
 
 
+_SPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # AsyncEngine -> its ExecutorSpy
+
+
 def make_served_app(engine_config, model_name=None, **settings):
-    from traceless.engine.llm_engine import LLMEngine
+    from tests.conftest import ExecutorSpy, llm_with_executor
     from traceless.server.app import ServerSettings, create_app
     from traceless.server.async_engine import AsyncEngine
 
-    engine = AsyncEngine(LLMEngine(engine_config))
-    app = create_app(engine, ServerSettings(model_name or engine.engine.model_name, **settings))
+    spies = []
+    llm = llm_with_executor(engine_config, lambda real: spies.append(ExecutorSpy(real)) or spies[0])
+    engine = AsyncEngine(llm.engine)
+    _SPIES[engine] = spies[0]
+    app = create_app(engine, ServerSettings(model_name or engine.model_name, **settings))
     return app, engine

@@ -70,7 +70,7 @@ def test_speculative_decoding_counters_are_exported(tiny_llama_dir):
     accepted = values["traceless_spec_decode_num_accepted_tokens_total"]
     steps = values["traceless_spec_decode_num_verify_steps_total"]
     assert drafts > 0 and 0 <= accepted <= drafts and 0 < steps <= drafts
-    assert drafts == engine.engine.spec_stats.proposed
+    assert drafts == engine.stats().spec["proposed"]
     assert "# TYPE traceless_spec_decode_num_draft_tokens_total counter" in text
 
 

@@ -79,7 +79,7 @@ def chunked_ciphertexts(body: bytes, nonce_len: int = 16) -> list[int]:
 def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
     from tests.cluster.test_node import call as node_call
     from traceless.cluster.node import NodeIdentity, NodeSettings, create_node_app
-    from traceless.engine.llm_engine import LLMEngine
+    from traceless.entrypoints.build import build_engine
     from traceless.privacy.bhttp import message as bhttp
     from traceless.privacy.attestation.software import SoftwareAttester
     from traceless.privacy.attestation.measurement import Measurement
@@ -87,7 +87,7 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
     from traceless.privacy.ohttp.chunked import split_chunks
     from traceless.server.async_engine import AsyncEngine
 
-    engine = AsyncEngine(LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
                                                 max_model_len=128)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     app = create_node_app(engine, identity, NodeSettings("tiny", stream_shape=StreamShape(PAD, 2)))

@@ -30,14 +30,13 @@ def run(num_prompts: int, prompt_len: int, output_len: int, kv_mib: int, json_pa
         spill = tempfile.mkdtemp(prefix="traceless-bench-kv-") if mode == "disk" else None
         llm = LLM(model, kv_cache_memory=kv_mib * 2**20, max_model_len=prompt_len + output_len + 16,
                   kv_offload=mode, kv_offload_dir=spill)
-        preemptions = _count_preemptions(llm.engine)
         llm.generate(prompts[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=True)
         dt = time.perf_counter() - t0
-        off = llm.engine.kv.offloader
+        kv = llm.engine.kv_stats()
         rows.append({"kv_offload": mode, "seconds": dt, "output_tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / dt,
-                     "preemptions": preemptions[0], "swapped_mib": (off.bytes_out / 2**20) if off else 0.0})
+                     "preemptions": kv.preemptions, "swapped_mib": kv.offload_bytes_out / 2**20})
         llm.engine.check_integrity()
         del llm
         if spill is not None:  # empty by now: every spill file is unlinked when its request resumes or ends
@@ -51,16 +50,3 @@ def run(num_prompts: int, prompt_len: int, output_len: int, kv_mib: int, json_pa
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def _count_preemptions(engine) -> list[int]:
-    """Count preemptions by wrapping the scheduler's preempt step (numbers only)."""
-    counter = [0]
-    real = engine.scheduler._preempt
-
-    def counted(request):
-        counter[0] += 1
-        real(request)
-
-    engine.scheduler._preempt = counted
-    return counter

@@ -88,8 +88,8 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
     engine = llm.engine
     workloads = offline_workloads()
     report = {
-        "engine": "traceless", "model": engine.model_name, "dtype": str(engine.built.dtype).removeprefix("torch."),
-        "device": engine.built.device.type, "attention": engine.built.attention, "load_s": load_s,
+        "engine": "traceless", "model": engine.model_name, "dtype": engine.model.dtype,
+        "device": engine.model.device, "attention": engine.model.attention, "load_s": load_s,
     }
     for name in names:
         w = workloads[name]

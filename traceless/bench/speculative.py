@@ -47,8 +47,8 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
     engines = {"off": LLM(model, dtype=dtype, **dict(engine_options, speculative="off", draft_layers=None)).engine,
                "spec": LLM(model, dtype=dtype, **engine_options).engine}
     e = engines["off"]
-    report = {"engine": "traceless", "model": e.model_name, "dtype": str(e.built.dtype).removeprefix("torch."),
-              "device": e.built.device.type, "attention": e.built.attention,
+    report = {"engine": "traceless", "model": e.model_name, "dtype": e.model.dtype,
+              "device": e.model.device, "attention": e.model.attention,
               "speculative": engine_options["speculative"],
               "num_speculative_tokens": engine_options.get("num_speculative_tokens", 4),
               "draft_layers": engine_options.get("draft_layers"), "repeats": repeats, "loadavg_start": load_start}

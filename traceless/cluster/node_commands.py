@@ -93,15 +93,15 @@ def _node(args: argparse.Namespace) -> int:
         _reexec_with_scrubbing()
     configure_logging()
     engine = build_engine(args)
-    measurement = measure(engine.engine.built.model_path, node_measured_config(args))
+    measurement = measure(engine.model.path, node_measured_config(args))
     attester = SoftwareAttester()
     raw = attester.public_key.public_bytes_raw()
     # Public values, printed for the operator (and read by `traceless up`) -- not logs.
     print(f"attester-public-key: {base64.b64encode(raw).decode()}", flush=True)
     print(f"measurement: {measurement.combined.hex()}", flush=True)
-    print(f"model: {args.served_model_name or engine.engine.model_name}", flush=True)
+    print(f"model: {args.served_model_name or engine.model_name}", flush=True)
     settings = NodeSettings(
-        model_name=args.served_model_name or engine.engine.model_name, capacity=args.capacity,
+        model_name=args.served_model_name or engine.model_name, capacity=args.capacity,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, attestation_ttl_s=args.attestation_ttl,
         gateway_url=args.gateway, public_url=args.public_url or f"http://{args.host}:{args.port}",
         register_interval_s=args.register_interval, stream_shape=stream_shape(args),

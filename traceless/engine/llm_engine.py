@@ -1,13 +1,15 @@
 """The engine: admit requests, step the model, turn samples into outputs, release.
 
-    step():  _propose() -> scheduler.schedule() -> runner.step() -> _on_tokens() -> [StepOutput]
-
 With speculative decoding a step may emit several tokens for one request (accepted drafts plus one
 sampled token); stop checks run token by token and cut the output at the first stop.
 
+    step():  _propose() -> scheduler.schedule() -> executor.execute() -> scheduler.update_from_output()
+             -> [StepOutput]
+
 Every way a request ends (stop, length, abort, error) goes through `_release`, which frees and
 zeroes its KV blocks, drops its sampler generator and detokenizer state, and wipes its tokens.
-torch is only imported by the runner, which is built lazily (engine/ itself stays torch-free).
+The engine is given its parts (the model executor, the KV cache tensors, the tokenizer, the offload
+store: `EngineParts`) by whoever builds it (entrypoints/build.py); engine/ itself imports no torch.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from traceless.engine.detokenizer import IncrementalDetokenizer
 from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
 from traceless.engine.request import Request, RequestStatus
-from traceless.engine.scheduler import Scheduler, SchedulerConfig
+from traceless.engine.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from traceless.engine.speculative import NgramProposer, SpecMode, SpeculativeConfig, SpecStats
+from traceless.engine.step_io import EngineParts, ModelInfo, TokenLogprobs
 from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
@@ -34,7 +37,7 @@ class StepOutput:
     request_id: str
     new_token_ids: list[int]
     new_text: str
-    new_logprobs: list | None  # [TokenLogprobs] when the request asked for logprobs
+    new_logprobs: list[TokenLogprobs] | None  # when the request asked for logprobs
     finish_reason: str | None
     stop_reason: str | int | None
     num_prompt_tokens: int
@@ -50,6 +53,17 @@ class IntegrityError(AssertionError):
 
 
 @dataclass(frozen=True, slots=True)
+class KVStats:
+    """KV cache counters since the engine started (numbers only)."""
+
+    usage: float  # fraction of blocks in use now
+    cached_blocks: int  # blocks resident in the prefix cache now
+    preemptions: int
+    offload_bytes_out: int  # KV sealed by offload
+    offload_bytes_in: int  # KV restored from offload
+
+
+@dataclass(frozen=True, slots=True)
 class ResidueStats:
     """What the engine still holds, as counts: for allowlisted metrics and residue audits."""
 
@@ -60,36 +74,42 @@ class ResidueStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
-        from traceless.runner.build import build_runner  # torch lives behind this import
+    """Public surface: `model`, `tokenizer`, `max_model_len`, admission (`add_request`, `abort`),
+    `step`, counts and cache statistics, `check_integrity`. Nothing else is for callers."""
 
-        t0 = time.monotonic()
-        built = build_runner(config)
+    def __init__(self, config: EngineConfig, parts: EngineParts):
         self.config = config
-        self.built = built
-        self.tokenizer = built.tokenizer
-        self.model_config = built.model_config
-        self.model_name = built.model_name
-        self.max_model_len = built.max_model_len
-        self.runner = built.runner
-        pool = BlockPool(built.cache.num_blocks, built.cache.zero_blocks)
-        self.cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
-                                              self._public_prefixes(config.public_prefixes))
-        self.kv = KVCacheManager(pool, config.block_size, self.cache_config, built.offloader)
+        self.model: ModelInfo = parts.model
+        self.tokenizer = parts.tokenizer
+        self._executor = parts.executor
+        self._kv_memory = parts.kv_memory
+        self._offload = parts.offload
+        self._cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
+                                               self._public_prefixes(config.public_prefixes))
+        pool = BlockPool(parts.kv_memory.num_blocks, parts.kv_memory.zero_blocks)
+        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload)
         self._last_expiry = 0.0
-        self.spec = SpeculativeConfig(SpecMode(config.speculative), config.num_speculative_tokens,
-                                      config.ngram_min, config.ngram_max)
-        self.spec_stats = SpecStats()
-        self._ngram = NgramProposer(self.spec) if self.spec.mode is SpecMode.NGRAM else None
-        self.scheduler = Scheduler(
+        spec = SpeculativeConfig(SpecMode(config.speculative), config.num_speculative_tokens,
+                                 config.ngram_min, config.ngram_max)
+        self._ngram = NgramProposer(spec) if spec.mode is SpecMode.NGRAM else None
+        self._scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            self.spec.model_drafts), self.kv
+                            spec.model_drafts), self._kv
         )
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
-        emit("engine.ready", device=built.device.type, dtype=str(built.dtype).removeprefix("torch."),
-             num_blocks=pool.num_blocks, block_size=config.block_size, max_model_len=self.max_model_len,
-             load_s=time.monotonic() - t0, attention=built.attention)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.max_model_len
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        return self._scheduler.spec_stats
 
     def _public_prefixes(self, texts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
         """Token forms of the operator's public prefixes: as a plain prompt and as a chat system message."""
@@ -119,15 +139,15 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} tokens "
                 "(prompt plus at least one generated token)"
             )
-        vocab = self.model_config.vocab_size
+        vocab = self.model.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids must be below the vocabulary size {vocab}")
-        domain = domain_of(self.cache_config, cache_salt)
+        domain = domain_of(self._cache_config, cache_salt)
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
         request = Request(request_id, ids, params, eos, domain=domain)
         self._requests[request_id] = request
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
-        self.scheduler.add(request)
+        self._scheduler.add(request)
         return list(ids)
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
@@ -136,7 +156,7 @@ class LLMEngine:
         elif isinstance(prompt, (list, tuple)):
             if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
                 raise InvalidRequestError("prompt_token_ids must be a list of integers")
-            vocab = self.model_config.vocab_size
+            vocab = self.model.vocab_size
             if any(t < 0 or t >= vocab for t in prompt):
                 raise InvalidRequestError(f"prompt_token_ids must be in [0, {vocab})")
             ids = list(prompt)
@@ -166,90 +186,82 @@ class LLMEngine:
 
     @property
     def num_running(self) -> int:
-        return len(self.scheduler.running)
+        return len(self._scheduler.running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self._scheduler.waiting)
 
     def kv_usage(self) -> float:
-        return self.kv.pool.usage()
+        return self._kv.pool.usage()
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._kv_memory.num_blocks
+
+    def count_nonzero_blocks(self, start: int, end: int) -> int:
+        """How many of KV blocks [start, end) hold any non-zero value (a slice of an idle scan)."""
+        return self._kv_memory.count_nonzero(start, end)
+
+    def cached_prefix_len(self, token_ids: list[int], cache_salt: str | None = None) -> int:
+        """How many leading tokens a request with these tokens and this salt would take from the
+        prefix cache now (a count; nothing is taken)."""
+        probe = Request("probe", token_ids, SamplingParams(), frozenset(),
+                        domain=domain_of(self._cache_config, cache_salt))
+        try:
+            return len(self._kv.computed_blocks(probe)) * self.config.block_size
+        finally:
+            probe.wipe()
+
+    def kv_stats(self) -> KVStats:
+        off = self._offload
+        return KVStats(self._kv.pool.usage(), len(self._kv.pool.cached), self._scheduler.num_preemptions,
+                       off.bytes_out if off is not None else 0, off.bytes_in if off is not None else 0)
 
     def tick(self, now: float | None = None) -> None:
         """Housekeeping between steps: expire (and zero) prefix-cache blocks past their TTL."""
         now = time.monotonic() if now is None else now
-        if self.kv.caching and now - self._last_expiry >= 0.5:
+        if self._kv.caching and now - self._last_expiry >= 0.5:
             self._last_expiry = now
-            self.kv.pool.expire(self.cache_config.ttl_s, now)
+            self._kv.pool.expire(self._cache_config.ttl_s, now)
 
     def drop_prefix_cache(self) -> int:
         """Evict and zero every cached block that no running request holds (shutdown, tests)."""
-        return self.kv.pool.drop_cache()
+        return self._kv.pool.drop_cache()
 
     def step(self) -> list[StepOutput]:
         self.tick()
         self._propose()
-        sched = self.scheduler.schedule()
-        if not sched.chunks:
+        plan = self._scheduler.schedule()
+        if not plan.seqs:
             return []
         try:
-            sampled = self.runner.step(sched.chunks, self.kv.block_ids)
+            sampled = self._executor.execute(plan)
         except Exception as exc:  # the batch fails; the engine and every other request go on
-            emit("engine.step_failed", num_requests=len(sched.chunks),
+            emit("engine.step_failed", num_requests=len(plan.seqs),
                  error_kind="internal" if not isinstance(exc, MemoryError) else "model_error")
-            return [self._finish(c.request, RequestStatus.FINISHED_ERROR, [], "", None) for c in sched.chunks]
-        outputs = []
-        for chunk in sched.chunks:
-            request = chunk.request
-            request.clear_drafts()
-            # The drafts' KV counts only once they are accepted (_on_tokens); a rejected draft's
-            # slot lies past num_computed_tokens, so nothing reads it before it is overwritten.
-            request.num_computed_tokens += chunk.num_new_tokens - chunk.num_draft_tokens
-            s = sampled.get(request.request_id)
-            if s is None:
-                self.kv.cache_full_blocks(request)
-                continue
-            self.spec_stats.record(chunk.num_draft_tokens, len(s.token_ids) - 1)
-            outputs.append(self._on_tokens(request, s.token_ids, s.logprobs))
-        return outputs
+            failed = [self._requests[s.request_id] for s in plan.seqs]
+            return [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in failed]
+        finally:
+            plan.wipe()
+        updates = self._scheduler.update_from_output(plan, sampled, self._stop)
+        return [self._output(u) if u.status is None else self._finish(u) for u in updates]
 
     def _propose(self) -> None:
         """Prompt lookup for every decoding request, from its own tokens only."""
         if self._ngram is None:
             return
-        for request in self.scheduler.running:
+        for request in self._scheduler.running:
             if request.num_tokens - request.num_computed_tokens == 1:
                 request.set_drafts(self._ngram.propose(request))
 
-    def _on_tokens(self, request: Request, token_ids: list[int], logprobs: list | None) -> StepOutput:
-        """Append the step's tokens one by one (accepted drafts, then the sampled token), stopping
-        at the first that ends the request; later ones are dropped."""
-        detok = self._detok[request.request_id]
-        text, status, n = "", None, 0
-        for token_id in token_ids:
-            if n:  # token n-1 was an accepted draft, fed to the model at this step: its KV is valid
-                request.num_computed_tokens += 1
-            request.append_output(token_id)
-            n += 1
-            status, piece = self._stop(request, token_id, detok)
-            text += piece
-            if status is not None:
-                break
-        self.kv.cache_full_blocks(request)
-        kept = token_ids[:n]
-        lps = logprobs[:n] if logprobs is not None else None
-        if status is not None:
-            return self._finish(request, status, kept, text, lps)
-        return StepOutput(request.request_id, kept, text, lps, None, None, request.num_prompt_tokens,
-                          request.num_output_tokens)
-
-    def _stop(self, request: Request, token_id: int, detok: IncrementalDetokenizer) -> tuple[RequestStatus | None, str]:
+    def _stop(self, request: Request, token_id: int) -> tuple[RequestStatus | None, str]:
         """Whether token_id (just appended) ends the request, and the text it adds."""
         p = request.params
         if token_id in request.eos_token_ids or token_id in p.stop_token_ids:
             request.stop_reason = None if token_id in request.eos_token_ids else token_id
             return RequestStatus.FINISHED_STOPPED, ""
-        text, stop = detok.add(token_id)
+        text, stop = self._detok[request.request_id].add(token_id)
         if stop is not None:
             request.stop_reason = stop
             return RequestStatus.FINISHED_STOPPED, text
@@ -257,18 +269,25 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH, text
         return None, text
 
-    def _finish(self, request: Request, status: RequestStatus, tokens: list[int], text: str | None, lps) -> StepOutput:
+    @staticmethod
+    def _output(u: TokenUpdate) -> StepOutput:
+        r = u.request
+        return StepOutput(r.request_id, u.token_ids, u.text, u.logprobs, None, None, r.num_prompt_tokens,
+                          r.num_output_tokens)
+
+    def _finish(self, u: TokenUpdate) -> StepOutput:
+        request, status = u.request, u.status
         detok = self._detok.get(request.request_id)
         tail = detok.flush() if detok is not None else ""  # empty after a stop-string match
-        out = StepOutput(request.request_id, tokens, (text or "") + tail, lps, status.finish_reason,
+        out = StepOutput(request.request_id, u.token_ids, u.text + tail, u.logprobs, status.finish_reason,
                          request.stop_reason, request.num_prompt_tokens, request.num_output_tokens)
         self._release(request, status)
         return out
 
     def _release(self, request: Request, status: RequestStatus) -> None:
         """The single exit of every request."""
-        self.scheduler.finish(request, status)
-        self.runner.release(request.request_id)
+        self._scheduler.finish(request, status)
+        self._executor.release(request.request_id)
         detok = self._detok.pop(request.request_id, None)
         if detok is not None:
             detok.wipe()
@@ -283,27 +302,26 @@ class LLMEngine:
     def residue_stats(self, nonzero_blocks: int | None = None) -> ResidueStats:
         """What the engine holds, as counts. Without `nonzero_blocks` (from a sliced idle scan) the
         whole KV cache is read here: call it when idle."""
-        off = self.kv.offloader
         if nonzero_blocks is None:
-            nonzero_blocks = len(self.built.cache.nonzero_blocks())
-        return ResidueStats(len(self._requests), nonzero_blocks, len(self.kv.pool.cached),
-                            off.num_swapped() if off is not None else 0)
+            nonzero_blocks = len(self._kv_memory.nonzero_blocks())
+        return ResidueStats(len(self._requests), nonzero_blocks, len(self._kv.pool.cached),
+                            self._offload.num_swapped() if self._offload is not None else 0)
 
     # --- integrity ----------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Raise IntegrityError unless the engine holds nothing: no request, no owned or non-zero
         KV block, no sampler or detokenizer state. Tests call this after the work ends."""
-        problems = list(self.kv.check_integrity())
+        problems = list(self._kv.check_integrity())
         if self._requests or self._detok:
             problems.append(f"{len(self._requests)} request(s) retained")
-        if self.scheduler.num_unfinished:
+        if self._scheduler.num_unfinished:
             problems.append("scheduler queues are not empty")
-        if self.runner.num_held():
+        if self._executor.num_held():
             problems.append("sampler generators retained")
-        dirty = self.built.cache.nonzero_blocks()
+        dirty = self._kv_memory.nonzero_blocks()
         if dirty:
             problems.append(f"{len(dirty)} KV block(s) hold non-zero values")
-        if self.kv.pool.num_free_blocks != self.kv.pool.num_usable_blocks:
+        if self._kv.pool.num_free_blocks != self._kv.pool.num_usable_blocks:
             problems.append("not every KV block is free")
         if problems:
             raise IntegrityError("; ".join(problems))

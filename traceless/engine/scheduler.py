@@ -14,10 +14,13 @@ context. Drafts never cost a preemption: without room for them the request decod
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.request import Request, RequestStatus
+from traceless.engine.speculative import SpecStats
+from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from traceless.events import emit
 
 
@@ -36,7 +39,7 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduledChunk:
+class _Chunk:
     """num_new_tokens from the request's num_computed_tokens on; the last num_draft_tokens of them
     are drafts (the request's own, or made by the model in the step) that the step verifies."""
 
@@ -52,13 +55,19 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True, slots=True)
-class SchedulerOutput:
-    chunks: tuple[ScheduledChunk, ...]
-    num_preempted: int
+class TokenUpdate:
+    """What a step added to one request: its new tokens (cut at the first stop), their text and
+    logprobs, and the status it finished with (None while it runs on)."""
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_new_tokens for c in self.chunks)
+    request: Request
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprobs] | None
+    status: RequestStatus | None
+
+
+# (request, token id just appended) -> (the status it finishes with or None, text it adds)
+StopCheck = Callable[[Request, int], tuple[RequestStatus | None, str]]
 
 
 class Scheduler:
@@ -67,6 +76,9 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.spec_stats = SpecStats()
+        self.num_preemptions = 0
+        self._inflight: dict[str, _Chunk] = {}  # the chunks of the plan the runner is executing
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -77,7 +89,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
+        chunks: list[_Chunk] = []
         preempted = 0
 
         i = 0
@@ -86,7 +98,7 @@ class Scheduler:
             d = self._num_drafts(request, budget)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if d and self.kv.allocate_slots(request, n + d):
-                chunks.append(ScheduledChunk(request, n + d, d))
+                chunks.append(_Chunk(request, n + d, d))
                 budget -= n + d
                 i += 1
                 continue
@@ -97,7 +109,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                chunks.append(ScheduledChunk(request, n))
+                chunks.append(_Chunk(request, n))
                 budget -= n
                 i += 1
                 continue
@@ -120,12 +132,74 @@ class Scheduler:
             self.waiting.popleft()
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)
-            chunks.append(ScheduledChunk(request, n))
+            chunks.append(_Chunk(request, n))
             budget -= n
 
         if preempted:
             emit("engine.preempted", num_requests=preempted)
-        return SchedulerOutput(tuple(chunks), preempted)
+        self._inflight = {c.request.request_id: c for c in chunks}
+        return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted)
+
+    def _plan(self, chunk: _Chunk) -> ScheduledSeq:
+        """The runner's copy of a chunk: plain data, wiped after the step."""
+        r, p = chunk.request, chunk.request.params
+        start = r.num_computed_tokens
+        n_known = chunk.num_new_tokens - chunk.num_draft_tokens
+        model_drafts = chunk.num_draft_tokens if self.config.model_drafts else 0
+        own = list(r.draft_token_ids[: chunk.num_draft_tokens]) if not model_drafts else []
+        needs_out = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+        return ScheduledSeq(
+            request_id=r.request_id,
+            block_table=tuple(self.kv.block_ids(r.request_id)),
+            start=start,
+            token_ids=r.token_ids(start, start + n_known),
+            draft_token_ids=own,
+            model_drafts=model_drafts,
+            sample=chunk.completes_sequence,
+            params=p,
+            prompt_ids=r.prompt_token_ids() if p.repetition_penalty != 1.0 else None,
+            output_ids=r.output_token_ids() if needs_out else None,
+        )
+
+    def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],
+                           check_stop: StopCheck) -> list[TokenUpdate]:
+        """The step's bookkeeping, in one place: computed tokens advance over what the step fed
+        the model, sampled tokens are appended one by one until the first that stops the request,
+        accepted drafts count as computed, and newly filled blocks enter the prefix cache."""
+        updates = []
+        for seq in plan.seqs:
+            chunk = self._inflight.pop(seq.request_id, None)
+            if chunk is None:  # finished (aborted) while the step ran
+                continue
+            request = chunk.request
+            request.clear_drafts()
+            # The drafts' KV counts only once they are accepted (_append); a rejected draft's slot
+            # lies past num_computed_tokens, so nothing reads it before it is overwritten.
+            request.num_computed_tokens += chunk.num_new_tokens - chunk.num_draft_tokens
+            s = sampled.get(seq.request_id)
+            if s is None:
+                self.kv.cache_full_blocks(request)
+                continue
+            self.spec_stats.record(chunk.num_draft_tokens, len(s.token_ids) - 1)
+            updates.append(self._append(request, s, check_stop))
+        return updates
+
+    def _append(self, request: Request, sampled: SampledTokens, check_stop: StopCheck) -> TokenUpdate:
+        """Append the step's tokens (accepted drafts, then the sampled token), stopping at the
+        first that ends the request; later ones are dropped."""
+        text, status, n = "", None, 0
+        for token_id in sampled.token_ids:
+            if n:  # token n-1 was an accepted draft, fed to the model at this step: its KV is valid
+                request.num_computed_tokens += 1
+            request.append_output(token_id)
+            n += 1
+            status, piece = check_stop(request, token_id)
+            text += piece
+            if status is not None:
+                break
+        self.kv.cache_full_blocks(request)
+        lps = sampled.logprobs[:n] if sampled.logprobs is not None else None
+        return TokenUpdate(request, sampled.token_ids[:n], text, lps, status)
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """Drafts to verify with a decoding request this step (0 while it prefills). After the
@@ -139,6 +213,7 @@ class Scheduler:
         return max(0, min(wanted, room, budget - 1))
 
     def _preempt(self, request: Request) -> None:
+        self.num_preemptions += 1
         request.clear_drafts()
         if self.kv.can_offload and request.num_computed_tokens > 0:
             self.kv.swap_out(request)  # KV sealed outside the pool; blocks freed and zeroed
@@ -150,6 +225,7 @@ class Scheduler:
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """The single exit: take the request out of the queues and free (zero) its blocks."""
+        self._inflight.pop(request.request_id, None)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from traceless.config import EngineConfig
 from traceless.engine.llm_engine import LLMEngine, StepOutput
+from traceless.entrypoints.build import build_engine
 from traceless.errors import InvalidRequestError
 from traceless.outputs import CompletionOutput, Logprob, RequestOutput
 from traceless.sampling_params import SamplingParams
@@ -27,8 +28,16 @@ class LLM:
     """An engine on one model. `LLM()` loads the built-in default model (SmolLM2-135M-Instruct)."""
 
     def __init__(self, model: str | None = None, dtype: str = "auto", **engine_options):
-        self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **engine_options))
+        self.engine = build_engine(EngineConfig(model=model, dtype=dtype, **engine_options))
         self._ids = itertools.count()
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """An LLM around an engine built elsewhere (tests, tools that assemble EngineParts themselves)."""
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        llm._ids = itertools.count()
+        return llm
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
-from traceless.runner.attention import AttentionMetadata, PagedAttention
+from traceless.model.layers.attention import AttentionMetadata, PagedAttention
 
 
 class Linear:

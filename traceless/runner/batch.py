@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from traceless.runner.attention import AttentionMetadata, LongBatch, ShortBatch
+from traceless.model.layers.attention import AttentionMetadata, LongBatch, ShortBatch
 
 # Sequences with at most this many new tokens go to the native kernel (decode, small chunks).
 SHORT_MAX_TOKENS = 8

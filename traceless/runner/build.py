@@ -1,40 +1,24 @@
 """Assemble the torch side of an engine from an EngineConfig: device, dtype, weights, KV cache,
-attention backend, model runner."""
+attention backend, model runner, KV offload store; handed to the engine as `EngineParts`."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from traceless.config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from traceless.engine.step_io import EngineParts, ModelInfo
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
 from traceless.model.llama import LlamaModel
 from traceless.model.loader import load_model
 from traceless.model.rope import Rope
 from traceless.model.tokenizer import Tokenizer
-from traceless.runner.attention import PagedAttention
-from traceless.runner.kernels import KernelUnavailable, NativeKernels
-from traceless.runner.kv_cache import KVCache, block_bytes
+from traceless.model.layers.attention import PagedAttention
+from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
+from traceless.model.layers.kv_cache import KVCache, block_bytes
 from traceless.runner.model_runner import ModelRunner
-from traceless.runner.ops import NativeOps, TorchOps
+from traceless.model.layers.ops import NativeOps, TorchOps
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True, slots=True)
-class BuiltRunner:
-    runner: ModelRunner
-    cache: KVCache
-    tokenizer: Tokenizer
-    model_config: ModelConfig
-    model_name: str
-    model_path: str
-    max_model_len: int
-    device: torch.device
-    dtype: torch.dtype
-    attention: str  # "native" | "torch"
-    offloader: object | None = None  # runner.offload.KVOffloader when KV offload is on
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,7 +78,7 @@ def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
     return n
 
 
-def build_runner(cfg: EngineConfig) -> BuiltRunner:
+def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     loaded = load_model(cfg.model, dtype)
@@ -124,13 +108,15 @@ def build_runner(cfg: EngineConfig) -> BuiltRunner:
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
     runner = ModelRunner(model, cfg.block_size, device, kernels is not None, cfg.seed, draft_layers)
-    offloader = None
+    offload = None
     if cfg.kv_offload != "none":
         from traceless.runner.offload import KVOffloader
 
-        offloader = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
-    return BuiltRunner(runner, cache, loaded.tokenizer, mc, loaded.name, str(loaded.path), max_model_len,
-                       device, dtype, "native" if kernels is not None else "torch", offloader)
+        offload = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
+    info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
+                     num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
+                     attention="native" if kernels is not None else "torch")
+    return EngineParts(runner, cache, loaded.tokenizer, info, offload)
 
 
 def _default_offload_dir() -> str:

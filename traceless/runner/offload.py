@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from traceless.runner.kv_cache import KVCache
+from traceless.model.layers.kv_cache import KVCache
 
 NONCE_LEN, TAG_LEN = 12, 16
 

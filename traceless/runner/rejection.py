@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from traceless.runner.sampler import Sampler, SampleRow, TokenLogprobs
+from traceless.engine.step_io import TokenLogprobs
+from traceless.runner.sampler import Sampler, SampleRow
 
 
 @dataclass(frozen=True, slots=True)

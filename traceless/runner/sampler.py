@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from traceless.engine.step_io import TokenLogprobs
 from traceless.sampling_params import SamplingParams
 
 
@@ -22,14 +23,6 @@ class SampleRow:
     generator: torch.Generator | None  # per-request, for seeded requests
     prompt_ids: list[int] | None  # only when a repetition penalty needs them
     output_ids: list[int] | None  # only when a penalty needs them
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    token_logprob: float
-    token_rank: int
-    top_ids: list[int]
-    top_logprobs: list[float]
 
 
 @dataclass(frozen=True, slots=True)

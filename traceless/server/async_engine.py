@@ -17,6 +17,7 @@ import time
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from traceless.engine.llm_engine import LLMEngine, StepOutput
 from traceless.errors import EngineDeadError
@@ -24,9 +25,19 @@ from traceless.events import emit
 from traceless.sampling_params import SamplingParams
 
 
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    spec: dict[str, float]  # SpecStats.as_dict()
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
-        self.engine = engine
+        self._engine = engine
+        self.model = engine.model
+        self.tokenizer = engine.tokenizer
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}
@@ -35,6 +46,19 @@ class AsyncEngine:
         self._stopping = False
         self.dead = False
         self._idle = IdleWork(engine)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.max_model_len
+
+    def stats(self) -> EngineStats:
+        """Counts for allowlisted metrics (read from the event loop: plain numbers, no content)."""
+        e = self._engine
+        return EngineStats(e.num_running, e.num_waiting, e.kv_usage(), e.spec_stats.as_dict())
 
     @property
     def residue(self):
@@ -99,14 +123,14 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 self._drain()
-                if not self.engine.has_unfinished():
+                if not self._engine.has_unfinished():
                     # Idle: housekeeping in small slices, so a request that arrives waits at most one slice.
                     more = self._commands.empty() and self._idle.step()
                     self._wake.wait(timeout=0.0 if more else 1.0)
                     self._wake.clear()
                     continue
                 self._idle.reset()
-                outputs = self.engine.step()
+                outputs = self._engine.step()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
         except Exception:  # a bug outside the per-batch error handling: stop serving, loudly
@@ -114,7 +138,7 @@ class AsyncEngine:
             emit("engine.step_failed", num_requests=len(self._streams), error_kind="internal")
             self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
         finally:
-            self.engine.abort_all()
+            self._engine.abort_all()
 
     def _drain(self) -> None:
         while True:
@@ -124,11 +148,11 @@ class AsyncEngine:
                 return
             try:
                 if kind == "add":
-                    fut.set_result(self.engine.add_request(*args))
+                    fut.set_result(self._engine.add_request(*args))
                 elif kind == "abort":
-                    fut.set_result(self.engine.abort(*args))
+                    fut.set_result(self._engine.abort(*args))
                 elif kind == "call":
-                    fut.set_result(args[0](self.engine))
+                    fut.set_result(args[0](self._engine))
             except Exception as exc:
                 fut.set_exception(exc)
 
@@ -152,7 +176,7 @@ class IdleWork:
     SCAN_SLICE = 128
 
     def __init__(self, engine: LLMEngine):
-        self.engine = engine
+        self._engine = engine
         self.residue = None
         self._idle_since: float | None = None
         self._collected = True
@@ -169,7 +193,7 @@ class IdleWork:
         now = time.monotonic()
         if self._idle_since is None:
             self._idle_since = now
-        self.engine.tick(now)
+        self._engine.tick(now)
         if not self._collected:
             if now - self._idle_since < self.IDLE_GC_S:
                 return False  # wait for quiet (the wake-up timeout brings us back)
@@ -178,12 +202,12 @@ class IdleWork:
             return True
         if self._cursor == 0 and now - self._scanned_at < self.SCAN_INTERVAL_S:
             return False
-        cache = self.engine.built.cache
-        end = min(self._cursor + self.SCAN_SLICE, cache.num_blocks)
-        self._nonzero += cache.count_nonzero(self._cursor, end)
+        num_blocks = self._engine.num_kv_blocks
+        end = min(self._cursor + self.SCAN_SLICE, num_blocks)
+        self._nonzero += self._engine.count_nonzero_blocks(self._cursor, end)
         self._cursor = end
-        if end < cache.num_blocks:
+        if end < num_blocks:
             return True
-        self.residue = self.engine.residue_stats(self._nonzero)
+        self.residue = self._engine.residue_stats(self._nonzero)
         self._cursor, self._nonzero, self._scanned_at = 0, 0, time.monotonic()
         return False

@@ -34,11 +34,11 @@ def stream_shape(args: argparse.Namespace):
 
 
 def build_engine(args: argparse.Namespace):
-    from traceless.engine.llm_engine import LLMEngine
+    from traceless.entrypoints.build import build_engine
     from traceless.config import EngineConfig
     from traceless.server.async_engine import AsyncEngine
 
-    return AsyncEngine(LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
+    return AsyncEngine(build_engine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
 
 
 def run_uvicorn(app, host: str, port: int, component: str) -> None:
@@ -63,7 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure_logging()
     engine = build_engine(args)
-    settings = ServerSettings(args.served_model_name or engine.engine.model_name,
+    settings = ServerSettings(args.served_model_name or engine.model_name,
                               args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
                               stream_shape=stream_shape(args))
     run_uvicorn(create_app(engine, settings), args.host, args.port, "server")

@@ -122,14 +122,13 @@ class Metrics:
 
 def set_engine_gauges(metrics: Metrics, engine) -> None:
     """Gauges read from an AsyncEngine (counts only)."""
-    e = engine.engine
-    metrics.set("traceless_num_requests_running", e.num_running)
-    metrics.set("traceless_num_requests_waiting", e.num_waiting)
-    metrics.set("traceless_kv_cache_usage_ratio", e.kv_usage())
-    spec = e.spec_stats
-    metrics.set_total("traceless_spec_decode_num_draft_tokens_total", spec.proposed)
-    metrics.set_total("traceless_spec_decode_num_accepted_tokens_total", spec.accepted)
-    metrics.set_total("traceless_spec_decode_num_verify_steps_total", spec.verify_steps)
+    s = engine.stats()
+    metrics.set("traceless_num_requests_running", s.num_running)
+    metrics.set("traceless_num_requests_waiting", s.num_waiting)
+    metrics.set("traceless_kv_cache_usage_ratio", s.kv_usage)
+    metrics.set_total("traceless_spec_decode_num_draft_tokens_total", s.spec["proposed"])
+    metrics.set_total("traceless_spec_decode_num_accepted_tokens_total", s.spec["accepted"])
+    metrics.set_total("traceless_spec_decode_num_verify_steps_total", s.spec["verify_steps"])
     r = engine.residue
     if r is not None:
         metrics.set("traceless_kv_blocks_nonzero", r.nonzero_blocks)

@@ -39,8 +39,8 @@ class OpenAIService:
         self.shape = shape
         self.model_name = model_name
         self.metrics = metrics
-        self.tokenizer = engine.engine.tokenizer
-        self.max_model_len = engine.engine.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless"}]}

@@ -32,7 +32,7 @@ def _lp(b):
 def test_code_digest_follows_the_documented_encoding(package):
     files = code_files(package)
     paths = [p for p, _ in files]
-    assert "privacy/attestation/measurement.py" in paths and "runner/csrc/kernels.c" in paths
+    assert "privacy/attestation/measurement.py" in paths and "model/layers/csrc/kernels.c" in paths
     assert paths == sorted(paths) and not any(p.endswith((".so", ".pyc")) for p in paths)
     want = hashlib.sha256(_lp(b"traceless/measurement/code/v1") + b"".join(
         _lp(p.encode()) + hashlib.sha256((package / p).read_bytes()).digest() for p in paths))
@@ -47,7 +47,7 @@ def test_any_code_change_changes_the_code_digest(package, change):
     if change == "edit_py":
         target.write_bytes(target.read_bytes() + b"\n")
     elif change == "edit_c":
-        kernel = package / "runner" / "csrc" / "kernels.c"
+        kernel = package / "model" / "layers" / "csrc" / "kernels.c"
         kernel.write_bytes(kernel.read_bytes().replace(b"0", b"1", 1))
     elif change == "add_py":
         (package / "privacy" / "backdoor.py").write_text("")
@@ -62,7 +62,7 @@ def test_build_artifacts_do_not_change_the_code_digest(package):
     before = code_digest(package)
     (package / "__pycache__").mkdir()
     (package / "__pycache__" / "cli.cpython-311.pyc").write_bytes(b"\x00" * 16)
-    (package / "runner" / "libkernels.so").write_bytes(b"\x7fELF")
+    (package / "model" / "layers" / "libkernels.so").write_bytes(b"\x7fELF")
     assert code_digest(package) == before
 
 

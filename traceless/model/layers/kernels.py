@@ -1,6 +1,6 @@
 """ctypes binding of the native CPU kernels in csrc/kernels.c.
 
-The library is built by `pip install` (setup.py) as `traceless/runner/_kernels*.so`. It is not a
+The library is built by `pip install` (setup.py) as `traceless/model/layers/_kernels*.so`. It is not a
 Python extension module: we find its file with `find_spec` and open it with ctypes. torch is
 imported first so that the library's libgomp.so.1 resolves to torch's already-loaded copy and both
 share one OpenMP thread pool.
@@ -90,7 +90,7 @@ class NativeKernels:
 
     @classmethod
     def load(cls) -> "NativeKernels":
-        spec = importlib.util.find_spec("traceless.runner._kernels")
+        spec = importlib.util.find_spec("traceless.model.layers._kernels")
         if spec is None or spec.origin is None:
             raise KernelUnavailable(
                 "native kernels are not built; install traceless with `pip install -e .` (needs a C compiler)"

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from traceless.runner.kernels import NativeKernels, PagedAttentionArgs
+from traceless.model.layers.kernels import NativeKernels, PagedAttentionArgs
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from traceless.runner.kernels import NativeKernels, PagedAttentionArgs
-from traceless.runner.kv_cache import KVCache
+from traceless.model.layers.kernels import NativeKernels, PagedAttentionArgs
+from traceless.model.layers.kv_cache import KVCache
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from traceless.model.rope import Rope, apply_rope
-from traceless.runner.kernels import NativeKernels
-from traceless.runner.kv_cache import KVCache
+from traceless.model.layers.kernels import NativeKernels
+from traceless.model.layers.kv_cache import KVCache
 
 
 class TorchOps:

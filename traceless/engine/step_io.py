@@ -1,0 +1,155 @@
+"""What one engine step hands the model runner, what it gets back, and the interfaces of the parts
+the engine is built from. No torch, no engine state: the runner imports this module and nothing
+else of the engine.
+
+    Scheduler.schedule() -> SchedulerOutput (plain, frozen) -> ModelExecutor.execute()
+        -> {request_id: SampledTokens} -> Scheduler.update_from_output()
+
+The token lists in a SchedulerOutput are copies of user content made for this one step; the engine
+calls `wipe()` once the step is over, whatever way it ended.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from traceless.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from traceless.model.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    """One request's share of a step.
+
+    Positions [start, start + len(token_ids) + num_drafts) are computed, K/V through block_table:
+
+        token_ids    known tokens (a prefill chunk, or the last sampled token when decoding)
+        drafts       the request's own drafts (prompt lookup), verified after token_ids; or, when
+                     model_drafts > 0, that many positions the runner's draft model fills in the step
+        sample       the chunk reaches the end of the known tokens: the step samples after the last
+                     known token and after every draft (1 + num_drafts logit rows)
+    """
+
+    request_id: str
+    block_table: tuple[int, ...]
+    start: int
+    token_ids: list[int]
+    draft_token_ids: list[int]
+    model_drafts: int
+    sample: bool
+    params: SamplingParams
+    prompt_ids: list[int] | None = None  # only when a repetition penalty needs them
+    output_ids: list[int] | None = None  # only when a penalty needs them
+
+    @property
+    def num_drafts(self) -> int:
+        return self.model_drafts or len(self.draft_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) + self.num_drafts
+
+    def wipe(self) -> None:
+        for buf in (self.token_ids, self.draft_token_ids, self.prompt_ids, self.output_ids):
+            if buf is not None:
+                buf[:] = [0] * len(buf)
+                buf.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    seqs: tuple[ScheduledSeq, ...]
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+    def wipe(self) -> None:
+        for s in self.seqs:
+            s.wipe()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    token_logprob: float
+    token_rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class SampledTokens:
+    """What a step emits for one request: one token, or accepted drafts and one more."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None  # one per token, when the request asked for logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the engine and its callers may know of the model it runs."""
+
+    name: str
+    path: str
+    vocab_size: int
+    max_model_len: int
+    num_layers: int
+    device: str  # "cpu" | "cuda"
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    attention: str  # "native" | "torch"
+
+
+class ModelExecutor(Protocol):
+    """Runs one step on the model (runner/model_runner.py)."""
+
+    def execute(self, plan: SchedulerOutput) -> dict[str, SampledTokens]:
+        """Sampled tokens of every sequence with `sample` set."""
+
+    def release(self, request_id: str) -> None:
+        """Drop per-request state (a seeded generator)."""
+
+    def num_held(self) -> int:
+        """Requests whose per-request state is still held."""
+
+
+class KVMemory(Protocol):
+    """The KV cache tensors, by block id (model/layers/kv_cache.py)."""
+
+    num_blocks: int
+
+    def zero_blocks(self, block_ids: list[int]) -> None: ...
+
+    def count_nonzero(self, start: int, end: int) -> int: ...
+
+    def nonzero_blocks(self) -> set[int]: ...
+
+
+class KVOffloadStore(Protocol):
+    """Sealed copies of preempted requests' KV (runner/offload.py)."""
+
+    bytes_out: int  # plaintext bytes sealed so far
+    bytes_in: int  # plaintext bytes restored so far
+
+    def save(self, request_id: str, block_ids: list[int]) -> None: ...
+
+    def restore(self, request_id: str, block_ids: list[int]) -> None: ...
+
+    def discard(self, request_id: str) -> None: ...
+
+    def is_swapped(self, request_id: str) -> bool: ...
+
+    def num_swapped(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    """Everything an LLMEngine is built from; runner/build.py makes one from an EngineConfig."""
+
+    executor: ModelExecutor
+    kv_memory: KVMemory
+    tokenizer: Tokenizer
+    model: ModelInfo
+    offload: KVOffloadStore | None = None
