@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: run test install clean
+.PHONY: run test lint install clean
 
 $(STAMP): pyproject.toml setup.py traceless/model/layers/csrc/kernels.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/traceless up
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check traceless tests bench
+	$(VENV)/bin/mypy
+
+test: lint
 	# pytest exits 5 when it collects no tests: that is a failure of the suite, not a pass.
 	$(PY) -m pytest -q
 

@@ -13,7 +13,7 @@ TINY_VOCAB = 384
 
 def _write_tokenizer(path: Path, vocab_size: int) -> None:
     """A word-level tokenizer over 'w0'..'wN' plus <s>/</s>, enough to drive a random model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for i in range(3, vocab_size):
@@ -29,7 +29,14 @@ def _write_tokenizer(path: Path, vocab_size: int) -> None:
 
 def make_tiny_model(path: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -119,3 +126,20 @@ class ExecutorSpy:
 
     def num_held(self):
         return self.real.num_held()
+
+
+@pytest.fixture
+def record_mkdtemp(tmp_path, monkeypatch):
+    """record_mkdtemp(module): the module's tempfile.mkdtemp makes its directories under tmp_path
+    and lists them, so a test can check that they were removed."""
+    def patch(module) -> list[Path]:
+        made: list[Path] = []
+        real = module.tempfile.mkdtemp
+
+        def mkdtemp(**kw):
+            made.append(Path(real(dir=tmp_path, **kw)))
+            return str(made[-1])
+
+        monkeypatch.setattr(module.tempfile, "mkdtemp", mkdtemp)
+        return made
+    return patch

@@ -4,7 +4,13 @@ import random
 import pytest
 
 from traceless.audit.stats import (
-    auc_interval, auc_p_value, best_threshold_accuracy, chi2_sf, chi_square_p, held_out_accuracy, roc_auc,
+    auc_interval,
+    auc_p_value,
+    best_threshold_accuracy,
+    chi2_sf,
+    chi_square_p,
+    held_out_accuracy,
+    roc_auc,
     wilson_interval,
 )
 

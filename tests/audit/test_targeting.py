@@ -12,9 +12,16 @@ from traceless.audit.targeting import run
 from traceless.audit.targeting_estimate import AT, BEATS, Scenario
 from traceless.audit.targeting_gateway import GATEWAY_STRATEGIES, MODEL, GatewayRouting, measure_gateway
 from traceless.audit.targeting_policies import (
-    PREMIUM, ClusterState, LeastLoaded, NodeSpec, PrefixAware, RequestFeatures, UserAffinity, ring_position,
+    PREMIUM,
+    ClusterState,
+    LeastLoaded,
+    NodeSpec,
+    PrefixAware,
+    RequestFeatures,
+    UserAffinity,
+    ring_position,
 )
-from traceless.cli import main
+from traceless.cli.parser import main
 from traceless.cluster.routing import choose_nodes
 
 SCENARIO = Scenario(capacities=(1.0, 2.0, 3.0, 4.0), attacker_nodes=frozenset({0, 1}), requests=1000, seed=3)

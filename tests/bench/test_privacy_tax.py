@@ -10,6 +10,7 @@ import pytest
 from traceless.bench import privacy_tax_report as report
 from traceless.bench.privacy_tax import CLASSES, PATHS, QUICK, TaxConfig, class_prompts, config_from, order
 from traceless.bench.privacy_tax_breakdown import events
+from traceless.report.output import finish
 
 
 # --- definitions and workload ------------------------------------------------------------------------
@@ -52,7 +53,7 @@ def test_config_validation_and_quick_defaults():
 
 
 def test_the_command_is_registered_and_rejects_bad_options(capsys):
-    from traceless.cli import build_parser, main
+    from traceless.cli.parser import build_parser, main
 
     args = build_parser().parse_args(["bench", "privacy-tax", "--quick", "--classes", "short,long", "--json", "x"])
     assert args.quick and args.classes == "short,long" and args.json == "x"
@@ -102,10 +103,9 @@ def test_report_table_comparison_json_and_plot(tmp_path, capsys):
     assert (c["worst_tokens_per_s_class"], c["worst_ttft_p50_class"]) == ("long", "short")
     assert c["worst_tokens_per_s_pct"] == pytest.approx(4.0) and c["below_published"] is True
     assert rep["breakdown"]["per_private_request"]["tokens_fetched"] == pytest.approx(1.0)
-    report.print_report(rep)
+    finish(rep, report.print_report, tmp_path / "r.json", report.plot, str(tmp_path / "r.png"))
     out = capsys.readouterr().out
     assert "TTFT p50 (ms)" in out and "+10.0%" in out and "-> below" in out
-    report.write(rep, str(tmp_path / "r.json"), str(tmp_path / "r.png"))
     assert json.loads((tmp_path / "r.json").read_text())["comparison"]["worst_ttft_p50_pct"] == pytest.approx(10.0)
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a private path that loses 10% of tokens/s on one class is above the published 7%
@@ -116,7 +116,7 @@ def test_report_table_comparison_json_and_plot(tmp_path, capsys):
 # --- end to end --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_tiny_run_measures_both_paths_and_really_uses_the_private_path(tmp_path, capsys):
-    from traceless.cli import main
+    from traceless.cli.parser import main
 
     work, out_json, out_png = tmp_path / "work", tmp_path / "tax.json", tmp_path / "tax.png"
     n, out_len, conc, probes = 2, 4, 2, 2

@@ -6,8 +6,8 @@ import pytest
 
 from traceless.client.node_verifier import NodeRefused, NodeVerifier
 from traceless.client.private_client import ClientConfig
-from traceless.privacy.attestation.software import SoftwareAttester, new_claims
 from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.attestation.software import SoftwareAttester, new_claims
 from traceless.privacy.ohttp.gateway import OhttpServer
 
 

@@ -11,11 +11,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from traceless.cluster.processes import serve_in_thread
+from traceless.http.serve import serve_in_thread
 from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.privacypass import protocol as privacypass
-from traceless.privacy.ohttp.gateway import OhttpServer, encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.ohttp.chunked import split_chunks
+from traceless.privacy.ohttp.gateway import OhttpServer, encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.http import format_authorization, parse_www_authenticate
 from traceless.privacy.privacypass.wire import TokenChallenge
 

@@ -11,19 +11,24 @@ import httpx
 import pytest
 
 from tests.cluster._services import (
-    STREAM_DELAY_S, FakeNode, encrypt_chunked_for, encrypt_for, mint_tokens, running_app,
+    STREAM_DELAY_S,
+    FakeNode,
+    encrypt_chunked_for,
+    encrypt_for,
+    mint_tokens,
+    running_app,
 )
 from traceless import events
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app
 from traceless.cluster.health import check_all
-from traceless.cluster.http_common import upstream_client
 from traceless.cluster.issuer import IssuerConfig, create_issuer_app
 from traceless.cluster.issuer_directory import IssuerDirectoryError, fetch_issuer_keys
+from traceless.http.upstream import upstream_client
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
+from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
 from traceless.privacy.privacypass.http import parse_www_authenticate
 from traceless.privacy.privacypass.wire import TokenChallenge
-from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
 
 ISSUER_URL = "http://issuer.test:8091"
 OHTTP_REQ = {"content-type": "message/ohttp-req"}

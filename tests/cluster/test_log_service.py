@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from tests.cluster._helpers import running_log_service
 from traceless import events
 from traceless.cluster import log_service
-from traceless.privacy.translog.merkle import leaf_hash, merkle_tree_hash, verify_consistency, verify_inclusion
 from traceless.privacy.translog.log import TransparencyLog
+from traceless.privacy.translog.merkle import leaf_hash, merkle_tree_hash, verify_consistency, verify_inclusion
 from traceless.privacy.translog.tree_head import SignedTreeHead
 
 LEAVES = [f"release-{i}".encode() for i in range(6)]
@@ -119,7 +119,7 @@ def test_bad_parameters_are_400_json(shared, path, params):
     response = http.get(path, params=params)
     assert response.status_code == 400
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "code"} and error["type"] == "invalid_request_error"
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert SECRETISH not in response.text
 
 
@@ -131,7 +131,7 @@ def test_unknown_leaf_is_404_and_unknown_route_is_json(shared):
                         params={"leaf_hash": leaf_hash(LEAVES[4]).hex(), "tree_size": 2})
     assert response.status_code == 404
     response = http.get("/append")
-    assert response.status_code == 404 and response.json()["error"]["code"] == "unknown_route"
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
     response = http.post("/sth")
     assert response.status_code == 405 and "error" in response.json()
 

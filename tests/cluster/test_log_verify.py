@@ -6,8 +6,6 @@ import pytest
 
 from tests.cluster._helpers import rewrite_history
 from traceless.privacy.translog import log as tl
-from traceless.privacy.translog.merkle import leaf_hash
-from traceless.privacy.translog.log import TransparencyLog
 from traceless.privacy.translog.client import (
     InclusionProofError,
     InconsistentLogError,
@@ -20,6 +18,8 @@ from traceless.privacy.translog.client import (
     measurement_leaf,
     verify_log,
 )
+from traceless.privacy.translog.log import TransparencyLog
+from traceless.privacy.translog.merkle import leaf_hash
 
 RELEASES = [bytes([i]) * 32 for i in range(1, 6)]
 

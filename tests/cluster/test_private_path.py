@@ -16,7 +16,7 @@ import pytest
 from tests.cluster.tap import Tap
 from traceless import SamplingParams
 from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
-from traceless.cluster.up import Deployment, UpOptions
+from traceless.local.up import Deployment, UpOptions
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
@@ -50,7 +50,7 @@ def deployment(tmp_path_factory):
 
 
 def _free_port():
-    from traceless.audit.services import free_port
+    from traceless.local.services import free_port
 
     return free_port()
 
@@ -168,9 +168,9 @@ def _processed(deployment) -> float:
     ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_error"), ("not_in_log", "not_in_log"),
 ])
 def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, tmp_path, change, reason, caplog):
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     import logging
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     caplog.set_level(logging.INFO, logger="traceless.events")
     e = deployment.endpoints
@@ -205,8 +205,8 @@ def _other_log(tmp_path) -> dict:
 
     import uvicorn
 
-    from traceless.audit.services import free_port
     from traceless.cluster.log_service import create_app
+    from traceless.local.services import free_port
     from traceless.privacy.translog.log import TransparencyLog
 
     log = TransparencyLog.create(tmp_path / "log")

@@ -7,7 +7,12 @@ import httpx
 import pytest
 
 from tests.cluster._services import (
-    STREAM_DELAY_S, FakeNode, encrypt_chunked_for, encrypt_for, mint_tokens, running_app,
+    STREAM_DELAY_S,
+    FakeNode,
+    encrypt_chunked_for,
+    encrypt_for,
+    mint_tokens,
+    running_app,
 )
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app
 from traceless.cluster.relay import RelayConfig, create_relay_app

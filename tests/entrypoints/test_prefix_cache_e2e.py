@@ -4,8 +4,6 @@ import random
 import pytest
 
 from traceless import LLM, SamplingParams
-from traceless.engine.prefix_cache import domain_of
-from traceless.engine.request import Request
 
 SALT = "s" * 24
 

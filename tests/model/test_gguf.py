@@ -16,8 +16,16 @@ import pytest
 import torch
 
 from tests.conftest import make_tiny_model
-from tests.model.gguf_helpers import (GGUFSpec, Hyper, byte_level_vocab, hf_name, hf_state, llama_cpp_permute, to_hf_names,
-                                      write_gguf)
+from tests.model.gguf_helpers import (
+    GGUFSpec,
+    Hyper,
+    byte_level_vocab,
+    hf_name,
+    hf_state,
+    llama_cpp_permute,
+    to_hf_names,
+    write_gguf,
+)
 from traceless import LLM, SamplingParams
 from traceless.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
 from traceless.model.gguf_loader import load_gguf

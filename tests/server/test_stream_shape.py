@@ -77,14 +77,16 @@ def chunked_ciphertexts(body: bytes, nonce_len: int = 16) -> list[int]:
 
 
 def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
-    from tests.cluster.test_node import call as node_call
-    from traceless.cluster.node import NodeIdentity, NodeSettings, create_node_app
+    from tests.node.test_node import call as node_call
     from traceless.entrypoints.build import build_engine
-    from traceless.privacy.bhttp import message as bhttp
-    from traceless.privacy.attestation.software import SoftwareAttester
+    from traceless.node.app import create_node_app
+    from traceless.node.identity import NodeIdentity
+    from traceless.node.settings import NodeSettings
     from traceless.privacy.attestation.measurement import Measurement
-    from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
+    from traceless.privacy.attestation.software import SoftwareAttester
+    from traceless.privacy.bhttp import message as bhttp
     from traceless.privacy.ohttp.chunked import split_chunks
+    from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
     from traceless.server.async_engine import AsyncEngine
 
     engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,

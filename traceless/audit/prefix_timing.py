@@ -11,17 +11,23 @@ can never hit the victim's blocks: the AUC must be at chance (0.5).
 """
 from __future__ import annotations
 
-import json
 import random
 import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
-from traceless.audit.services import spawn_serve
-from traceless.audit.stats import auc_interval, auc_p_value, best_threshold_accuracy, held_out_accuracy, roc_auc, roc_curve
+from traceless.audit.stats import (
+    auc_interval,
+    auc_p_value,
+    best_threshold_accuracy,
+    held_out_accuracy,
+    roc_auc,
+    roc_curve,
+)
+from traceless.local.services import spawn_serve
+from traceless.report.output import figure, finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +109,7 @@ def run(cfg: AttackConfig, json_path: str | None, plot_path: str | None) -> dict
                 results.append(run_mode(svc.url, mode, cfg, rng, bar))
     report = {"attack": "prefix-timing", "trials_per_mode": cfg.trials, "prefix_tokens": cfg.prefix_tokens,
               "results": [r.summary() for r in results]}
-    print_report(report)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    if plot_path:
-        plot(results, plot_path)
-    return report
+    return finish(report, print_report, json_path, lambda _, path: plot(results, path), plot_path)
 
 
 def print_report(report: dict) -> None:
@@ -126,20 +127,12 @@ def print_report(report: dict) -> None:
 
 
 def plot(results: list[ModeResult], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    for r in results:
-        fpr, tpr = roc_curve([-t for t in r.positives], [-t for t in r.negatives])
-        ax.plot(fpr, tpr, label=f"{r.mode} cache (AUC {r.summary()['auc']:.2f})")
-    ax.plot([0, 1], [0, 1], "k:", label="chance")
-    ax.set_xlabel("false positive rate")
-    ax.set_ylabel("true positive rate")
-    ax.set_title("Prefix-cache timing attack")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, (5, 5)) as (fig, ax):
+        for r in results:
+            fpr, tpr = roc_curve([-t for t in r.positives], [-t for t in r.negatives])
+            ax.plot(fpr, tpr, label=f"{r.mode} cache (AUC {r.summary()['auc']:.2f})")
+        ax.plot([0, 1], [0, 1], "k:", label="chance")
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+        ax.set_title("Prefix-cache timing attack")
+        ax.legend(loc="lower right")

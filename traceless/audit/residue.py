@@ -17,9 +17,9 @@ heap memory until it is reused, unless the allocator scrubs freed memory (--scru
 from __future__ import annotations
 
 import json
-import shutil
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,8 +31,9 @@ from pathlib import Path
 import httpx
 
 from traceless.audit.memscan import scan_process
-from traceless.audit.services import free_port, stop, wait_ready
 from traceless.audit.residue_client import OhttpTestClient
+from traceless.local.services import free_port, stop, wait_ready
+from traceless.report.output import finish
 
 PATHS = ("plain", "chat", "stream", "abort", "fail_param", "fail_context", "preempt", "prefix")
 
@@ -156,10 +157,7 @@ def run(cfg: ResidueConfig, json_path: str | None) -> dict:
               "places": places, "process_memory": {name: memory.get(n, 0) for name, n in needles.items()},
               "process_memory_total": sum(memory.values()), "failed": any(v != 0 for v in places.values())}
     shutil.rmtree(workdir, ignore_errors=True)  # searched above; the audit leaves nothing of its own
-    print_report(report)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return finish(report, print_report, json_path)
 
 
 def _count(data: bytes, needles: dict[str, bytes]) -> int:

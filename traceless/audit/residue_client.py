@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 
 from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.ohttp.chunked import split_chunks
+from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 
 

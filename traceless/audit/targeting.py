@@ -14,12 +14,10 @@ strategy that fits it, to show the harness detects targeting where it exists.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from traceless.audit.targeting_estimate import AT, BEATS, Estimate, Scenario
 from traceless.audit.targeting_gateway import GATEWAY_STRATEGIES, GatewayAttackConfig, measure_gateway
 from traceless.audit.targeting_sim import SIM_PLAN, Workload, simulate
+from traceless.report.output import figure, finish
 
 
 def measure_all(scenario: Scenario, gateway_cfg: GatewayAttackConfig = GatewayAttackConfig(),
@@ -57,12 +55,7 @@ def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None 
     with tqdm(total=len(GATEWAY_STRATEGIES) + len(SIM_PLAN), desc="policy x strategy", unit="row") as bar:
         results = measure_all(scenario, gateway_cfg, progress=bar)
     report = build_report(scenario, results)
-    print_report(report)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    if plot_path:
-        plot(report, plot_path)
-    return report
+    return finish(report, print_report, json_path, plot, plot_path)
 
 
 def print_report(report: dict) -> None:
@@ -90,15 +83,15 @@ def print_report(report: dict) -> None:
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     rows = report["results"]
-    fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(rows)), 5))
+    with figure(path, (max(8, 0.8 * len(rows)), 5)) as (fig, ax):
+        _draw_targeting(ax, rows, Line2D, Patch)
+
+
+def _draw_targeting(ax, rows: list[dict], Line2D, Patch) -> None:
     for x, r in enumerate(rows):
         p, (lo, hi) = r["p_target_in_T"], r["p_95ci"]
         colour = "tab:green" if not r["simulated"] else "tab:red" if r["verdict"] == BEATS else "tab:gray"
@@ -116,6 +109,3 @@ def plot(report: dict, path: str) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("P(target's request lands on the attacker's nodes)")
     ax.set_title("Non-targetability: P(target in T) with 95% CI vs capacity share")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

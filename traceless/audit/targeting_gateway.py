@@ -32,10 +32,10 @@ import httpx
 
 from traceless.audit.targeting_estimate import Estimate, Scenario
 from traceless.audit.targeting_nodes import AuditNode, NodeFarm
-from traceless.cluster.processes import serve_in_thread
 from traceless.audit.targeting_policies import PREMIUM, ClusterState, NodeSpec, RequestFeatures, RoutingPolicy
 from traceless.audit.targeting_sim import app_prefix
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless.http.serve import serve_in_thread
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys

@@ -21,9 +21,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.attestation.software import SoftwareAttester, new_claims
 from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.attestation.software import SoftwareAttester, new_claims
+from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import OhttpServer
 
 # What the audit's nodes claim to run; no client verifies it here (the gateway passes it on).

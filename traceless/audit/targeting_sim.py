@@ -16,10 +16,18 @@ from dataclasses import asdict, dataclass, replace
 
 from traceless.audit.targeting_estimate import Estimate, Scenario
 from traceless.audit.targeting_policies import (
-    PREMIUM, STANDARD, ClusterState, LeastLoaded, NodeSpec, PrefixAware, PriorityClass, RequestFeatures,
-    RoutingPolicy, UserAffinity, ring_position,
+    PREMIUM,
+    STANDARD,
+    ClusterState,
+    LeastLoaded,
+    NodeSpec,
+    PrefixAware,
+    PriorityClass,
+    RequestFeatures,
+    RoutingPolicy,
+    UserAffinity,
+    ring_position,
 )
-
 
 
 def app_prefix(app: int) -> tuple[str, str]:

@@ -6,11 +6,11 @@ with `--kv-offload none` a preempted request recomputes its prompt and output on
 """
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import time
-from pathlib import Path
+
+from traceless.report.output import write_json
 
 MODES = ("none", "memory", "disk")
 
@@ -47,6 +47,5 @@ def run(num_prompts: int, prompt_len: int, output_len: int, kv_mib: int, json_pa
     print(f"{'kv offload':<12}{'seconds':>10}{'output tok/s':>14}{'preemptions':>13}{'sealed MiB':>12}")
     for r in rows:
         print(f"{r['kv_offload']:<12}{r['seconds']:>10.2f}{r['output_tokens_per_s']:>14.1f}{r['preemptions']:>13}{r['swapped_mib']:>12.1f}")
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(json_path, report)
     return report

@@ -7,13 +7,13 @@ step loop, so TTFT and decode rate come from the same run.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from traceless.bench.workloads import Workload, offline_workloads
+from traceless.report.output import finish
 
 
 def process_age_s() -> float:
@@ -98,10 +98,7 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
         report[name] = summarize(name, runs)
         report[name]["description"] = w.description
     engine.check_integrity()
-    print_table(report, names)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return finish(report, lambda r: print_table(r, names), json_path)
 
 
 def print_table(report: dict, names: list[str]) -> None:

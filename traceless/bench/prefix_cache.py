@@ -20,7 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from traceless.audit.services import spawn_serve
+from traceless.local.services import spawn_serve
+from traceless.report.output import finish
 
 SYSTEM = ("You are a meticulous assistant for a hospital pharmacy. Follow the dosage tables exactly, cite the "
           "relevant section for every answer, and refuse to speculate about anything outside the formulary. ")
@@ -88,10 +89,7 @@ def run(repeat_system: int, json_path: str | None, model: str | None = None) -> 
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {"benchmark": "prefix-cache", "system_prompt_chars": len(system), "rows": rows}
-    print_report(report)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return finish(report, print_report, json_path)
 
 
 def print_report(rep: dict) -> None:

@@ -140,8 +140,8 @@ def summary(results: list, duration: float, model: str, prompts: int, output_len
 def services(workdir: Path, args: list[str]):
     """The plain server and the one-node private deployment, started side by side; yields
     (plain Service, Deployment, endpoints) and stops both."""
-    from traceless.audit.services import free_port, spawn_serve
-    from traceless.cluster.up import Deployment, UpOptions
+    from traceless.local.services import free_port, spawn_serve
+    from traceless.local.up import Deployment, UpOptions
 
     deployment = Deployment(UpOptions([1], free_port(), str(workdir / "up"), args))
     pool = ThreadPoolExecutor(1)
@@ -193,6 +193,7 @@ def measure_classes(urls: dict[str, str], cfg: TaxConfig, cpu) -> dict:
 def run(cfg: TaxConfig, json_path: str | None = None, plot_path: str | None = None) -> dict:
     from traceless.bench import privacy_tax_breakdown as breakdown
     from traceless.bench import privacy_tax_report as report
+    from traceless.report.output import finish
 
     workdir = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="traceless-privacy-tax-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -219,9 +220,7 @@ def run(cfg: TaxConfig, json_path: str | None = None, plot_path: str | None = No
     finally:
         if not cfg.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    report.print_report(rep)
-    report.write(rep, json_path, plot_path)
-    return rep
+    return finish(rep, report.print_report, json_path, report.plot, plot_path)
 
 
 def config_from(quick: bool, **given) -> TaxConfig:

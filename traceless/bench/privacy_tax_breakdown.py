@@ -112,8 +112,8 @@ def _crypto(endpoints: dict) -> dict:
     from traceless.client.node_verifier import NodeVerifier
     from traceless.client.private_client import ClientConfig
     from traceless.privacy.bhttp import message as bhttp
-    from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
     from traceless.privacy.ohttp.chunked import split_chunks
+    from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
 
     config = ClientConfig(issuer_url=endpoints["issuer"], api_key=endpoints["api_key"], relay_url=endpoints["relay"],
                           log_url=endpoints["log"], log_public_key=base64.b64decode(endpoints["log_public_key"]),

@@ -6,9 +6,9 @@ Overhead is a cost, positive when the private path is worse:
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
+
+from traceless.report.output import figure
 
 PUBLISHED = {"tokens_per_s_pct": 7.0, "ttft_pct": 19.0,
              "source": "GPU confidential computing, H100 with the TEE on, Llama-3.1-8B (DESIGN.md section 1)"}
@@ -180,24 +180,16 @@ def _print_breakdown(b: dict) -> None:
 
 
 # --- files --------------------------------------------------------------------------------------------
-def write(rep: dict, json_path: str | None, plot_path: str | None) -> None:
-    if json_path:
-        Path(json_path).write_text(json.dumps(rep, indent=2) + "\n")
-    if plot_path:
-        plot(rep, plot_path)
-
-
 def plot(rep: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(rep["classes"])
     tps = [rep["classes"][n]["metrics"]["output_tokens_per_s"]["overhead_pct"] for n in names]
     ttft = [rep["classes"][n]["metrics"]["ttft_p50"]["overhead_pct"] for n in names]
     x, w = range(len(names)), 0.38
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    with figure(path, (6.5, 4.5)) as (fig, ax):
+        _draw_tax(ax, rep, names, tps, ttft, x, w)
+
+
+def _draw_tax(ax, rep: dict, names: list[str], tps: list[float], ttft: list[float], x: range, w: float) -> None:
     ax.bar([i - w / 2 for i in x], tps, w, color="tab:blue", label="tokens/s cost")
     ax.bar([i + w / 2 for i in x], ttft, w, color="tab:orange", label="TTFT p50 cost")
     ax.axhline(PUBLISHED["tokens_per_s_pct"], color="tab:blue", ls="--", lw=1,
@@ -210,6 +202,3 @@ def plot(rep: dict, path: str) -> None:
     ax.set_ylabel("cost of the private path (%, below 0: faster)")
     ax.set_title("privacy tax: private path vs plaintext server")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

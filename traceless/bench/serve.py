@@ -13,7 +13,8 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from traceless.report.output import finish
 
 
 @dataclass(slots=True)
@@ -140,8 +141,4 @@ def print_report(rep: dict) -> None:
 
 
 def run(cfg: BenchConfig, json_path: str | None) -> dict:
-    rep = asyncio.run(run_async(cfg))
-    print_report(rep)
-    if json_path:
-        Path(json_path).write_text(json.dumps(rep, indent=2) + "\n")
-    return rep
+    return finish(asyncio.run(run_async(cfg)), print_report, json_path)

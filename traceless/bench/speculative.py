@@ -8,12 +8,11 @@ the greedy outputs of the two engines are identical.
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 from traceless.bench.offline import run_once, summarize
 from traceless.bench.workloads import offline_workloads
+from traceless.report.output import finish
 
 
 def _counters(engine) -> tuple[int, int, int]:
@@ -68,10 +67,7 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
     for engine in engines.values():
         engine.check_integrity()
     report["loadavg_end"] = os.getloadavg()
-    print_table(report, names)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return finish(report, lambda r: print_table(r, names), json_path)
 
 
 def print_table(report: dict, names: list[str]) -> None:

@@ -23,10 +23,10 @@ from traceless.privacy.attestation.software import (
     UntrustedKeyError,
     verify_attestation,
 )
-from traceless.privacy.translog.merkle import leaf_hash
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog.client import InclusionProofError, LogClient, LogClientError, measurement_leaf
+from traceless.privacy.translog.merkle import leaf_hash
 
 STH_REFRESH_S = 30.0
 

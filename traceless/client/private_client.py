@@ -27,9 +27,9 @@ from traceless.client.tokens import TokenWallet
 from traceless.events import emit
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamDecoder
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.ohttp.chunked import split_chunks
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
+from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.privacypass.http import format_authorization
 
 

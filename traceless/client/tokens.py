@@ -13,11 +13,12 @@ import time
 import httpx
 
 from traceless.privacy.privacypass import protocol as privacypass
+from traceless.privacy.privacypass.errors import TokenError as WireTokenError
 from traceless.privacy.privacypass.http import b64url_decode, choose_challenge, parse_www_authenticate
 from traceless.privacy.privacypass.keys import IssuerPublicKey
-from traceless.privacy.privacypass.wire import Token, TokenResponse
 from traceless.privacy.privacypass.token_batch import BATCH_REQUEST_MEDIA_TYPE, decode_batch, encode_batch
-from traceless.privacy.privacypass.errors import TokenError as WireTokenError
+from traceless.privacy.privacypass.wire import Token, TokenResponse
+
 
 class TokenError(Exception):
     """Tokens could not be obtained (issuer refused, rate limit, no usable challenge)."""

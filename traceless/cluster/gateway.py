@@ -14,7 +14,6 @@ nothing from the request. To a node it forwards the body and its content-type, n
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import secrets
@@ -25,26 +24,25 @@ from dataclasses import dataclass, field
 
 import httpx
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from traceless.cluster.health import health_loop
-from traceless.cluster.http_common import (
-    OHTTP_REQUEST_MEDIA_TYPES, UpstreamStream, endpoint, http_exception_handler, read_body,
-    require_media_type, upstream_client, upstream_error,
-)
 from traceless.cluster.issuer_directory import issuer_name
 from traceless.cluster.registry import NodeRegistration, NodeRegistry
 from traceless.cluster.routing import NoNodeAvailableError, choose_nodes
 from traceless.errors import InvalidRequestError
 from traceless.events import emit
-from traceless.privacy.privacypass.keys import IssuerPublicKey
-from traceless.privacy.privacypass.verifier import Verifier
-from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
+from traceless.http.app import create_app, endpoint
+from traceless.http.body import parse_json, read_body, require_media_type
+from traceless.http.errors import ApiError
+from traceless.http.upstream import UpstreamStream, upstream_client, upstream_error
+from traceless.privacy.ohttp.media import REQUEST_MEDIA_TYPES
 from traceless.privacy.privacypass.errors import DoubleSpendError, SpentSetFullError, TokenRejectedError
-from traceless.server.errors import ApiError
+from traceless.privacy.privacypass.keys import IssuerPublicKey
+from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
+from traceless.privacy.privacypass.verifier import Verifier
 
 COMPONENT = "gateway"
 MAX_REGISTRATION_BYTES = 256 * 1024
@@ -134,9 +132,7 @@ class Gateway:
         require_media_type(request, ("application/json",))
         body = await read_body(request, MAX_REGISTRATION_BYTES)
         try:
-            registration = NodeRegistration.from_json(json.loads(body))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+            registration = NodeRegistration.from_json(parse_json(body))
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), code="invalid_registration") from None
         node_id, is_new = self.registry.register(registration)
@@ -174,7 +170,7 @@ class Gateway:
         record = self.registry.get(request.path_params["node_id"])
         if record is None:
             raise ApiError(404, "no such node", type="not_found_error", code="node_not_found")
-        content_type = require_media_type(request, OHTTP_REQUEST_MEDIA_TYPES)
+        content_type = require_media_type(request, REQUEST_MEDIA_TYPES)
         body = await read_body(request, self.config.max_body_bytes)
         if check:  # after the size check, so an oversized body does not burn the client's token
             self._redeem(credential)
@@ -223,9 +219,7 @@ def create_gateway_app(
         Route("/pcc/v1/challenge", endpoint(COMPONENT, "challenge", gateway.challenge), methods=["GET"]),
         Route("/pcc/v1/ohttp/{node_id}", endpoint(COMPONENT, "ohttp", gateway.ohttp), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=gateway.lifespan,
-                    exception_handlers={HTTPException: http_exception_handler(COMPONENT)})
-    app.router.redirect_slashes = False
+    app = create_app(COMPONENT, routes, gateway.lifespan)
     app.state.gateway = gateway
     emit("gateway.configured", token_check=config.privacy, issuer_keys=len(issuer_keys),
          health_interval_s=float(config.health_interval_s), unhealthy_after=config.unhealthy_after)

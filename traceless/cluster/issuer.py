@@ -22,16 +22,24 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from traceless.cluster.http_common import endpoint, http_exception_handler, read_body, require_media_type
 from traceless.events import emit
-from traceless.privacy.privacypass.protocol import Issuer
+from traceless.http.app import create_app, endpoint
+from traceless.http.body import read_body, require_media_type
+from traceless.http.errors import ApiError, internal_error
+from traceless.privacy.privacypass.batch_issuance import ApiKeyStore, TokenIssuanceService
+from traceless.privacy.privacypass.errors import (
+    AuthenticationError,
+    BatchTooLargeError,
+    RateLimitExceededError,
+    TokenError,
+)
 from traceless.privacy.privacypass.http import b64url_encode
-from traceless.privacy.privacypass.wire import NK, TOKEN_TYPE_BLIND_RSA
+from traceless.privacy.privacypass.protocol import Issuer
+from traceless.privacy.privacypass.rate_limit import RateLimit
 from traceless.privacy.privacypass.token_batch import (
     BATCH_REQUEST_MEDIA_TYPE,
     BATCH_RESPONSE_MEDIA_TYPE,
@@ -41,15 +49,7 @@ from traceless.privacy.privacypass.token_batch import (
     decode_batch,
     encode_batch,
 )
-from traceless.privacy.privacypass.errors import (
-    AuthenticationError,
-    BatchTooLargeError,
-    RateLimitExceededError,
-    TokenError,
-)
-from traceless.privacy.privacypass.batch_issuance import ApiKeyStore, TokenIssuanceService
-from traceless.privacy.privacypass.rate_limit import RateLimit
-from traceless.server.errors import ApiError, internal_error
+from traceless.privacy.privacypass.wire import NK, TOKEN_TYPE_BLIND_RSA
 
 COMPONENT = "issuer"
 REQUEST_URI = "/token-request"
@@ -192,7 +192,6 @@ def create_issuer_app(
         Route(REQUEST_URI, endpoint(COMPONENT, "token", handlers.single), methods=["POST"]),
         Route(BATCH_URI, endpoint(COMPONENT, "token_batch", handlers.batch), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_exception_handler(COMPONENT)})
-    app.router.redirect_slashes = False
+    app = create_app(COMPONENT, routes)
     app.state.service = service
     return app

@@ -12,10 +12,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from traceless.errors import TracelessError
+from traceless.privacy.privacypass.errors import DecodeError
 from traceless.privacy.privacypass.http import b64url_decode
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.wire import TOKEN_TYPE_BLIND_RSA
-from traceless.privacy.privacypass.errors import DecodeError
 
 DIRECTORY_PATH = "/token-issuer-directory"
 

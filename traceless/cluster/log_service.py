@@ -8,30 +8,33 @@
 
 Binary values are base64. Appending is not offered over HTTP: it is a local admin operation
 (`traceless log append`) on the log directory, which this service picks up on the next request.
-Errors are JSON `{"error": {"message", "type", "code"}}` (400 bad parameter, 404 unknown leaf,
-503 log directory unreadable); messages describe the parameter, never echo its value.
+Errors are OpenAI-shaped JSON (traceless/http: 400 bad parameter, 404 unknown leaf, 503 log
+directory unreadable); messages describe the parameter, never echo its value.
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import re
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from traceless.errors import InvalidRequestError
 from traceless.events import emit
-from traceless.privacy.translog.merkle import HASH_SIZE, TreeSizeError
+from traceless.http.app import create_app as create_http_app
+from traceless.http.app import endpoint
+from traceless.http.errors import ApiError
+from traceless.http.serve import uvicorn_config
 from traceless.privacy.translog.log import LeafNotFoundError, LogCorruptError, TransparencyLog
+from traceless.privacy.translog.merkle import HASH_SIZE, TreeSizeError
 
+COMPONENT = "log"
 MAX_ENTRIES_PER_REQUEST = 1000
 _UINT = re.compile(r"[0-9]{1,19}")
 _HEX_HASH = re.compile(r"[0-9a-fA-F]{64}")
@@ -42,12 +45,6 @@ Handler = Callable[[Request, TransparencyLog], dict[str, object]]
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def _error(status: int, message: str, type_: str, code: str, kind: str) -> JSONResponse:
-    emit("http.error", component="log", status_code=status, error_kind=kind)
-    body = {"error": {"message": message, "type": type_, "code": code}}
-    return JSONResponse(body, status_code=status)
 
 
 def _uint(request: Request, name: str) -> int:
@@ -108,30 +105,20 @@ def _entries(request: Request, log: TransparencyLog) -> dict[str, object]:
 def _endpoint(handler: Handler, log: TransparencyLog) -> Callable[[Request], Awaitable[JSONResponse]]:
     # Async and without awaits inside: requests run one at a time on the event loop, so the
     # (not thread-safe) log object is never used concurrently.
-    async def endpoint(request: Request) -> JSONResponse:
-        started = time.perf_counter()
+    async def run(request: Request) -> JSONResponse:
         try:
             log.refresh()
-            response = JSONResponse(handler(request, log))
+            return JSONResponse(handler(request, log))
         except (InvalidRequestError, TreeSizeError) as e:
-            response = _error(400, str(e), "invalid_request_error", "invalid_parameter", "invalid_request")
+            raise ApiError(400, str(e), code="invalid_parameter") from None
         except LeafNotFoundError:
-            response = _error(404, "no leaf with this hash in the requested tree",
-                              "not_found_error", "leaf_not_found", "not_found")
+            raise ApiError(404, "no leaf with this hash in the requested tree", type="not_found_error",
+                           code="leaf_not_found") from None
         except LogCorruptError:
-            response = _error(503, "the log directory failed validation", "server_error",
-                              "log_unavailable", "internal")
-        emit("http.request", component="log", route="log", status_code=response.status_code,
-             duration_s=time.perf_counter() - started, stream=False)
-        return response
+            raise ApiError(503, "the log directory failed validation", type="server_error",
+                           code="log_unavailable") from None
 
-    return endpoint
-
-
-async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    kind = "not_found" if status == 404 else "invalid_request"
-    return _error(status, "no such route or method", "invalid_request_error", "unknown_route", kind)
+    return endpoint(COMPONENT, "log", run)
 
 
 def create_app(log: TransparencyLog) -> Starlette:
@@ -142,22 +129,19 @@ def create_app(log: TransparencyLog) -> Starlette:
         Route("/log/v1/proof/consistency", _endpoint(_consistency, log)),
         Route("/log/v1/entries", _endpoint(_entries, log)),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    return create_http_app(COMPONENT, routes)
 
 
 def build_server(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090) -> uvicorn.Server:
     """A uvicorn server for the log at `log_dir` (opened and validated now)."""
-    app = create_app(TransparencyLog.open(log_dir))
-    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None,
-                            server_header=False, date_header=False)
-    return uvicorn.Server(config)
+    return uvicorn.Server(uvicorn_config(create_app(TransparencyLog.open(log_dir)), host=host, port=port))
 
 
 def serve(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090) -> None:
     """Run the log service until interrupted."""
     server = build_server(log_dir, host, port)
-    emit("service.started", component="log", port=port)
+    emit("service.started", component=COMPONENT, port=port)
     try:
         server.run()
     finally:
-        emit("service.stopped", component="log")
+        emit("service.stopped", component=COMPONENT)

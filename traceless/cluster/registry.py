@@ -22,10 +22,10 @@ import secrets
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
+from traceless.cluster.routing import RoutingEntry
 from traceless.errors import InvalidRequestError
 from traceless.privacy.errors import MalformedMessageError
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
-from traceless.cluster.routing import RoutingEntry
 
 MAX_URL_LEN = 2048
 MAX_MODEL_LEN = 256

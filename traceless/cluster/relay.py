@@ -19,14 +19,13 @@ from urllib.parse import quote
 
 import httpx
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from traceless.cluster.http_common import (
-    UpstreamStream, endpoint, http_exception_handler, read_body, upstream_client, upstream_error,
-)
+from traceless.http.app import create_app, endpoint
+from traceless.http.body import read_body
+from traceless.http.upstream import UpstreamStream, upstream_client, upstream_error
 
 COMPONENT = "relay"
 UPSTREAM_REQUEST_HEADERS = ("content-type", "authorization")
@@ -95,7 +94,4 @@ def create_relay_app(config: RelayConfig) -> Starlette:
         Route("/pcc/v1/nodes", endpoint(COMPONENT, "nodes", relay.nodes), methods=["GET"]),
         Route("/pcc/v1/ohttp/{node_id}", endpoint(COMPONENT, "ohttp", relay.ohttp), methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=relay.lifespan,
-                    exception_handlers={HTTPException: http_exception_handler(COMPONENT)})
-    app.router.redirect_slashes = False  # exactly these paths: no redirects to them either
-    return app
+    return create_app(COMPONENT, routes, relay.lifespan)

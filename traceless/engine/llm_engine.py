@@ -23,7 +23,7 @@ from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.scheduler import Scheduler, SchedulerConfig, TokenUpdate
-from traceless.engine.speculative import NgramProposer, SpecMode, SpeculativeConfig, SpecStats
+from traceless.engine.speculative import NgramProposer, SpecMode, SpecStats, SpeculativeConfig
 from traceless.engine.step_io import EngineParts, ModelInfo, TokenLogprobs
 from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from traceless.events import emit

@@ -8,15 +8,14 @@ from traceless.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from traceless.engine.step_io import EngineParts, ModelInfo
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
-from traceless.model.llama import LlamaModel
-from traceless.model.loader import load_model
-from traceless.model.rope import Rope
-from traceless.model.tokenizer import Tokenizer
 from traceless.model.layers.attention import PagedAttention
 from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
 from traceless.model.layers.kv_cache import KVCache, block_bytes
-from traceless.runner.model_runner import ModelRunner
 from traceless.model.layers.ops import NativeOps, TorchOps
+from traceless.model.llama import LlamaModel
+from traceless.model.loader import load_model
+from traceless.model.rope import Rope
+from traceless.runner.model_runner import ModelRunner
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -20,7 +20,7 @@ import torch
 from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import BatchBuilder, SeqInput
-from traceless.runner.draft import DraftProposer, Drafted, DraftSeq
+from traceless.runner.draft import Drafted, DraftProposer, DraftSeq
 from traceless.runner.rejection import RejectionSampler, SpecRow
 from traceless.runner.sampler import Sampler, SampleRow
 

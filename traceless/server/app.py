@@ -8,27 +8,27 @@ generation against the connection and abort when the connection closes first.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from traceless.events import emit
+from traceless.http.app import create_app as create_http_app
+from traceless.http.app import endpoint
+from traceless.http.body import read_json
+from traceless.http.errors import ApiError
 from traceless.server.async_engine import AsyncEngine
-from traceless.server.errors import ApiError, internal_error
-from traceless.server.http_common import engine_routes, read_capped, route_error
+from traceless.server.engine_routes import engine_routes
 from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import StreamShape
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+Work = Callable[[object], Awaitable[dict | AsyncIterator[bytes]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,67 +39,54 @@ class ServerSettings:
     stream_shape: StreamShape = StreamShape()
 
 
-async def read_json_body(request: Request, limit: int):
-    raw = await read_capped(request, limit)
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-
-
-async def _until_disconnect(request: Request) -> None:
+async def until_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
 
 
-def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics | None = None) -> Starlette:
+async def race_disconnect(request: Request, work: Awaitable):
+    """The work's result, or None when the client left first (the work is then cancelled, which
+    aborts every engine request it started)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnect(request))
+    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    watcher.cancel()
+    if task not in done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
+
+
+def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics | None = None):
     metrics = metrics or Metrics()
     service = OpenAIService(engine, settings.model_name, metrics, settings.stream_shape)
 
-    async def generation(request: Request, handler, endpoint: str) -> Response:
-        t0 = time.monotonic()
-        stream, status = False, 500
-        try:
-            body = await read_json_body(request, settings.max_body_bytes)
-            stream = isinstance(body, dict) and body.get("stream") is True
-            work = asyncio.ensure_future(handler(body))
-            watcher = asyncio.ensure_future(_until_disconnect(request))
-            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            watcher.cancel()
-            if work not in done:  # the client left: cancelling aborts every engine request
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
-                status = 499
-                metrics.inc("traceless_requests_total", endpoint=endpoint, status="aborted")
+    def generation(work: Work, name: str):
+        async def handle(request: Request) -> Response:
+            t0 = time.monotonic()
+            try:
+                body = await read_json(request, settings.max_body_bytes)
+                result = await race_disconnect(request, work(body))
+            except ApiError as exc:
+                metrics.inc("traceless_requests_total", endpoint=name, status="rejected" if exc.status < 500 else "error")
+                raise
+            except Exception:
+                metrics.inc("traceless_requests_total", endpoint=name, status="error")
+                raise
+            if result is None:
+                metrics.inc("traceless_requests_total", endpoint=name, status="aborted")
                 return Response(status_code=499)
-            result = work.result()
-            status = 200
-            metrics.inc("traceless_requests_total", endpoint=endpoint, status="ok")
+            metrics.inc("traceless_requests_total", endpoint=name, status="ok")
             if isinstance(result, dict):
                 metrics.observe("traceless_e2e_request_latency_seconds", time.monotonic() - t0)
                 return JSONResponse(result)
             return StreamingResponse(_timed(result, metrics, t0), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        except ApiError as exc:
-            status = exc.status
-            metrics.inc("traceless_requests_total", endpoint=endpoint, status="rejected" if exc.status < 500 else "error")
-            emit("http.error", component=settings.component, status_code=exc.status, error_kind=exc.kind)
-            return exc.response()
-        except Exception:
-            metrics.inc("traceless_requests_total", endpoint=endpoint, status="error")
-            emit("http.error", component=settings.component, status_code=500, error_kind="internal")
-            return internal_error().response()
-        finally:
-            emit("http.request", component=settings.component, route=endpoint, status_code=status,
-                 duration_s=time.monotonic() - t0, stream=stream)
 
-    async def completions(request: Request) -> Response:
-        return await generation(request, service.completions, "completions")
-
-    async def chat(request: Request) -> Response:
-        return await generation(request, service.chat, "chat_completions")
+        return endpoint(settings.component, name, handle)
 
     async def models(request: Request) -> Response:
         return JSONResponse(service.models())
@@ -113,12 +100,12 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
     routes = [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", endpoint(settings.component, "models", models), methods=["GET"]),
+        Route("/v1/completions", generation(service.completions, "completions"), methods=["POST"]),
+        Route("/v1/chat/completions", generation(service.chat, "chat_completions"), methods=["POST"]),
         *engine_routes(engine, metrics),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error})
+    return create_http_app(settings.component, routes, lifespan)
 
 
 async def _timed(body: AsyncIterator[bytes], metrics: Metrics, t0: float) -> AsyncIterator[bytes]:
@@ -126,5 +113,5 @@ async def _timed(body: AsyncIterator[bytes], metrics: Metrics, t0: float) -> Asy
         async for chunk in body:
             yield chunk
     finally:
-        await body.aclose()
+        await body.aclose()  # type: ignore[attr-defined]
         metrics.observe("traceless_e2e_request_latency_seconds", time.monotonic() - t0)

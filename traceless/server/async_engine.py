@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import queue
-import time
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass

@@ -5,9 +5,13 @@ Values are counts, durations and ratios, so the exposition can carry no user con
 """
 from __future__ import annotations
 
-import bisect
 import threading
 from dataclasses import dataclass, field
+from typing import Any
+
+import prometheus_client
+import prometheus_client.registry
+from prometheus_client.core import CounterMetricFamily
 
 ENDPOINT = ("completions", "chat_completions")
 STATUS = ("ok", "error", "aborted", "rejected")
@@ -22,6 +26,7 @@ class Spec:
     help: str
     labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
     buckets: tuple[float, ...] = ()
+    mirrored: bool = False  # a counter the engine keeps, copied in at scrape time (set_total)
 
 
 SPECS = (
@@ -40,10 +45,12 @@ SPECS = (
     Spec("traceless_kv_blocks_nonzero", "gauge", "KV blocks holding non-zero values at the last idle scan."),
     Spec("traceless_prefix_cache_blocks", "gauge", "Blocks resident in the prefix cache at the last idle scan."),
     Spec("traceless_kv_offload_swapped_requests", "gauge", "Requests with sealed offloaded KV at the last idle scan."),
-    Spec("traceless_spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens sent to verification."),
-    Spec("traceless_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted."),
+    Spec("traceless_spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens sent to verification.",
+         mirrored=True),
+    Spec("traceless_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted.",
+         mirrored=True),
     Spec("traceless_spec_decode_num_verify_steps_total", "counter",
-         "(request, step) pairs that verified at least one draft token."),
+         "(request, step) pairs that verified at least one draft token.", mirrored=True),
 )
 
 
@@ -52,15 +59,30 @@ class UnknownMetric(ValueError):
 
 
 class Metrics:
-    def __init__(self, specs: tuple[Spec, ...] = SPECS):
-        self._specs = {s.name: s for s in specs}
-        self._values: dict[tuple[str, tuple[str, ...]], float] = {}
-        self._hist: dict[str, tuple[list[int], list[float]]] = {
-            s.name: ([0] * (len(s.buckets) + 1), [0.0]) for s in specs if s.kind == "histogram"
-        }
-        self._lock = threading.Lock()
+    """The allowlist as a thin wrapper over prometheus_client: a name, label or label value that is
+    not declared in SPECS cannot be observed (it raises), and nothing else reaches the registry.
+    Series of when each label set was first seen (`_created`) are off: they would time requests."""
 
-    def _key(self, name: str, kind: str, labels: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+    def __init__(self, specs: tuple[Spec, ...] = SPECS):
+        prometheus_client.disable_created_metrics()
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        self._specs = {s.name: s for s in specs}
+        self._mirrored = _MirroredCounters()  # counters the engine keeps, copied in at scrape time
+        self._metrics: dict[str, Any] = {}
+        for spec in specs:
+            if spec.kind == "histogram":
+                self._metrics[spec.name] = prometheus_client.Histogram(
+                    spec.name, spec.help, buckets=spec.buckets, registry=self.registry)
+            elif spec.kind == "gauge":
+                self._metrics[spec.name] = prometheus_client.Gauge(spec.name, spec.help, registry=self.registry)
+            elif spec.mirrored:
+                self._mirrored.declare(spec)
+            else:
+                self._metrics[spec.name] = prometheus_client.Counter(
+                    spec.name.removesuffix("_total"), spec.help, sorted(spec.labels), registry=self.registry)
+        self.registry.register(self._mirrored)
+
+    def _check(self, name: str, kind: str, labels: dict[str, str]) -> Spec:
         spec = self._specs.get(name)
         if spec is None or spec.kind != kind:
             raise UnknownMetric(f"{name} is not an allowlisted {kind}")
@@ -69,55 +91,53 @@ class Metrics:
         for k, v in labels.items():
             if v not in spec.labels[k]:
                 raise UnknownMetric(f"{name}: label {k} has no allowlisted value for this observation")
-        return name, tuple(labels[k] for k in sorted(spec.labels))
+        return spec
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(name, "counter", labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
+        spec = self._check(name, "counter", labels)
+        if spec.mirrored:
+            raise UnknownMetric(f"{name} is mirrored from the engine: use set_total")
+        metric = self._metrics[name]
+        (metric.labels(**labels) if labels else metric).inc(amount)
 
     def set(self, name: str, value: float) -> None:
-        key = self._key(name, "gauge", {})
-        with self._lock:
-            self._values[key] = float(value)
+        self._check(name, "gauge", {})
+        self._metrics[name].set(value)
 
     def set_total(self, name: str, value: float) -> None:
         """A counter kept by its owner (the engine) and mirrored here at scrape time."""
-        key = self._key(name, "counter", {})
-        with self._lock:
-            self._values[key] = float(value)
+        if not self._check(name, "counter", {}).mirrored:
+            raise UnknownMetric(f"{name} is counted here: use inc")
+        self._mirrored.set(name, value)
 
     def observe(self, name: str, value: float) -> None:
-        self._key(name, "histogram", {})
-        spec = self._specs[name]
-        counts, total = self._hist[name]
-        with self._lock:
-            counts[bisect.bisect_left(spec.buckets, value)] += 1
-            total[0] += value
+        self._check(name, "histogram", {})
+        self._metrics[name].observe(value)
 
     def render(self) -> str:
-        lines: list[str] = []
-        with self._lock:
-            for spec in self._specs.values():
-                lines += [f"# HELP {spec.name} {spec.help}", f"# TYPE {spec.name} {spec.kind}"]
-                if spec.kind == "histogram":
-                    lines += self._render_histogram(spec)
-                    continue
-                for (name, values), v in sorted(self._values.items()):
-                    if name == spec.name:
-                        label = ",".join(f'{k}="{x}"' for k, x in zip(sorted(spec.labels), values))
-                        lines.append(f"{name}{{{label}}} {v:g}" if label else f"{name} {v:g}")
-        return "\n".join(lines) + "\n"
+        return prometheus_client.generate_latest(self.registry).decode()
 
-    def _render_histogram(self, spec: Spec) -> list[str]:
-        counts, total = self._hist[spec.name]
-        out, cumulative = [], 0
-        for bound, c in zip((*spec.buckets, float("inf")), counts):
-            cumulative += c
-            le = "+Inf" if bound == float("inf") else f"{bound:g}"
-            out.append(f'{spec.name}_bucket{{le="{le}"}} {cumulative}')
-        out += [f"{spec.name}_sum {total[0]:g}", f"{spec.name}_count {cumulative}"]
-        return out
+
+class _MirroredCounters(prometheus_client.registry.Collector):
+    def __init__(self) -> None:
+        self._specs: dict[str, Spec] = {}
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def declare(self, spec: Spec) -> None:
+        self._specs[spec.name] = spec
+
+    def set(self, name: str, value: float) -> None:
+        with self._lock:
+            self._values[name] = float(value)
+
+    def collect(self):
+        with self._lock:
+            values = dict(self._values)
+        for name, spec in self._specs.items():
+            family = CounterMetricFamily(name.removesuffix("_total"), spec.help)
+            family.add_metric([], values.get(name, 0.0))
+            yield family
 
 
 def set_engine_gauges(metrics: Metrics, engine) -> None:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from traceless.engine.llm_engine import StepOutput
 from traceless.errors import TracelessError
+from traceless.http.errors import ApiError, from_traceless_error
 from traceless.server.async_engine import AsyncEngine
-from traceless.server.errors import ApiError, from_engine_error
 from traceless.server.metrics import Metrics
 from traceless.server.protocol import ParsedRequest, parse_chat, parse_completion
 from traceless.server.responses import ChoiceState, Formatter
@@ -55,7 +55,7 @@ class OpenAIService:
             try:
                 return self.tokenizer.apply_chat_template(messages)
             except TracelessError as exc:
-                raise from_engine_error(exc) from None
+                raise from_traceless_error(exc) from None
 
         req = parse_chat(body, render)
         ids = [self.tokenizer.encode(req.prompts[0], add_special_tokens=False)]
@@ -117,7 +117,7 @@ class OpenAIService:
                 if item is None:
                     live -= 1
                 elif isinstance(item, BaseException):
-                    raise from_engine_error(item) if isinstance(item, TracelessError) else item
+                    raise from_traceless_error(item) if isinstance(item, TracelessError) else item
                 else:
                     yield c, item
         finally:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceless.errors import InvalidRequestError
+from traceless.http.errors import bad_request
 from traceless.sampling_params import OutputKind, SamplingParams
-from traceless.server.errors import bad_request
 
 Validator = Callable[[str, Any], Any]
 MAX_COMPLETION_LOGPROBS = 5

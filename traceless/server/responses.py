@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from traceless.engine.llm_engine import StepOutput
-from traceless.server.errors import ApiError, internal_error
+from traceless.http.errors import ApiError, internal_error
 from traceless.server.stream_shape import StreamShape, pad_event
 
 

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from traceless.model.config import ModelConfig
-from traceless.model.rope import Rope
 from traceless.model.layers.kernels import NativeKernels
 from traceless.model.layers.kv_cache import KVCache
 from traceless.model.layers.ops import NativeOps, TorchOps
+from traceless.model.rope import Rope
 
 CFG = ModelConfig(architecture="llama", vocab_size=100, hidden_size=96, intermediate_size=160, num_layers=2,
                   num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from tests.vectors import shared_vectors
 from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.bhttp.message import InformationalResponse, Request, Response
 from traceless.privacy.bhttp.errors import BhttpError
+from traceless.privacy.bhttp.message import InformationalResponse, Request, Response
 
 EXAMPLES = shared_vectors("bhttp/rfc9292-section5-examples.json")["examples"]
 REQUEST_EXAMPLES = {k: v for k, v in EXAMPLES.items() if v["decoded"]["framing"] in (0, 2)}

@@ -4,8 +4,8 @@ from hypothesis import strategies as st
 
 from tests.vectors import shared_vectors
 from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.bhttp.stream import ResponseHead, ResponseStreamDecoder, ResponseStreamEncoder
 from traceless.privacy.bhttp.errors import BhttpError
+from traceless.privacy.bhttp.stream import ResponseHead, ResponseStreamDecoder, ResponseStreamEncoder
 
 
 def encode(status, headers, chunks):

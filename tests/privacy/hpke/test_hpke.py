@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.vectors import shared_vectors
-from traceless.privacy.hpke import context as hpke, kem as hpke_kem
-from traceless.privacy.hpke.context import Suite
+from traceless.privacy.errors import DecryptError, MalformedMessageError, UnsupportedAlgorithmError
+from traceless.privacy.hpke import context as hpke
+from traceless.privacy.hpke import kem as hpke_kem
 from traceless.privacy.hpke.aead import AeadId
+from traceless.privacy.hpke.context import Suite
 from traceless.privacy.hpke.kdf import KdfId
 from traceless.privacy.hpke.kem import KEM_PARAMS, KemId
-from traceless.privacy.errors import DecryptError, UnsupportedAlgorithmError
-from traceless.privacy.errors import MalformedMessageError
 
 ALL_VECTORS = shared_vectors("hpke/rfc9180-appendix-a.json")["vectors"]
 BASE_VECTORS = [v for v in ALL_VECTORS if v["mode"] == hpke.MODE_BASE]

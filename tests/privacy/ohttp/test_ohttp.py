@@ -11,13 +11,12 @@ from hypothesis import strategies as st
 
 from tests.vectors import shared_vectors
 from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.errors import DecryptError, MalformedMessageError, UnsupportedAlgorithmError
 from traceless.privacy.hpke.aead import AeadId
 from traceless.privacy.hpke.kem import KemId
-from traceless.privacy.ohttp.gateway import DEFAULT_SYMMETRIC_ALGORITHMS, OhttpServer, encapsulate_request
 from traceless.privacy.ohttp.encap import REQUEST_LABEL, RequestHeader
-from traceless.privacy.errors import DecryptError, UnsupportedAlgorithmError
-from traceless.privacy.errors import MalformedMessageError
 from traceless.privacy.ohttp.errors import MessageTooLargeError, UnknownKeyIdError
+from traceless.privacy.ohttp.gateway import DEFAULT_SYMMETRIC_ALGORITHMS, OhttpServer, encapsulate_request
 from traceless.privacy.ohttp.keys import KeyConfig, SymmetricAlgorithm
 
 V = shared_vectors("ohttp/rfc9458-appendix-a.json")

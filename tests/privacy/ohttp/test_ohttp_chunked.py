@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.vectors import local_vectors
-from traceless.privacy.ohttp import chunked as ohttp_chunked
+from traceless.privacy.errors import DecryptError, MalformedMessageError
 from traceless.privacy.hpke.aead import AeadKey
-from traceless.privacy.ohttp.gateway import OhttpServer, encapsulate_request
+from traceless.privacy.ohttp import chunked as ohttp_chunked
 from traceless.privacy.ohttp.chunked import (
     MAX_CHUNK_PLAINTEXT,
     ChunkedResponseDecryptor,
@@ -18,8 +18,7 @@ from traceless.privacy.ohttp.chunked import (
 )
 from traceless.privacy.ohttp.encap import CHUNKED_REQUEST_LABEL, CHUNKED_RESPONSE_LABEL, RequestHeader
 from traceless.privacy.ohttp.errors import ChunkError
-from traceless.privacy.errors import DecryptError
-from traceless.privacy.errors import MalformedMessageError
+from traceless.privacy.ohttp.gateway import OhttpServer, encapsulate_request
 from traceless.privacy.ohttp.keys import SymmetricAlgorithm
 from traceless.privacy.wire import encode_varint
 

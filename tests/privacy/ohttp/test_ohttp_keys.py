@@ -6,12 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.vectors import shared_vectors
+from traceless.privacy.errors import UnsupportedAlgorithmError
 from traceless.privacy.hpke import kem as hpke_kem
 from traceless.privacy.hpke.aead import AeadId
 from traceless.privacy.hpke.kdf import KdfId
 from traceless.privacy.hpke.kem import KemId
 from traceless.privacy.ohttp.errors import KeyConfigError
-from traceless.privacy.errors import UnsupportedAlgorithmError
 from traceless.privacy.ohttp.keys import KeyConfig, SymmetricAlgorithm, decode_ohttp_keys, encode_ohttp_keys
 
 VECTOR = shared_vectors("ohttp/rfc9458-appendix-a.json")

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from tests.privacy.token_vectors import type2_issuance_vectors
 from traceless.privacy.privacypass import protocol as pp
-from traceless.privacy.privacypass.wire import Token, TokenChallenge, TokenRequest, TokenResponse
 from traceless.privacy.privacypass.errors import (
     DecodeError,
     InvalidInputError,
@@ -20,6 +19,7 @@ from traceless.privacy.privacypass.errors import (
     UnknownTokenKeyError,
     UnsupportedTokenTypeError,
 )
+from traceless.privacy.privacypass.wire import Token, TokenChallenge, TokenRequest, TokenResponse
 
 VECTORS = type2_issuance_vectors()
 CHALLENGE = TokenChallenge(2, "issuer.example", b"\x01" * 32, "origin.example")

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.privacy.token_vectors import header_vector_blocks, type2_issuance_vectors
+from traceless.privacy.privacypass.errors import DecodeError, HeaderParseError, UnsupportedTokenTypeError
 from traceless.privacy.privacypass.http import (
     PrivateTokenChallenge,
     b64url_decode,
@@ -19,7 +20,6 @@ from traceless.privacy.privacypass.http import (
 )
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.wire import NK, Token, TokenChallenge
-from traceless.privacy.privacypass.errors import DecodeError, HeaderParseError, UnsupportedTokenTypeError
 
 BLOCKS = header_vector_blocks()
 RFC_KEY = IssuerPublicKey.from_spki(bytes.fromhex(type2_issuance_vectors()[0]["pkS"]))

@@ -8,8 +8,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.privacy.token_vectors import type2_issuance_vectors
-from traceless.privacy.privacypass.keys import IssuerPublicKey, decode_token_key, encode_token_key
 from traceless.privacy.privacypass.errors import DecodeError
+from traceless.privacy.privacypass.keys import IssuerPublicKey, decode_token_key, encode_token_key
 
 VECTOR = type2_issuance_vectors()[0]
 SPKI = bytes.fromhex(VECTOR["pkS"])

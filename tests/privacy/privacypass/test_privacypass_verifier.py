@@ -6,15 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from traceless.privacy.privacypass import protocol as pp
-from traceless.privacy.privacypass.http import (
-    b64url_encode,
-    choose_challenge,
-    format_authorization,
-    parse_www_authenticate,
-)
-from traceless.privacy.privacypass.verifier import Verifier
-from traceless.privacy.privacypass.wire import Token, TokenChallenge
-from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
 from traceless.privacy.privacypass.errors import (
     ChallengeMismatchError,
     DoubleSpendError,
@@ -25,6 +16,15 @@ from traceless.privacy.privacypass.errors import (
     TokenSignatureError,
     TokenTypeError,
 )
+from traceless.privacy.privacypass.http import (
+    b64url_encode,
+    choose_challenge,
+    format_authorization,
+    parse_www_authenticate,
+)
+from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
+from traceless.privacy.privacypass.verifier import Verifier
+from traceless.privacy.privacypass.wire import Token, TokenChallenge
 
 ORIGIN = "gateway.example"
 SCHEDULE = RedemptionSchedule("issuer.example", ORIGIN, 100.0, 50.0, b"c" * 32)

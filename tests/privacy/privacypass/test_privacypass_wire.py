@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.privacy.token_vectors import challenge_vectors, type2_issuance_vectors
+from traceless.privacy.privacypass.errors import DecodeError, UnsupportedTokenTypeError
 from traceless.privacy.privacypass.keys import token_key_id
 from traceless.privacy.privacypass.wire import NK, Token, TokenChallenge, TokenRequest, TokenResponse, token_input
-from traceless.privacy.privacypass.errors import DecodeError, UnsupportedTokenTypeError
 
 CHALLENGE_VECTORS = challenge_vectors()
 TYPE2_CHALLENGE_VECTORS = [v for v in CHALLENGE_VECTORS if v["token_type"] == "0002"]

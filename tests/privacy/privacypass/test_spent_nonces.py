@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from traceless.privacy.privacypass.spent_nonces import SpentNonceSet
 from traceless.privacy.privacypass.errors import DoubleSpendError, SpentSetFullError
+from traceless.privacy.privacypass.spent_nonces import SpentNonceSet
 
 
 def _nonce(i: int) -> bytes:

@@ -7,9 +7,7 @@ import json
 import pytest
 
 from traceless.privacy.privacypass import protocol as pp
-from traceless.privacy.privacypass.verifier import Verifier
-from traceless.privacy.privacypass.wire import TokenRequest, TokenResponse
-from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
+from traceless.privacy.privacypass.batch_issuance import ApiKeyStore, TokenIssuanceService
 from traceless.privacy.privacypass.errors import (
     AuthenticationError,
     BatchSizeError,
@@ -20,8 +18,10 @@ from traceless.privacy.privacypass.errors import (
     UnknownTokenKeyError,
     UnsupportedTokenTypeError,
 )
-from traceless.privacy.privacypass.batch_issuance import ApiKeyStore, TokenIssuanceService
 from traceless.privacy.privacypass.rate_limit import RateLimit
+from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
+from traceless.privacy.privacypass.verifier import Verifier
+from traceless.privacy.privacypass.wire import TokenRequest, TokenResponse
 
 ALICE_KEY = "alice-key-0123456789abcdef"
 BOB_KEY = "bob-key-0123456789abcdefgh"

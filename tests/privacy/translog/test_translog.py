@@ -7,13 +7,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from traceless.privacy.translog import log as tl
-from traceless.privacy.translog.merkle import (
-    TreeSizeError,
-    leaf_hash,
-    merkle_tree_hash,
-    verify_consistency,
-    verify_inclusion,
-)
 from traceless.privacy.translog.log import (
     DuplicateLeafError,
     InsecureKeyFileError,
@@ -23,6 +16,13 @@ from traceless.privacy.translog.log import (
     LogNotFoundError,
     LogTruncatedError,
     TransparencyLog,
+)
+from traceless.privacy.translog.merkle import (
+    TreeSizeError,
+    leaf_hash,
+    merkle_tree_hash,
+    verify_consistency,
+    verify_inclusion,
 )
 from traceless.privacy.translog.tree_head import SignedTreeHead, TreeHeadError
 

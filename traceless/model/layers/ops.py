@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from traceless.model.rope import Rope, apply_rope
 from traceless.model.layers.kernels import NativeKernels
 from traceless.model.layers.kv_cache import KVCache
+from traceless.model.rope import Rope, apply_rope
 
 
 class TorchOps:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traceless.privacy.bhttp.errors import BhttpError
 from traceless.privacy.bhttp.fields import (
     FieldLine,
     as_bytes,
@@ -25,7 +26,6 @@ from traceless.privacy.bhttp.fields import (
     check_target_part,
     normalize_fields,
 )
-from traceless.privacy.bhttp.errors import BhttpError
 from traceless.privacy.wire import ByteReader, encode_varint
 
 KNOWN_LENGTH_REQUEST = 0

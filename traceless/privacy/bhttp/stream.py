@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceless.privacy.bhttp.message import INDETERMINATE_LENGTH_RESPONSE
-from traceless.privacy.bhttp.fields import FieldLine, check_final_status, normalize_fields
 from traceless.privacy.bhttp.errors import BhttpError
+from traceless.privacy.bhttp.fields import FieldLine, check_final_status, normalize_fields
+from traceless.privacy.bhttp.message import INDETERMINATE_LENGTH_RESPONSE
 from traceless.privacy.wire import encode_varint, peek_varint
 
 MAX_FIELD_BYTES = 64 << 10

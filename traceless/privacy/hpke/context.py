@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traceless.privacy.errors import UnsupportedAlgorithmError
 from traceless.privacy.hpke import kem as hpke_kem
 from traceless.privacy.hpke.aead import AeadId, AeadKey, aead_id_from_int, aead_sizes
+from traceless.privacy.hpke.errors import SequenceOverflowError
 from traceless.privacy.hpke.kdf import Kdf, KdfId, kdf_id_from_int
 from traceless.privacy.hpke.kem import KemId, KemPrivateKey, kem_id_from_int
-from traceless.privacy.errors import UnsupportedAlgorithmError
-from traceless.privacy.hpke.errors import SequenceOverflowError
 
 MODE_BASE = 0x00
 

@@ -18,9 +18,8 @@ from typing import NoReturn, Union
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, x448, x25519
 
+from traceless.privacy.errors import DecryptError, MalformedMessageError, UnsupportedAlgorithmError
 from traceless.privacy.hpke.kdf import Kdf, KdfId
-from traceless.privacy.errors import DecryptError, UnsupportedAlgorithmError
-from traceless.privacy.errors import MalformedMessageError
 
 
 class KemId(enum.IntEnum):

@@ -24,7 +24,9 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from traceless.privacy.errors import DecryptError, MalformedMessageError
 from traceless.privacy.hpke.aead import AeadKey
+from traceless.privacy.hpke.errors import SequenceOverflowError
 from traceless.privacy.hpke.kem import KemPrivateKey
 from traceless.privacy.ohttp.encap import (
     CHUNKED_REQUEST_LABEL,
@@ -35,9 +37,6 @@ from traceless.privacy.ohttp.encap import (
     seal_request_context,
 )
 from traceless.privacy.ohttp.errors import ChunkError
-from traceless.privacy.errors import DecryptError
-from traceless.privacy.hpke.errors import SequenceOverflowError
-from traceless.privacy.errors import MalformedMessageError
 from traceless.privacy.ohttp.keys import KeyConfig, SymmetricAlgorithm
 from traceless.privacy.wire import encode_varint, peek_varint
 

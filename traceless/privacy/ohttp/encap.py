@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traceless.privacy.hpke import context as hpke, kem as hpke_kem
+from traceless.privacy.errors import MalformedMessageError, UnsupportedAlgorithmError
+from traceless.privacy.hpke import context as hpke
+from traceless.privacy.hpke import kem as hpke_kem
 from traceless.privacy.hpke.context import RecipientContext, SenderContext, Suite
 from traceless.privacy.hpke.kdf import Kdf
 from traceless.privacy.hpke.kem import KemPrivateKey
-from traceless.privacy.errors import MalformedMessageError
 from traceless.privacy.ohttp.errors import UnknownKeyIdError
-from traceless.privacy.errors import UnsupportedAlgorithmError
 from traceless.privacy.ohttp.keys import KeyConfig, SymmetricAlgorithm
 from traceless.privacy.wire import ByteReader
 

@@ -24,18 +24,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from traceless.privacy.errors import DecryptError
 from traceless.privacy.hpke import kem as hpke_kem
 from traceless.privacy.hpke.aead import AeadId, AeadKey
 from traceless.privacy.hpke.kdf import KdfId
 from traceless.privacy.hpke.kem import KemId
 from traceless.privacy.ohttp.chunked import (
-    decapsulate_chunked_request_buffer,
     DEFAULT_MAX_CHUNK_LENGTH,
     ChunkedClientResponse,
     ChunkedResponseDecryptor,
     ChunkedResponseEncryptor,
     ChunkedServerResponse,
     decapsulate_chunked_request,
+    decapsulate_chunked_request_buffer,
     encapsulate_chunked_request,
 )
 from traceless.privacy.ohttp.encap import (
@@ -46,7 +47,6 @@ from traceless.privacy.ohttp.encap import (
     open_request_context,
     seal_request_context,
 )
-from traceless.privacy.errors import DecryptError
 from traceless.privacy.ohttp.errors import MessageTooLargeError
 from traceless.privacy.ohttp.keys import KeyConfig, SymmetricAlgorithm, encode_ohttp_keys
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from traceless.privacy.hpke.context import Suite
+from traceless.privacy.errors import UnsupportedAlgorithmError
 from traceless.privacy.hpke.aead import AeadId
+from traceless.privacy.hpke.context import Suite
 from traceless.privacy.hpke.kem import KEM_PARAMS, KemId, deserialize_public_key, kem_id_from_int
 from traceless.privacy.ohttp.errors import KeyConfigError
-from traceless.privacy.errors import UnsupportedAlgorithmError
 from traceless.privacy.wire import ByteReader
 
 MAX_SYMMETRIC_ALGORITHMS = 65532 // 4

@@ -21,16 +21,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from traceless.privacy.privacypass.protocol import Issuer
-from traceless.privacy.privacypass.keys import IssuerPublicKey
-from traceless.privacy.privacypass.wire import TokenRequest
 from traceless.privacy.privacypass.errors import (
     AuthenticationError,
     BatchSizeError,
     BatchTooLargeError,
     UnknownTokenKeyError,
 )
+from traceless.privacy.privacypass.keys import IssuerPublicKey
+from traceless.privacy.privacypass.protocol import Issuer
 from traceless.privacy.privacypass.rate_limit import RateLimit, TokenRateLimiter
+from traceless.privacy.privacypass.wire import TokenRequest
 
 MIN_API_KEY_LEN = 16
 

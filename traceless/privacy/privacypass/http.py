@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from traceless.privacy.privacypass.auth_syntax import parse_auth_list
+from traceless.privacy.privacypass.errors import DecodeError, HeaderParseError
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.wire import TOKEN_TYPE_BLIND_RSA, Token, TokenChallenge
-from traceless.privacy.privacypass.errors import DecodeError, HeaderParseError
 
 SCHEME = "PrivateToken"
 _B64URL = frozenset("-_" + string.ascii_letters + string.digits)

@@ -25,6 +25,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from traceless.privacy.privacypass import blind_rsa
 from traceless.privacy.privacypass.blind_rsa import Variant
+from traceless.privacy.privacypass.errors import (
+    InvalidSignatureError,
+    TokenKeyError,
+    TokenSignatureError,
+    UnknownTokenKeyError,
+    UnsupportedTokenTypeError,
+)
 from traceless.privacy.privacypass.keys import TOKEN_KEY_BITS, IssuerPublicKey
 from traceless.privacy.privacypass.wire import (
     NONCE_LEN,
@@ -34,13 +41,6 @@ from traceless.privacy.privacypass.wire import (
     TokenRequest,
     TokenResponse,
     token_input,
-)
-from traceless.privacy.privacypass.errors import (
-    InvalidSignatureError,
-    TokenKeyError,
-    TokenSignatureError,
-    UnknownTokenKeyError,
-    UnsupportedTokenTypeError,
 )
 
 VARIANT = Variant.SHA384_PSS_DETERMINISTIC

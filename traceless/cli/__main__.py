@@ -1,0 +1,5 @@
+import sys
+
+from traceless.cli.parser import main
+
+sys.exit(main())

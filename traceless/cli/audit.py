@@ -1,0 +1,99 @@
+"""`traceless attack ...` and `traceless audit ...` (argument parsing only)."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser("report", help="run the benchmarks, attacks and audits (quick) into one HTML page")
+    report.add_argument("--output", "-o", default="traceless-report.html")
+    report.add_argument("--only", default=None, help="comma-separated sections: offline, privacy_tax, prefix_timing, "
+                                                     "targeting, residue, prefix_cache, kv_offload")
+    report.set_defaults(handler=_report)
+    attack = sub.add_parser("attack", help="run published attacks against live services")
+    attack_sub = attack.add_subparsers(dest="attack_command", metavar="ATTACK", required=True)
+    pt = attack_sub.add_parser("prefix-timing", help="prefix-cache timing attack: global vs isolated cache")
+    pt.add_argument("--trials", type=int, default=40, help="probes per cache mode")
+    pt.add_argument("--prefix-tokens", type=int, default=512, help="length of the victim's secret prefix")
+    pt.add_argument("--model", default=None)
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--json", metavar="FILE")
+    pt.add_argument("--plot", metavar="PNG")
+    pt.set_defaults(handler=_prefix_timing)
+
+    audit = sub.add_parser("audit", help="measure the privacy properties of the real code")
+    audit_sub = audit.add_subparsers(dest="audit_command", metavar="AUDIT", required=True)
+    tg = audit_sub.add_parser("targeting", help="P(target's request lands on attacker nodes) vs their "
+                              "capacity share: ours on the real gateway vs simulated production routers")
+    tg.add_argument("--capacities", type=_floats, default=(1.0, 2.0, 3.0, 4.0),
+                    help="node capacities, comma-separated (default 1,2,3,4)")
+    tg.add_argument("--attacker-nodes", type=_ints, default=(0, 1),
+                    help="indices of the attacker's nodes, comma-separated (default 0,1)")
+    tg.add_argument("--requests", type=int, default=2000, help="target requests per policy x strategy")
+    tg.add_argument("--seed", type=int, default=None,
+                    help="seed every random source, the gateway's included (default: the gateway's CSPRNG)")
+    tg.add_argument("--json", metavar="FILE")
+    tg.add_argument("--plot", metavar="PNG")
+    tg.set_defaults(handler=_targeting)
+    rs = audit_sub.add_parser("residue", help="send canaries through every path, then look for traces everywhere")
+    rs.add_argument("--model", default=None)
+    rs.add_argument("--ttl", type=float, default=3.0, help="the node's prefix-cache TTL (seconds) during the audit")
+    rs.add_argument("--scrub", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the node with freed-memory scrubbing, its default (--no-scrub to see what it removes)")
+    rs.add_argument("--json", metavar="FILE")
+    rs.set_defaults(handler=_residue)
+
+
+def _prefix_timing(args: argparse.Namespace) -> int:
+    from traceless.audit.prefix_timing import AttackConfig, run
+
+    if args.trials < 4 or args.prefix_tokens < 16:
+        raise SystemExit("traceless attack prefix-timing: use at least 4 trials and a 16-token prefix")
+    run(AttackConfig(args.trials, args.prefix_tokens, args.model, args.seed), args.json, args.plot)
+    return 0
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated numbers, e.g. 1,2,3,4") from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected comma-separated node indices, e.g. 0,1") from None
+
+
+def _targeting(args: argparse.Namespace) -> int:
+    from traceless.audit.targeting import run
+    from traceless.audit.targeting_estimate import Scenario
+
+    if args.requests < 100:
+        raise SystemExit("traceless audit targeting: use at least 100 target requests per row")
+    try:
+        scenario = Scenario(args.capacities, frozenset(args.attacker_nodes), args.requests, args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"traceless audit targeting: {exc}") from None
+    run(scenario, args.json, args.plot)
+    return 0
+
+
+def _residue(args: argparse.Namespace) -> int:
+    from traceless.audit.residue import ResidueConfig, run
+
+    report = run(ResidueConfig(args.model, args.ttl, args.scrub), args.json)
+    return 1 if report["failed"] else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from traceless.report.html import run, sections
+
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    known = {s.key for s in sections()}
+    if only and set(only) - known:
+        raise SystemExit(f"traceless report: unknown sections {sorted(set(only) - known)}; known: {sorted(known)}")
+    run(args.output, only)
+    return 0

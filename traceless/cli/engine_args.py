@@ -1,0 +1,66 @@
+"""Engine options shared by every command that starts an engine (serve, node, bench, chat)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from traceless.config import ATTENTION_BACKENDS, DTYPES, PREFIX_CACHE_MODES, SPECULATIVE_MODES
+
+
+def parse_size(text: str) -> int:
+    """'2GiB', '512MiB', '1.5G', '1000000' -> bytes."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB)") from None
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: built-in SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="auto", choices=DTYPES)
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache size, e.g. 2GiB")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=128)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-queued-requests", type=int, default=1024)
+    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    g.add_argument("--prefix-cache", default="isolated", choices=PREFIX_CACHE_MODES,
+                   help="isolated: share only within a cache_salt (default); global: vLLM-style shared cache "
+                        "(insecure baseline); off")
+    g.add_argument("--prefix-cache-ttl", type=float, default=60.0, help="seconds a cached block lives after its last use")
+    g.add_argument("--kv-offload", default="none", choices=("none", "memory", "disk"),
+                   help="on preemption, seal the request's KV (AES-256-GCM, per-request key) instead of recomputing")
+    g.add_argument("--kv-offload-dir", default=None, help="spill directory for --kv-offload disk")
+    g.add_argument("--public-prefix", action="append", default=[], metavar="FILE",
+                   help="an exact system prompt (not user data) that all domains may share; repeatable")
+    g.add_argument("--speculative", default="off", choices=SPECULATIVE_MODES,
+                   help="speculative decoding: ngram (prompt lookup in the request's own tokens), draft "
+                        "(self-speculation on the model's first layers) or off")
+    g.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens verified per step at most")
+    g.add_argument("--ngram-min", type=int, default=2, help="shortest suffix prompt lookup matches")
+    g.add_argument("--ngram-max", type=int, default=4, help="longest suffix prompt lookup matches (tried first)")
+    g.add_argument("--draft-layers", type=int, default=None,
+                   help="layers of the self-speculation draft (default: a quarter of the model's)")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """EngineConfig keyword arguments other than model and dtype."""
+    return dict(
+        device=args.device, block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_queued_requests=args.max_queued_requests, attention_backend=args.attention_backend,
+        prefix_cache=args.prefix_cache, prefix_cache_ttl=args.prefix_cache_ttl,
+        public_prefixes=tuple(Path(f).read_text() for f in args.public_prefix),
+        kv_offload=args.kv_offload, kv_offload_dir=args.kv_offload_dir,
+        speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+        ngram_min=args.ngram_min, ngram_max=args.ngram_max, draft_layers=args.draft_layers,
+    )

@@ -1,0 +1,74 @@
+"""Forwarding to an upstream service (gateway -> node, relay -> gateway).
+
+The upstream client sends no default headers of its own (no User-Agent, no Accept-Encoding: a
+compressed upstream body would be passed on raw) and keeps no cookies; an upstream response is
+streamed back as its bytes arrive, never buffered whole. Closing the downstream response (done or
+client gone) closes the upstream one, so a node stops work for a client that left.
+"""
+from __future__ import annotations
+
+import http.cookiejar
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from traceless.events import emit
+from traceless.http.errors import ApiError
+
+# httpx adds these to every request unless told otherwise; none is ours to send.
+_HTTPX_DEFAULT_HEADERS = ("accept", "accept-encoding", "connection", "user-agent")
+
+
+def upstream_client(read_timeout_s: float, connect_timeout_s: float = 5.0) -> httpx.AsyncClient:
+    """An AsyncClient that sends only the headers each call names (plus Host and framing)."""
+    timeout = httpx.Timeout(connect_timeout_s, read=read_timeout_s)
+    # A cookie jar would let an upstream set a value that the client then sends with every
+    # later request, whoever it carries: a tag shared across users. This jar accepts none.
+    no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
+                               cookies=no_cookies)
+    for name in _HTTPX_DEFAULT_HEADERS:
+        del client.headers[name]
+    return client
+
+
+class UpstreamStream(StreamingResponse):
+    """Stream an httpx response (opened with stream=True) back as it arrives.
+
+    `headers` are the only response headers passed on; the upstream response is closed when
+    this one ends for any reason: finished, failed, or the client disconnected (Starlette then
+    cancels the body loop).
+    """
+
+    def __init__(self, upstream: httpx.Response, headers: dict[str, str], component: str) -> None:
+        super().__init__(self._body(upstream, component), status_code=upstream.status_code, headers=headers)
+        self._upstream = upstream
+
+    @staticmethod
+    async def _body(upstream: httpx.Response, component: str) -> AsyncIterator[bytes]:
+        try:
+            async for data in upstream.aiter_raw():
+                yield data
+        except httpx.HTTPError:
+            # The status is already sent: all that is left is to cut the connection, so the
+            # client sees a truncated body (which OHTTP decryption refuses) rather than an end.
+            emit("http.error", component=component, status_code=502, error_kind="upstream")
+            raise
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._upstream.aclose()
+
+
+def upstream_error(exc: httpx.HTTPError) -> ApiError:
+    """502 for an upstream that cannot be reached or fails before its response starts; 504
+    when it was reached but sent no response in time."""
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return ApiError(504, "the upstream service did not answer in time", type="server_error",
+                        code="upstream_timeout")
+    return ApiError(502, "the upstream service could not be reached", type="server_error",
+                    code="upstream_unreachable")

@@ -1,0 +1,72 @@
+"""The node's HTTP app: GET /pcc/v1/attestation, GET /pcc/v1/ohttp-keys, POST /pcc/v1/ohttp,
+GET /health, GET /metrics. Nothing else: no plaintext API, no debug or admin route (DESIGN
+invariant 8)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from traceless.http.app import create_app, endpoint
+from traceless.http.body import read_body, require_media_type
+from traceless.http.errors import ApiError
+from traceless.node.identity import NodeIdentity
+from traceless.node.registration import register_loop
+from traceless.node.service import NodeService
+from traceless.node.settings import NodeSettings
+from traceless.privacy.ohttp.media import OHTTP_CHUNKED_REQ, OHTTP_KEYS, REQUEST_MEDIA_TYPES
+from traceless.server.async_engine import AsyncEngine
+from traceless.server.engine_routes import engine_routes
+from traceless.server.metrics import Metrics
+from traceless.server.openai_api import OpenAIService
+
+COMPONENT = "node"
+
+
+def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeSettings,
+                    metrics: Metrics | None = None) -> Starlette:
+    metrics = metrics or Metrics()
+    service = NodeService(identity, OpenAIService(engine, settings.model_name, metrics, settings.stream_shape), metrics)
+
+    async def attestation(request: Request) -> Response:
+        raw = request.query_params.get("nonce")
+        try:
+            nonce = bytes.fromhex(raw) if raw is not None else None
+            if nonce is not None and not 8 <= len(nonce) <= 64:
+                raise ValueError
+        except ValueError:
+            raise ApiError(400, "nonce must be 8 to 64 bytes in hex", param="nonce") from None
+        return JSONResponse({"attestation": identity.attestation(nonce, settings.attestation_ttl_s),
+                             "ohttp_keys": base64.b64encode(identity.ohttp_keys).decode()})
+
+    async def ohttp_keys(request: Request) -> Response:
+        return Response(identity.ohttp_keys, media_type=OHTTP_KEYS)
+
+    async def ohttp(request: Request) -> Response:
+        kind = require_media_type(request, REQUEST_MEDIA_TYPES)
+        body = await read_body(request, settings.max_body_bytes)
+        return await service.handle(body, chunked=kind == OHTTP_CHUNKED_REQ)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        engine.start(asyncio.get_running_loop())
+        task = asyncio.create_task(register_loop(identity, settings)) if settings.gateway_url else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+            await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+
+    routes = [
+        Route("/pcc/v1/attestation", endpoint(COMPONENT, "attestation", attestation), methods=["GET"]),
+        Route("/pcc/v1/ohttp-keys", endpoint(COMPONENT, "ohttp_keys", ohttp_keys), methods=["GET"]),
+        Route("/pcc/v1/ohttp", endpoint(COMPONENT, "ohttp", ohttp), methods=["POST"]),
+        *engine_routes(engine, metrics),
+    ]
+    return create_app(COMPONENT, routes, lifespan)

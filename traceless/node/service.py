@@ -1,0 +1,140 @@
+"""The node's work on one request: decapsulate, run the OpenAI call, encapsulate.
+
+A request's decrypted bytes live only in bytearrays this module owns (the binary HTTP message and
+its JSON content), zeroed when the request ends, however it ends. Errors that happen inside the
+encryption (bad JSON, bad parameters, capacity) go back encrypted, as the inner HTTP response.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from starlette.responses import Response, StreamingResponse
+
+from traceless.events import emit
+from traceless.http.body import parse_json
+from traceless.http.errors import ApiError, internal_error
+from traceless.node.identity import NodeIdentity
+from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.bhttp.stream import ResponseStreamEncoder
+from traceless.privacy.ohttp.errors import OHTTP_ERRORS
+from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES, OHTTP_RES
+from traceless.privacy.wire import encode_varint
+from traceless.server.metrics import Metrics
+from traceless.server.openai_api import OpenAIService
+from traceless.server.stream_shape import padding_event
+
+ROUTES = {b"/v1/chat/completions": "chat_completions", b"/v1/completions": "completions"}
+JSON_HEADERS = ((b"content-type", b"application/json"),)
+END_LEN = 2  # content terminator + empty trailer section
+SSE_HEADERS = ((b"content-type", b"text/event-stream"),)
+
+
+def _wipe(*buffers: bytearray | None) -> None:
+    for b in buffers:
+        if b is not None:
+            b[:] = bytes(len(b))
+            b.clear()
+
+
+def _inner_error(exc: ApiError) -> tuple[int, bytes]:
+    return exc.status, json.dumps(exc.body()).encode()
+
+
+class NodeService:
+    """Decapsulate, run the OpenAI call, encapsulate."""
+
+    def __init__(self, identity: NodeIdentity, api: OpenAIService, metrics: Metrics):
+        self.identity, self.api, self.metrics = identity, api, metrics
+        self.padding = api.shape.padding
+
+    async def handle(self, body: bytes, chunked: bool) -> Response:
+        ohttp = self.identity.ohttp
+        try:
+            if chunked:
+                buf, ctx = ohttp.decapsulate_chunked_request_buffer(body)
+            else:
+                buf, ctx = ohttp.decapsulate_request_buffer(body)
+        except OHTTP_ERRORS:
+            raise ApiError(400, "the request could not be decapsulated", code="decapsulation_failed") from None
+        try:
+            status, result = await self._run_inner(buf, chunked)
+        finally:
+            _wipe(buf)
+        if isinstance(result, (bytes, bytearray)):
+            if chunked:  # a chunked request always gets a chunked response
+                return self._chunked(ctx, status, JSON_HEADERS, _once(bytes(result)))
+            inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)))
+            if self.padding:  # whole responses too: their length would tell the output's length
+                inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)),
+                                              padding=-len(inner) % self.padding)
+            return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
+        return self._chunked(ctx, 200, SSE_HEADERS, result)
+
+    async def _run_inner(self, buf: bytearray, chunked: bool):
+        """(status, JSON bytes) or (200, async iterator of SSE events)."""
+        content = None
+        try:
+            try:
+                head, content = bhttp.decode_request_buffer(buf)
+            except OHTTP_ERRORS:
+                raise ApiError(400, "the inner request is not valid binary HTTP", code="invalid_bhttp") from None
+            route = ROUTES.get(head.path)
+            if route is None:
+                raise ApiError(404, "no such route", code="not_found")
+            if head.method != b"POST":
+                raise ApiError(405, "method not allowed", code="method_not_allowed")
+            try:
+                parsed = parse_json(content)
+            finally:
+                _wipe(content)
+            if isinstance(parsed, dict) and parsed.get("stream") is True and not chunked:
+                raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)",
+                               param="stream")
+            handler = self.api.chat if route == "chat_completions" else self.api.completions
+            result = await handler(parsed)
+            self.metrics.inc("traceless_requests_total", endpoint=route, status="ok")
+            if isinstance(result, dict):
+                return 200, json.dumps(result, ensure_ascii=False).encode()
+            return 200, result
+        except ApiError as exc:
+            emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
+            return _inner_error(exc)
+        except Exception:
+            emit("http.error", component="node", status_code=500, error_kind="internal")
+            return _inner_error(internal_error())
+        finally:
+            _wipe(content)
+
+    def _chunked(self, ctx, status: int, headers, events: AsyncIterator[bytes]) -> StreamingResponse:
+        padding = self.padding
+
+        async def gen():
+            enc, msg = ctx.encryptor(), ResponseStreamEncoder()
+            # With padding, every chunk's plaintext is `size` bytes: data chunks carry one padded SSE
+            # event; the head and the final chunk are filled out with an SSE comment.
+            size = len(encode_varint(padding)) + padding if padding else 0
+            try:
+                yield enc.seal_chunk(_fill(msg.head(status, headers), size, msg))
+                async for event in events:
+                    yield enc.seal_chunk(msg.chunk(event))
+                filler = _fill(b"", size - END_LEN, msg) if size else b""  # before end(): chunks precede it
+                yield enc.seal_final(filler + msg.end())
+            finally:
+                await events.aclose()
+
+        return StreamingResponse(gen(), media_type=OHTTP_CHUNKED_RES)
+
+
+def _fill(prefix: bytes, size: int, msg: ResponseStreamEncoder) -> bytes:
+    """prefix + one content chunk holding an SSE comment, `size` bytes in all (prefix alone if
+    size is 0 or too small to hold a comment)."""
+    for varint_len in (1, 2, 4):
+        room = size - len(prefix) - varint_len
+        if room >= 4 and len(encode_varint(room)) == varint_len:
+            return prefix + msg.chunk(padding_event(room))
+    return prefix
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data

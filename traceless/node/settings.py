@@ -1,0 +1,18 @@
+"""A node's settings (what `traceless node` is given)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traceless.server.stream_shape import StreamShape
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    model_name: str
+    capacity: int = 1
+    max_body_bytes: int = 4 * 2**20
+    attestation_ttl_s: int = 300
+    gateway_url: str | None = None
+    public_url: str | None = None
+    register_interval_s: float = 60.0
+    stream_shape: StreamShape = StreamShape()
