@@ -85,6 +85,13 @@ def decode_tcb(raw: bytes, line: ProductLine) -> TcbVersion:
     return TcbVersion(bootloader=raw[0], tee=raw[1], snp=raw[6], microcode=raw[7])
 
 
+def encode_tcb(tcb: TcbVersion, line: ProductLine) -> bytes:
+    """The 8-byte TCB_VERSION of `tcb` in `line`'s layout (the inverse of `decode_tcb`)."""
+    if line.has_fmc:
+        return bytes([tcb.fmc or 0, tcb.bootloader, tcb.tee, tcb.snp, 0, 0, 0, tcb.microcode])
+    return bytes([tcb.bootloader, tcb.tee, 0, 0, 0, 0, tcb.snp, tcb.microcode])
+
+
 @dataclass(frozen=True, slots=True)
 class GuestPolicy:
     abi_minor: int
