@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "traceless.cluster.log_commands",
     "traceless.audit.commands",
     "traceless.cluster.commands",
+    "traceless.attest_commands",
 )
 
 
