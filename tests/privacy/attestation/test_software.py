@@ -5,6 +5,7 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import (
     EAT_TYP,
     AttestationClaims,
@@ -24,7 +25,6 @@ from traceless.privacy.attestation.software import (
     sign_document,
     verify_attestation,
 )
-from traceless.privacy.attestation.measurement import Measurement
 
 NOW = 1_750_000_000
 NONCE = b"n" * 16
