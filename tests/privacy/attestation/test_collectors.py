@@ -99,6 +99,17 @@ def test_machines_without_configfs_tsm_or_with_another_provider_fail_clearly(tmp
         TsmCollector(root, configfs=FakeConfigFs("sev_guest", b"")).collect(REPORT_DATA)
 
 
+def test_a_generation_that_is_not_a_number_is_refused(root):
+    class Garbled(FakeConfigFs):
+        def create(self, entry: Path) -> None:
+            super().create(entry)
+            (entry / "generation").write_text("busy\n")
+
+    with pytest.raises(CollectorError, match="generation is not a number"):
+        TsmCollector(root, configfs=Garbled("sev_guest", b"report")).collect(REPORT_DATA)
+    assert list(root.iterdir()) == []
+
+
 def test_a_plain_directory_is_not_mistaken_for_configfs(root):
     # mkdir on a real filesystem creates no attribute files: reading `provider` fails, cleanly.
     with pytest.raises(CollectorError, match="ENOENT on provider"):

@@ -17,7 +17,7 @@ from tests.privacy.attestation.forge_tdx import forge_tdx_quote
 from tests.vectors import DATA, vector_path
 from traceless.privacy.attestation import tdx as tdx_module
 from traceless.privacy.attestation.certs import load_pem_chain
-from traceless.privacy.attestation.evidence import CheckStatus
+from traceless.privacy.attestation.evidence import CheckStatus, EvidenceError
 from traceless.privacy.attestation.tdx import CHECKS, TdxCollateral, TdxPolicy, TdxTrust, verify_tdx
 from traceless.privacy.attestation.tdx_collateral import signed_json
 from traceless.privacy.attestation.tdx_quote import parse_tdx_quote
@@ -111,6 +111,23 @@ def test_signed_json_keeps_the_exact_signed_bytes(collateral):
     doc = signed_json(collateral.tcb_info, "tcbInfo")
     assert doc.raw.startswith(b'{"id":"TDX","version":3') and doc.body["fmspc"] == "50806f000000"
     assert json.loads(collateral.tcb_info)["signature"] == doc.signature.hex()
+
+
+@settings(max_examples=200, deadline=None)
+@given(document=st.one_of(st.binary(max_size=300), st.text(alphabet='{}[]":,0123456789abcdef tcbInfosignature',
+                                                          max_size=300).map(str.encode)))
+def test_signed_json_refuses_anything_else_with_a_typed_error(document):
+    try:
+        doc = signed_json(document, "tcbInfo")
+    except EvidenceError:
+        return
+    assert isinstance(doc.body, dict) and len(doc.signature) == 64
+
+
+def test_hostile_nesting_is_a_typed_error(collateral):
+    deep = b'{"tcbInfo":' + b"[" * 100_000 + b"]" * 100_000 + b',"signature":"00"}'
+    with pytest.raises(EvidenceError):
+        signed_json(deep, "tcbInfo")
 
 
 def test_tcb_status_outside_the_policy_fails_and_inside_passes(quote, trust, collateral, monkeypatch):

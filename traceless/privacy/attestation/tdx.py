@@ -90,8 +90,7 @@ def _verify(run: CheckRun, data: bytes, trust: TdxTrust, policy: TdxPolicy,
             given: tuple[bytes | None, TdxCollateral | None], at: datetime) -> TdxClaims:
     report_data, collateral = given
     quote = run.run("quote-format", lambda: _format(data))
-    roots = [certs.load_certificate(r, "pinned Intel root") for r in trust.roots]
-    chain, root = run.run("pck-chain", lambda: _pck_chain(quote, roots, at))
+    chain, root, roots = run.run("pck-chain", lambda: _pck_chain(quote, trust, at))
     run.run("qe-report-signature", lambda: _qe_signature(quote, chain[0]))
     run.run("qe-binding", lambda: _qe_binding(quote))
     run.run("quote-signature", lambda: _quote_signature(quote))
@@ -120,14 +119,15 @@ def _format(data: bytes) -> tuple[TdxQuote, str]:
     return quote, f"TDX quote v{quote.version}, {body}, {len(data)} bytes, ECDSA P-256 attestation key"
 
 
-def _pck_chain(quote: TdxQuote, roots: list[x509.Certificate],
-               at: datetime) -> tuple[tuple[list[x509.Certificate], x509.Certificate], str]:
+def _pck_chain(quote: TdxQuote, trust: TdxTrust, at: datetime) -> tuple[
+        tuple[list[x509.Certificate], x509.Certificate, list[x509.Certificate]], str]:
+    roots = [certs.load_certificate(r, "pinned Intel root") for r in trust.roots]
     chain = list(certs.load_pem_chain(quote.pck_chain_pem, "PCK certificate chain"))
     root = certs.check_chain(chain, roots, at, ["PCK certificate", "PCK CA"])
     if len(chain) < 2 or chain[1].subject == chain[1].issuer:
         raise CheckFailed("the PCK chain has no PCK CA between the PCK certificate and the root")
     names = " <- ".join(certs.common_name(c) for c in chain[:2])
-    return (chain, root), f"{names} <- {certs.common_name(root)} (pinned), valid at {at.date().isoformat()}"
+    return (chain, root, roots), f"{names} <- {certs.common_name(root)} (pinned), valid at {at.date().isoformat()}"
 
 
 def _qe_signature(quote: TdxQuote, pck: x509.Certificate) -> tuple[None, str]:

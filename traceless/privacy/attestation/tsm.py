@@ -80,11 +80,11 @@ class TsmCollector(Collector):
                 pass  # the entry holds nothing secret; a failed rmdir leaves an empty configfs item
 
     def _generate(self, entry: Path, report_data: bytes) -> Evidence:
-        provider = (entry / "provider").read_text().strip()
+        provider = (entry / "provider").read_bytes().decode("ascii", "replace").strip()
         kind = PROVIDERS.get(provider)
         if kind is None:
             raise CollectorError(f"configfs-tsm provider {provider!r} is not SEV-SNP or TDX")
-        before = int((entry / "generation").read_text())
+        before = _generation(entry)
         writes = 0
         if self._privlevel is not None:
             self._fs.write(entry / "privlevel", str(self._privlevel).encode())
@@ -93,10 +93,17 @@ class TsmCollector(Collector):
         writes += 1
         blob = (entry / "outblob").read_bytes()
         aux = (entry / "auxblob").read_bytes() if kind == "snp" and (entry / "auxblob").exists() else b""
-        after = int((entry / "generation").read_text())
+        after = _generation(entry)
         if after != before + writes:
             raise EvidenceRaceError(f"report entry generation went {before} -> {after} over {writes} writes: "
                                     "another writer changed the request")
         if not blob:
             raise CollectorError("configfs-tsm returned an empty report")
         return Evidence(kind=kind, blob=blob, aux=aux, provider=provider)
+
+
+def _generation(entry: Path) -> int:
+    text = (entry / "generation").read_text().strip()
+    if not text.isdigit():
+        raise CollectorError("configfs-tsm generation is not a number")
+    return int(text)
