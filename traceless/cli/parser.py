@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "traceless.cli.log",
     "traceless.cli.audit",
     "traceless.cli.cluster",
+    "traceless.cli.attest",
 )
 
 
