@@ -23,7 +23,8 @@ def _write_tokenizer(path: Path, vocab_size: int) -> None:
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.add_special_tokens(["<s>", "</s>"])
     tok.save(str(path / "tokenizer.json"))
-    template = "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}<s> assistant {% endif %}"
+    template = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+                "{% if add_generation_prompt %}<s> assistant {% endif %}")
     (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
 
 

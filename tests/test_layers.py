@@ -78,7 +78,8 @@ def test_imports_point_one_way():
     assert violations() == []
 
 
-@pytest.mark.parametrize("importer,target", [("traceless.engine.x", "torch"), ("traceless.runner.x", "traceless.engine.request"),
+@pytest.mark.parametrize("importer,target", [("traceless.engine.x", "torch"),
+                                             ("traceless.runner.x", "traceless.engine.request"),
                                              ("traceless.privacy.x", "traceless.server.app"),
                                              ("traceless.cluster.gateway", "traceless.node.app")])
 def test_the_rules_catch_a_wrong_arrow(tmp_path, importer, target):

@@ -31,7 +31,7 @@ class Choice:
     values: frozenset[str]
 
     @classmethod
-    def of(cls, *values: str) -> "Choice":
+    def of(cls, *values: str) -> Choice:
         return cls(frozenset(values))
 
 

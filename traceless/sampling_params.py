@@ -143,7 +143,7 @@ class SamplingParams:
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
-    def with_seed_offset(self, i: int) -> "SamplingParams":
+    def with_seed_offset(self, i: int) -> SamplingParams:
         """The params of the i-th of n completions (n = 1 each)."""
         from dataclasses import replace
 

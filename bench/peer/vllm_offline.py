@@ -25,14 +25,15 @@ import time
 
 _T_FIRST = time.time()  # fallback for the process start time; must stay the first statement
 
-import argparse
-import importlib.util
-import json
-import os
-import platform
-import statistics
-import sys
-from pathlib import Path
+# The other imports stay below _T_FIRST on purpose: the fallback start time must come first.
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 _REPO = Path(__file__).resolve().parents[2]
 _WORKLOADS_PY = _REPO / "traceless" / "bench" / "workloads.py"
@@ -162,7 +163,8 @@ def main(argv=None) -> int:
         "max_model_len": cfg.model_config.max_model_len,
         "compilation_mode": str(cfg.compilation_config.mode),
         "compilation_backend": cfg.compilation_config.backend,
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "(unset: sized from gpu_memory_utilization)"),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE",
+                                                 "(unset: sized from gpu_memory_utilization)"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "(unset: auto)"),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "(unset)"),
     }

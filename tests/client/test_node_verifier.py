@@ -42,7 +42,8 @@ def test_expired_forged_and_swapped_key_attestations_are_refused(verifier):
         v.verify(entry(attester, server, key_config=other.ohttp_keys()))
     assert r.value.reason == "key_mismatch"
     good = entry(attester, server)
-    tampered = dict(good, attestation=good["attestation"][:-4] + ("AAAA" if not good["attestation"].endswith("AAAA") else "BBBB"))
+    tampered = dict(good, attestation=good["attestation"][:-4]
+                    + ("AAAA" if not good["attestation"].endswith("AAAA") else "BBBB"))
     with pytest.raises(NodeRefused) as r:
         v.verify(tampered)
     assert r.value.reason in ("bad_signature", "malformed")

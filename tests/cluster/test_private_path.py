@@ -117,8 +117,8 @@ def test_relay_and_gateway_never_see_plaintext(deployment):
 
 def _raw_request(e: dict, relay: str, node: dict, token_header: str | None, tamper: bool = False) -> httpx.Response:
     config = decode_ohttp_keys(base64.b64decode(node["ohttp_keys"]))[0]
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"t", b"/v1/completions", (),
-                                               json.dumps({"model": e["model"], "prompt": "Hi", "max_tokens": 2}).encode()))
+    body = json.dumps({"model": e["model"], "prompt": "Hi", "max_tokens": 2}).encode()
+    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"t", b"/v1/completions", (), body))
     enc, _ = encapsulate_request(config, inner)
     if tamper:
         enc = enc[:-3] + bytes([enc[-3] ^ 1]) + enc[-2:]
@@ -165,7 +165,8 @@ def _processed(deployment) -> float:
 
 
 @pytest.mark.parametrize("change, reason", [
-    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_error"), ("not_in_log", "not_in_log"),
+    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_error"),
+    ("not_in_log", "not_in_log"),
 ])
 def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, tmp_path, change, reason, caplog):
     import logging

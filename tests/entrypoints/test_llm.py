@@ -104,7 +104,8 @@ def test_n_completions_logprobs_and_stop_reasons(tiny):
         for tok, lp in zip(c.token_ids, c.logprobs):
             assert tok in lp and len(lp) in (2, 3)  # top-2 plus the sampled token when it is not among them
     assert len({c.token_ids for c in out.outputs}) > 1
-    greedy = tiny.generate({"prompt_token_ids": [20, 21, 22]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+    greedy = tiny.generate({"prompt_token_ids": [20, 21, 22]},
+                           SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                            use_tqdm=False)[0].outputs[0]
     stop_tok = greedy.token_ids[3]
     stopped = tiny.generate({"prompt_token_ids": [20, 21, 22]},
@@ -149,7 +150,8 @@ def test_bad_input_raises_typed_errors_and_the_engine_keeps_serving(tiny, tmp_pa
 
 
 def test_chat_applies_the_template(tiny):
-    out = tiny.chat([{"role": "user", "content": "w5 w6"}], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]
+    out = tiny.chat([{"role": "user", "content": "w5 w6"}], SamplingParams(temperature=0, max_tokens=2),
+                    use_tqdm=False)[0]
     tok = tiny.get_tokenizer()
     assert list(out.prompt_token_ids) == tok.encode("<s> user w5 w6 </s> <s> assistant ", add_special_tokens=False)
     with pytest.raises(InvalidRequestError):
@@ -165,7 +167,8 @@ def test_default_model_chat_and_seeded_batch(real_llm):
     alone = real_llm.generate("Once upon a time", sp, use_tqdm=False)[0].outputs[0].token_ids
     crowd = ["Tell me about the ocean.", "The weather today", "import numpy as np", "Dear diary,"]
     outs = real_llm.generate(crowd[:2] + ["Once upon a time"] + crowd[2:],
-                             [SamplingParams(temperature=1.0, max_tokens=32)] * 2 + [sp] + [SamplingParams(temperature=1.0, max_tokens=32)] * 2,
+                             [SamplingParams(temperature=1.0, max_tokens=32)] * 2 + [sp]
+                             + [SamplingParams(temperature=1.0, max_tokens=32)] * 2,
                              use_tqdm=False)
     assert outs[2].outputs[0].token_ids == alone
     real_llm.engine.check_integrity()

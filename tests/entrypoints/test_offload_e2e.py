@@ -20,8 +20,8 @@ def test_outputs_under_pressure_with_offload_equal_the_unpressured_run(tiny_llam
     roomy = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, block_size=4)
     want = [o.outputs[0].token_ids for o in roomy.generate(ps, greedy, use_tqdm=False)]
     spill = tmp_path / "spill"
-    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128, kv_offload=mode,
-                kv_offload_dir=str(spill) if mode == "disk" else None)
+    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
+                kv_offload=mode, kv_offload_dir=str(spill) if mode == "disk" else None)
     got = [o.outputs[0].token_ids for o in tight.generate(ps, greedy, use_tqdm=False)]
     kv = tight.engine.kv_stats()
     assert kv.offload_bytes_out > 0 and kv.offload_bytes_in == kv.offload_bytes_out  # swapped, and all came back
@@ -48,7 +48,8 @@ def test_spill_files_hold_no_canary_and_no_plaintext_kv(tmp_path, monkeypatch):
 
     monkeypatch.setattr(KVOffloader, "_gather", gather)
     monkeypatch.setattr(KVOffloader, "save", save)
-    llm = LLM(kv_cache_memory=48 * 2**20, max_model_len=1024, kv_offload="disk", kv_offload_dir=str(spill), max_num_seqs=16)
+    llm = LLM(kv_cache_memory=48 * 2**20, max_model_len=1024, kv_offload="disk", kv_offload_dir=str(spill),
+              max_num_seqs=16)
     canary = "CANARY-7f3e2a9b41d0"
     ps = [f"Write a long story about {canary} number {i}." for i in range(16)]
     llm.generate(ps, SamplingParams(temperature=0, max_tokens=160, ignore_eos=True), use_tqdm=False)

@@ -168,7 +168,8 @@ def test_max_tokens_and_context_limits_hold_with_drafts(bigram_dir):
     long = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     out = spec.generate(ps[0], long, use_tqdm=False)[0].outputs[0]  # stops at the context: 30 tokens
     assert len(out.token_ids) == 30 - 9 and out.finish_reason == "length"
-    assert list(out.token_ids) == list(engine(bigram_dir, "off", **kw).generate(ps[0], long, use_tqdm=False)[0].outputs[0].token_ids)
+    plain = engine(bigram_dir, "off", **kw).generate(ps[0], long, use_tqdm=False)[0].outputs[0]
+    assert list(out.token_ids) == list(plain.token_ids)
     spec.engine.check_integrity()
 
 
@@ -202,7 +203,8 @@ def test_sampled_output_keeps_the_target_distribution(request, mode, model):
                        max_queued_requests=4096, prefix_cache="global")
     off = engine(path, "off", **kw)
     sample = SamplingParams(temperature=0.8, top_k=4, max_tokens=60, ignore_eos=True, seed=123)
-    prompt = {"prompt_token_ids": [5] + list(off.generate({"prompt_token_ids": [5]}, sample, use_tqdm=False)[0].outputs[0].token_ids)}
+    own = off.generate({"prompt_token_ids": [5]}, sample, use_tqdm=False)[0].outputs[0]
+    prompt = {"prompt_token_ids": [5] + list(own.token_ids)}
 
     def first3(llm, seeds):
         ps = [SamplingParams(temperature=0.8, top_k=4, frequency_penalty=1.0, max_tokens=4, ignore_eos=True, seed=s)

@@ -130,7 +130,7 @@ class Hyper:
     vocab_size: int
 
     @classmethod
-    def from_hf(cls, cfg: dict, arch: str = "llama") -> "Hyper":
+    def from_hf(cls, cfg: dict, arch: str = "llama") -> Hyper:
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         return cls(arch, cfg["num_hidden_layers"], cfg["max_position_embeddings"], cfg["hidden_size"],
                    cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],

@@ -121,8 +121,10 @@ def test_weights_equal_dequantized_values(tiny, tmp_path, qname):
     config, weights, meta = load_gguf(path, torch.float32)
 
     h = tiny.hyper
-    assert (config.architecture, config.num_layers, config.hidden_size, config.intermediate_size) == ("llama", 2, 64, 256)
-    assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (h.n_head, h.n_head_kv, 16, 384)
+    assert ((config.architecture, config.num_layers, config.hidden_size, config.intermediate_size)
+            == ("llama", 2, 64, 256))
+    assert ((config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size)
+            == (h.n_head, h.n_head_kv, 16, 384))
     assert config.rope_theta == h.rope_theta and config.rms_norm_eps == pytest.approx(h.rms_eps)
     assert config.max_position_embeddings == h.n_ctx and not config.tie_word_embeddings
     assert meta["tokenizer.ggml.model"] == "gpt2"
@@ -378,7 +380,8 @@ def test_default_model_loads(default_model_path):
     config, weights, meta = load_gguf(default_model_path, torch.float32)
     elapsed = time.perf_counter() - start
     assert elapsed < 60, f"loading the default model took {elapsed:.1f} s"
-    assert (config.architecture, config.num_layers, config.hidden_size, config.intermediate_size) == ("llama", 30, 576, 1536)
+    assert ((config.architecture, config.num_layers, config.hidden_size, config.intermediate_size)
+            == ("llama", 30, 576, 1536))
     assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (9, 3, 64, 49152)
     assert config.tie_word_embeddings and "lm_head" not in weights
     assert config.rope_theta == 100000.0 and config.max_position_embeddings == 8192

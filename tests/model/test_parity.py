@@ -50,7 +50,8 @@ def tiny_mistral_dir(tmp_path_factory):
 def test_tiny_models_match_transformers(kind, tiny_llama_dir, tiny_qwen2_dir, tiny_llama3_dir, tiny_mistral_dir):
     from transformers import AutoModelForCausalLM
 
-    path = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "llama3": tiny_llama3_dir, "mistral": tiny_mistral_dir}[kind]
+    path = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "llama3": tiny_llama3_dir,
+            "mistral": tiny_mistral_dir}[kind]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rng = random.Random(kind)
     # varied lengths: single token, a partial block, several blocks, one long enough to chunk

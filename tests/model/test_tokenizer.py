@@ -368,7 +368,8 @@ def with_template(source: str) -> Tokenizer:
 
 
 def test_template_raise_exception_is_invalid_request():
-    tok = with_template("{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message comes first') }}{% endif %}")
+    tok = with_template("{% if messages[0]['role'] != 'system' %}"
+                        "{{ raise_exception('a system message comes first') }}{% endif %}")
     with pytest.raises(InvalidRequestError, match="a system message comes first"):
         tok.apply_chat_template(USER)
     assert tok.apply_chat_template([{"role": "system", "content": "x"}]) == ""

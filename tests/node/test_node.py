@@ -72,7 +72,8 @@ def test_attestation_binds_the_served_key(node):
 
 def test_encapsulated_answers_equal_the_offline_engine(node, tiny_llama_dir):
     want = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20).generate(
-        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        use_tqdm=False)[0]
     body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     status, data = call(node, b"/v1/completions", body)
     assert status == 200 and data["choices"][0]["text"] == want.outputs[0].text

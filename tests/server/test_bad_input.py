@@ -31,7 +31,8 @@ def model(url):
 CASES = [
     ("malformed json", "/v1/completions", b"{not json", 400, "invalid_json", None),
     ("not an object", "/v1/completions", b"[1, 2]", 400, None, None),
-    ("unknown field", "/v1/completions", {"prompt": "w5", "best_friend": 1}, 400, "unsupported_parameter", "best_friend"),
+    ("unknown field", "/v1/completions", {"prompt": "w5", "best_friend": 1},
+     400, "unsupported_parameter", "best_friend"),
     ("wrong type", "/v1/completions", {"prompt": "w5", "max_tokens": "ten"}, 400, None, "max_tokens"),
     ("negative max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": -3}, 400, None, "max_tokens"),
     ("huge max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": 10**9}, 400, "context_length_exceeded", None),
@@ -40,9 +41,11 @@ CASES = [
     ("token out of vocab", "/v1/completions", {"prompt": [5, 10**7]}, 400, None, None),
     ("empty prompt", "/v1/completions", {"prompt": ""}, 400, None, None),
     ("missing prompt", "/v1/completions", {}, 400, "missing_required_parameter", "prompt"),
-    ("logit_bias", "/v1/completions", {"prompt": "w5", "logit_bias": {"5": 10}}, 400, "unsupported_parameter", "logit_bias"),
+    ("logit_bias", "/v1/completions", {"prompt": "w5", "logit_bias": {"5": 10}},
+     400, "unsupported_parameter", "logit_bias"),
     ("echo", "/v1/completions", {"prompt": "w5", "echo": True}, 400, "unsupported_parameter", "echo"),
-    ("tools", "/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "tools": [{"type": "function"}]},
+    ("tools", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "w5"}], "tools": [{"type": "function"}]},
      400, "unsupported_parameter", "tools"),
     ("bad role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "w5"}]}, 400, None, "messages[0]"),
     ("bad content", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None, "messages[0]"),
@@ -95,7 +98,8 @@ def test_unknown_route_and_method(url):
 
 
 def test_client_disconnect_mid_stream_aborts_and_frees(tiny_server, model):
-    body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 100, "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 100, "temperature": 0, "stream": True,
+            "ignore_eos": True}
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", tiny_server.url + "/v1/completions", json=body) as r:
             it = r.iter_lines()

@@ -47,7 +47,8 @@ def test_live_metrics_count_requests_and_tokens(tiny_server):
 
     assert value(after, "traceless_generation_tokens_total") - value(before, "traceless_generation_tokens_total") == 4
     assert value(after, "traceless_prompt_tokens_total") - value(before, "traceless_prompt_tokens_total") == 3
-    assert value(after, "traceless_inter_token_latency_seconds_count") - value(before, "traceless_inter_token_latency_seconds_count") == 3
+    itl = "traceless_inter_token_latency_seconds_count"
+    assert value(after, itl) - value(before, itl) == 3
     for line in after.splitlines():  # nothing outside the declared families
         assert line.startswith("# ") or line.split("{")[0].split(" ")[0].startswith("traceless_")
 

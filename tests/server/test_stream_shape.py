@@ -97,7 +97,8 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
         node.identity = identity
         body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 15, "temperature": 0, "ignore_eos": True,
                 "stream": True}
-        inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"n", b"/v1/completions", (), json.dumps(body).encode()))
+        inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"n", b"/v1/completions", (),
+                                                   json.dumps(body).encode()))
         enc, _ = encapsulate_chunked_request(identity.ohttp.key_config, split_chunks(inner))
         r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-chunked-req"})
         sizes = chunked_ciphertexts(r.content)

@@ -55,7 +55,8 @@ class NodeUnderAudit:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "HOME": str(workdir / "home"), "TMPDIR": str(workdir / "tmp"), "PYTHONUNBUFFERED": "1"}
-        args = ["node", "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port), "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
+        args = ["node", "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
+                "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
                 "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", "40MiB", "--max-model-len", "1024",
                 "--max-num-seqs", "8"] + (["--model", cfg.model] if cfg.model else [])
         with open(self.log_path, "wb") as log:
@@ -152,7 +153,8 @@ def run(cfg: ResidueConfig, json_path: str | None) -> dict:
                                          if p.is_file() and p != node.log_path)
     preempted = sum(json.loads(line).get("num_requests", 0) for line in node.log_path.read_text().splitlines()
                     if line.startswith('{"ts"') and '"engine.preempted"' in line)
-    report = {"audit": "residue", "scrub": cfg.scrub, "paths": list(PATHS), "spill_files_seen": len(client.spill_files_seen),
+    report = {"audit": "residue", "scrub": cfg.scrub, "paths": list(PATHS),
+              "spill_files_seen": len(client.spill_files_seen),
               "preemptions": preempted,
               "places": places, "process_memory": {name: memory.get(n, 0) for name, n in needles.items()},
               "process_memory_total": sum(memory.values()), "failed": any(v != 0 for v in places.values())}

@@ -63,7 +63,7 @@ def print_report(report: dict) -> None:
     attacker = ",".join(str(i) for i in report["attacker_nodes"])
     print(f"\ntraceless audit targeting  (capacities {caps}; attacker holds nodes {attacker}; "
           f"{report['requests_per_row']} target requests per row; "
-          f"{'seed ' + str(report['seed']) if report['seed'] is not None else 'unseeded: the gateway uses its CSPRNG'})")
+          + (f"seed {report['seed']})" if report["seed"] is not None else "unseeded: the gateway uses its CSPRNG)"))
     print(f"{'policy':<17}{'router':<14}{'strategy':<14}{'T share':>8}{'P(target in T)':>16}{'95% CI':>17}"
           f"{'advantage':>11}{'chi2 p':>10}  verdict")
     for r in report["results"]:

@@ -23,7 +23,8 @@ def run(num_prompts: int, prompt_len: int, output_len: int, kv_mib: int, json_pa
     from traceless.sampling_params import SamplingParams
 
     rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(1_000, 40_000) for _ in range(prompt_len)]} for _ in range(num_prompts)]
+    prompts = [{"prompt_token_ids": [rng.randrange(1_000, 40_000) for _ in range(prompt_len)]}
+               for _ in range(num_prompts)]
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     rows = []
     for mode in MODES:
@@ -35,7 +36,8 @@ def run(num_prompts: int, prompt_len: int, output_len: int, kv_mib: int, json_pa
         outs = llm.generate(prompts, params, use_tqdm=True)
         dt = time.perf_counter() - t0
         kv = llm.engine.kv_stats()
-        rows.append({"kv_offload": mode, "seconds": dt, "output_tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / dt,
+        rows.append({"kv_offload": mode, "seconds": dt,
+                     "output_tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / dt,
                      "preemptions": kv.preemptions, "swapped_mib": kv.offload_bytes_out / 2**20})
         llm.engine.check_integrity()
         del llm

@@ -74,7 +74,8 @@ def summarize(name: str, runs: list[RunTimes]) -> dict:
     return out
 
 
-def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None, engine_options: dict) -> dict:
+def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None,
+        engine_options: dict) -> dict:
     if engine_options.get("speculative", "off") != "off":
         from traceless.bench.speculative import run as run_speculative
 

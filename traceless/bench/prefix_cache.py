@@ -28,8 +28,10 @@ SYSTEM = ("You are a meticulous assistant for a hospital pharmacy. Follow the do
 QUESTIONS = ["What is the maximum daily dose of paracetamol for adults?", "Can ibuprofen be combined with warfarin?",
              "How should insulin pens be stored?", "What is the pediatric dose of amoxicillin?",
              "When is a loading dose of digoxin used?", "What are the signs of lithium toxicity?"]
-CONFIGS = (("off", ["--prefix-cache", "off"], "none"), ("isolated", ["--prefix-cache", "isolated"], "same"),
-           ("isolated+public", ["--prefix-cache", "isolated"], "each"), ("global", ["--prefix-cache", "global"], "none"))
+CONFIGS = (("off", ["--prefix-cache", "off"], "none"),
+           ("isolated", ["--prefix-cache", "isolated"], "same"),
+           ("isolated+public", ["--prefix-cache", "isolated"], "each"),
+           ("global", ["--prefix-cache", "global"], "none"))
 
 
 def _ttft_chat(client: httpx.Client, model: str, messages: list[dict], salt: str | None) -> tuple[float, str]:
@@ -78,7 +80,8 @@ def run(repeat_system: int, json_path: str | None, model: str | None = None) -> 
         for name, args, policy in CONFIGS:
             extra = ["--public-prefix", str(workdir / "system.txt")] if name == "isolated+public" else []
             model_args = ["--model", model] if model else []
-            with spawn_serve(*model_args, *args, *extra, "--kv-cache-memory", "1GiB", name=name, workdir=workdir) as svc:
+            with spawn_serve(*model_args, *args, *extra, "--kv-cache-memory", "1GiB",
+                             name=name, workdir=workdir) as svc:
                 with httpx.Client(base_url=svc.url, timeout=300) as client:
                     m = client.get("/v1/models").json()["data"][0]["id"]
                     _ttft_chat(client, m, [{"role": "user", "content": "warm up"}], None)

@@ -39,7 +39,8 @@ def measure(engines: dict, name: str, repeats: int) -> dict[str, dict]:
     return out
 
 
-def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None, engine_options: dict) -> dict:
+def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None,
+        engine_options: dict) -> dict:
     from traceless.entrypoints.llm import LLM
 
     load_start = os.getloadavg()
@@ -78,5 +79,6 @@ def print_table(report: dict, names: list[str]) -> None:
     print(f"{'workload':<9}" + "".join(f"{c:>12}" for c in cols))
     for name in names:
         r = report[name]
-        print(f"{name:<9}{r['off_output_tokens_per_s']:>12.1f}{r['spec_output_tokens_per_s']:>12.1f}{r['speedup']:>12.2f}"
-              f"{r['acceptance_rate']:>12.2f}{r['tokens_per_verify_step']:>12.2f}{'yes' if r['identical_outputs'] else 'no':>12}")
+        print(f"{name:<9}{r['off_output_tokens_per_s']:>12.1f}{r['spec_output_tokens_per_s']:>12.1f}"
+              f"{r['speedup']:>12.2f}{r['acceptance_rate']:>12.2f}{r['tokens_per_verify_step']:>12.2f}"
+              f"{'yes' if r['identical_outputs'] else 'no':>12}")

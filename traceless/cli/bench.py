@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     serve = bench_sub.add_parser("serve", help="online benchmark against any OpenAI-compatible server")
     serve.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    serve.add_argument("--rate", type=float, default=float("inf"), help="requests per second (Poisson); inf = all at once")
+    serve.add_argument("--rate", type=float, default=float("inf"),
+                       help="requests per second (Poisson); inf = all at once")
     serve.add_argument("--num-prompts", type=int, default=64)
     serve.add_argument("--input-len", type=int, default=128, help="prompt length in tokens")
     serve.add_argument("--output-len", type=int, default=128, help="output tokens per request (EOS ignored)")
@@ -32,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve)
 
     pc = bench_sub.add_parser("prefix-cache", help="TTFT with prefix caching off / isolated / isolated+public / global")
-    pc.add_argument("--repeat-system", type=int, default=12, help="length of the long system prompt, in repeats of a paragraph")
+    pc.add_argument("--repeat-system", type=int, default=12,
+                    help="length of the long system prompt, in repeats of a paragraph")
     pc.add_argument("--model", default=None)
     pc.add_argument("--json", metavar="FILE")
     pc.set_defaults(handler=_prefix_cache)

@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _listen_args(issuer, 8091)
     issuer.set_defaults(handler=_run(_issuer))
 
-    gateway = subparsers.add_parser("gateway", help="untrusted gateway: node registry, routing, token check, forwarding")
+    gateway = subparsers.add_parser("gateway",
+                                    help="untrusted gateway: node registry, routing, token check, forwarding")
     gateway.add_argument("--issuer", metavar="URL", help="token issuer base URL (required unless --privacy off)")
     gateway.add_argument("--privacy", choices=("on", "off"), default="on",
                          help="off skips the token check: benchmarks only (default on)")

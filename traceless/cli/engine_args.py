@@ -21,7 +21,8 @@ def parse_size(text: str) -> int:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: built-in SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default=None,
+                   help="GGUF file or Hugging Face directory (default: built-in SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", choices=DTYPES)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--block-size", type=int, default=16)
@@ -35,7 +36,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-cache", default="isolated", choices=PREFIX_CACHE_MODES,
                    help="isolated: share only within a cache_salt (default); global: vLLM-style shared cache "
                         "(insecure baseline); off")
-    g.add_argument("--prefix-cache-ttl", type=float, default=60.0, help="seconds a cached block lives after its last use")
+    g.add_argument("--prefix-cache-ttl", type=float, default=60.0,
+                   help="seconds a cached block lives after its last use")
     g.add_argument("--kv-offload", default="none", choices=("none", "memory", "disk"),
                    help="on preemption, seal the request's KV (AES-256-GCM, per-request key) instead of recomputing")
     g.add_argument("--kv-offload-dir", default=None, help="spill directory for --kv-offload disk")

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--nodes", type=int, default=2)
     up.add_argument("--capacities", default=None, help="comma-separated node capacities, e.g. 1,2")
     up.add_argument("--port", type=int, default=8000, help="port of the OpenAI-compatible proxy")
-    up.add_argument("--state-dir", default=None, help="where endpoints.json goes (default: a fresh temporary directory)")
+    up.add_argument("--state-dir", default=None,
+                    help="where endpoints.json goes (default: a fresh temporary directory)")
     up.add_argument("--node-args", default="", help="extra options for every node, e.g. \"--dtype float32\"")
     up.set_defaults(handler=_up)
 

@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--relay", required=True, help="OHTTP relay URL")
     p.add_argument("--log", required=True, help="transparency log URL")
     p.add_argument("--log-public-key", required=True, help="the log's Ed25519 public key (base64), pinned")
-    p.add_argument("--attester-key", action="append", required=True, help="trusted attester public key (base64); repeatable")
+    p.add_argument("--attester-key", action="append", required=True,
+                   help="trusted attester public key (base64); repeatable")
     p.add_argument("--model", required=True)
     p.add_argument("--origin-name", default="traceless", help="origin name in the gateway's token challenges")
     p.add_argument("--candidates", type=int, default=3)

@@ -265,7 +265,8 @@ class LLMEngine:
         if stop is not None:
             request.stop_reason = stop
             return RequestStatus.FINISHED_STOPPED, text
-        if (p.max_tokens is not None and request.num_output_tokens >= p.max_tokens) or request.num_tokens >= self.max_model_len:
+        if ((p.max_tokens is not None and request.num_output_tokens >= p.max_tokens)
+                or request.num_tokens >= self.max_model_len):
             return RequestStatus.FINISHED_LENGTH, text
         return None, text
 

@@ -30,9 +30,10 @@ class RequestStatus(Enum):
         return self.value if self.finished else None
 
 
-_FINISHED = frozenset(
-    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
-)
+_FINISHED = frozenset({
+    RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
+})
 _TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     RequestStatus.WAITING: frozenset({RequestStatus.RUNNING}) | _FINISHED,
     RequestStatus.RUNNING: frozenset({RequestStatus.PREEMPTED}) | _FINISHED,

@@ -132,7 +132,8 @@ class LLM:
         a.token_ids.extend(out.new_token_ids)
         a.text.append(out.new_text)
         if out.new_logprobs is not None:
-            a.logprobs = (a.logprobs or []) + [self._logprob_dict(lp, t) for lp, t in zip(out.new_logprobs, out.new_token_ids)]
+            a.logprobs = (a.logprobs or []) + [self._logprob_dict(lp, t)
+                                               for lp, t in zip(out.new_logprobs, out.new_token_ids)]
         if out.finished:
             a.finish_reason, a.stop_reason = out.finish_reason, out.stop_reason
 
@@ -151,7 +152,8 @@ class LLM:
         for rid, (i, j) in children.items():
             a = acc[rid]
             cum = sum(d[t].logprob for d, t in zip(a.logprobs, a.token_ids) if t in d) if a.logprobs else None
-            per_prompt[i].append(CompletionOutput(j, "".join(a.text), tuple(a.token_ids), a.finish_reason, a.stop_reason,
-                                                  tuple(a.logprobs) if a.logprobs is not None else None, cum))
+            per_prompt[i].append(CompletionOutput(j, "".join(a.text), tuple(a.token_ids), a.finish_reason,
+                                                  a.stop_reason, tuple(a.logprobs) if a.logprobs is not None else None,
+                                                  cum))
         return [RequestOutput(f"{i}", prompts[i][0], prompt_ids[i], tuple(sorted(outs, key=lambda c: c.index)), True)
                 for i, outs in enumerate(per_prompt)]

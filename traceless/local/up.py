@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from traceless.local.processes import StartupError, free_port, stop, wait_ready
+
 READY_TIMEOUT_S = 180.0
 
 
@@ -31,9 +33,6 @@ class UpOptions:
     port: int
     state_dir: str | None
     node_args: list[str]
-
-
-from traceless.local.processes import StartupError, free_port, stop, wait_ready
 
 
 class Deployment:

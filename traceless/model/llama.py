@@ -61,7 +61,7 @@ class LlamaModel:
         self.config = c
         self.attention = attention
         self.ops = ops
-        H, D, nh, nkv, I = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
+        H, D, nh, nkv, inter = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
         weights.pop("rope_freqs", None)  # consumed by Rope
 
         def dev(t):
@@ -77,14 +77,14 @@ class LlamaModel:
             if c.qkv_bias:
                 bias = dev(torch.cat([_take(weights, p + "q_bias", (nh * D,)), _take(weights, p + "k_bias", (nkv * D,)),
                                       _take(weights, p + "v_bias", (nkv * D,))]))
-            gate_up = torch.cat([_take(weights, p + "gate", (I, H)), _take(weights, p + "up", (I, H))])
+            gate_up = torch.cat([_take(weights, p + "gate", (inter, H)), _take(weights, p + "up", (inter, H))])
             self.layers.append(Layer(
                 attn_norm=dev(_take(weights, p + "attn_norm", (H,))),
                 qkv=Linear(dev(qkv), bias, pack),
                 o=Linear(dev(_take(weights, p + "o", (H, nh * D))), None, pack),
                 mlp_norm=dev(_take(weights, p + "mlp_norm", (H,))),
                 gate_up=Linear(dev(gate_up), None, pack),
-                down=Linear(dev(_take(weights, p + "down", (H, I))), None, pack),
+                down=Linear(dev(_take(weights, p + "down", (H, inter))), None, pack),
             ))
         self.norm = dev(_take(weights, "norm", (H,)))
         head = self.embed if c.tie_word_embeddings else dev(_take(weights, "lm_head", (c.vocab_size, H)))

@@ -27,7 +27,8 @@ def default_model_path() -> Path:
         candidate = Path(location) / DEFAULT_MODEL_FILE
         if candidate.is_file():
             return candidate
-    raise ModelNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the installed package; reinstall it with: {INSTALL_HINT}")
+    raise ModelNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the installed package; "
+                             f"reinstall it with: {INSTALL_HINT}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from traceless.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 
 _LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -31,7 +32,8 @@ def _byte_level_pre(pre: str):
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False
     if pre == "smollm":
         return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
         ), False
     if pre in ("llama-bpe", "llama3"):
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level]), True
@@ -70,7 +72,8 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
     elif kind == "llama":
         scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
         unk = tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))]
-        tok = HFTokenizer(models.BPE(vocab=vocab, merges=_spm_merges(tokens, scores), unk_token=unk, byte_fallback=True, fuse_unk=True))
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=_spm_merges(tokens, scores), unk_token=unk,
+                                     byte_fallback=True, fuse_unk=True))
         prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
         tok.normalizer = normalizers.Sequence(
             ([normalizers.Prepend("\u2581")] if prefix else []) + [normalizers.Replace(" ", "\u2581")]
@@ -82,8 +85,10 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
     else:
         raise UnsupportedModelError(f"unsupported GGUF tokenizer model {kind!r} (supported: gpt2, llama)")
     types = list(meta.get("tokenizer.ggml.token_type") or [])
-    specials = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _TOKEN_CONTROL]
-    user = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
+    specials = [AddedToken(tokens[i], special=True, normalized=False)
+                for i, t in enumerate(types) if t == _TOKEN_CONTROL]
+    user = [AddedToken(tokens[i], special=False, normalized=False)
+            for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
     tok.add_special_tokens(specials)
     if user:
         tok.add_tokens(user)
@@ -108,7 +113,7 @@ class Tokenizer:
         self._template = None
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict) -> "Tokenizer":
+    def from_gguf_metadata(cls, meta: dict) -> Tokenizer:
         bos = meta.get("tokenizer.ggml.bos_token_id")
         eos = meta.get("tokenizer.ggml.eos_token_id")
         eot = meta.get("tokenizer.ggml.eot_token_id")
@@ -120,7 +125,7 @@ class Tokenizer:
                    chat_template=meta.get("tokenizer.chat_template"))
 
     @classmethod
-    def from_hf_dir(cls, path: Path) -> "Tokenizer":
+    def from_hf_dir(cls, path: Path) -> Tokenizer:
         file = path / "tokenizer.json"
         if not file.is_file():
             raise ModelLoadError(f"{path} has no tokenizer.json")
@@ -176,7 +181,8 @@ class Tokenizer:
         except InvalidRequestError:
             raise
         except Exception as exc:
-            raise InvalidRequestError(f"the chat template cannot render these messages ({type(exc).__name__})") from None
+            raise InvalidRequestError(
+                f"the chat template cannot render these messages ({type(exc).__name__})") from None
 
 
 def _json_or_empty(path: Path) -> dict:

@@ -45,7 +45,8 @@ def _offline(d: Path) -> dict:
 
 def _offline_headline(r: dict) -> list:
     peer = _vllm_reference()
-    out = [("single-stream decode (W1)", f"{r['W1']['decode_tokens_per_s']:.0f} tok/s, TTFT {r['W1']['ttft_s'] * 1e3:.0f} ms", "")]
+    out = [("single-stream decode (W1)",
+            f"{r['W1']['decode_tokens_per_s']:.0f} tok/s, TTFT {r['W1']['ttft_s'] * 1e3:.0f} ms", "")]
     for w, key in (("W2", "output_tokens_per_s"), ("W3", "output_tokens_per_s")):
         ratio = f" ({r[w][key] / peer[w][key]:.2f}x vLLM CPU)" if peer else ""
         out.append((f"{w} throughput", f"{r[w][key]:.0f} output tok/s{ratio}", ""))
@@ -83,8 +84,9 @@ def _targeting(d: Path) -> dict:
 
 def _targeting_headline(r: dict) -> list:
     s = r["summary"]
-    return [("our routing vs targeting attacks (real gateway)", "stays at the attacker's capacity share" if not s["ours_beaten"]
-             else "BEATEN", "non-targetable" if not s["ours_beaten"] else "FAIL"),
+    return [("our routing vs targeting attacks (real gateway)",
+             "stays at the attacker's capacity share" if not s["ours_beaten"] else "BEATEN",
+             "non-targetable" if not s["ours_beaten"] else "FAIL"),
             ("production-style routers", "beaten: " + ", ".join(s["simulated_policies_beaten"]), "(comparison)")]
 
 
@@ -128,7 +130,8 @@ def _privacy_tax_headline(r: dict) -> list:
         return f"inconclusive (the interval spans {ref}); `traceless bench privacy-tax` runs longer"
 
     published = r["published"]
-    return [("privacy tax: tokens/s", f"worst class {c['worst_tokens_per_s_pct']:+.1f}% ({c['worst_tokens_per_s_class']})"
+    return [("privacy tax: tokens/s",
+             f"worst class {c['worst_tokens_per_s_pct']:+.1f}% ({c['worst_tokens_per_s_class']})"
              + pooled("pooled_tokens_per_s_pct"), verdict("pooled_tokens_per_s_pct", published["tokens_per_s_pct"])),
             ("privacy tax: TTFT p50", f"worst class {c['worst_ttft_p50_pct']:+.1f}% ({c['worst_ttft_p50_class']})"
              + pooled("pooled_ttft_p50_pct"), verdict("pooled_ttft_p50_pct", published["ttft_pct"]))]
@@ -143,7 +146,8 @@ def _prefix_cache(d: Path) -> dict:
 def _prefix_cache_headline(r: dict) -> list:
     rows = {x["config"]: x for x in r["rows"]}
     return [("TTFT, repeated system prompt (same user)",
-             f"{rows['isolated']['system_rest_median_s'] * 1e3:.0f} ms isolated vs {rows['off']['system_rest_median_s'] * 1e3:.0f} ms off "
+             f"{rows['isolated']['system_rest_median_s'] * 1e3:.0f} ms isolated "
+             f"vs {rows['off']['system_rest_median_s'] * 1e3:.0f} ms off "
              f"vs {rows['global']['system_rest_median_s'] * 1e3:.0f} ms global", "")]
 
 
@@ -164,17 +168,18 @@ def sections() -> list[Section]:
         Section("offline", "Engine speed (offline)", "W1 single stream, W2 batch of 64, W3 long prompts; the vLLM CPU "
                 "build's numbers come from bench/peer (measured separately, same machine, same workloads).",
                 _offline, _offline_headline),
-        Section("privacy_tax", "The privacy tax", "The full private path (OHTTP, Privacy Pass tokens, attestation and log "
-                "checks, scrubbing, isolated cache) against the plaintext server, one run, interleaved.",
+        Section("privacy_tax", "The privacy tax", "The full private path (OHTTP, Privacy Pass tokens, attestation "
+                "and log checks, scrubbing, isolated cache) against the plaintext server, one run, interleaved.",
                 _privacy_tax, _privacy_tax_headline),
         Section("prefix_timing", "Prefix-cache timing attack", "A victim's secret prefix; an attacker probes and times "
                 "the first token. On a shared cache it works; on the isolated cache it must be at chance.",
                 _prefix_timing, _prefix_timing_headline),
-        Section("targeting", "Targetability", "P(a target's request lands on attacker nodes) against their capacity share, "
-                "for our routing (the real gateway) and for production-style routers under fitting attacks.",
+        Section("targeting", "Targetability", "P(a target's request lands on attacker nodes) against their "
+                "capacity share, for our routing (the real gateway) and for production-style routers under fitting "
+                "attacks.",
                 _targeting, _targeting_headline),
-        Section("residue", "Residue", "Canaries through every path, then a search of the KV pool, prefix cache, offload "
-                "directory, logs, files, metrics and the node's memory.", _residue, _residue_headline),
+        Section("residue", "Residue", "Canaries through every path, then a search of the KV pool, prefix cache, "
+                "offload directory, logs, files, metrics and the node's memory.", _residue, _residue_headline),
         Section("prefix_cache", "Prefix caching", "What isolated caching keeps of the speed of a shared cache.",
                 _prefix_cache, _prefix_cache_headline),
         Section("kv_offload", "Encrypted KV offload", "Throughput under memory pressure: recompute vs sealed offload.",
@@ -212,17 +217,17 @@ def run(path: str, only: list[str] | None = None) -> Path:
 
 
 GUARANTEES = [
-    ("Stateless computation", "KV blocks are zeroed when a request ends, however it ends; offloaded KV is sealed with a "
-     "per-request key that dies with the request; decrypted requests live in buffers that are wiped; freed heap memory is "
-     "scrubbed; logs and metrics come from a fixed schema without free text.", "residue"),
-    ("Non-targetability", "Requests are anonymous (Privacy Pass tokens, OHTTP relay) and the gateway picks nodes at random "
-     "by capacity, seeing no user or content.", "targeting"),
-    ("Isolated caching", "Cached prefixes are shared only within a client's own cache_salt domain (plus declared public "
-     "prefixes), so the timing side channel of a shared cache is closed.", "prefix_timing"),
-    ("Verifiable transparency", "Clients refuse nodes whose attested measurement is not proven to be in the append-only "
-     "log (checked with signed, consistent tree heads).", None),
-    ("Honest limits", "The built-in attester is software: it does not prove what a hardware root of trust (SEV-SNP, TDX, "
-     "GPU confidential computing) would; see docs/attestation.md.", None),
+    ("Stateless computation", "KV blocks are zeroed when a request ends, however it ends; offloaded KV is sealed "
+     "with a per-request key that dies with the request; decrypted requests live in buffers that are wiped; freed "
+     "heap memory is scrubbed; logs and metrics come from a fixed schema without free text.", "residue"),
+    ("Non-targetability", "Requests are anonymous (Privacy Pass tokens, OHTTP relay) and the gateway picks nodes at "
+     "random by capacity, seeing no user or content.", "targeting"),
+    ("Isolated caching", "Cached prefixes are shared only within a client's own cache_salt domain (plus declared "
+     "public prefixes), so the timing side channel of a shared cache is closed.", "prefix_timing"),
+    ("Verifiable transparency", "Clients refuse nodes whose attested measurement is not proven to be in the "
+     "append-only log (checked with signed, consistent tree heads).", None),
+    ("Honest limits", "The built-in attester is software: it does not prove what a hardware root of trust (SEV-SNP, "
+     "TDX, GPU confidential computing) would; see docs/attestation.md.", None),
 ]
 
 
@@ -230,13 +235,15 @@ def render(chosen: list[Section]) -> str:
     rows = []
     for s in chosen:
         if s.error or s.report is None:
-            rows.append(f"<tr><td>{html.escape(s.title)}</td><td colspan=2 class=bad>did not run ({html.escape(s.error or '?')})</td></tr>")
+            rows.append(f"<tr><td>{html.escape(s.title)}</td>"
+                        f"<td colspan=2 class=bad>did not run ({html.escape(s.error or '?')})</td></tr>")
             continue
         for claim, measured, verdict in s.headline(s.report):
             cls = "bad" if "FAIL" in verdict or "LEAKS" in verdict or "ABOVE" in verdict else ""
             rows.append(f"<tr><td>{html.escape(claim)}</td><td>{html.escape(measured)}</td>"
                         f"<td class='{cls}'>{html.escape(verdict)}</td></tr>")
-    guarantees = "".join(f"<li><b>{html.escape(g)}</b>: {html.escape(t)}" + (f" <a href='#{k}'>(evidence)</a>" if k else "") + "</li>"
+    guarantees = "".join(f"<li><b>{html.escape(g)}</b>: {html.escape(t)}"
+                         + (f" <a href='#{k}'>(evidence)</a>" if k else "") + "</li>"
                          for g, t, k in GUARANTEES)
     body = "".join(_section_html(s) for s in chosen)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>traceless report</title><style>
@@ -253,7 +260,8 @@ img{{max-width:100%;border:1px solid #eee}}h2{{border-bottom:1px solid #ddd;padd
 
 
 def _section_html(s: Section) -> str:
-    imgs = "".join(f"<p><img src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}' alt='{html.escape(s.title)}'></p>"
+    imgs = "".join(f"<p><img src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}' "
+                   f"alt='{html.escape(s.title)}'></p>"
                    for p in s.plots)
     status = f"<p class=bad>did not run ({html.escape(s.error)})</p>" if s.error else ""
     return (f"<h2 id='{s.key}'>{html.escape(s.title)}</h2><p>{html.escape(s.shows)} <i>({s.seconds:.0f} s)</i></p>"

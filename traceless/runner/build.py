@@ -83,7 +83,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     loaded = load_model(cfg.model, dtype)
     mc = loaded.config
     draft_layers = _draft_layers(cfg, mc)
-    limit = mc.max_position_embeddings if mc.sliding_window is None else min(mc.max_position_embeddings, mc.sliding_window)
+    limit = (mc.max_position_embeddings if mc.sliding_window is None
+             else min(mc.max_position_embeddings, mc.sliding_window))
     max_model_len = cfg.max_model_len or limit
     if max_model_len > limit:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's context of {limit} tokens")

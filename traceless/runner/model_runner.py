@@ -62,7 +62,8 @@ class ModelRunner:
                         d.probs.zero_()
             else:
                 out = self.sampler(logits, rows)
-                results = [SampledTokens([t], None if lp is None else [lp]) for t, lp in zip(out.token_ids, out.logprobs)]
+                results = [SampledTokens([t], None if lp is None else [lp])
+                           for t, lp in zip(out.token_ids, out.logprobs)]
             logits.zero_()  # derived from user content: wipe before the allocator reuses it
         return {seqs[i].request_id: s for i, s in zip(order, results)}
 

@@ -161,7 +161,8 @@ class RejectionSampler:
                 exponential[s].exponential_(generator=gen)
         return Noise(uniform, exponential)
 
-    def _outputs(self, rows: list[SpecRow], n_acc: list[int], final: list[int], lp: torch.Tensor | None) -> list[Verified]:
+    def _outputs(self, rows: list[SpecRow], n_acc: list[int], final: list[int],
+                 lp: torch.Tensor | None) -> list[Verified]:
         out, first = [], 0
         for r, a, t in zip(rows, n_acc, final):
             ids = r.draft_ids[:a] + [t]

@@ -94,7 +94,8 @@ class Sampler:
         noise = torch.empty_like(probs)
         unseeded = [i for i, r in enumerate(rows) if r.generator is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(generator=self.generator)
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1],
+                                          device=probs.device).exponential_(generator=self.generator)
         for i, r in enumerate(rows):
             if r.generator is not None:
                 noise[i].exponential_(generator=r.generator)
@@ -133,5 +134,6 @@ class Sampler:
             if n is None:
                 out.append(None)
                 continue
-            out.append(TokenLogprobs(float(chosen[i, 0]), int(ranks[i]), top_idx[i, :n].tolist(), top_vals[i, :n].tolist()))
+            out.append(TokenLogprobs(float(chosen[i, 0]), int(ranks[i]), top_idx[i, :n].tolist(),
+                                     top_vals[i, :n].tolist()))
         return out

@@ -71,7 +71,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
                 body = await read_json(request, settings.max_body_bytes)
                 result = await race_disconnect(request, work(body))
             except ApiError as exc:
-                metrics.inc("traceless_requests_total", endpoint=name, status="rejected" if exc.status < 500 else "error")
+                metrics.inc("traceless_requests_total", endpoint=name,
+                            status="rejected" if exc.status < 500 else "error")
                 raise
             except Exception:
                 metrics.inc("traceless_requests_total", endpoint=name, status="error")

@@ -30,7 +30,8 @@ class Spec:
 
 
 SPECS = (
-    Spec("traceless_requests_total", "counter", "Requests by endpoint and outcome.", {"endpoint": ENDPOINT, "status": STATUS}),
+    Spec("traceless_requests_total", "counter", "Requests by endpoint and outcome.",
+         {"endpoint": ENDPOINT, "status": STATUS}),
     Spec("traceless_finished_total", "counter", "Finished generations by finish reason.", {"finish_reason": FINISH}),
     Spec("traceless_prompt_tokens_total", "counter", "Prompt tokens processed."),
     Spec("traceless_generation_tokens_total", "counter", "Tokens generated."),

@@ -43,7 +43,8 @@ class OpenAIService:
         self.max_model_len = engine.max_model_len
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless"}]}
+        return {"object": "list",
+                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless"}]}
 
     async def completions(self, body) -> dict | AsyncIterator[bytes]:
         req = parse_completion(body)
@@ -69,7 +70,8 @@ class OpenAIService:
         for ids in job.prompt_ids:
             if not ids:
                 raise ApiError(400, "the prompt is empty", param="prompt")
-            if len(ids) >= self.max_model_len or (max_tokens is not None and len(ids) + max_tokens > self.max_model_len):
+            if (len(ids) >= self.max_model_len
+                    or (max_tokens is not None and len(ids) + max_tokens > self.max_model_len)):
                 raise ApiError(400, f"this model's maximum context length is {self.max_model_len} tokens; the request "
                                f"has {len(ids)} prompt tokens and asks for {max_tokens or 1} more",
                                param="max_tokens" if max_tokens else "prompt", code="context_length_exceeded")
@@ -125,7 +127,7 @@ class OpenAIService:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _record(self, job: Job, states: list["ChoiceState"]) -> None:
+    def _record(self, job: Job, states: list[ChoiceState]) -> None:
         m = self.metrics
         m.inc("traceless_prompt_tokens_total", sum(len(i) for i in job.prompt_ids))
         m.inc("traceless_generation_tokens_total", sum(len(s.token_ids) for s in states))

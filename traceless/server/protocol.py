@@ -154,10 +154,12 @@ def parse_completion(body: Any) -> ParsedRequest:
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         prompts = list(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
+    elif (isinstance(prompt, list) and prompt
+          and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt)):
         prompts = list(prompt)
     else:
-        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists", "prompt")
+        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids "
+                          "or a list of such lists", "prompt")
     logprobs = f.get("logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
         raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}", "logprobs")

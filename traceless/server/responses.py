@@ -67,7 +67,8 @@ class Formatter:
                 s = self._tok(t)
                 top = [{"token": self._tok(i), "logprob": v, "bytes": list(self._tok(i).encode())}
                        for i, v in zip(lp.top_ids, lp.top_logprobs)]
-                content.append({"token": s, "logprob": lp.token_logprob, "bytes": list(s.encode()), "top_logprobs": top})
+                content.append({"token": s, "logprob": lp.token_logprob, "bytes": list(s.encode()),
+                                "top_logprobs": top})
             return {"content": content}
         tokens, offsets, offset = [], [], text_offset
         for t in token_ids:

@@ -156,7 +156,8 @@ def build_report(chain: AmdTestChain, fields: ReportFields) -> bytes:
 def sign_report(report: bytes, key: ec.EllipticCurvePrivateKey) -> bytes:
     """(Re)sign bytes [0, 0x2A0) of a report: r and s little-endian, 72 bytes each."""
     r, s = decode_dss_signature(key.sign(report[:SIGNED_SIZE], ec.ECDSA(hashes.SHA384())))
-    return report[:SIGNED_SIZE] + r.to_bytes(72, "little") + s.to_bytes(72, "little") + bytes(REPORT_SIZE - SIGNED_SIZE - 2 * 72)
+    return (report[:SIGNED_SIZE] + r.to_bytes(72, "little") + s.to_bytes(72, "little")
+            + bytes(REPORT_SIZE - SIGNED_SIZE - 2 * 72))
 
 
 def forge_snp_evidence(report_data: bytes = bytes(64), measurement: bytes = bytes(48), *,

@@ -155,7 +155,8 @@ class FakeNvml:
         return SimpleNamespace(attestationReport=list(self.report) + [0] * 64, attestationReportSize=len(self.report))
 
     def nvmlDeviceGetConfComputeGpuCertificate(self, handle):
-        return SimpleNamespace(attestationCertChain=list(self.chain) + [0] * 64, attestationCertChainSize=len(self.chain))
+        return SimpleNamespace(attestationCertChain=list(self.chain) + [0] * 64,
+                               attestationCertChainSize=len(self.chain))
 
 
 def test_nvml_collector_returns_report_and_chain_that_verify():

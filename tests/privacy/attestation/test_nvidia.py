@@ -122,7 +122,8 @@ _FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthC
 
 
 @_FUZZ
-@given(data=st.one_of(st.binary(max_size=5000), st.binary(min_size=4, max_size=200).map(lambda b: b"\x11\xe0\x01\xff" + b)))
+@given(data=st.one_of(st.binary(max_size=5000),
+                     st.binary(min_size=4, max_size=200).map(lambda b: b"\x11\xe0\x01\xff" + b)))
 def test_random_bytes_never_verify(evidence, trust, data):
     assert _failure(verify_nvidia(replace(evidence, report=data), trust, at=AT)) == "report-format"
 

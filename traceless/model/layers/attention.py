@@ -74,7 +74,8 @@ class PagedAttention:
             out[n_short:] = self._long(layer, q[n_short:], k[n_short:], v[n_short:], meta.long, meta.scale)
         return out
 
-    def _long(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lb: LongBatch, scale: float) -> torch.Tensor:
+    def _long(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lb: LongBatch,
+              scale: float) -> torch.Tensor:
         if lb.num_seqs == 1 and lb.fresh:
             # One fresh prompt: causal attention over its own tokens, no padding, no gather.
             o = F.scaled_dot_product_attention(

@@ -89,7 +89,7 @@ class NativeKernels:
         return fn
 
     @classmethod
-    def load(cls) -> "NativeKernels":
+    def load(cls) -> NativeKernels:
         spec = importlib.util.find_spec("traceless.model.layers._kernels")
         if spec is None or spec.origin is None:
             raise KernelUnavailable(
@@ -106,7 +106,8 @@ class NativeKernels:
     def paged_attention(self, a: PagedAttentionArgs) -> None:
         num_seqs, max_blocks = a.block_tables.shape
         _, num_kv_heads, block_size, head_dim = a.v_cache.shape
-        shape = _AttnShape(num_seqs, a.q.shape[1], num_kv_heads, head_dim, block_size, max_blocks, a.scale, a.q.stride(0))
+        shape = _AttnShape(num_seqs, a.q.shape[1], num_kv_heads, head_dim, block_size, max_blocks, a.scale,
+                           a.q.stride(0))
         rc = self._attn[a.q.dtype](
             ctypes.byref(shape),
             a.q.data_ptr(), a.k_cache.data_ptr(), a.v_cache.data_ptr(),

@@ -19,7 +19,8 @@ class TorchOps:
     def __init__(self, cache: KVCache, rope: Rope, heads: tuple[int, int, int], eps: float):
         self.cache, self.rope, self.heads, self.eps = cache, rope, heads, eps
 
-    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor) -> None:
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     out: torch.Tensor) -> None:
         if delta is not None:
             x.add_(delta)
         out.copy_(F.rms_norm(x, (x.shape[-1],), weight, self.eps))
@@ -45,7 +46,8 @@ class NativeOps:
         self.k, self.cache, self.heads, self.eps = kernels, cache, heads, eps
         self.cos, self.sin = rope.cos32, rope.sin32
 
-    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor) -> None:
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     out: torch.Tensor) -> None:
         self.k.add_rms_norm(x, delta, weight, out, self.eps)
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
@@ -53,4 +55,5 @@ class NativeOps:
 
     def rope_cache(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor,
                    slots: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.k.rope_cache(qkv, self.heads, self.cos, self.sin, positions, slots, self.cache.k[layer], self.cache.v[layer])
+        self.k.rope_cache(qkv, self.heads, self.cos, self.sin, positions, slots,
+                          self.cache.k[layer], self.cache.v[layer])

@@ -41,7 +41,8 @@ class NvmlCollector(Collector):
             try:
                 self._nvml = importlib.import_module("pynvml")
             except ImportError:
-                raise NoGpuAttestationError("NVML Python bindings are not installed (pip install nvidia-ml-py)") from None
+                raise NoGpuAttestationError(
+                    "NVML Python bindings are not installed (pip install nvidia-ml-py)") from None
         return self._nvml
 
     def _collect(self, nvml: Any, nonce: bytes) -> Evidence:

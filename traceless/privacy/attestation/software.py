@@ -93,7 +93,7 @@ def _raw(public_key: Ed25519PublicKey) -> bytes:
 
 def jwk_thumbprint(public_key: Ed25519PublicKey) -> str:
     """RFC 7638 thumbprint of the OKP JWK (RFC 8037): required members, sorted, no whitespace."""
-    jwk = '{"crv":"Ed25519","kty":"OKP","x":"%s"}' % b64url_encode(_raw(public_key))
+    jwk = '{"crv":"Ed25519","kty":"OKP","x":"' + b64url_encode(_raw(public_key)) + '"}'
     return b64url_encode(hashlib.sha256(jwk.encode()).digest())
 
 

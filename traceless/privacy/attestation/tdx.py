@@ -153,12 +153,14 @@ def _quote_signature(quote: TdxQuote) -> tuple[None, str]:
 
 
 def _tcb_status(data: bytes, quote: TdxQuote, checked: CheckedCollateral, raw: TdxCollateral,
-                root_at: tuple[x509.Certificate, datetime], policy: TdxPolicy) -> tuple[tuple[str, tuple[str, ...]], str]:
+                root_at: tuple[x509.Certificate, datetime],
+                policy: TdxPolicy) -> tuple[tuple[str, tuple[str, ...]], str]:
     root, at = root_at
     chain = certs.load_pem_chain(quote.pck_chain_pem, "PCK certificate chain")
     issuer_chain = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in (chain[1], root))
     try:
-        status, advisories = tcb_status(data, checked, raw, issuer_chain, root.public_bytes(serialization.Encoding.DER), at)
+        status, advisories = tcb_status(data, checked, raw, issuer_chain,
+                                        root.public_bytes(serialization.Encoding.DER), at)
     except ValueError as e:
         raise CheckFailed(f"dcap-qvl: {str(e).splitlines()[0]}") from None
     listed = f", advisories {', '.join(advisories)}" if advisories else ""

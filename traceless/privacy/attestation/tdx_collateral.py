@@ -75,7 +75,8 @@ def signed_json(document: bytes, member: str) -> SignedJson:
         sig_start, sig_end = spans["signature"]
         signature = bytes.fromhex(json.loads(text[sig_start:sig_end]))
     except (ValueError, TypeError, RecursionError) as e:  # RecursionError: hostile nesting depth
-        raise MalformedEvidenceError(f"collateral {member}: not a signed PCS JSON document ({type(e).__name__})") from None
+        raise MalformedEvidenceError(
+            f"collateral {member}: not a signed PCS JSON document ({type(e).__name__})") from None
     if not isinstance(body, dict) or len(signature) != 64:
         raise MalformedEvidenceError(f"collateral {member}: body is not an object or signature is not 64 bytes")
     return SignedJson(raw=text[start:end].encode("utf-8"), body=body, signature=signature)

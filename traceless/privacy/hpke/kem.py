@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NoReturn, Union
+from typing import NoReturn
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, x448, x25519
@@ -72,8 +72,8 @@ KEM_PARAMS: dict[KemId, KemParams] = {
     KemId.DHKEM_X448_HKDF_SHA512: KemParams(_SHA512, 64, 56, 56, None),
 }
 
-_PrivateKey = Union[x25519.X25519PrivateKey, x448.X448PrivateKey, ec.EllipticCurvePrivateKey]
-_PublicKey = Union[x25519.X25519PublicKey, x448.X448PublicKey, ec.EllipticCurvePublicKey]
+_PrivateKey = x25519.X25519PrivateKey | x448.X448PrivateKey | ec.EllipticCurvePrivateKey
+_PublicKey = x25519.X25519PublicKey | x448.X448PublicKey | ec.EllipticCurvePublicKey
 
 
 def kem_id_from_int(value: int) -> KemId:
