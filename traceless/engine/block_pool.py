@@ -52,6 +52,8 @@ class FreeBlockQueue:
 
     def append(self, block: KVBlock) -> None:
         last = self._tail.prev_free
+        if last is None:
+            raise RuntimeError("free queue is broken: the tail sentinel is unlinked")
         last.next_free, block.prev_free = block, last
         block.next_free, self._tail.prev_free = self._tail, block
         self.num_free += 1
@@ -67,6 +69,8 @@ class FreeBlockQueue:
         block = self._head.next_free
         if block is self._tail:
             raise IndexError("no free blocks")
+        if block is None:
+            raise RuntimeError("free queue is broken: the head sentinel is unlinked")
         self.remove(block)
         return block
 
@@ -165,6 +169,8 @@ class BlockPool:
         return True
 
     def _uncache(self, block: KVBlock) -> None:
+        if block.block_hash is None:
+            raise RuntimeError(f"block {block.block_id} is not in the prefix cache")
         del self.cached[block.block_hash]
         block.block_hash, block.tokens = None, None
 

@@ -9,6 +9,8 @@ inside the buffer that was searched.
 """
 from __future__ import annotations
 
+from tokenizers.decoders import DecodeStream
+
 from traceless.model.tokenizer import Tokenizer
 
 
@@ -17,7 +19,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], skip_special_tokens: bool):
         self._tokenizer = tokenizer
-        self._stream = tokenizer.decode_stream(skip_special_tokens)
+        self._stream: DecodeStream | None = tokenizer.decode_stream(skip_special_tokens)
         self._stops = stop
         self._hold = max((len(s) for s in stop), default=1) - 1
         self._pending = ""
@@ -25,6 +27,8 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> tuple[str, str | None]:
         """Feed one token; returns (text now safe to emit, the stop string that matched or None).
         After a match the request is finished and nothing after the match is emitted."""
+        if self._stream is None:
+            raise RuntimeError("the detokenizer was wiped: its request has ended")
         piece = self._stream.step(self._tokenizer.backend, token_id) or ""
         buf = self._pending + piece
         if self._stops:

@@ -8,6 +8,8 @@ that reach zero references are zeroed unless they stay cached (until reuse, evic
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from traceless.engine.block_pool import BlockPool, KVBlock
 from traceless.engine.prefix_cache import ROOT, CacheMode, PrefixCacheConfig, block_hashes
 from traceless.engine.request import Request
@@ -48,7 +50,7 @@ class KVCacheManager:
             hits.pop()
         return hits
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, computed: list[KVBlock] = ()) -> bool:
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed: Sequence[KVBlock] = ()) -> bool:
         """Reference `computed` (prefix hits, for a request that starts now) and allocate blocks
         for num_new_tokens more tokens after them; False (nothing taken) if the pool is short."""
         owned = self._blocks.setdefault(request.request_id, [])
@@ -63,9 +65,15 @@ class KVCacheManager:
             self.pool.touch(b)
         owned.extend(computed)
         if computed:
-            self._hashes[request.request_id] = [b.block_hash for b in computed]
+            hashes = [b.block_hash for b in computed if b.block_hash is not None]
+            if len(hashes) != len(computed):
+                raise RuntimeError("a prefix hit is not in the prefix cache")
+            self._hashes[request.request_id] = hashes
         if need > 0:
-            owned.extend(self.pool.allocate(need))
+            new = self.pool.allocate(need)
+            if new is None:  # cannot happen: `need` was checked against the free blocks above
+                raise RuntimeError("the block pool ran short after its free-block check")
+            owned.extend(new)
         return True
 
     def cache_full_blocks(self, request: Request) -> None:

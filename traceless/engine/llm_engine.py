@@ -278,6 +278,8 @@ class LLMEngine:
 
     def _finish(self, u: TokenUpdate) -> StepOutput:
         request, status = u.request, u.status
+        if status is None:
+            raise RuntimeError(f"request {request.request_id} has not finished")
         detok = self._detok.get(request.request_id)
         tail = detok.flush() if detok is not None else ""  # empty after a stop-string match
         out = StepOutput(request.request_id, u.token_ids, u.text + tail, u.logprobs, status.finish_reason,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from traceless.config import EngineConfig
 from traceless.engine.llm_engine import LLMEngine, StepOutput
@@ -60,9 +61,14 @@ class LLM:
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
         """Applies the model's chat template to each conversation, then generates."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        # One conversation (a list of message dicts) or several; the first element tells which.
+        conversations: list[list[dict]]
+        if messages and isinstance(messages[0], dict):
+            conversations = [cast("list[dict]", messages)]
+        else:
+            conversations = list(cast("Sequence[list[dict]]", messages))
         tok = self.engine.tokenizer
-        prompts = []
+        prompts: list[tuple[str | None, str | list[int], str | None]] = []
         for conv in conversations:
             text = tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt)
             prompts.append((text, tok.encode(text, add_special_tokens=False), None))

@@ -115,7 +115,7 @@ def from_hf_config(cfg: dict) -> ModelConfig:
 
 def from_gguf_metadata(meta: dict, has_output_weight: bool, has_qkv_bias: bool) -> ModelConfig:
     raw_arch = meta.get("general.architecture")
-    arch = GGUF_ARCHITECTURES.get(raw_arch)
+    arch = GGUF_ARCHITECTURES.get(raw_arch) if isinstance(raw_arch, str) else None
     if arch is None:
         raise UnsupportedModelError(
             f"unsupported GGUF architecture {raw_arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)}"

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
 from traceless.model.layers.attention import AttentionMetadata, PagedAttention
+from traceless.model.layers.ops import DecoderOps
 
 
 class Linear:
@@ -53,10 +54,10 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: PagedAttention, ops,
-                 device: torch.device, pack: bool):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: PagedAttention,
+                 ops: DecoderOps, device: torch.device, pack: bool):
         """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors.
-        `ops` is a runner.ops implementation (native fused kernels or torch)."""
+        `ops` is a DecoderOps implementation (native fused kernels or torch)."""
         c = config
         self.config = c
         self.attention = attention

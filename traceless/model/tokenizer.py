@@ -10,11 +10,15 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from traceless.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -110,7 +114,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
-        self._template = None
+        self._template: Template | None = None  # compiled on first use (jinja2 is imported then)
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict) -> Tokenizer:
@@ -195,7 +199,7 @@ def _json_or_empty(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _compile_template(source: str):
+def _compile_template(source: str) -> Template:
     from jinja2.exceptions import SecurityError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -66,8 +66,9 @@ class DraftProposer:
             logits.zero_()
             for k, i in enumerate(active):
                 tokens[i].append(new[k])
-                if q[k] is not None:
-                    probs[i].append(q[k])
+                q_k = q[k]
+                if q_k is not None:
+                    probs[i].append(q_k)
         out = [Drafted(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
         for p in probs:  # views of each step's q, derived from user content: wipe
             for row in p:
@@ -85,7 +86,7 @@ class DraftProposer:
         dist = self.sampler.distribution(logits[sampled], [rows[k] for k in sampled])
         dist = dist / dist.sum(dim=-1, keepdim=True)
         shared = [n for n, k in enumerate(sampled) if rows[k].generator is None]
-        draws = {}
+        draws: dict[int, int] = {}  # index in `sampled` -> drawn token id
         if shared:
             picks = torch.multinomial(dist[shared], 1, generator=self.sampler.generator)[:, 0].tolist()
             draws.update(zip(shared, picks))

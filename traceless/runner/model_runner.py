@@ -54,8 +54,10 @@ class ModelRunner:
             logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
             rows = [self._sample_row(seqs[i]) for i in order]
             if any(d is not None for d in drafts):
-                spec = [SpecRow(r, [], None) if drafts[i] is None else SpecRow(r, drafts[i].token_ids, drafts[i].probs)
-                        for r, i in zip(rows, order)]
+                spec = []
+                for r, i in zip(rows, order):
+                    d = drafts[i]
+                    spec.append(SpecRow(r, [], None) if d is None else SpecRow(r, d.token_ids, d.probs))
                 results = [SampledTokens(v.token_ids, v.logprobs) for v in self.rejection(logits, spec)]
                 for d in drafts:
                     if d is not None and d.probs is not None:

@@ -81,13 +81,15 @@ class KVOffloader:
         key = bytearray(secrets.token_bytes(32))
         nonce = secrets.token_bytes(NONCE_LEN)
         try:
-            ct = AESGCM(key).encrypt(nonce, memoryview(staged.numpy()), self._aad(len(block_ids), staged.numel()))
+            ct = AESGCM(key).encrypt(nonce, staged.numpy().data, self._aad(len(block_ids), staged.numel()))
         finally:
             staged.zero_()
         entry = _Swapped(key, len(block_ids), staged.numel(), None, None)
         if self.mode == "memory":
             entry.blob = nonce + ct
         else:
+            if self.directory is None:  # cannot happen: __init__ refuses disk mode without a directory
+                raise RuntimeError("disk offload has no directory")
             entry.path = self.directory / secrets.token_hex(16)
             fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
@@ -101,10 +103,15 @@ class KVOffloader:
         if entry is None or len(block_ids) != entry.num_blocks:
             raise OffloadError("no swapped-out KV of that size for this request")
         try:
-            data = entry.blob if entry.blob is not None else entry.path.read_bytes()
+            if entry.blob is not None:
+                data = entry.blob
+            elif entry.path is not None:
+                data = entry.path.read_bytes()
+            else:
+                raise OffloadError("swapped-out KV has neither a blob nor a spill file")
             staged = torch.empty(entry.nbytes, dtype=torch.uint8)
             AESGCM(entry.key).decrypt_into(data[:NONCE_LEN], data[NONCE_LEN:],
-                                                  self._aad(entry.num_blocks, entry.nbytes), memoryview(staged.numpy()))
+                                           self._aad(entry.num_blocks, entry.nbytes), staged.numpy().data)
         except Exception:
             raise OffloadError("swapped-out KV failed to decrypt") from None
         finally:

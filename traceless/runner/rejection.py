@@ -168,7 +168,8 @@ class RejectionSampler:
             ids = r.draft_ids[:a] + [t]
             lps = None
             if lp is not None and r.row.params.logprobs is not None:
-                lps = self.sampler.finish_logprobs(lp[first : first + len(ids)], ids, [r.row] * len(ids))
+                found = self.sampler.finish_logprobs(lp[first : first + len(ids)], ids, [r.row] * len(ids))
+                lps = [x for x in found if x is not None]  # none is None: every row is r.row, which asked for logprobs
             out.append(Verified(ids, lps))
             first += len(r.draft_ids) + 1
         return out

@@ -64,6 +64,8 @@ class PagedAttention:
         out = q.new_empty(T, nh, d)
         n_short = 0
         if meta.short is not None:
+            if self.kernels is None:  # the runner makes short batches only when the kernel loaded
+                raise RuntimeError("a short batch needs the native paged-attention kernel")
             n_short = meta.short.num_tokens
             s = meta.short
             self.kernels.paged_attention(PagedAttentionArgs(
@@ -87,6 +89,8 @@ class PagedAttention:
         if lb.fresh:
             kp, vp = self._pad(k, lb), self._pad(v, lb)
         else:
+            if lb.block_tables is None:  # the runner builds them whenever a sequence has cached context
+                raise RuntimeError("a long batch with cached context has no block tables")
             kp, vp = self._gather(layer, lb.block_tables)
         o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=lb.mask, scale=scale, enable_gqa=True)
         if lb.row_seq is None:

@@ -7,12 +7,30 @@ native fused kernels (CPU) and plain torch (CUDA, or a CPU without the native li
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 
 from traceless.model.layers.kernels import NativeKernels
 from traceless.model.layers.kv_cache import KVCache
 from traceless.model.rope import Rope, apply_rope
+
+
+class DecoderOps(Protocol):
+    """What LlamaModel needs of the element-wise ops; TorchOps and NativeOps implement it."""
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     out: torch.Tensor) -> None:
+        """x += delta (when given), in place; out = rms_norm(x) * weight. x, out: [T, H]."""
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """out = silu(gate) * up, where gate_up = [gate | up]: [T, 2F] -> out [T, F]."""
+
+    def rope_cache(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor,
+                   slots: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """RoPE in place on q and k inside qkv [T, (H + 2 H_kv) D]; k and v into `layer`'s
+        paged cache at slots (block ids, offsets), each [T]."""
 
 
 class TorchOps:
