@@ -42,6 +42,8 @@ class OhttpTestClient:
                     return  # leaving the block closes the connection: the node must abort
 
     def model_name(self) -> str:
+        if self.log_path is None:
+            raise RuntimeError("this client was given no node log to read the model name from")
         for line in self.log_path.read_text(errors="replace").splitlines():
             if line.startswith("model: "):
                 return line.split(": ", 1)[1].strip()

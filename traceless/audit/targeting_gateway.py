@@ -25,6 +25,7 @@ import random
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -120,7 +121,7 @@ class GatewayAttack:
         pass
 
     @contextmanager
-    def running(self, run: GatewayRun):
+    def running(self, run: GatewayRun) -> Iterator[None]:
         yield
 
     def before_target(self, run: GatewayRun, k: int) -> None:
@@ -135,7 +136,7 @@ class Flood(GatewayAttack):
         self._samples: list[int] = []  # honest nodes' requests in flight at each target request
 
     @contextmanager
-    def running(self, run):
+    def running(self, run: GatewayRun) -> Iterator[None]:
         honest = run.listing(attacker=False)
         stop, lock = threading.Event(), threading.Lock()
         statuses: Counter = Counter()

@@ -11,6 +11,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from traceless.bench.workloads import Workload, offline_workloads
 from traceless.report.output import finish
@@ -88,7 +89,7 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
     load_s = process_age_s()
     engine = llm.engine
     workloads = offline_workloads()
-    report = {
+    report: dict[str, Any] = {
         "engine": "traceless", "model": engine.model_name, "dtype": engine.model.dtype,
         "device": engine.model.device, "attention": engine.model.attention, "load_s": load_s,
     }

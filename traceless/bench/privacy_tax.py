@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 PATHS = ("plain", "private")
 # Ordinary vocabulary ids, as in bench/workloads.py: above the special tokens, below the smallest
@@ -169,11 +170,11 @@ def measure_classes(urls: dict[str, str], cfg: TaxConfig, cpu) -> dict:
     services' CPU time per path around every segment."""
     out = {}
     for name in cfg.classes:
-        pooled = {p: ([], 0.0) for p in PATHS}
+        pooled: dict[str, tuple[list, float]] = {p: ([], 0.0) for p in PATHS}  # path -> (results, seconds)
         reps = []
         for rep in range(cfg.repeats):
             prompts = class_prompts(CLASSES[name], cfg.requests, cfg.seed, rep)
-            row = {"order": list(order(rep))}
+            row: dict[str, Any] = {"order": list(order(rep))}
             for path in order(rep):
                 with cpu.segment(path, cfg.requests):
                     model, results, duration = run_segment(urls[path], prompts, cfg.output_len, cfg.concurrency)

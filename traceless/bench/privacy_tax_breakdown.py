@@ -56,10 +56,11 @@ class CpuMeter:
         yield
         after = self._read(path)
         for name, t0 in before.items():
-            if t0 is None or after[name] is None:
+            t1 = after[name]
+            if t0 is None or t1 is None:
                 self._available = False
             else:
-                self._spent[path][name] += after[name] - t0
+                self._spent[path][name] += t1 - t0
         self._requests[path] += requests
 
     def per_request(self) -> dict | None:
@@ -83,7 +84,7 @@ def _probes(urls: dict[str, str], n: int) -> dict:
     from traceless.bench.privacy_tax import order, run_segment
 
     prompt = list(range(1_000, 1_000 + PROBE_PROMPT_TOKENS))
-    ttft = {path: [] for path in urls}
+    ttft: dict[str, list[float]] = {path: [] for path in urls}
     for rnd in range(2):  # A B, then B A
         for path in order(rnd):
             _, results, _ = run_segment(urls[path], [prompt] * n, 1, 1)

@@ -7,10 +7,11 @@ Overhead is a cost, positive when the private path is worse:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from traceless.report.output import figure
 
-PUBLISHED = {"tokens_per_s_pct": 7.0, "ttft_pct": 19.0,
+PUBLISHED: dict[str, Any] = {"tokens_per_s_pct": 7.0, "ttft_pct": 19.0,
              "source": "GPU confidential computing, H100 with the TEE on, Llama-3.1-8B (DESIGN.md section 1)"}
 # (key, label, where in a summary, kind): kind "throughput" or "latency" decides the overhead's sign.
 METRICS = (
@@ -28,7 +29,7 @@ NOTE = ("Both sides run the same engine options on one engine each (the private 
 
 
 def _get(summary: dict, where: tuple[str, ...]) -> float:
-    value = summary
+    value: Any = summary
     for key in where:
         value = value[key]
     return float(value)

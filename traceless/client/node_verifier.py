@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from traceless.events import emit
 from traceless.privacy.attestation.software import (
@@ -27,6 +28,9 @@ from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog.client import InclusionProofError, LogClient, LogClientError, measurement_leaf
 from traceless.privacy.translog.merkle import leaf_hash
+
+if TYPE_CHECKING:
+    from traceless.client.private_client import ClientConfig
 
 STH_REFRESH_S = 30.0
 
@@ -51,7 +55,7 @@ _REASONS = ((UntrustedKeyError, "untrusted_key"), (BadSignatureError, "bad_signa
 
 
 class NodeVerifier:
-    def __init__(self, config):
+    def __init__(self, config: ClientConfig) -> None:
         self._attester_keys = config.attester_keys
         self._log = LogClient(config.log_url, config.log_public_key)
         self._proven: set[bytes] = set()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -92,8 +92,8 @@ class AsyncPrivateClient:
         inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
                                                    ((b"content-type", b"application/json"),), body))
         if stream:
-            enc, ctx = encapsulate_chunked_request(node.key_config, split_chunks(inner))
-            return enc, ctx, "message/ohttp-chunked-req"
+            enc, chunked_ctx = encapsulate_chunked_request(node.key_config, split_chunks(inner))
+            return enc, chunked_ctx, "message/ohttp-chunked-req"
         enc, ctx = encapsulate_request(node.key_config, inner)
         return enc, ctx, "message/ohttp-req"
 
@@ -203,7 +203,7 @@ async def _read_head(it, decryptor, parser, response):
     raise _NodeFailed("the stream ended before the response head")
 
 
-async def _events(it, decryptor, parser, response) -> AsyncIterator[bytes]:
+async def _events(it, decryptor, parser, response) -> AsyncGenerator[bytes, None]:
     try:
         async for raw in it:
             for plain in decryptor.feed(raw):
@@ -222,7 +222,7 @@ async def _events(it, decryptor, parser, response) -> AsyncIterator[bytes]:
         await response.aclose()
 
 
-async def _stream_with(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _stream_with(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     try:
         if first:
             yield first

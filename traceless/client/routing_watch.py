@@ -13,7 +13,7 @@ Z_LIMIT = 5.0
 
 
 class RoutingWatch:
-    def __init__(self):
+    def __init__(self) -> None:
         self.first_counts: dict[str, int] = {}
         self.capacities: dict[str, int] = {}
         self.total = 0

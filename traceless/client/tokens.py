@@ -17,7 +17,7 @@ from traceless.privacy.privacypass.errors import TokenError as WireTokenError
 from traceless.privacy.privacypass.http import b64url_decode, choose_challenge, parse_www_authenticate
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.token_batch import BATCH_REQUEST_MEDIA_TYPE, decode_batch, encode_batch
-from traceless.privacy.privacypass.wire import Token, TokenResponse
+from traceless.privacy.privacypass.wire import Token, TokenChallenge, TokenResponse
 
 
 class TokenError(Exception):
@@ -38,7 +38,7 @@ class TokenWallet:
         self._clock = clock
         self._key: IssuerPublicKey | None = None
         self._tokens: list[Token] = []
-        self._challenge = None
+        self._challenge: TokenChallenge | None = None
         self._challenge_at = -1e9
         self._refill: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -55,7 +55,7 @@ class TokenWallet:
             self._key = IssuerPublicKey.from_spki(b64url_decode(keys[0]["token-key"], "token-key"))
         return self._key
 
-    async def _current_challenge(self, key: IssuerPublicKey):
+    async def _current_challenge(self, key: IssuerPublicKey) -> TokenChallenge:
         if self._challenge is not None and self._clock() - self._challenge_at < self.CHALLENGE_TTL_S:
             return self._challenge
         r = await self._http.get(self._config.relay_url.rstrip("/") + "/pcc/v1/challenge")

@@ -151,7 +151,10 @@ class Gateway:
                            param="model", code="model_not_found") from None
         listed = []
         for entry in chosen:
-            reg = self.registry.get(entry.node_id).registration
+            record = self.registry.get(entry.node_id)
+            if record is None:  # cannot happen: routing_entries() listed it, with no await in between
+                raise RuntimeError("a routed node is not in the registry")
+            reg = record.registration
             listed.append({"node_id": entry.node_id, "capacity": reg.capacity,
                            "attestation": reg.attestation, "ohttp_keys": reg.ohttp_keys})
         return JSONResponse({"nodes": listed})
@@ -163,36 +166,47 @@ class Gateway:
         return Response(status_code=200, headers={"WWW-Authenticate": self.verifier.www_authenticate()})
 
     async def ohttp(self, request: Request) -> Response:
-        check = self.config.privacy
-        credential = request.headers.get("authorization")
-        if check and not credential:
-            raise _token_required(self.verifier, "a PrivateToken is required", "token_required")
+        token = self._presented_token(request)
         record = self.registry.get(request.path_params["node_id"])
         if record is None:
             raise ApiError(404, "no such node", type="not_found_error", code="node_not_found")
         content_type = require_media_type(request, REQUEST_MEDIA_TYPES)
         body = await read_body(request, self.config.max_body_bytes)
-        if check:  # after the size check, so an oversized body does not burn the client's token
-            self._redeem(credential)
+        if token is not None:  # after the size check, so an oversized body does not burn the client's token
+            self._redeem(*token)
         return await self._forward(record.registration.url, content_type, body)
 
-    def _redeem(self, credential: str) -> None:
+    def _presented_token(self, request: Request) -> tuple[Verifier, str] | None:
+        """The verifier and the request's credential; None when the token check is off."""
+        if not self.config.privacy:
+            return None
+        if self.verifier is None:
+            raise RuntimeError("the token check is on but the gateway has no verifier")
+        credential = request.headers.get("authorization")
+        if not credential:
+            raise _token_required(self.verifier, "a PrivateToken is required", "token_required")
+        return self.verifier, credential
+
+    def _redeem(self, verifier: Verifier, credential: str) -> None:
         try:
-            self.verifier.redeem_authorization(credential)
+            verifier.redeem_authorization(credential)
         except DoubleSpendError:
             raise ApiError(403, "this token was already redeemed", type="permission_error",
                            code="token_replayed") from None
         except TokenRejectedError:
-            raise _token_required(self.verifier, "the PrivateToken is not valid", "token_invalid") from None
+            raise _token_required(verifier, "the PrivateToken is not valid", "token_invalid") from None
         except SpentSetFullError:
             raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
                            code="spent_set_full", headers={"Retry-After": "1"}) from None
 
     async def _forward(self, node_url: str, content_type: str, body: bytes) -> Response:
-        upstream_request = self._client.build_request(
+        client = self._client
+        if client is None:
+            raise RuntimeError("the gateway's upstream client is not open: the app's lifespan has not started")
+        upstream_request = client.build_request(
             "POST", f"{node_url}/pcc/v1/ohttp", content=body, headers={"content-type": content_type})
         try:
-            upstream = await self._client.send(upstream_request, stream=True)
+            upstream = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
             raise upstream_error(exc) from None
         headers = {}

@@ -34,6 +34,8 @@ def parse_directory(body: object) -> list[IssuerPublicKey]:
         if not isinstance(entry, dict) or entry.get("token-type") != TOKEN_TYPE_BLIND_RSA:
             continue  # other token types are not ours to verify
         encoded = entry.get("token-key")
+        if not isinstance(encoded, str):
+            raise IssuerDirectoryError("issuer directory holds a malformed token key")
         try:
             keys.append(IssuerPublicKey.from_spki(b64url_decode(encoded, "token-key")))
         except (DecodeError, TypeError, AttributeError):

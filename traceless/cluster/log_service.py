@@ -22,7 +22,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from traceless.errors import InvalidRequestError
@@ -102,7 +102,7 @@ def _entries(request: Request, log: TransparencyLog) -> dict[str, object]:
     return {"entries": [{"leaf_input": _b64(x)} for x in log.get_entries(start, end)]}
 
 
-def _endpoint(handler: Handler, log: TransparencyLog) -> Callable[[Request], Awaitable[JSONResponse]]:
+def _endpoint(handler: Handler, log: TransparencyLog) -> Callable[[Request], Awaitable[Response]]:
     # Async and without awaits inside: requests run one at a time on the event loop, so the
     # (not thread-safe) log object is never used concurrently.
     async def run(request: Request) -> JSONResponse:

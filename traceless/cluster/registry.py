@@ -84,7 +84,9 @@ def _attestation(value: object) -> str:
 
 def _ohttp_keys(value: object) -> str:
     try:
-        decode_ohttp_keys(base64.b64decode(value, validate=True) if isinstance(value, str) else b"")
+        if not isinstance(value, str):
+            raise ValueError("not a string")
+        decode_ohttp_keys(base64.b64decode(value, validate=True))
     except (binascii.Error, ValueError, MalformedMessageError):
         raise InvalidRequestError("ohttp_keys must be base64 of an application/ohttp-keys body") from None
     return value

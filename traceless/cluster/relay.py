@@ -78,9 +78,12 @@ class Relay:
         query = request.url.query
         url = self._base + path + (f"?{query}" if query else "")
         headers = {name: request.headers[name] for name in UPSTREAM_REQUEST_HEADERS if name in request.headers}
-        upstream_request = self._client.build_request(method, url, content=body, headers=headers)
+        client = self._client
+        if client is None:
+            raise RuntimeError("the relay's upstream client is not open: the app's lifespan has not started")
+        upstream_request = client.build_request(method, url, content=body, headers=headers)
         try:
-            upstream = await self._client.send(upstream_request, stream=True)
+            upstream = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
             raise upstream_error(exc) from None
         passed = {name: upstream.headers[name] for name in DOWNSTREAM_RESPONSE_HEADERS if name in upstream.headers}

@@ -7,7 +7,7 @@ encryption (bad JSON, bad parameters, capacity) go back encrypted, as the inner 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from starlette.responses import Response, StreamingResponse
 
@@ -17,7 +17,9 @@ from traceless.http.errors import ApiError, internal_error
 from traceless.node.identity import NodeIdentity
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
+from traceless.privacy.ohttp.chunked import ChunkedServerResponse
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
+from traceless.privacy.ohttp.gateway import ServerResponse
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES, OHTTP_RES
 from traceless.privacy.wire import encode_varint
 from traceless.server.metrics import Metrics
@@ -50,6 +52,7 @@ class NodeService:
 
     async def handle(self, body: bytes, chunked: bool) -> Response:
         ohttp = self.identity.ohttp
+        ctx: ServerResponse | ChunkedServerResponse
         try:
             if chunked:
                 buf, ctx = ohttp.decapsulate_chunked_request_buffer(body)
@@ -62,13 +65,15 @@ class NodeService:
         finally:
             _wipe(buf)
         if isinstance(result, (bytes, bytearray)):
-            if chunked:  # a chunked request always gets a chunked response
+            if isinstance(ctx, ChunkedServerResponse):  # a chunked request always gets a chunked response
                 return self._chunked(ctx, status, JSON_HEADERS, _once(bytes(result)))
             inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)))
             if self.padding:  # whole responses too: their length would tell the output's length
                 inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)),
                                               padding=-len(inner) % self.padding)
             return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
+        if not isinstance(ctx, ChunkedServerResponse):  # _run_inner refuses to stream an unchunked request
+            raise RuntimeError("a streamed response for a request that is not chunked")
         return self._chunked(ctx, 200, SSE_HEADERS, result)
 
     async def _run_inner(self, buf: bytearray, chunked: bool):
@@ -106,7 +111,8 @@ class NodeService:
         finally:
             _wipe(content)
 
-    def _chunked(self, ctx, status: int, headers, events: AsyncIterator[bytes]) -> StreamingResponse:
+    def _chunked(self, ctx: ChunkedServerResponse, status: int, headers,
+                 events: AsyncGenerator[bytes, None]) -> StreamingResponse:
         padding = self.padding
 
         async def gen():
@@ -136,5 +142,5 @@ def _fill(prefix: bytes, size: int, msg: ResponseStreamEncoder) -> bytes:
     return prefix
 
 
-async def _once(data: bytes) -> AsyncIterator[bytes]:
+async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
     yield data

@@ -59,7 +59,7 @@ class ByteReader:
     __slots__ = ("_data", "_pos", "_error")
 
     def __init__(
-        self, data: bytes, error: type[MalformedMessageError] = MalformedMessageError
+        self, data: bytes | bytearray, error: type[MalformedMessageError] = MalformedMessageError
     ) -> None:
         self._data = memoryview(data if isinstance(data, bytearray) else bytes(data))
         self._pos = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -28,7 +28,7 @@ from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import StreamShape
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
-Work = Callable[[object], Awaitable[dict | AsyncIterator[bytes]]]
+Work = Callable[[object], Awaitable[dict | AsyncGenerator[bytes, None]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +109,10 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
     return create_http_app(settings.component, routes, lifespan)
 
 
-async def _timed(body: AsyncIterator[bytes], metrics: Metrics, t0: float) -> AsyncIterator[bytes]:
+async def _timed(body: AsyncGenerator[bytes, None], metrics: Metrics, t0: float) -> AsyncGenerator[bytes, None]:
     try:
         async for chunk in body:
             yield chunk
     finally:
-        await body.aclose()  # type: ignore[attr-defined]
+        await body.aclose()
         metrics.observe("traceless_e2e_request_latency_seconds", time.monotonic() - t0)

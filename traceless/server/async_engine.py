@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from traceless.engine.llm_engine import LLMEngine, StepOutput
+from traceless.engine.llm_engine import LLMEngine, ResidueStats, StepOutput
 from traceless.errors import EngineDeadError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
@@ -41,7 +41,6 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.dead = False
@@ -61,14 +60,13 @@ class AsyncEngine:
         return EngineStats(e.num_running, e.num_waiting, e.kv_usage(), e.spec_stats.as_dict())
 
     @property
-    def residue(self):
+    def residue(self) -> ResidueStats | None:
         """ResidueStats from the last complete idle scan (for allowlisted metrics), or None."""
         return self._idle.residue
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run, name="traceless-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(loop,), name="traceless-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -119,7 +117,7 @@ class AsyncEngine:
             stream.put_nowait(exc)
 
     # --- engine thread ------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while not self._stopping:
                 self._drain()
@@ -132,11 +130,11 @@ class AsyncEngine:
                 self._idle.reset()
                 outputs = self._engine.step()
                 if outputs:
-                    self._loop.call_soon_threadsafe(self._dispatch, outputs)
+                    loop.call_soon_threadsafe(self._dispatch, outputs)
         except Exception:  # a bug outside the per-batch error handling: stop serving, loudly
             self.dead = True
             emit("engine.step_failed", num_requests=len(self._streams), error_kind="internal")
-            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
+            loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
         finally:
             self._engine.abort_all()
 
@@ -177,7 +175,7 @@ class IdleWork:
 
     def __init__(self, engine: LLMEngine):
         self._engine = engine
-        self.residue = None
+        self.residue: ResidueStats | None = None
         self._idle_since: float | None = None
         self._collected = True
         self._cursor = 0

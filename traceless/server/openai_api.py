@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from traceless.engine.llm_engine import StepOutput
@@ -46,12 +46,12 @@ class OpenAIService:
         return {"object": "list",
                 "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless"}]}
 
-    async def completions(self, body) -> dict | AsyncIterator[bytes]:
+    async def completions(self, body) -> dict | AsyncGenerator[bytes, None]:
         req = parse_completion(body)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
         return await self._run(Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time())))
 
-    async def chat(self, body) -> dict | AsyncIterator[bytes]:
+    async def chat(self, body) -> dict | AsyncGenerator[bytes, None]:
         def render(messages):
             try:
                 return self.tokenizer.apply_chat_template(messages)
@@ -59,7 +59,10 @@ class OpenAIService:
                 raise from_traceless_error(exc) from None
 
         req = parse_chat(body, render)
-        ids = [self.tokenizer.encode(req.prompts[0], add_special_tokens=False)]
+        prompt = req.prompts[0]
+        if not isinstance(prompt, str):  # parse_chat renders the conversation to text
+            raise RuntimeError("a chat request's prompt is not rendered text")
+        ids = [self.tokenizer.encode(prompt, add_special_tokens=False)]
         return await self._run(Job("chat_completions", req, ids, f"chatcmpl-{uuid.uuid4().hex}", int(time.time())))
 
     # -------------------------------------------------------------------------------------------
@@ -97,7 +100,7 @@ class OpenAIService:
         self._record(job, states)
         return fmt.response(states)
 
-    async def _merged(self, job: Job, children) -> AsyncIterator[tuple[int, StepOutput]]:
+    async def _merged(self, job: Job, children) -> AsyncGenerator[tuple[int, StepOutput], None]:
         """(choice index, output) pairs of all children as they come; closing it aborts them all."""
         q: asyncio.Queue = asyncio.Queue()
 
@@ -161,7 +164,7 @@ class StreamObserver:
         self.service._record(self.job, states)
 
 
-async def _first_or_error(stream: AsyncIterator):
+async def _first_or_error(stream: AsyncGenerator):
     try:
         return await stream.__anext__()
     except StopAsyncIteration:

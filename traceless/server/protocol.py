@@ -148,6 +148,7 @@ def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None) -
 def parse_completion(body: Any) -> ParsedRequest:
     f = _fields(body, COMPLETION_FIELDS, ("model", "prompt"))
     prompt = f["prompt"]
+    prompts: list[str | list[int]]
     if isinstance(prompt, str):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from traceless.engine.llm_engine import StepOutput
@@ -118,7 +118,7 @@ class Formatter:
             return self._envelope("chat.completion.chunk", [choice])
         return self._envelope("text_completion", [{"index": c, "text": text, "logprobs": lp, "finish_reason": finish}])
 
-    async def sse(self, first, stream: AsyncIterator, observer) -> AsyncIterator[bytes]:
+    async def sse(self, first, stream: AsyncGenerator, observer) -> AsyncGenerator[bytes, None]:
         states = [ChoiceState() for _ in range(len(self.job.prompt_ids) * self.job.request.params.n)]
         pending: dict[int, list[StepOutput]] = {}
         try:

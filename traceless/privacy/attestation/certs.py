@@ -11,17 +11,22 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Literal
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPublicKeyTypes
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.utils import CryptographyDeprecationWarning
 
 from traceless.privacy.attestation.evidence import CheckFailed, MalformedEvidenceError
 
 _PEM_BEGIN = b"-----BEGIN CERTIFICATE-----"
+# Key kinds that can sign a certificate or CRL (cryptography >= 44; later versions add ML-DSA).
+_ISSUER_KEYS = (ec.EllipticCurvePublicKey, rsa.RSAPublicKey, dsa.DSAPublicKey, ed25519.Ed25519PublicKey,
+                ed448.Ed448PublicKey)
 
 
 def load_certificate(data: bytes, what: str) -> x509.Certificate:
@@ -127,12 +132,20 @@ def check_chain(chain: Sequence[x509.Certificate], roots: Sequence[x509.Certific
     return candidates[-1]
 
 
-def ecdsa_signature(raw: bytes, byteorder: str) -> bytes:
+def ecdsa_signature(raw: bytes, byteorder: Literal["little", "big"]) -> bytes:
     """DER signature from raw r || s of equal length (AMD writes them little-endian, Intel and
     NVIDIA big-endian)."""
     half = len(raw) // 2
-    r, s = int.from_bytes(raw[:half], byteorder), int.from_bytes(raw[half:], byteorder)  # type: ignore[arg-type]
+    r, s = int.from_bytes(raw[:half], byteorder), int.from_bytes(raw[half:], byteorder)
     return encode_dss_signature(r, s)
+
+
+def issuer_public_key(cert: x509.Certificate, what: str) -> CertificateIssuerPublicKeyTypes:
+    """The certificate's public key, as a key that can verify a signature it made (a CRL's)."""
+    key = cert.public_key()
+    if not isinstance(key, _ISSUER_KEYS):
+        raise CheckFailed(f"{what} key ({type(key).__name__}) cannot verify signatures")
+    return key
 
 
 def ec_public_key(cert: x509.Certificate, curve: type[ec.EllipticCurve], what: str) -> ec.EllipticCurvePublicKey:

@@ -84,10 +84,11 @@ def _verify(run: CheckRun, ev: NvidiaEvidence, trust: NvidiaTrust, policy: Nvidi
         run.skip("nonce", "not run: no expected nonce given")
     else:
         run.run("nonce", lambda: _nonce(report, nonce))
-    if policy.reference is None:
+    reference = policy.reference
+    if reference is None:
         run.skip("reference-measurements", "not run: no reference values (RIM) given")
     else:
-        run.run("reference-measurements", lambda: _reference(report, policy.reference))
+        run.run("reference-measurements", lambda: _reference(report, reference))
     run.skip("rim-signature", "not run: RIM (SWID XML) parsing and signature checking are not implemented")
     run.skip("revocation", "not run: certificate revocation (NVIDIA OCSP) is not checked offline")
     return NvidiaClaims(nonce=report.nonce, measurements=report.measurements,

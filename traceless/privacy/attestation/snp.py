@@ -127,15 +127,16 @@ def _verify(run: CheckRun, ev: SnpEvidence, trust: SnpTrust, policy: SnpPolicy, 
     chain = run.run("cert-chain", lambda: _chain(ev, trust, at))
     ext = run.run("report-signature", lambda: _signature(report, chain[0]))
     tcb = run.run("tcb-binding", lambda: _tcb_binding(report, ext))
-    if policy.minimum_tcb is None:
+    minimum_tcb, measurements = policy.minimum_tcb, policy.measurements
+    if minimum_tcb is None:
         run.skip("minimum-tcb", "not run: the policy sets no minimum TCB")
     else:
-        run.run("minimum-tcb", lambda: _minimum_tcb(tcb, policy.minimum_tcb))
+        run.run("minimum-tcb", lambda: _minimum_tcb(tcb, minimum_tcb))
     run.run("guest-policy", lambda: _guest_policy(report, policy))
-    if policy.measurements is None:
+    if measurements is None:
         run.skip("measurement", "not run: no expected launch measurement given")
     else:
-        run.run("measurement", lambda: _measurement(report, policy.measurements))
+        run.run("measurement", lambda: _measurement(report, measurements))
     if report_data is None:
         run.skip("report-data", "not run: no expected REPORT_DATA given")
     else:
@@ -161,17 +162,19 @@ def _certificates(ev: SnpEvidence, trust: SnpTrust) -> list[x509.Certificate]:
         ask = certs.load_certificate(ev.ask, "ASK")
     else:
         known = [certs.load_certificate(a, "pinned ASK") for a in trust.asks]
-        ask = next((a for a in known if a.subject == vcek.issuer), None)
-        if ask is None:
+        pinned_ask = next((a for a in known if a.subject == vcek.issuer), None)
+        if pinned_ask is None:
             raise CheckFailed(f"no ASK given and none pinned for the VCEK's issuer {vcek.issuer.rfc4514_string()}")
+        ask = pinned_ask
     if ev.ark is not None:
         ark = certs.load_certificate(ev.ark, "ARK")
         if not certs.is_pinned(ark, roots):
             raise CheckFailed(f"the presented ARK ({certs.common_name(ark)}) is not a pinned root")
     else:
-        ark = next((r for r in roots if r.subject == ask.issuer), None)
-        if ark is None:
+        pinned_ark = next((r for r in roots if r.subject == ask.issuer), None)
+        if pinned_ark is None:
             raise CheckFailed(f"no pinned ARK named {ask.issuer.rfc4514_string()}")
+        ark = pinned_ark
     return [vcek, ask, ark]
 
 

@@ -177,10 +177,11 @@ def _attributes(td: TdReport) -> tuple[None, str]:
 
 
 def _expectations(run: CheckRun, td: TdReport, policy: TdxPolicy, report_data: bytes | None) -> None:
-    if policy.mr_td is None:
+    mr_td = policy.mr_td
+    if mr_td is None:
         run.skip("mr-td", "not run: no expected MRTD given")
     else:
-        run.run("mr-td", lambda: _expect(td.mr_td in policy.mr_td, f"MRTD {td.mr_td.hex()}"))
+        run.run("mr-td", lambda: _expect(td.mr_td in mr_td, f"MRTD {td.mr_td.hex()}"))
     if policy.rtmrs is None or all(r is None for r in policy.rtmrs):
         run.skip("rtmrs", "not run: no expected RTMR given")
     else:

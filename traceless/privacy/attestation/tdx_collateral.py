@@ -150,7 +150,7 @@ def check_signatures(col: TdxCollateral, roots: list[x509.Certificate], pck_ca: 
             raise CheckFailed(f"{what} signature does not verify under the TCB signing key") from None
     pck_crl, root_crl = load_crl(col.pck_crl, "PCK CRL"), load_crl(col.root_crl, "root CRL")
     for crl, issuer, what in ((pck_crl, pck_ca, "PCK CRL"), (root_crl, root, "root CRL")):
-        if crl.issuer != issuer.subject or not crl.is_signature_valid(issuer.public_key()):
+        if crl.issuer != issuer.subject or not crl.is_signature_valid(certs.issuer_public_key(issuer, what)):
             raise CheckFailed(f"{what} is not signed by {certs.common_name(issuer)}")
     return CheckedCollateral(tcb_info, qe_identity, signing, pck_crl, root_crl), (
         "TCB info and QE identity signed by the Intel TCB signing key (under the pinned root); "
@@ -163,13 +163,15 @@ def check_current(col: CheckedCollateral, at: datetime) -> tuple[None, str]:
         issued, expires = _json_time(doc.body, member, what), _json_time(doc.body, "nextUpdate", what)
         if not issued <= at < expires:
             raise CheckFailed(f"{what} is valid {issued.isoformat()} to {expires.isoformat()}, not at {at.isoformat()}")
+    expiries = [_json_time(col.tcb_info.body, "nextUpdate", "TCB info"),
+                _json_time(col.qe_identity.body, "nextUpdate", "QE identity")]
     for crl, what in ((col.pck_crl, "PCK CRL"), (col.root_crl, "root CRL")):
-        if crl.next_update_utc is None or not crl.last_update_utc <= at < crl.next_update_utc:
+        next_update = crl.next_update_utc
+        if next_update is None or not crl.last_update_utc <= at < next_update:
             raise CheckFailed(f"{what} is not current at {at.isoformat()} (next update "
-                              f"{crl.next_update_utc.isoformat() if crl.next_update_utc else 'absent'})")
-    soonest = min(_json_time(col.tcb_info.body, "nextUpdate", "TCB info"),
-                  _json_time(col.qe_identity.body, "nextUpdate", "QE identity"),
-                  col.pck_crl.next_update_utc, col.root_crl.next_update_utc)  # type: ignore[type-var]
+                              f"{next_update.isoformat() if next_update else 'absent'})")
+        expiries.append(next_update)
+    soonest = min(expiries)
     return None, f"TCB info, QE identity and CRLs are current at {at.isoformat()} (first expiry {soonest.isoformat()})"
 
 

@@ -112,15 +112,17 @@ class _Reader:
 
 def parse_td_report(body: bytes) -> TdReport:
     r = _Reader(body, "TD report")
-    fields = [r.take(n, name) for n, name in ((16, "TEE_TCB_SVN"), (48, "MRSEAM"), (48, "MRSIGNERSEAM"),
-                                              (8, "SEAMATTRIBUTES"), (8, "TDATTRIBUTES"), (8, "XFAM"),
-                                              (48, "MRTD"), (48, "MRCONFIGID"), (48, "MROWNER"),
-                                              (48, "MROWNERCONFIG"))]
+    tee_tcb_svn, mr_seam, mr_signer_seam = r.take(16, "TEE_TCB_SVN"), r.take(48, "MRSEAM"), r.take(48, "MRSIGNERSEAM")
+    seam_attributes, td_attributes, xfam = r.take(8, "SEAMATTRIBUTES"), r.take(8, "TDATTRIBUTES"), r.take(8, "XFAM")
+    mr_td, mr_config_id = r.take(48, "MRTD"), r.take(48, "MRCONFIGID")
+    mr_owner, mr_owner_config = r.take(48, "MROWNER"), r.take(48, "MROWNERCONFIG")
     rtmrs = (r.take(48, "RTMR0"), r.take(48, "RTMR1"), r.take(48, "RTMR2"), r.take(48, "RTMR3"))
     report_data = r.take(64, "REPORTDATA")
     extra = (r.take(16, "TEE_TCB_SVN2"), r.take(48, "MRSERVICETD")) if len(body) == TD_REPORT_15_SIZE else (None, None)
     r.end()
-    return TdReport(*fields, rtmrs=rtmrs, report_data=report_data, tee_tcb_svn2=extra[0], mr_service_td=extra[1])
+    return TdReport(tee_tcb_svn, mr_seam, mr_signer_seam, seam_attributes, td_attributes, xfam, mr_td, mr_config_id,
+                    mr_owner, mr_owner_config, rtmrs=rtmrs, report_data=report_data, tee_tcb_svn2=extra[0],
+                    mr_service_td=extra[1])
 
 
 def parse_qe_report(raw: bytes) -> QeReport:

@@ -209,12 +209,17 @@ def _read_framing(r: ByteReader, known: int, indeterminate: int, what: str) -> b
     return framing == known
 
 
+def _read_control_data(r: ByteReader) -> tuple[bytes, bytes, bytes, bytes]:
+    """Method, scheme, authority and path (§3.4), each length-prefixed."""
+    return (r.read_length_prefixed("method"), r.read_length_prefixed("scheme"),
+            r.read_length_prefixed("authority"), r.read_length_prefixed("path"))
+
+
 def decode_request(data: bytes) -> Request:
     """Decode a known- or indeterminate-length request (framing indicator 0 or 2)."""
     r = ByteReader(data, BhttpError)
     known_length = _read_framing(r, KNOWN_LENGTH_REQUEST, INDETERMINATE_LENGTH_REQUEST, "request")
-    parts = ("method", "scheme", "authority", "path")
-    control_data = [r.read_length_prefixed(part) for part in parts]
+    control_data = _read_control_data(r)
     return Request(*control_data, **_read_body(r, known_length))
 
 
@@ -225,7 +230,7 @@ def decode_request_buffer(buf: bytearray) -> tuple[Request, bytearray]:
     r = ByteReader(buf, BhttpError)
     try:
         known_length = _read_framing(r, KNOWN_LENGTH_REQUEST, INDETERMINATE_LENGTH_REQUEST, "request")
-        control_data = [r.read_length_prefixed(part) for part in ("method", "scheme", "authority", "path")]
+        control_data = _read_control_data(r)
         headers = _read_field_section(r, known_length, "header") if not r.at_end() else []
         content = bytearray()
         if not r.at_end():

@@ -105,9 +105,14 @@ class KemPrivateKey:
         raise TypeError("KemPrivateKey is memory-only and cannot be pickled or copied")
 
     def _dh(self, public_key: _PublicKey) -> bytes:
-        if isinstance(self._key, ec.EllipticCurvePrivateKey):
-            return self._key.exchange(ec.ECDH(), public_key)
-        return self._key.exchange(public_key)  # type: ignore[arg-type]
+        key = self._key
+        if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(public_key, ec.EllipticCurvePublicKey):
+            return key.exchange(ec.ECDH(), public_key)
+        if isinstance(key, x25519.X25519PrivateKey) and isinstance(public_key, x25519.X25519PublicKey):
+            return key.exchange(public_key)
+        if isinstance(key, x448.X448PrivateKey) and isinstance(public_key, x448.X448PublicKey):
+            return key.exchange(public_key)
+        raise TypeError(f"a {type(public_key).__name__} does not belong to {self.kem_id.name}")
 
 
 def _serialize_public_key(key: _PublicKey) -> bytes:

@@ -52,7 +52,7 @@ class _Cursor:
 
     def quoted_string(self) -> str:
         self.pos += 1  # opening DQUOTE
-        out = []
+        out: list[str] = []
         while True:
             if self.at_end():
                 raise HeaderParseError("unterminated quoted-string")

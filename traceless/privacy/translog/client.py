@@ -150,7 +150,7 @@ class LogClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _get(self, path: str, **params: object) -> dict:
+    def _get(self, path: str, **params: str | int) -> dict:
         try:
             response = self._http.get(self._base + path, params=params)
         except httpx.HTTPError as e:
