@@ -150,13 +150,23 @@ def test_blind_sign_input_checks(key):
         blind_rsa.blind_sign(key, n.to_bytes(256, "big"))  # m == n is out of range
 
 
+def _larger_key(pk: rsa.RSAPublicKey) -> rsa.RSAPublicKey:
+    """A second key whose modulus exceeds pk's, so pk's blind signature and inverse are in range
+    for it and finalize must reject the signature itself (a smaller modulus fails earlier, on input
+    range, which is a different error)."""
+    while True:
+        other = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+        if other.public_numbers().n > pk.public_numbers().n:
+            return other
+
+
 def test_finalize_rejects_wrong_inputs(key):
     variant = Variant.SHA384_PSS_RANDOMIZED
     pk = key.public_key()
     prepared = blind_rsa.prepare(variant, b"msg")
     result = blind_rsa.blind(variant, pk, prepared)
     blind_sig = blind_rsa.blind_sign(key, result.blinded_msg)
-    other = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
+    other = _larger_key(pk)
     with pytest.raises(InvalidSignatureError):
         blind_rsa.finalize(variant, pk, prepared + b"!", blind_sig, result.inv)
     with pytest.raises(InvalidSignatureError):
