@@ -1,0 +1,91 @@
+"""--load-format dummy: real shapes from the bench/models configs, seeded weights, a synthetic
+tokenizer, and a model marked dummy wherever it is reported."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from traceless import LLM, SamplingParams
+from traceless.config import EngineConfig
+from traceless.errors import ModelLoadError
+from traceless.events import LOGGER_NAME
+from traceless.model.config import from_hf_config
+from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer, weight_shapes
+
+MODELS = Path(__file__).resolve().parents[2] / "bench" / "models"
+PUBLISHED = {  # (layers, hidden, intermediate, heads, kv heads, vocab, tied, qkv bias, parameters in billions)
+    "llama-3.1-8b": (32, 4096, 14336, 32, 8, 128256, False, False, 8.03),
+    "llama-3.2-1b": (16, 2048, 8192, 32, 8, 128256, True, False, 1.24),
+    "qwen2.5-7b": (28, 3584, 18944, 28, 4, 152064, False, True, 7.62),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_bench_model_configs_have_the_published_shapes(name):
+    c = read_dummy_config(MODELS / name)
+    layers, hidden, inter, heads, kv, vocab, tied, bias, billions = PUBLISHED[name]
+    assert (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.vocab_size,
+            c.tie_word_embeddings, c.qkv_bias) == (layers, hidden, inter, heads, kv, vocab, tied, bias)
+    params = sum(torch.Size(s).numel() for s in weight_shapes(c).values())
+    assert abs(params / 1e9 - billions) < 0.01
+
+
+def _tiny_config(tmp_path: Path, **over) -> Path:
+    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "max_position_embeddings": 256, "rms_norm_eps": 1e-5, **over}
+    folder = tmp_path / "tiny-dummy"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+def test_dummy_weights_are_seeded_and_of_sane_scale(tmp_path):
+    c = from_hf_config(json.loads((_tiny_config(tmp_path) / "config.json").read_text()))
+    a = dummy_weights(c, torch.float32, torch.device("cpu"), seed=3)
+    b = dummy_weights(c, torch.float32, torch.device("cpu"), seed=3)
+    other = dummy_weights(c, torch.float32, torch.device("cpu"), seed=4)
+    assert a.keys() == b.keys() == weight_shapes(c).keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["layers.0.q"], other["layers.0.q"])
+    assert abs(float(a["layers.0.down"].std()) - 128 ** -0.5) < 0.02  # 1 / sqrt(fan_in)
+    assert torch.equal(a["norm"], torch.ones(64))
+
+
+def test_synthetic_tokenizer_round_trips_bytes_and_decodes_every_id():
+    tok = synthetic_tokenizer(1000)
+    assert tok.vocab_size == 1000
+    text = "héllo, wörld\n"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode([300, 999]) == " w300"  # 999: the end-of-text token, skipped as special
+    assert tok.eos_ids == frozenset({999})
+    with pytest.raises(ModelLoadError):
+        synthetic_tokenizer(100)
+
+
+def test_a_dummy_model_generates_and_is_marked_dummy(tmp_path, caplog):
+    folder = _tiny_config(tmp_path)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        llm = LLM(str(folder), dtype="float32", device="cpu", load_format="dummy", kv_cache_memory=2**20)
+    assert llm.engine.model.load_format == "dummy"
+    ready = [json.loads(r.getMessage()) for r in caplog.records if '"engine.ready"' in r.getMessage()]
+    assert ready and ready[-1]["load_format"] == "dummy"
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    first = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0].outputs[0]
+    again = LLM(str(folder), dtype="float32", device="cpu", load_format="dummy", kv_cache_memory=2**20)
+    second = again.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0].outputs[0]
+    assert len(first.token_ids) == 8 and first.token_ids == second.token_ids
+    assert len(set(first.token_ids)) > 1  # the weights are not degenerate
+    assert isinstance(first.text, str)
+    llm.engine.check_integrity()
+
+
+def test_dummy_needs_a_config_and_a_known_format(tmp_path):
+    with pytest.raises(ModelLoadError):
+        LLM(str(tmp_path), device="cpu", load_format="dummy", kv_cache_memory=2**20)  # no config.json
+    with pytest.raises(ValueError, match="load_format"):
+        EngineConfig(load_format="random")

@@ -1,0 +1,53 @@
+"""The CUDA implementations of the decoder's element-wise ops (DecoderOps) and of paged attention,
+on the Triton kernels of triton_kernels.py. Every launch has fixed shapes for a fixed number of
+rows and reads its metadata from tensors, so a decode step can be captured as a CUDA graph."""
+from __future__ import annotations
+
+import torch
+
+from traceless.model.layers import triton_kernels as tk
+from traceless.model.layers.attention import AttentionMetadata
+from traceless.model.layers.kv_cache import KVCache
+from traceless.model.rope import Rope
+
+
+class TritonOps:
+    def __init__(self, cache: KVCache, rope: Rope, heads: tuple[int, int, int], eps: float):
+        self.cache, self.heads, self.eps = cache, heads, eps
+        self.cos, self.sin = rope.cos32, rope.sin32  # [P, D / 2] float32
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     out: torch.Tensor) -> None:
+        tk.add_rms_norm(x, delta, weight, out, self.eps)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        tk.silu_mul(gate_up, out)
+
+    def rope_cache(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor,
+                   slots: tuple[torch.Tensor, torch.Tensor]) -> None:
+        tk.rope_cache(qkv, self.heads, self.cos, self.sin, positions, slots, self.cache.k[layer],
+                      self.cache.v[layer])
+
+
+class TritonAttention:
+    """Paged attention for every row of the step in one launch per layer (meta.paged)."""
+
+    def __init__(self, cache: KVCache, heads: tuple[int, int, int]):
+        self.cache = cache
+        self.heads = heads  # (num_heads, num_kv_heads, head_dim)
+        device = cache.k.device
+        # small decode batches split their keys across the multiprocessors (flash-decoding)
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D]."""
+        nh, _, d = self.heads
+        pb = meta.paged
+        if pb is None:
+            raise RuntimeError("the Triton attention needs the step's paged metadata")
+        T = qkv.shape[0]
+        q = qkv[:, : nh * d].view(T, nh, d)  # strided view: no copy
+        out = q.new_empty(T, nh, d)  # every row is written (padding rows of a captured batch: zeros)
+        tk.paged_attention(q, self.cache.k[layer], self.cache.v[layer], out, pb.block_tables, pb.cu_q,
+                           pb.context_lens, meta.scale, pb.max_q, self.num_sms)
+        return out
