@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ATTENTION_BACKENDS = ("auto", "native", "torch")
+ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
+LOAD_FORMATS = ("auto", "dummy")
 PREFIX_CACHE_MODES = ("off", "isolated", "global")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
@@ -24,7 +25,10 @@ class EngineConfig:
     speculative: "ngram" (prompt lookup: drafts copied from the request's own earlier tokens, the
     last n in [ngram_min, ngram_max] matched), "draft" (self-speculation: the model's first
     draft_layers layers, default a quarter of them, propose) or "off"; each decoding step verifies
-    up to num_speculative_tokens drafts. Drafts never come from anything shared across requests."""
+    up to num_speculative_tokens drafts. Drafts never come from anything shared across requests.
+    request_events: log a `request.finished` event with each request's exact token counts and
+    timings. Off by default (a per-request record); the "off" switch of windowed telemetry, for
+    benchmarks that break a request's time down, never for a production node."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -48,8 +52,13 @@ class EngineConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     draft_layers: int | None = None
+    request_events: bool = False
+    load_format: str = "auto"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -41,3 +41,8 @@ class RequestAbortedError(TracelessError):
 
 class EngineDeadError(TracelessError):
     """The engine's step loop stopped; no further requests can run."""
+
+
+class KVRestoreError(TracelessError):
+    """A preempted request's sealed KV could not be restored (its spill data is missing, truncated
+    or fails authentication): that request fails; every other request goes on."""

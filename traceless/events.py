@@ -53,16 +53,24 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "device": Choice.of("cpu", "cuda"),
         "dtype": Choice.of("float32", "bfloat16", "float16"),
         "num_blocks": INT, "block_size": INT, "max_model_len": INT, "load_s": FLOAT,
-        "attention": Choice.of("native", "torch"),
+        "attention": Choice.of("native", "torch", "triton"),
+        "load_format": Choice.of("auto", "dummy"), "cuda_graphs": INT, "capture_s": FLOAT,
     },
     "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},
     "engine.preempted": {"num_requests": INT},
+    "engine.kv_restore_failed": {"num_requests": INT},
+    # only with --request-events (a benchmark's switch, off by default): exact per-request figures
     "request.finished": {
         "finish": FINISH, "prompt_tokens": INT, "output_tokens": INT,
         "ttft_s": FLOAT, "e2e_s": FLOAT,
     },
+    # telemetry: one event per closed window of many requests (server/telemetry.py), never per request
+    "metrics.window": {
+        "requests": INT, "ok": INT, "rejected": INT, "error": INT, "aborted": INT,
+        "prompt_tokens": INT, "output_tokens": INT, "ttft_p50_s": FLOAT, "e2e_p50_s": FLOAT,
+    },
     # services
-    "service.started": {"component": COMPONENT, "port": INT},
+    "service.started": {"component": COMPONENT, "port": INT, "listener": Choice.of("public", "operator")},
     "service.stopped": {"component": COMPONENT},
     "http.request": {
         "component": COMPONENT, "route": Choice.of(
@@ -75,15 +83,22 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "http.error": {"component": COMPONENT, "status_code": INT, "error_kind": ERROR_KIND},
     # private path
     "node.registered": {"ok": BOOL, "status_code": INT},
+    "node.replay_refused": {"replay_entries": INT},
     "client.refused_node": {"reason": Choice.of(
-        "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error")},
+        "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error",
+        "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence")},
+    "client.candidates": {"offered": INT, "verified": INT, "fresh": BOOL},
     "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
     # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)
     "gateway.configured": {
         "token_check": BOOL, "issuer_keys": INT, "health_interval_s": FLOAT, "unhealthy_after": INT,
+        "attester_policy": Choice.of("production", "development"),
     },
     "gateway.node_registered": {"new": BOOL, "nodes": INT},
     "gateway.node_dropped": {"failures": INT, "nodes": INT},
+    "gateway.registration_refused": {"reason": Choice.of(
+        "attestation_refused", "release_not_logged", "capacity_not_allowed", "stale_registration",
+        "registry_full", "log_error")},
     "issuer.issued": {"tokens": INT},
     # transparency log
     "log.opened": {"tree_size": INT},

@@ -21,10 +21,14 @@ def test_memscan_finds_a_string_a_process_holds():
 
 
 @pytest.mark.slow
-def test_residue_audit_finds_nothing_outside_process_memory(tmp_path):
+def test_residue_audit_finds_nothing_on_the_node_or_the_plaintext_server(tmp_path):
     from traceless.audit.residue import ResidueConfig, run
 
     rep = run(ResidueConfig(ttl_s=2.0), str(tmp_path / "r.json"))
     assert rep["failed"] is False and all(v == 0 for v in rep["places"].values())
+    assert rep["process_memory_total"] == 0  # the node holds no canary
+    serve = rep["serve"]  # and neither does the plaintext server, anywhere
+    assert all(v == 0 for v in serve["places"].values()) and serve["process_memory_total"] == 0
+    assert serve["preemptions"] >= 1
     assert rep["preemptions"] >= 1  # the preemption path (with KV sealed to disk) really ran
     assert rep["scrub"] is True and (tmp_path / "r.json").exists()

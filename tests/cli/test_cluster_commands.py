@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.cluster._services import FakeNode, encrypt_for, running_app
+from tests.cluster._helpers import running_log_service
+from tests.cluster._services import RELEASE, FakeNode, encrypt_for, running_app
 from traceless.cli.parser import main
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
@@ -21,6 +22,7 @@ from traceless.privacy.privacypass.http import format_authorization, parse_www_a
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.token_batch import decode_batch, encode_batch
 from traceless.privacy.privacypass.wire import TokenChallenge, TokenResponse
+from traceless.privacy.translog.log import TransparencyLog
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "demo-key-0123456789abcdef"
@@ -53,7 +55,9 @@ def _command(args, ready_url, logs):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
         logs.extend(err.splitlines())
-        assert out == "" and proc.returncode == 0, err[-2000:]
+        # stdout holds nothing but the gateway's statement of its attestation policy
+        assert all(line.startswith("traceless gateway: DEVELOPMENT") for line in out.splitlines()), out
+        assert proc.returncode == 0, err[-2000:]
 
 
 def _batch_tokens(issuer_url, challenge, n):
@@ -70,6 +74,15 @@ def _batch_tokens(issuer_url, challenge, n):
             for (_, state), item in zip(pairs, decode_batch(response.content))]
 
 
+def _log_args(stack, tmp_path):
+    """A log holding the fake nodes' release, served; the gateway's --log arguments."""
+    log = TransparencyLog.create(tmp_path / "log")
+    log.append(RELEASE.encode())
+    url = stack.enter_context(running_log_service(tmp_path / "log"))
+    return ["--log", url, "--log-public-key", base64.b64encode(log.public_key_bytes()).decode(),
+            "--attester-policy", "development"]
+
+
 def test_issuer_gateway_relay_commands(tmp_path):
     keys = tmp_path / "api-keys.json"
     keys.write_text(json.dumps({API_KEY: "demo-user"}))
@@ -81,7 +94,8 @@ def test_issuer_gateway_relay_commands(tmp_path):
         stack.enter_context(_command(["issuer", "--api-keys", str(keys), "--port", issuer.rsplit(":", 1)[1]],
                                      issuer + "/token-issuer-directory", logs))
         stack.enter_context(_command(["gateway", "--issuer", issuer, "--port", gateway.rsplit(":", 1)[1],
-                                      "--health-interval", "0.2"], gateway + "/pcc/v1/challenge", logs))
+                                      "--health-interval", "0.2", *_log_args(stack, tmp_path)],
+                                     gateway + "/pcc/v1/challenge", logs))
         stack.enter_context(_command(["relay", "--gateway", gateway, "--port", relay.rsplit(":", 1)[1]],
                                      relay + "/pcc/v1/challenge", logs))
         node_id = httpx.post(gateway + "/pcc/v1/register", json=node.registration(node_url)).json()["node_id"]
@@ -106,8 +120,8 @@ def test_issuer_gateway_relay_commands(tmp_path):
 def test_gateway_privacy_off_needs_no_issuer(tmp_path):
     logs: list[str] = []
     gateway = f"http://127.0.0.1:{_free_port()}"
-    with _command(["gateway", "--privacy", "off", "--port", gateway.rsplit(":", 1)[1]],
-                  gateway + "/pcc/v1/nodes?model=m", logs):
+    with ExitStack() as stack, _command(["gateway", "--privacy", "off", "--port", gateway.rsplit(":", 1)[1],
+                                         *_log_args(stack, tmp_path)], gateway + "/pcc/v1/nodes?model=m", logs):
         assert httpx.get(gateway + "/pcc/v1/nodes", params={"model": "m"}).status_code == 404
     (configured,) = [json.loads(x) for x in logs if '"gateway.configured"' in x]
     assert configured["token_check"] is False and configured["issuer_keys"] == 0
@@ -116,6 +130,8 @@ def test_gateway_privacy_off_needs_no_issuer(tmp_path):
 def test_command_errors(tmp_path, capsys):
     assert main(["gateway"]) == 1
     assert "--issuer" in capsys.readouterr().err
+    assert main(["gateway", "--privacy", "off"]) == 1
+    assert "--log" in capsys.readouterr().err
     bad = tmp_path / "keys.json"
     bad.write_text("[]")
     assert main(["issuer", "--api-keys", str(bad)]) == 1

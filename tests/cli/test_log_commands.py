@@ -139,3 +139,17 @@ def test_log_serve_command(tmp_path):
     events = [json.loads(line)["event"] for line in err.splitlines()]  # nothing but JSON events
     assert "service.started" in events and "http.request" in events and "service.stopped" in events
     assert out == "" and proc.returncode == 0
+
+
+def test_append_if_absent_appends_once(tmp_path, capsys):
+    from traceless.cli.parser import main as cli_main
+
+    leaf = tmp_path / "release.json"
+    leaf.write_bytes(b'{"schema":"example"}')
+    log_dir = tmp_path / "log"
+    assert cli_main(["log", "append", "--dir", str(log_dir), "--if-absent", str(leaf)]) == 0
+    assert "tree_size 1" in capsys.readouterr().out
+    assert cli_main(["log", "append", "--dir", str(log_dir), "--if-absent", str(leaf)]) == 0
+    assert "already in the log; tree_size 1" in capsys.readouterr().out
+    # Without the flag a duplicate is still an error.
+    assert cli_main(["log", "append", "--dir", str(log_dir), str(leaf)]) == 1

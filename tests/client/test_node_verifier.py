@@ -1,52 +1,118 @@
-"""NodeVerifier refusals that need no network (attestation checks come before the log)."""
+"""NodeVerifier refusals (issue 12, finding 2: fresh attestations, attester policy, clock leeway;
+finding 1: the capacity a node may claim is the logged release's)."""
 import base64
 import time
 
 import pytest
 
+from tests.cluster._services import RELEASE, StubReleases
 from traceless.client.node_verifier import NodeRefused, NodeVerifier
 from traceless.client.private_client import ClientConfig
-from traceless.privacy.attestation.measurement import Measurement
-from traceless.privacy.attestation.software import SoftwareAttester, new_claims
+from traceless.privacy.attestation.policy import AttesterPolicy
+from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.ohttp.gateway import OhttpServer
+from traceless.privacy.ohttp.keys import encode_ohttp_keys
+
+NONCE = b"n" * 16
 
 
-def entry(attester, server, ttl=60, now=None, key_config=None):
-    claims = new_claims(Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32), server.key_config.encode(),
-                        b"n" * 16, int(now or time.time()), "software", ttl)
-    return {"node_id": "n1", "capacity": 1, "attestation": attester.attest(claims),
-            "ohttp_keys": base64.b64encode(key_config or server.ohttp_keys()).decode()}
+def entry(attester, server, ttl=60, now=None, keys=None, nonce=NONCE, capacity=2, measurement=RELEASE.measurement):
+    statement = NodeStatement(measurement, server.ohttp_keys(), capacity, "http://node.test")
+    claims = new_claims(statement, nonce, int(now or time.time()), attester.attester_type, ttl)
+    return {"node_id": "n1", "attestation": attester.attest(claims),
+            "ohttp_keys": base64.b64encode(keys or server.ohttp_keys()).decode()}
+
+
+def _config(attester, policy=AttesterPolicy.DEVELOPMENT):
+    return ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32,
+                        (attester.public_key.public_bytes_raw(),), "m", attester_policy=policy)
 
 
 @pytest.fixture
 def verifier():
     attester = SoftwareAttester()
-    cfg = ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32,
-                       (attester.public_key.public_bytes_raw(),), "m")
-    v = NodeVerifier(cfg)
+    v = NodeVerifier(_config(attester), releases=StubReleases(RELEASE))
     yield v, attester
     v.close()
+
+
+def _reason(v, e, **kw):
+    with pytest.raises(NodeRefused) as r:
+        v.verify(e, **kw)
+    return r.value.reason
+
+
+def test_a_good_node_is_verified_with_its_attested_capacity(verifier):
+    v, attester = verifier
+    server = OhttpServer(key_id=3)
+    node = v.verify(entry(attester, server, capacity=4), expected_nonce=NONCE)
+    assert node.capacity == 4 and node.key_config == server.key_config
+    assert node.measurement == RELEASE.combined
 
 
 def test_expired_forged_and_swapped_key_attestations_are_refused(verifier):
     v, attester = verifier
     server = OhttpServer()
-    with pytest.raises(NodeRefused) as r:
-        v.verify(entry(attester, server, ttl=60), now=time.time() + 3600)
-    assert r.value.reason == "expired"
-    with pytest.raises(NodeRefused) as r:
-        v.verify(entry(SoftwareAttester(), server))  # signed by a key the client does not trust
-    assert r.value.reason == "untrusted_key"
+    assert _reason(v, entry(attester, server, ttl=60), now=time.time() + 3600, expected_nonce=NONCE) == "expired"
+    assert _reason(v, entry(SoftwareAttester(), server), expected_nonce=NONCE) == "untrusted_key"
     other = OhttpServer()  # a gateway swapping in its own OHTTP key
-    with pytest.raises(NodeRefused) as r:
-        v.verify(entry(attester, server, key_config=other.ohttp_keys()))
-    assert r.value.reason == "key_mismatch"
+    assert _reason(v, entry(attester, server, keys=other.ohttp_keys()), expected_nonce=NONCE) == "key_mismatch"
     good = entry(attester, server)
     tampered = dict(good, attestation=good["attestation"][:-4]
                     + ("AAAA" if not good["attestation"].endswith("AAAA") else "BBBB"))
-    with pytest.raises(NodeRefused) as r:
-        v.verify(tampered)
-    assert r.value.reason in ("bad_signature", "malformed")
-    with pytest.raises(NodeRefused) as r:  # a valid attestation, but the log is unreachable: refuse, never assume
-        v.verify(good)
-    assert r.value.reason == "log_error"
+    assert _reason(v, tampered, expected_nonce=NONCE) in ("bad_signature", "malformed")
+
+
+def test_a_replayed_attestation_with_another_nonce_is_refused(verifier):
+    v, attester = verifier
+    stale = entry(attester, OhttpServer(), ttl=3600, nonce=b"old-nonce-0000")
+    assert _reason(v, stale, expected_nonce=NONCE) == "stale"
+    with pytest.raises(TypeError):
+        v.verify(stale)  # the nonce is not optional: a verifier that skips it cannot be built by accident
+
+
+def test_clock_leeway_accepts_a_node_slightly_ahead_but_not_far(verifier):
+    v, attester = verifier
+    server = OhttpServer()
+    assert v.verify(entry(attester, server, now=time.time() + 30), expected_nonce=NONCE).capacity == 2
+    assert _reason(v, entry(attester, server, now=time.time() + 300), expected_nonce=NONCE) == "expired"
+
+
+def test_the_software_attester_needs_the_development_policy():
+    attester = SoftwareAttester()
+    assert ClientConfig("http://i", "k", "http://r", "http://l", b"\x00" * 32, (), "m").attester_policy \
+        is AttesterPolicy.PRODUCTION  # the default
+    v = NodeVerifier(_config(attester, AttesterPolicy.PRODUCTION), releases=StubReleases(RELEASE))
+    try:
+        assert _reason(v, entry(attester, OhttpServer()), expected_nonce=NONCE) == "attester_type"
+    finally:
+        v.close()
+
+
+def test_capacity_must_be_one_the_logged_release_allows(verifier):
+    v, attester = verifier
+    assert _reason(v, entry(attester, OhttpServer(), capacity=1000), expected_nonce=NONCE) == "capacity_not_allowed"
+    from traceless.privacy.attestation.measurement import Measurement
+
+    other = Measurement(b"\x07" * 32, b"\x02" * 32, b"\x03" * 32)
+    assert _reason(v, entry(attester, OhttpServer(), measurement=other), expected_nonce=NONCE) == "not_in_log"
+
+
+def test_every_current_key_is_bound_and_the_newest_is_used(verifier):
+    v, attester = verifier
+    old, new = OhttpServer(key_id=1), OhttpServer(key_id=2)
+    both = encode_ohttp_keys([new.key_config, old.key_config])
+    statement = NodeStatement(RELEASE.measurement, both, 1, "http://node.test")
+    claims = new_claims(statement, NONCE, int(time.time()), "software", 60)
+    node = v.verify({"node_id": "n", "attestation": attester.attest(claims),
+                     "ohttp_keys": base64.b64encode(both).decode()}, expected_nonce=NONCE)
+    assert node.key_config == new.key_config
+
+
+def test_an_unreadable_log_refuses_the_node():
+    attester = SoftwareAttester()
+    v = NodeVerifier(_config(attester))  # the real release index, over a log that is not there
+    try:
+        assert _reason(v, entry(attester, OhttpServer()), expected_nonce=NONCE) == "log_error"
+    finally:
+        v.close()

@@ -12,15 +12,35 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from traceless.http.serve import serve_in_thread
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.chunked import split_chunks
 from traceless.privacy.ohttp.gateway import OhttpServer, encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.http import format_authorization, parse_www_authenticate
 from traceless.privacy.privacypass.wire import TokenChallenge
+from traceless.privacy.translog.manifest import ReleaseManifest
+from traceless.privacy.translog.release_index import ReleaseNotLoggedError
 
 STREAM_CHUNKS = 4
 STREAM_DELAY_S = 0.15
+# The release the fake nodes run: the capacities it allows are what a node may claim.
+RELEASE = ReleaseManifest(b"\x01" * 32, b"\x02" * 32, {"component": "node", "prefix_cache": "isolated"},
+                          (1, 2, 3, 4, 5))
+
+
+class StubReleases:
+    """A ReleaseLookup holding the given manifests (the real one proves them in the log)."""
+
+    def __init__(self, *manifests: ReleaseManifest) -> None:
+        self._by_combined = {m.combined: m for m in manifests}
+
+    def release_for(self, combined: bytes) -> ReleaseManifest:
+        manifest = self._by_combined.get(combined)
+        if manifest is None:
+            raise ReleaseNotLoggedError("no logged release has this measurement")
+        return manifest
 
 
 def running_app(app):
@@ -37,8 +57,12 @@ class FakeNode:
     Records the headers it was sent, when each stream finished and how many were abandoned.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, measurement: Measurement = RELEASE.measurement) -> None:
         self.ohttp = OhttpServer(key_id=1)
+        self.attester = SoftwareAttester()
+        self.measurement = measurement
+        self.url = ""
+        self.capacity = 1
         self.healthy = True
         self.seen_headers: list[dict[str, str]] = []
         self.stream_finished_at: list[float] = []
@@ -46,6 +70,7 @@ class FakeNode:
         self.break_streams = False  # True: fail (drop the connection) after the first chunk
         self.app = Starlette(routes=[
             Route("/health", self._health, methods=["GET"]),
+            Route("/pcc/v1/attestation", self._attestation, methods=["GET"]),
             Route("/pcc/v1/ohttp", self._ohttp_route, methods=["POST"]),
         ])
 
@@ -55,6 +80,22 @@ class FakeNode:
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"}, status_code=200 if self.healthy else 503)
+
+    async def _attestation(self, request: Request) -> Response:
+        if not self.healthy:
+            return JSONResponse({"status": "down"}, status_code=503)
+        nonce = bytes.fromhex(request.query_params["nonce"])
+        return JSONResponse({"attestation": self.attest(nonce), "ohttp_keys": self.ohttp_keys_b64})
+
+    def attest(self, nonce: bytes, now: float | None = None, capacity: int | None = None, ttl_s: int = 300) -> str:
+        statement = NodeStatement(self.measurement, self.ohttp.ohttp_keys(),
+                                  self.capacity if capacity is None else capacity, self.url)
+        claims = new_claims(statement, nonce, int(time.time() if now is None else now), "software", ttl_s)
+        return self.attester.attest(claims)
+
+    @property
+    def attester_key_b64(self) -> str:
+        return base64.b64encode(self.attester.public_key.public_bytes_raw()).decode()
 
     async def _ohttp_route(self, request: Request) -> Response:
         self.seen_headers.append(dict(request.headers))
@@ -81,9 +122,11 @@ class FakeNode:
         self.stream_finished_at.append(time.monotonic())
         yield encryptor.seal_final(inner)
 
-    def registration(self, url: str, model: str = "m", capacity: float = 1) -> dict:
-        return {"url": url, "model": model, "capacity": capacity, "attestation": "jws.of.node",
-                "ohttp_keys": self.ohttp_keys_b64}
+    def registration(self, url: str, model: str = "m", capacity: int = 1, now: float | None = None) -> dict:
+        """A registration body with a fresh attestation that binds `url` and claims `capacity`."""
+        self.url, self.capacity = url.rstrip("/"), capacity
+        return {"url": url, "model": model, "attestation": self.attest(b"r" * 16, now),
+                "ohttp_keys": self.ohttp_keys_b64, "attester_key": self.attester_key_b64}
 
 
 def inner_request(content: bytes) -> bytes:

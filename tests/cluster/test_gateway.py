@@ -11,8 +11,10 @@ import httpx
 import pytest
 
 from tests.cluster._services import (
+    RELEASE,
     STREAM_DELAY_S,
     FakeNode,
+    StubReleases,
     encrypt_chunked_for,
     encrypt_for,
     mint_tokens,
@@ -24,6 +26,7 @@ from traceless.cluster.health import check_all
 from traceless.cluster.issuer import IssuerConfig, create_issuer_app
 from traceless.cluster.issuer_directory import IssuerDirectoryError, fetch_issuer_keys
 from traceless.http.upstream import upstream_client
+from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
@@ -55,10 +58,10 @@ def node():
 
 
 def _gateway(issuer, **overrides):
-    settings = dict(issuer_url=ISSUER_URL, health_interval_s=3600)
+    settings = dict(issuer_url=ISSUER_URL, health_interval_s=3600, attester_policy=AttesterPolicy.DEVELOPMENT)
     settings.update(overrides)
     keys = [issuer.public_key] if issuer is not None else []
-    return create_gateway_app(GatewayConfig(**settings), keys)
+    return create_gateway_app(GatewayConfig(**settings), keys, releases=StubReleases(RELEASE))
 
 
 @pytest.fixture
@@ -94,14 +97,15 @@ def test_register_and_reregister(gateway, node):
     app, http = gateway
     node_id = _register(http, node)
     assert len(node_id) == 32 and int(node_id, 16) >= 0
-    refreshed = node.registration(node.url, capacity=5)
-    refreshed["attestation"] = "refreshed.jws"
+    refreshed = node.registration(node.url, capacity=5, now=time.time() + 1)
     assert http.post("/pcc/v1/register", json=refreshed).json()["node_id"] == node_id
     (listed,) = http.get("/pcc/v1/nodes", params={"model": "m"}).json()["nodes"]
-    assert listed == {"node_id": node_id, "capacity": 5, "attestation": "refreshed.jws",
+    assert listed == {"node_id": node_id, "attestation": refreshed["attestation"],
                       "ohttp_keys": node.ohttp_keys_b64}
-    other = http.post("/pcc/v1/register", json=node.registration(node.url + "/other/")).json()["node_id"]
-    assert other != node_id and len(app.state.gateway.registry) == 2
+    assert app.state.gateway.registry.get(node_id).capacity == 5
+    other = FakeNode()
+    other_id = http.post("/pcc/v1/register", json=other.registration(node.url + "/other/")).json()["node_id"]
+    assert other_id != node_id and len(app.state.gateway.registry) == 2
     app.state.gateway.registry.check_integrity()
 
 
@@ -110,9 +114,9 @@ def _bad_registrations(node):
     yield {k: v for k, v in good.items() if k != "model"}
     yield {**good, "extra": 1}
     for field, value in (("url", "ftp://x"), ("url", "http://"), ("url", 5), ("url", "http://h/?q=1"),
-                         ("model", ""), ("capacity", 0), ("capacity", -1), ("capacity", "3"),
-                         ("capacity", True), ("attestation", ""), ("ohttp_keys", "not base64!"),
-                         ("ohttp_keys", "AAAA")):
+                         ("model", ""), ("attestation", ""), ("ohttp_keys", "not base64!"),
+                         ("ohttp_keys", "AAAA"), ("attester_key", "AAAA"), ("attester_key", 5),
+                         ("attester_key", "not base64!")):
         yield {**good, field: value}
 
 
@@ -156,7 +160,7 @@ def test_candidates(gateway):
         assert len(got) == min(k, 3) and len({n["node_id"] for n in got}) == len(got)
         assert {n["node_id"] for n in got} <= ids
     (only,) = http.get("/pcc/v1/nodes", params={"model": "m2", "k": 3}).json()["nodes"]
-    assert only["capacity"] == 4
+    assert app.state.gateway.registry.get(only["node_id"]).capacity == 4
 
 
 def test_unhealthy_node_leaves_after_n_failed_checks_and_returns_on_registering(issuer, node):
@@ -165,7 +169,7 @@ def test_unhealthy_node_leaves_after_n_failed_checks_and_returns_on_registering(
 
     async def check():
         async with upstream_client(5.0) as client:
-            return await check_all(registry, client, 2.0)
+            return await check_all(registry, client, 2.0, app.state.gateway.config.admission)
 
     with running_app(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         node_id = _register(http, node)
@@ -367,7 +371,7 @@ def test_privacy_off_skips_the_token_check_and_says_so(node, captured_events):
 
 def test_privacy_on_requires_issuer_keys():
     with pytest.raises(ValueError):
-        create_gateway_app(GatewayConfig(issuer_url=ISSUER_URL), [])
+        create_gateway_app(GatewayConfig(issuer_url=ISSUER_URL), [], releases=StubReleases(RELEASE))
     with pytest.raises(ValueError):
         GatewayConfig(issuer_url=None)
 

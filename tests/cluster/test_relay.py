@@ -7,8 +7,10 @@ import httpx
 import pytest
 
 from tests.cluster._services import (
+    RELEASE,
     STREAM_DELAY_S,
     FakeNode,
+    StubReleases,
     encrypt_chunked_for,
     encrypt_for,
     mint_tokens,
@@ -16,6 +18,7 @@ from tests.cluster._services import (
 )
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app
 from traceless.cluster.relay import RelayConfig, create_relay_app
+from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
 
@@ -64,8 +67,9 @@ def issuer():
 def path(issuer):
     """(client through the relay, capture, fake node, node_id, gateway app)."""
     node = FakeNode()
-    gateway = create_gateway_app(GatewayConfig(issuer_url="http://issuer.test", health_interval_s=3600),
-                                 [issuer.public_key])
+    gateway = create_gateway_app(GatewayConfig(issuer_url="http://issuer.test", health_interval_s=3600,
+                                               attester_policy=AttesterPolicy.DEVELOPMENT),
+                                 [issuer.public_key], releases=StubReleases(RELEASE))
     capture = Capture(gateway)
     with running_app(node.app) as node_url, running_app(capture) as gateway_url:
         node_id = httpx.post(gateway_url + "/pcc/v1/register", json=node.registration(node_url)).json()["node_id"]

@@ -12,10 +12,11 @@ import secrets
 import httpx
 import pytest
 
-from tests.cluster._services import FakeNode, running_app
+from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
 from tests.cluster._stats import chi_square_p, shares
 from traceless.cluster.gateway import GatewayConfig, create_gateway_app
 from traceless.cluster.routing import NoNodeAvailableError, RoutingEntry, choose_nodes
+from traceless.privacy.attestation.policy import AttesterPolicy
 
 CAPACITIES = {"n1": 1, "n2": 2, "n3": 3, "n4": 4}
 NODES = [RoutingEntry(node_id, "m", capacity, True) for node_id, capacity in CAPACITIES.items()]
@@ -51,7 +52,7 @@ def test_default_randomness_is_the_os_csprng(monkeypatch):
     monkeypatch.setattr(secrets, "SystemRandom", Spy)
     assert choose_nodes("m", NODES, 1)[0] in NODES
     assert len(made) == 1
-    app = create_gateway_app(GatewayConfig(privacy=False))
+    app = create_gateway_app(GatewayConfig(privacy=False), releases=StubReleases(RELEASE))
     assert isinstance(app.state.gateway._rng, Spy)
 
 
@@ -94,12 +95,11 @@ def test_no_eligible_node_and_bad_k():
 
 
 def _register_all(http):
-    """Register CAPACITIES over HTTP; returns node_id -> name. The URLs are never contacted."""
-    keys = FakeNode().ohttp_keys_b64
+    """Register CAPACITIES over HTTP, each attested by its own key; returns node_id -> name. The
+    URLs are never contacted."""
     ids = {}
     for name, capacity in CAPACITIES.items():
-        body = {"url": f"http://{name}.invalid", "model": "m", "capacity": capacity,
-                "attestation": "jws", "ohttp_keys": keys}
+        body = FakeNode().registration(f"http://{name}.invalid", capacity=capacity)
         ids[http.post("/pcc/v1/register", json=body).json()["node_id"]] = name
     return ids
 
@@ -122,7 +122,9 @@ def _noisy_request(http, i, group):
 
 def test_gateway_endpoint_draws_by_capacity_whatever_the_request_carries():
     # No health checks during the test (interval 1 h): the node URLs are placeholders.
-    app = create_gateway_app(GatewayConfig(privacy=False, health_interval_s=3600), rng=random.Random(6))
+    app = create_gateway_app(GatewayConfig(privacy=False, health_interval_s=3600,
+                                           attester_policy=AttesterPolicy.DEVELOPMENT),
+                             rng=random.Random(6), releases=StubReleases(RELEASE))
     by_group = {"A": [], "B": []}
     with running_app(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         ids = _register_all(http)

@@ -172,3 +172,19 @@ def test_default_model_chat_and_seeded_batch(real_llm):
                              use_tqdm=False)
     assert outs[2].outputs[0].token_ids == alone
     real_llm.engine.check_integrity()
+
+
+@pytest.mark.parametrize("request_events", [False, True])
+def test_per_request_events_only_with_the_benchmark_switch(tiny_llama_dir, caplog, request_events):
+    """request.finished (exact token counts and timings of one request) is logged only with
+    request_events, a benchmark's switch; by default no per-request record is written."""
+    import logging
+
+    from traceless.events import LOGGER_NAME
+
+    llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, request_events=request_events)
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, ignore_eos=True),
+                     use_tqdm=False)
+    finished = [r for r in caplog.records if '"event":"request.finished"' in r.getMessage()]
+    assert len(finished) == (1 if request_events else 0)

@@ -82,3 +82,47 @@ def test_speculation_offload_and_prefix_caching_together_keep_outputs_and_leave_
     llm.engine.drop_prefix_cache()
     llm.engine.check_integrity()
     assert not any(spill.iterdir())
+
+
+@pytest.mark.parametrize("damage", ["tamper", "truncate", "remove"])
+def test_a_spill_file_that_fails_to_decrypt_fails_that_request_only(tiny_llama_dir, tmp_path, monkeypatch, damage):
+    """A spill file damaged while its request is swapped out (tampered, truncated, removed by a tmp
+    cleaner): that request ends with finish_reason "error", its blocks zeroed; every other request
+    finishes exactly as without memory pressure, and the engine holds nothing afterwards."""
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ps = prompts(12)
+    roomy = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, block_size=4)
+    want = [o.outputs[0].token_ids for o in roomy.generate(ps, greedy, use_tqdm=False)]
+    spill = tmp_path / "spill"
+    damaged: list[str] = []
+    real_save = KVOffloader.save
+
+    def save(self, request_id, block_ids):
+        real_save(self, request_id, block_ids)
+        if damaged:
+            return
+        path = self._swapped[request_id].path
+        damaged.append(request_id)
+        if damage == "remove":
+            path.unlink()
+        else:
+            data = bytearray(path.read_bytes())
+            if damage == "tamper":
+                data[len(data) // 2] ^= 0x40
+            else:
+                del data[len(data) // 2:]
+            path.write_bytes(bytes(data))
+
+    monkeypatch.setattr(KVOffloader, "save", save)
+    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
+                kv_offload="disk", kv_offload_dir=str(spill))
+    outs = tight.generate(ps, greedy, use_tqdm=False)
+    assert len(damaged) == 1, "the workload was meant to swap at least one request out"
+    reasons = [o.outputs[0].finish_reason for o in outs]
+    assert reasons.count("error") == 1
+    failed = reasons.index("error")
+    for i, o in enumerate(outs):
+        if i != failed:
+            assert list(o.outputs[0].token_ids) == list(want[i]) and o.outputs[0].finish_reason == "length"
+    tight.engine.check_integrity()  # no request, owned block, sealed KV or non-zero block is left
+    assert not any(spill.iterdir())

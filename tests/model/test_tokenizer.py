@@ -370,9 +370,18 @@ def with_template(source: str) -> Tokenizer:
 def test_template_raise_exception_is_invalid_request():
     tok = with_template("{% if messages[0]['role'] != 'system' %}"
                         "{{ raise_exception('a system message comes first') }}{% endif %}")
-    with pytest.raises(InvalidRequestError, match="a system message comes first"):
+    with pytest.raises(InvalidRequestError, match="the chat template refused this conversation"):
         tok.apply_chat_template(USER)
     assert tok.apply_chat_template([{"role": "system", "content": "x"}]) == ""
+
+
+def test_template_raise_exception_never_carries_the_templates_text():
+    """Templates build their messages from the conversation ('unexpected role ' + role, ...): the
+    error says that the template refused, never what it said."""
+    tok = with_template("{{ raise_exception('cannot handle: ' + messages[0]['content']) }}")
+    with pytest.raises(InvalidRequestError) as info:
+        tok.apply_chat_template([{"role": "user", "content": "PRIVATE-CANARY-31f2"}])
+    assert "PRIVATE-CANARY" not in str(info.value) and "cannot handle" not in str(info.value)
 
 
 @pytest.mark.parametrize("messages", [

@@ -23,6 +23,7 @@ from traceless.privacy.ohttp.chunked import split_chunks
 from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.server.async_engine import AsyncEngine
+from traceless.server.telemetry import Telemetry, WindowPolicy
 
 MODEL = "tiny"
 
@@ -31,9 +32,13 @@ MODEL = "tiny"
 def node(tiny_llama_dir):
     engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
                                                 max_model_len=128)))
-    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
-    with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s:
+    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
+                            capacity=3, node_url="http://node.test:8100")
+    # min_requests=0: the telemetry's explicit off switch, so a test can count single requests
+    telemetry = Telemetry(WindowPolicy(1e-6, 0), engine)
+    with serve(create_node_app(engine, identity, NodeSettings(MODEL), telemetry), engine) as s:
         s.identity = identity
+        s.telemetry = telemetry
         yield s
 
 
@@ -41,7 +46,7 @@ def call(node, path: bytes, body, stream=False, method=b"POST"):
     """(status, decoded JSON) or (status, SSE events) for one encapsulated call."""
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     inner = bhttp.encode_request(bhttp.Request(method, b"https", b"node", path, (), content))
-    config = node.identity.ohttp.key_config
+    config = node.identity.keys.current.key_config
     if stream:
         enc, ctx = encapsulate_chunked_request(config, split_chunks(inner))
         r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-chunked-req"})
@@ -62,11 +67,13 @@ def call(node, path: bytes, body, stream=False, method=b"POST"):
 
 def test_attestation_binds_the_served_key(node):
     r = httpx.get(node.url + "/pcc/v1/attestation", params={"nonce": "ab" * 16}).json()
-    keys = decode_ohttp_keys(__import__("base64").b64decode(r["ohttp_keys"]))
+    keys = __import__("base64").b64decode(r["ohttp_keys"])
+    assert decode_ohttp_keys(keys)[0] == node.identity.keys.current.key_config
     claims = verify_attestation(r["attestation"], [node.identity.attester.public_key], time.time(),
-                                expected_nonce=bytes.fromhex("ab" * 16), ohttp_key_config=keys[0].encode())
+                                expected_nonce=bytes.fromhex("ab" * 16), ohttp_keys=keys)
     assert claims.measurement == node.identity.measurement
-    assert httpx.get(node.url + "/pcc/v1/ohttp-keys").content == node.identity.ohttp_keys
+    assert claims.capacity == 3 and claims.node_url == "http://node.test:8100" and claims.attester_type == "software"
+    assert httpx.get(node.url + "/pcc/v1/ohttp-keys").content == node.identity.ohttp_keys()
     assert httpx.get(node.url + "/pcc/v1/attestation", params={"nonce": "zz"}).status_code == 400
 
 
@@ -96,7 +103,7 @@ def test_inner_errors_come_back_encrypted(node):
 def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
     inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
                                                json.dumps({"model": MODEL, "prompt": [5]}).encode()))
-    enc, _ = encapsulate_request(node.identity.ohttp.key_config, inner)
+    enc, _ = encapsulate_request(node.identity.keys.current.key_config, inner)
     bad = bytearray(enc)
     bad[-5] ^= 0x01
     r = httpx.post(node.url + "/pcc/v1/ohttp", content=bytes(bad), headers={"content-type": "message/ohttp-req"})
@@ -107,17 +114,36 @@ def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
     assert call(node, b"/v1/completions", {"model": MODEL, "prompt": [5], "max_tokens": 2})[0] == 200
 
 
+def test_a_replayed_request_runs_once(node):
+    """Issue 12, finding 5: the gateway replays an encapsulated request; the node runs it once."""
+    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
+                                               json.dumps({"model": MODEL, "prompt": [5], "max_tokens": 2}).encode()))
+    enc, _ = encapsulate_request(node.identity.keys.current.key_config, inner)
+    before = _requests_total(node)
+    first = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
+    again = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
+    assert first.status_code == 200
+    assert again.status_code == 409 and again.json()["error"]["code"] == "request_replayed"
+    assert _requests_total(node) == before + 1
+    node.check_integrity()
+
+
+def _requests_total(node) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in node.telemetry.render().splitlines()
+               if line.startswith("traceless_requests_total"))
+
+
 def test_the_node_serves_no_plaintext_api(node):
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
                          ("GET", "/debug"), ("GET", "/admin")):
         assert httpx.request(method, node.url + path, json={}).status_code == 404
     assert httpx.get(node.url + "/health").status_code == 200
-    assert "traceless_requests_total" in httpx.get(node.url + "/metrics").text
+    assert httpx.get(node.url + "/metrics").status_code == 404  # metrics: only on the operator's listener
 
 
 def test_decrypted_buffers_are_wiped(node, monkeypatch):
     held = []
-    ohttp = node.identity.ohttp
+    ohttp = node.identity.keys.current
     for name in ("decapsulate_request_buffer", "decapsulate_chunked_request_buffer"):
         real = getattr(type(ohttp), name)
 
@@ -132,3 +158,31 @@ def test_decrypted_buffers_are_wiped(node, monkeypatch):
     assert call(node, b"/v1/completions", {**body, "stream": True}, stream=True)[0] == 200
     assert call(node, b"/v1/completions", b"{broken")[0] == 400
     assert len(held) == 3 and all(len(b) == 0 or not any(b) for b in held)
+
+
+def test_a_client_that_leaves_aborts_non_streamed_work(tiny_llama_dir):
+    """A non-streamed OHTTP request whose client goes away is aborted on the node (its blocks
+    freed and zeroed), not run to its end."""
+    from tests.conftest import ExecutorSpy, llm_with_executor
+    from tests.server.serving import _SPIES
+
+    steps: list[int] = []
+    spies: list[ExecutorSpy] = []
+    llm = llm_with_executor(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+                                         max_model_len=128),
+                            lambda real: spies.append(ExecutorSpy(real, lambda plan, out: steps.append(1)))
+                            or spies[0])
+    engine = AsyncEngine(llm.engine)
+    _SPIES[engine] = spies[0]
+    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 120, "ignore_eos": True}
+    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
+                                               json.dumps(body).encode()))
+    with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s, s.slowed(0.05):
+        enc, _ = encapsulate_request(identity.keys.current.key_config, inner)
+        with pytest.raises(httpx.ReadTimeout):  # 120 steps take >= 6 s; the client leaves after 0.3 s
+            httpx.post(s.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"},
+                       timeout=0.3)
+        s.wait_idle(timeout=60)
+        assert len(steps) < 120  # aborted, not run to max_tokens
+        s.check_integrity()

@@ -54,3 +54,37 @@ def test_discard_destroys_key_and_file(tmp_path):
     assert not any(tmp_path.iterdir()) and not any(key) and off.num_swapped() == 0
     with pytest.raises(OffloadError):
         off.restore("r1", [1])
+
+
+@pytest.mark.parametrize("mode", ["memory", "disk"])
+def test_a_failed_decryption_zeroes_its_staging_buffer(tmp_path, monkeypatch, mode):
+    """decrypt_into writes unauthenticated plaintext into its output before it raises InvalidTag:
+    the staging buffer must be zero when restore gives up, and the target blocks untouched."""
+    cache = filled_cache()
+    off = KVOffloader(cache, mode, tmp_path)
+    off.save("r1", [1, 2])
+    entry = off._swapped["r1"]
+    if mode == "memory":
+        blob = bytearray(entry.blob)
+        blob[-1] ^= 1  # the tag: decrypt_into has written the whole plaintext before it checks it
+        entry.blob = bytes(blob)
+    else:
+        data = bytearray(entry.path.read_bytes())
+        data[-1] ^= 1
+        entry.path.write_bytes(bytes(data))
+    staged = []
+    real_empty = torch.empty
+
+    def spy_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        staged.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy_empty)
+    before_k, before_v = cache.k[:, [3, 4]].clone(), cache.v[:, [3, 4]].clone()
+    with pytest.raises(OffloadError):
+        off.restore("r1", [3, 4])
+    monkeypatch.undo()
+    assert staged and all(not t.any() for t in staged)
+    assert torch.equal(cache.k[:, [3, 4]], before_k) and torch.equal(cache.v[:, [3, 4]], before_v)
+    assert off.num_swapped() == 0 and not any(entry.key)

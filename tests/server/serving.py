@@ -86,5 +86,7 @@ def make_served_app(engine_config, model_name=None, **settings):
     llm = llm_with_executor(engine_config, lambda real: spies.append(ExecutorSpy(real)) or spies[0])
     engine = AsyncEngine(llm.engine)
     _SPIES[engine] = spies[0]
-    app = create_app(engine, ServerSettings(model_name or engine.model_name, **settings))
+    telemetry = settings.pop("telemetry", None)  # engine -> Telemetry, for tests that read the metrics
+    app = create_app(engine, ServerSettings(model_name or engine.model_name, **settings),
+                     telemetry(engine) if telemetry is not None else None)
     return app, engine

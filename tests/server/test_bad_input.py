@@ -32,7 +32,7 @@ CASES = [
     ("malformed json", "/v1/completions", b"{not json", 400, "invalid_json", None),
     ("not an object", "/v1/completions", b"[1, 2]", 400, None, None),
     ("unknown field", "/v1/completions", {"prompt": "w5", "best_friend": 1},
-     400, "unsupported_parameter", "best_friend"),
+     400, "unsupported_parameter", None),
     ("wrong type", "/v1/completions", {"prompt": "w5", "max_tokens": "ten"}, 400, None, "max_tokens"),
     ("negative max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": -3}, 400, None, "max_tokens"),
     ("huge max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": 10**9}, 400, "context_length_exceeded", None),
@@ -136,3 +136,65 @@ def test_queue_full_is_503_with_retry_after(tiny_llama_dir):
             assert second.status_code == 503 and "retry-after" in second.headers
             assert second.json()["error"]["code"] == "queue_full"
         s.check_integrity()
+
+
+SECRET_KEY = "my-diagnosis-is-TRACELESS-KEY-7c1e"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "w5", SECRET_KEY: 1}),
+    ("/v1/completions", {"prompt": "w5", SECRET_KEY: 1, "another " + SECRET_KEY: 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5", SECRET_KEY: "x"}]}),
+], ids=["top-level", "two-unknown", "in-a-message"])
+def test_errors_never_name_a_client_chosen_key(url, model, path, body):
+    """A key name is client-chosen text (content): errors say how many fields are unknown, never which."""
+    r = post(url, path, {"model": model, **body})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
+    assert SECRET_KEY not in r.text and "TRACELESS-KEY" not in r.text
+    unknown = sum(SECRET_KEY in k for k in body) + sum(SECRET_KEY in k for m in body.get("messages", []) for k in m)
+    assert f"{unknown} unknown field" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "w5", "n": 9}, "n"),
+    ({"prompt": ["w5"] * 9}, "prompt"),
+    ({"prompt": [[5, 6]] * 9}, "prompt"),
+    ({"prompt": ["w5"] * 3, "n": 3}, "n"),  # 9 choices in all
+])
+def test_one_request_buys_at_most_max_choices_engine_requests(url, model, body, param):
+    from traceless.server.protocol import MAX_CHOICES
+
+    assert MAX_CHOICES == 8
+    r = post(url, "/v1/completions", {"model": model, "max_tokens": 1, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert r.json()["error"]["code"] == "too_many_choices"
+    ok = post(url, "/v1/completions", {"model": model, "prompt": ["w5", "w6"], "n": 4, "max_tokens": 1})
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 8
+
+
+def test_tokenization_runs_off_the_event_loop(tiny_server, model, monkeypatch):
+    """While one request's prompt is being tokenized (held here until the test lets it go), the
+    server answers other requests: preparation does not run on the event loop."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    tok = tiny_server.engine.tokenizer
+    real, entered, gate = tok.encode, threading.Event(), threading.Event()
+
+    def held_encode(text, *args, **kwargs):
+        if "w7 w7 w7" in text:
+            entered.set()
+            gate.wait(60)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(tok, "encode", held_encode)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(post, tiny_server.url, "/v1/completions", {"model": model, "prompt": "w7 w7 w7",
+                                                                      "max_tokens": 2})
+        try:
+            assert entered.wait(30)
+            other = httpx.get(tiny_server.url + "/v1/models", timeout=15)
+        finally:
+            gate.set()
+        assert other.status_code == 200
+        assert held.result(60).status_code == 200

@@ -37,12 +37,12 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
     home, tmp, cwd = tmp_path / "home", tmp_path / "tmp", tmp_path / "cwd"
     for d in (home, tmp, cwd):
         d.mkdir()
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(home / ".cache"),
            "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless.cli", "serve", "--port", str(port), "--kv-cache-memory", "256MiB",
-         "--max-model-len", "512"],
+        [sys.executable, "-m", "traceless.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
+         "--kv-cache-memory", "256MiB", "--max-model-len", "512"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     canaries = {kind: f"CANARY-{kind}-{uuid.uuid4().hex[:12]}" for kind in ("plain", "stream", "fail", "abort", "chat")}
@@ -80,7 +80,8 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
             next(lines)
             next(lines)
         time.sleep(1.0)
-        metrics = c.get("/metrics").text
+        assert c.get("/metrics").status_code == 404  # not on the public port
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         assert "traceless_requests_total" in metrics
     finally:
         proc.send_signal(signal.SIGINT)
@@ -90,7 +91,9 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
             proc.kill()
             out, err = proc.communicate()
     logs = out + err
-    assert b'"event":"request.finished"' in logs and b'"finish":"abort"' in logs  # the logs did record events
+    assert b'"event":"http.request"' in logs and b'"route":"completions"' in logs  # the logs did record events
+    assert b'"event":"request.finished"' not in logs  # no per-request record by default
+    assert b'"event":"metrics.window"' not in logs  # 8 requests: fewer than a window needs
     tok = real_llm.get_tokenizer()
     needles = []
     for canary in canaries.values():

@@ -99,7 +99,7 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
                 "stream": True}
         inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"n", b"/v1/completions", (),
                                                    json.dumps(body).encode()))
-        enc, _ = encapsulate_chunked_request(identity.ohttp.key_config, split_chunks(inner))
+        enc, _ = encapsulate_chunked_request(identity.keys.current.key_config, split_chunks(inner))
         r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-chunked-req"})
         sizes = chunked_ciphertexts(r.content)
         assert len(sizes) >= 10 and len(set(sizes)) == 1, sizes  # head, data chunks and final chunk alike

@@ -1,18 +1,20 @@
 """`traceless audit residue`: send canaries through every path a request can take, wait for the
-TTLs, then look everywhere a trace could hide.
+TTLs, then look everywhere a trace could hide: on a private node, then on the plaintext server.
 
 Paths: plain and chat completions, a chunked stream, a stream the client aborts, failing requests
 (an unsupported parameter, a context overflow), requests preempted under memory pressure with
-encrypted KV offload to disk, and prefix-cached requests in one cache_salt domain. All go to a
-real `traceless node` over OHTTP, as a client would send them.
+encrypted KV offload to disk, and prefix-cached requests in one cache_salt domain. They go to a
+real `traceless node` over OHTTP, as a client would send them, and then, as plain HTTP, to a real
+`traceless serve` with the same engine settings.
 
-Places: the KV pool and prefix cache (the node's allowlisted gauges: non-zero blocks, cached
-blocks, swapped requests, usage), the offload directory (while requests are swapped out, and after),
-the node's log streams and every file it wrote (its cwd, HOME and TMPDIR point into the audit's
-directory), the /metrics output, and the node process's readable memory (/proc/PID/mem).
-Any hit outside process memory is a failure. Process memory is reported as a figure to drive down:
-Python strings are immutable, so parsed JSON, tokenizer inputs and detokenized text stay in freed
-heap memory until it is reused, unless the allocator scrubs freed memory (--scrub).
+Places: the KV pool and prefix cache (the allowlisted gauges on the operator's listener: non-zero
+blocks, cached blocks, swapped requests, peak usage), the offload directory (while requests are
+swapped out, and after), the log streams and every file the process wrote (its cwd, HOME and
+TMPDIR point into the audit's directory), the metrics output, and the process's readable memory
+(/proc/PID/mem). Any hit anywhere, process memory included, is a failure: with freed-memory
+scrubbing (the default of both commands) Python's immutable strings of finished requests are
+overwritten when freed. The audited processes publish a telemetry window at every scrape
+(`--metrics-min-requests 0`: the audit's switch), so the gauges read the state of the moment.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from traceless.audit.memscan import scan_process
-from traceless.audit.residue_client import OhttpTestClient
+from traceless.audit.residue_client import OhttpTestClient, PlainTestClient
 from traceless.local.services import free_port, stop, wait_ready
 from traceless.report.output import finish
 
@@ -45,17 +47,21 @@ class ResidueConfig:
     scrub: bool = True  # the node's default: freed-memory scrubbing (glibc MALLOC_PERTURB_)
 
 
-class NodeUnderAudit:
-    def __init__(self, cfg: ResidueConfig, workdir: Path):
+class ProcessUnderAudit:
+    """`traceless node` or `traceless serve` with the audit's settings, in its own directory."""
+
+    def __init__(self, cfg: ResidueConfig, workdir: Path, command: str):
+        self.command = command
         self.workdir = workdir
         self.offload = workdir / "offload"
-        self.log_path = workdir / "node.log"
+        self.log_path = workdir / f"{command}.log"
         for d in ("home", "tmp", "cwd"):
             (workdir / d).mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        port, metrics_port = free_port(), free_port()
+        self.url, self.metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
         env = {**os.environ, "HOME": str(workdir / "home"), "TMPDIR": str(workdir / "tmp"), "PYTHONUNBUFFERED": "1"}
-        args = ["node", "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
+        args = [command, "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
+                "--metrics-port", str(metrics_port), "--metrics-min-requests", "0", "--metrics-window", "0.2",
                 "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
                 "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", "40MiB", "--max-model-len", "1024",
                 "--max-num-seqs", "8"] + (["--model", cfg.model] if cfg.model else [])
@@ -64,10 +70,15 @@ class NodeUnderAudit:
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_ready(self.proc, self.url + "/health")
 
+    def client(self) -> OhttpTestClient | PlainTestClient:
+        if self.command == "node":
+            return OhttpTestClient(self.url, self.offload, self.log_path)
+        return PlainTestClient(self.url, self.offload)
+
     def gauges(self) -> dict[str, float]:
         out = {}
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
-            if line.startswith(("traceless_kv_", "traceless_prefix_cache_blocks", "traceless_num_requests")):
+        for line in httpx.get(self.metrics_url + "/metrics").text.splitlines():
+            if line.startswith(("traceless_kv_", "traceless_prefix_cache_blocks", "traceless_window_peak_")):
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
@@ -77,7 +88,8 @@ def _canaries() -> dict[str, str]:
     return {p: f"TRACELESS-CANARY-{p}-{secrets.token_hex(8)}" for p in PATHS}
 
 
-def send_workload(client: OhttpTestClient, canaries: dict[str, str], model: str, spill_hits: list) -> None:
+def send_workload(client: OhttpTestClient | PlainTestClient, canaries: dict[str, str], model: str,
+                  spill_hits: list) -> None:
     c = canaries
     client.completion({"model": model, "prompt": f"Repeat: {c['plain']}", "max_tokens": 16})
     client.chat({"model": model, "messages": [{"role": "user", "content": f"Say {c['chat']}"}], "max_tokens": 16})
@@ -93,7 +105,7 @@ def send_workload(client: OhttpTestClient, canaries: dict[str, str], model: str,
     _preempt(client, model, c["preempt"], spill_hits)
 
 
-def _preempt(client: OhttpTestClient, model: str, canary: str, spill_hits: list) -> None:
+def _preempt(client: OhttpTestClient | PlainTestClient, model: str, canary: str, spill_hits: list) -> None:
     """Eight long requests at once on a small KV cache: preemption, with KV sealed to disk. While
     they run, every spill file that appears is read and searched for the canary."""
     stop_watch = threading.Event()
@@ -123,73 +135,82 @@ def _preempt(client: OhttpTestClient, model: str, canary: str, spill_hits: list)
 
 
 def run(cfg: ResidueConfig, json_path: str | None) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix="traceless-residue-"))
-    node = NodeUnderAudit(cfg, workdir)
     canaries = _canaries()
+    node = audit_process(cfg, "node", canaries)
+    serve = audit_process(cfg, "serve", _canaries())  # fresh canaries: a hit there is the server's own
+    report = {"audit": "residue", "scrub": cfg.scrub, "paths": list(PATHS), **node, "serve": serve,
+              "failed": _failed(node) or _failed(serve)}
+    return finish(report, print_report, json_path)
+
+
+def _failed(rep: dict) -> bool:
+    return any(v != 0 for v in rep["places"].values()) or rep["process_memory_total"] != 0
+
+
+def audit_process(cfg: ResidueConfig, command: str, canaries: dict[str, str]) -> dict:
+    """Run the workload against one `traceless node` or `traceless serve`, then search it."""
+    workdir = Path(tempfile.mkdtemp(prefix="traceless-residue-"))
+    proc = ProcessUnderAudit(cfg, workdir, command)
     needles = {name: c.encode() for name, c in canaries.items()}
     spill_hits: list[int] = []
     try:
-        client = OhttpTestClient(node.url, node.offload, node.log_path)
-        model = client.model_name()
-        send_workload(client, canaries, model, spill_hits)
-        gauges = _wait_quiet(node, cfg.ttl_s)
+        client = proc.client()
+        send_workload(client, canaries, client.model_name(), spill_hits)
+        gauges = _wait_quiet(proc, cfg.ttl_s)
         places = {
             "kv pool: non-zero blocks": gauges.get("traceless_kv_blocks_nonzero", -1),
-            "kv pool: blocks in use": round(gauges.get("traceless_kv_cache_usage_ratio", -1) * 1e6),
+            "kv pool: blocks in use": round(gauges.get("traceless_window_peak_kv_cache_usage_ratio", -1) * 1e6),
             "prefix cache: resident blocks": gauges.get("traceless_prefix_cache_blocks", -1),
             "offload: swapped requests": gauges.get("traceless_kv_offload_swapped_requests", -1),
-            "offload dir: files left": sum(1 for _ in node.offload.iterdir()) if node.offload.exists() else 0,
+            "offload dir: files left": sum(1 for _ in proc.offload.iterdir()) if proc.offload.exists() else 0,
             "offload dir: canaries in spill files": sum(spill_hits),
-            "metrics output": _count(httpx.get(node.url + "/metrics").content, needles),
+            "metrics output": _count(httpx.get(proc.metrics_url + "/metrics").content, needles),
         }
-        memory = scan_process(node.proc.pid, list(needles.values()))
+        memory = scan_process(proc.proc.pid, list(needles.values()))
     except BaseException:
-        stop(node.proc)
+        stop(proc.proc)
         shutil.rmtree(workdir, ignore_errors=True)
         raise
-    stop(node.proc)
-    places["log streams"] = _count(node.log_path.read_bytes(), needles)
-    places["files the node wrote"] = sum(_count(p.read_bytes(), needles) for p in workdir.rglob("*")
-                                         if p.is_file() and p != node.log_path)
-    preempted = sum(json.loads(line).get("num_requests", 0) for line in node.log_path.read_text().splitlines()
+    stop(proc.proc)
+    places["log streams"] = _count(proc.log_path.read_bytes(), needles)
+    places["files it wrote"] = sum(_count(p.read_bytes(), needles) for p in workdir.rglob("*")
+                                   if p.is_file() and p != proc.log_path)
+    preempted = sum(json.loads(line).get("num_requests", 0) for line in proc.log_path.read_text().splitlines()
                     if line.startswith('{"ts"') and '"engine.preempted"' in line)
-    report = {"audit": "residue", "scrub": cfg.scrub, "paths": list(PATHS),
-              "spill_files_seen": len(client.spill_files_seen),
-              "preemptions": preempted,
-              "places": places, "process_memory": {name: memory.get(n, 0) for name, n in needles.items()},
-              "process_memory_total": sum(memory.values()), "failed": any(v != 0 for v in places.values())}
     shutil.rmtree(workdir, ignore_errors=True)  # searched above; the audit leaves nothing of its own
-    return finish(report, print_report, json_path)
+    return {"command": command, "spill_files_seen": len(client.spill_files_seen), "preemptions": preempted,
+            "places": places, "process_memory": {name: memory.get(n, 0) for name, n in needles.items()},
+            "process_memory_total": sum(memory.values())}
 
 
 def _count(data: bytes, needles: dict[str, bytes]) -> int:
     return sum(data.count(n) for n in needles.values())
 
 
-def _wait_quiet(node: NodeUnderAudit, ttl_s: float, timeout: float = 90.0) -> dict:
+def _wait_quiet(proc: ProcessUnderAudit, ttl_s: float, timeout: float = 90.0) -> dict:
     """Wait for the TTLs and an idle residue scan: until the pool reads empty (or the timeout)."""
     time.sleep(ttl_s + 1.0)
     deadline = time.monotonic() + timeout
-    gauges = node.gauges()
+    gauges = proc.gauges()
     while time.monotonic() < deadline:
-        gauges = node.gauges()
-        quiet = gauges.get("traceless_num_requests_running", 1) == 0 and "traceless_kv_blocks_nonzero" in gauges
+        gauges = proc.gauges()
+        quiet = gauges.get("traceless_window_peak_requests_running", 1) == 0 and "traceless_kv_blocks_nonzero" in gauges
         if quiet and gauges["traceless_kv_blocks_nonzero"] == 0 and gauges.get("traceless_prefix_cache_blocks", 1) == 0:
             break
         time.sleep(1.0)
-    time.sleep(4.0)  # one more idle scan after the last request
-    return node.gauges()
+    time.sleep(4.0)  # one more idle scan (and idle collection) after the last request
+    return proc.gauges()
 
 
 def print_report(rep: dict) -> None:
-    print(f"\ntraceless audit residue  (paths: {', '.join(rep['paths'])}; preemptions {rep['preemptions']}, "
-          f"spill files seen during the run: {rep['spill_files_seen']})")
-    print(f"{'place':<40}{'hits':>8}")
-    for place, hits in rep["places"].items():
-        print(f"{place:<40}{hits:>8g}")
-    print(f"{'process memory (canary occurrences)':<40}{rep['process_memory_total']:>8}   "
-          f"(a figure to drive down{'; freed memory scrubbed' if rep['scrub'] else ''})")
-    for name, n in rep["process_memory"].items():
-        print(f"    {name:<36}{n:>8}")
-    print("RESULT: " + ("FAIL: residue outside process memory" if rep["failed"] else
-                        "no residue outside process memory"))
+    for name, r in (("node", rep), ("plaintext server", rep["serve"])):
+        print(f"\ntraceless audit residue: {name}  (paths: {', '.join(rep['paths'])}; preemptions "
+              f"{r['preemptions']}, spill files seen during the run: {r['spill_files_seen']})")
+        print(f"{'place':<40}{'hits':>8}")
+        for place, hits in r["places"].items():
+            print(f"{place:<40}{hits:>8g}")
+        print(f"{'process memory (canary occurrences)':<40}{r['process_memory_total']:>8}"
+              f"{'   (freed memory scrubbed)' if rep['scrub'] else ''}")
+        for path, n in r["process_memory"].items():
+            print(f"    {path:<36}{n:>8}")
+    print("RESULT: " + ("FAIL: residue found" if rep["failed"] else "no residue on the node or the plaintext server"))

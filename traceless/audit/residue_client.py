@@ -1,4 +1,5 @@
-"""A bare OHTTP client for audits: talks to a node directly (no gateway, no tokens)."""
+"""Bare clients for audits: OHTTP straight to a node (no gateway, no tokens), and plain HTTP to
+`traceless serve`, with the same calls so one workload drives both."""
 from __future__ import annotations
 
 import json
@@ -48,3 +49,28 @@ class OhttpTestClient:
             if line.startswith("model: "):
                 return line.split(": ", 1)[1].strip()
         raise RuntimeError("the node did not report its model name")
+
+
+class PlainTestClient:
+    """The same calls as OhttpTestClient, as plain HTTP to `traceless serve`. Every call opens and
+    closes its own connection, as separate clients would."""
+
+    def __init__(self, url: str, offload_dir: Path):
+        self.url = url
+        self.offload_dir = offload_dir
+        self.spill_files_seen: set[str] = set()
+
+    def completion(self, body: dict, path: str = "/v1/completions") -> int:
+        return httpx.post(self.url + path, json=body, timeout=600).status_code
+
+    def chat(self, body: dict) -> int:
+        return self.completion(body, "/v1/chat/completions")
+
+    def stream(self, body: dict, abort_after: int | None = None) -> None:
+        with httpx.stream("POST", self.url + "/v1/completions", json={**body, "stream": True}, timeout=600) as r:
+            for i, _ in enumerate(r.iter_raw()):
+                if abort_after is not None and i + 1 >= abort_after:
+                    return  # leaving the block closes the connection: the server must abort
+
+    def model_name(self) -> str:
+        return httpx.get(self.url + "/v1/models").json()["data"][0]["id"]

@@ -62,8 +62,12 @@ class TaxConfig:
     seed: int = 0
     probes: int = 10  # sequential 1-token requests per path for the fixed per-request cost
     workdir: str | None = None  # keep the services' event logs here (default: a temporary directory)
+    device: str = "auto"  # the engines' device (plain server and node alike)
+    load_format: str = "auto"  # "dummy": random weights of --model's config.json shapes (GPU shapes)
 
     def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError("load-format must be auto or dummy")
         unknown = [c for c in self.classes if c not in CLASSES]
         if unknown or not self.classes:
             raise ValueError(f"unknown prompt classes {unknown}; choose from {', '.join(CLASSES)}")
@@ -83,10 +87,15 @@ class TaxConfig:
 QUICK = TaxConfig(requests=4, output_len=16, concurrency=2, repeats=1, probes=4)
 
 
-def engine_args(model: str | None) -> list[str]:
+def engine_args(cfg: TaxConfig) -> list[str]:
     """Engine options given to both the plain server and the node. The prefix cache stays at its
-    default, `isolated`: these requests carry no cache_salt, so nothing is shared (as with `off`)."""
-    return [*(["--model", model] if model else []), "--kv-cache-memory", "512MiB", "--max-model-len", "2048"]
+    default, `isolated`: these requests carry no cache_salt, so nothing is shared (as with `off`).
+    On a GPU both engines share the device: each gets a fixed 4 GiB KV cache."""
+    kv = "4GiB" if cfg.device.startswith("cuda") else "512MiB"
+    # absolute: the services run in their own working directories
+    model = ["--model", str(Path(cfg.model).resolve())] if cfg.model else []
+    return [*model, "--kv-cache-memory", kv, "--max-model-len", "2048",
+            "--device", cfg.device, "--load-format", cfg.load_format]
 
 
 def class_prompts(cls: PromptClass, count: int, seed: int, rep: int) -> list[list[int]]:
@@ -144,11 +153,15 @@ def services(workdir: Path, args: list[str]):
     from traceless.local.services import free_port, spawn_serve
     from traceless.local.up import Deployment, UpOptions
 
+    # Both log request.finished (the breakdown reads the engine's own timings from it): a benchmark's
+    # switch, the same on both sides. The plain server is the privacy-off baseline, so it runs
+    # without freed-memory scrubbing (its default since issue 13), as it did before.
+    args = [*args, "--request-events"]
     deployment = Deployment(UpOptions([1], free_port(), str(workdir / "up"), args))
     pool = ThreadPoolExecutor(1)
     started = pool.submit(deployment.start)
     try:
-        with spawn_serve(*args, name="serve", workdir=workdir) as plain:
+        with spawn_serve(*args, "--no-scrub-freed-memory", name="serve", workdir=workdir) as plain:
             yield plain, deployment, started.result()
     finally:
         wait([started])  # stop only once start() has spawned everything it is going to
@@ -202,7 +215,7 @@ def run(cfg: TaxConfig, json_path: str | None = None, plot_path: str | None = No
     try:
         print("starting the plain server and the private path (one node) ...", flush=True)
         t0 = time.monotonic()
-        with services(workdir, engine_args(cfg.model)) as (plain, deployment, endpoints):
+        with services(workdir, engine_args(cfg)) as (plain, deployment, endpoints):
             print(f"  ready in {time.monotonic() - t0:.0f}s", flush=True)
             urls = {"plain": plain.url, "private": endpoints["proxy"]}
             _warm_up(urls, cfg)
@@ -215,7 +228,7 @@ def run(cfg: TaxConfig, json_path: str | None = None, plot_path: str | None = No
             parts = breakdown.measure(urls, endpoints, cfg)
             parts["cpu_s_per_request"] = cpu.per_request()
         parts.update(breakdown.from_logs(workdir, deployment.logs, cfg, window))
-        settings = {**asdict(cfg), "served_model": endpoints["model"], "engine_args": engine_args(cfg.model)}
+        settings = {**asdict(cfg), "served_model": endpoints["model"], "engine_args": engine_args(cfg)}
         rep = report.build(settings, classes, parts, {"cpus": os.cpu_count(), "loadavg_before": load_before,
                                                       "loadavg_after": os.getloadavg()})
     finally:

@@ -112,6 +112,7 @@ def _crypto(endpoints: dict) -> dict:
 
     from traceless.client.node_verifier import NodeVerifier
     from traceless.client.private_client import ClientConfig
+    from traceless.privacy.attestation.policy import AttesterPolicy
     from traceless.privacy.bhttp import message as bhttp
     from traceless.privacy.ohttp.chunked import split_chunks
     from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
@@ -119,17 +120,18 @@ def _crypto(endpoints: dict) -> dict:
     config = ClientConfig(issuer_url=endpoints["issuer"], api_key=endpoints["api_key"], relay_url=endpoints["relay"],
                           log_url=endpoints["log"], log_public_key=base64.b64decode(endpoints["log_public_key"]),
                           attester_keys=tuple(base64.b64decode(k) for k in endpoints["attester_keys"]),
-                          model=endpoints["model"])
-    offered = httpx.get(endpoints["relay"] + "/pcc/v1/nodes", params={"model": config.model, "k": 3},
-                        timeout=30).json()["nodes"]
+                          model=endpoints["model"], attester_policy=AttesterPolicy.DEVELOPMENT)  # as `up` runs
+    nonce = os.urandom(32)
+    offered = httpx.get(endpoints["relay"] + "/pcc/v1/nodes", params={"model": config.model, "k": 3,
+                                                                      "nonce": nonce.hex()}, timeout=30).json()["nodes"]
     verifier = NodeVerifier(config)
     try:
         t0 = time.perf_counter()
-        verified = verifier.verify_all(offered)
+        verified = verifier.verify_all(offered, nonce)
         first_ms = (time.perf_counter() - t0) * 1e3
         if not verified:
             raise RuntimeError("the benchmark could not verify the deployment's node")
-        cached_ms = _median_ms(lambda: verifier.verify_all(offered), HOP_CALLS)
+        cached_ms = _median_ms(lambda: verifier.verify_all(offered, nonce), HOP_CALLS)
     finally:
         verifier.close()
     body = json.dumps({"model": config.model, "prompt": list(range(1_000, 2_500)), "max_tokens": 64,

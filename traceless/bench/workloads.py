@@ -40,11 +40,13 @@ def _repeated(seed: int, count: int, length: int, times: int) -> tuple[tuple[int
 
 def offline_workloads() -> dict[str, Workload]:
     """W1 single stream, W2 batch, W3 long prompts (see issue: engine core, Speed); W4 repetitive
-    text (speculative decoding)."""
+    text (speculative decoding); W5 a large batch of longer prompts (the GPU issue's throughput case)."""
     return {
         "W1": Workload("W1", "single stream: 1 x 128-token prompt, 128 output tokens", _prompts(1, 1, 128), 128),
         "W2": Workload("W2", "batch: 64 distinct 128-token prompts, 128 output tokens each", _prompts(2, 64, 128), 128),
         "W3": Workload("W3", "long prompts: 4 x 1024-token prompts, 64 output tokens each", _prompts(3, 4, 1024), 64),
         "W4": Workload("W4", "repetitive: 4 x a 64-token passage repeated 3 times (192 tokens), 128 output tokens each",
                        _repeated(4, 4, 64, 3), 128),
+        "W5": Workload("W5", "large batch: 256 x 512-token prompts, 128 output tokens each",
+                       _prompts(5, 256, 512), 128),
     }

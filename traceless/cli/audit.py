@@ -40,6 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     rs.add_argument("--ttl", type=float, default=3.0, help="the node's prefix-cache TTL (seconds) during the audit")
     rs.add_argument("--scrub", action=argparse.BooleanOptionalAction, default=True,
                     help="run the node with freed-memory scrubbing, its default (--no-scrub to see what it removes)")
+    rs.add_argument("--device", choices=("node", "cuda", "cpu"), default="node",
+                    help="node: canaries through a real node over OHTTP (host memory, files, logs); cuda: an "
+                         "in-process engine on the GPU, then all free device memory and the KV pool searched for "
+                         "the canaries' token ids and K/V rows; cpu: the same search on the CPU (its twin)")
+    rs.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                    help="--device cuda/cpu: dummy = random weights of --model's config.json shapes")
+    rs.add_argument("--dtype", default="auto", help="--device cuda/cpu: the engine's dtype")
     rs.add_argument("--json", metavar="FILE")
     rs.set_defaults(handler=_residue)
 
@@ -82,6 +89,14 @@ def _targeting(args: argparse.Namespace) -> int:
 
 
 def _residue(args: argparse.Namespace) -> int:
+    if args.device != "node":
+        from traceless.audit.gpu_residue import GpuResidueConfig
+        from traceless.audit.gpu_residue import run as run_device
+
+        if args.model is None:
+            raise SystemExit("traceless audit residue --device cuda/cpu: give --model (a directory with config.json)")
+        device_report = run_device(GpuResidueConfig(args.model, args.load_format, args.device, args.dtype), args.json)
+        return 0 if device_report["clean"] else 1
     from traceless.audit.residue import ResidueConfig, run
 
     report = run(ResidueConfig(args.model, args.ttl, args.scrub), args.json)

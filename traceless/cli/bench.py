@@ -14,7 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "offline engine; with --speculative, against plain decoding")
     add_engine_args(offline)
     offline.add_argument("--repeats", type=int, default=3, help="timed runs per workload (median reported)")
-    offline.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset of W1,W2,W3,W4")
+    offline.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset of W1,W2,W3,W4,W5")
+    offline.add_argument("--peer", choices=("hf",), default=None,
+                         help="also run transformers generate on the same dummy weights and prompts (needs "
+                              "--load-format dummy)")
     offline.add_argument("--json", metavar="FILE", help="write the report as JSON")
     offline.set_defaults(handler=_offline)
 
@@ -50,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tax.add_argument("--quick", action="store_true",
                      help="a small run: 4 requests, 16 tokens, concurrency 2, 1 repetition")
     tax.add_argument("--model", default=None, help="GGUF file or HF directory (default: the built-in model)")
+    tax.add_argument("--device", default=None, help="the engines' device: auto, cpu, cuda (default auto)")
+    tax.add_argument("--load-format", default=None, choices=("auto", "dummy"),
+                     help="dummy: random weights of --model's config.json shapes (both engines)")
     tax.add_argument("--workdir", default=None,
                      help="keep the services' event logs here (default: a temporary directory)")
     tax.add_argument("--json", metavar="FILE", help="write the report as JSON")
@@ -70,10 +76,13 @@ def _offline(args: argparse.Namespace) -> int:
     from traceless.bench import offline
 
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    unknown = set(names) - {"W1", "W2", "W3", "W4"}
+    unknown = set(names) - {"W1", "W2", "W3", "W4", "W5"}
     if unknown or args.repeats < 1:
         raise SystemExit(f"traceless bench offline: unknown workloads {sorted(unknown)} or repeats < 1")
-    offline.run(args.model, args.dtype, args.repeats, names, args.json, engine_options(args))
+    try:
+        offline.run(args.model, args.dtype, args.repeats, names, args.json, engine_options(args), args.peer)
+    except ValueError as exc:
+        raise SystemExit(f"traceless bench offline: {exc}") from None
     return 0
 
 
@@ -110,7 +119,7 @@ def _privacy_tax(args: argparse.Namespace) -> int:
     try:
         cfg = config_from(args.quick, classes=classes, requests=args.requests, output_len=args.output_len,
                           concurrency=args.concurrency, repeats=args.repeats, probes=args.probes, model=args.model,
-                          workdir=args.workdir)
+                          workdir=args.workdir, device=args.device, load_format=args.load_format)
     except ValueError as exc:
         raise SystemExit(f"traceless bench privacy-tax: {exc}") from None
     try:

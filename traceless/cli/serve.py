@@ -4,11 +4,22 @@ from __future__ import annotations
 import argparse
 
 from traceless.cli.engine_args import add_engine_args, engine_options, parse_size
+from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 
 
-def add_http_args(p: argparse.ArgumentParser, port: int) -> None:
+def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=port)
+    g = p.add_argument_group("operator telemetry (docs/telemetry.md)")
+    g.add_argument("--metrics-host", default="127.0.0.1",
+                   help="host of the operator's metrics listener (default loopback only)")
+    g.add_argument("--metrics-port", type=int, default=metrics_port,
+                   help="port of the operator's metrics listener; never the public --port (0 = no listener)")
+    g.add_argument("--metrics-window", type=float, default=60.0, metavar="SECONDS",
+                   help="shortest telemetry window: request figures are published only as a window's aggregates")
+    g.add_argument("--metrics-min-requests", type=int, default=20, metavar="K",
+                   help="a window is published only once it holds at least K requests (0 = every window: "
+                        "for audits and benchmarks only)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's name)")
     p.add_argument("--max-body-bytes", type=parse_size, default=None, help="largest request body (default 4MiB)")
     p.add_argument("--stream-padding", type=int, default=0, metavar="BYTES",
@@ -20,7 +31,8 @@ def add_http_args(p: argparse.ArgumentParser, port: int) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (plaintext: local use, privacy-off baseline)")
     add_engine_args(serve)
-    add_http_args(serve, 8000)
+    add_http_args(serve, 8000, 9000)
+    add_scrub_arg(serve)
     serve.set_defaults(handler=_serve)
 
 
@@ -31,6 +43,32 @@ def stream_shape(args: argparse.Namespace):
         return StreamShape(args.stream_padding, args.stream_interval)
     except ValueError as exc:
         raise SystemExit(f"traceless: {exc}") from None
+
+
+def window_policy(args: argparse.Namespace, component: str):
+    """The telemetry window from the arguments, checked (call it before the engine loads)."""
+    from traceless.server.telemetry import WindowPolicy
+
+    if args.metrics_port == args.port:
+        raise SystemExit(f"traceless {component}: --metrics-port must differ from --port (metrics are never "
+                         "served on the public port)")
+    try:
+        return WindowPolicy(args.metrics_window, args.metrics_min_requests)
+    except ValueError as exc:
+        raise SystemExit(f"traceless {component}: {exc}") from None
+
+
+def telemetry_for(args: argparse.Namespace, engine, component: str):
+    """The windowed telemetry and, unless --metrics-port is 0, the operator's listener serving it."""
+    from traceless.http.serve import OperatorListener
+    from traceless.server.operator_app import create_operator_app
+    from traceless.server.telemetry import Telemetry
+
+    telemetry = Telemetry(window_policy(args, component), engine)
+    if args.metrics_port == 0:
+        return telemetry, None
+    return telemetry, OperatorListener(create_operator_app(telemetry, component), args.metrics_host,
+                                       args.metrics_port)
 
 
 def build_async_engine(args: argparse.Namespace):
@@ -46,10 +84,19 @@ def _serve(args: argparse.Namespace) -> int:
     from traceless.http.serve import run_uvicorn
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 
+    window_policy(args, "server")  # a bad telemetry setting fails before the model loads
+    if args.scrub_freed_memory:
+        reexec_with_scrubbing()
     configure_logging()
     engine = build_async_engine(args)
     settings = ServerSettings(args.served_model_name or engine.model_name,
                               args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
                               stream_shape=stream_shape(args))
-    run_uvicorn(create_app(engine, settings), args.host, args.port, "server")
+    telemetry, operator = telemetry_for(args, engine, "server")
+    # uvloop reads every connection's bytes into one long-lived buffer, which would keep the last
+    # plaintext request until a later read overwrites it: a scrubbing server uses asyncio's loop,
+    # which reads into fresh (freed, hence scrubbed) buffers. (A node reads only ciphertext.)
+    loop = "asyncio" if args.scrub_freed_memory else "auto"
+    run_uvicorn(create_app(engine, settings, telemetry), args.host, args.port, "server", loop=loop,
+                operator=operator)
     return 0

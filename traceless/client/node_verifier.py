@@ -1,11 +1,16 @@
 """Decide whether a candidate node may receive a request: refuse anything unproven, before
 anything is sent.
 
-A node passes when (1) its attestation is signed by a trusted attester key, is within its validity
-period, and binds exactly the OHTTP key configuration offered with it, and (2) the measurement it
-attests is included in the transparency log, proven against a signed tree head that is consistent
-with every tree head this client has seen before. Proven measurements are remembered: the log is
-append-only, and every later tree head is checked for consistency with the earlier ones.
+A node passes when
+  1. its attestation is signed by a trusted attester key, by an attester type the client's policy
+     allows (the software attester only under the explicit development policy), carries the
+     client's own nonce (so it was made for this client now: a gateway cannot replay an old one),
+     is within its validity period (CLOCK_LEEWAY_S of skew either way), and binds exactly the OHTTP
+     keys offered with it;
+  2. the measurement it attests is a release in the transparency log (`ReleaseLookup`: proven
+     against a signed tree head consistent with every head seen before), and that release allows
+     the capacity the document claims.
+The capacity the client then draws by is the attested one (node_choice.py).
 """
 from __future__ import annotations
 
@@ -15,32 +20,37 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from traceless.events import emit
+from traceless.privacy.attestation.policy import AttesterTypeRefusedError, check_attester_type
 from traceless.privacy.attestation.software import (
     AttestationError,
     AttestationExpiredError,
     AttestationNotYetValidError,
     BadSignatureError,
+    NonceMismatchError,
     OhttpKeyMismatchError,
+    UnsupportedEvidenceError,
     UntrustedKeyError,
+    document_kid,
+    trusted_by_kid,
     verify_attestation,
 )
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
-from traceless.privacy.translog.client import InclusionProofError, LogClient, LogClientError, measurement_leaf
-from traceless.privacy.translog.merkle import leaf_hash
+from traceless.privacy.translog.client import LogClient, LogClientError
+from traceless.privacy.translog.release_index import ReleaseIndex, ReleaseLookup, ReleaseNotLoggedError
 
 if TYPE_CHECKING:
     from traceless.client.private_client import ClientConfig
-
-STH_REFRESH_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
 class VerifiedNode:
     node_id: str
-    capacity: int
-    key_config: KeyConfig
+    capacity: int  # attested, and allowed by the node's logged release
+    key_config: KeyConfig  # the newest of the node's live OHTTP keys
     measurement: bytes
+    attester_kid: str
+    verified_at: float
 
 
 class NodeRefused(Exception):
@@ -51,53 +61,55 @@ class NodeRefused(Exception):
 
 _REASONS = ((UntrustedKeyError, "untrusted_key"), (BadSignatureError, "bad_signature"),
             (AttestationExpiredError, "expired"), (AttestationNotYetValidError, "expired"),
-            (OhttpKeyMismatchError, "key_mismatch"))
+            (OhttpKeyMismatchError, "key_mismatch"), (NonceMismatchError, "stale"),
+            (AttesterTypeRefusedError, "attester_type"), (UnsupportedEvidenceError, "unsupported_evidence"))
 
 
 class NodeVerifier:
-    def __init__(self, config: ClientConfig) -> None:
-        self._attester_keys = config.attester_keys
+    """`releases` defaults to a ReleaseIndex over the configured log (tests pass a stub)."""
+
+    def __init__(self, config: ClientConfig, releases: ReleaseLookup | None = None) -> None:
+        self._attester_keys = trusted_by_kid(config.attester_keys)
+        self._policy = config.attester_policy
+        self._leeway_s = config.clock_leeway_s
         self._log = LogClient(config.log_url, config.log_public_key)
-        self._proven: set[bytes] = set()
-        self._sth_checked_at = 0.0
+        self._releases = releases if releases is not None else ReleaseIndex(self._log)
 
     def close(self) -> None:
         self._log.close()
 
-    def verify_all(self, offered: list[dict]) -> list[VerifiedNode]:
+    def verify_all(self, offered: list, expected_nonce: bytes) -> list[VerifiedNode]:
         out = []
         for entry in offered:
             try:
-                out.append(self.verify(entry))
+                out.append(self.verify(entry, expected_nonce=expected_nonce))
             except NodeRefused as refused:
                 emit("client.refused_node", reason=refused.reason)
         return out
 
-    def verify(self, entry: dict, now: float | None = None) -> VerifiedNode:
+    def verify(self, entry: dict, *, expected_nonce: bytes, now: float | None = None) -> VerifiedNode:
         now = time.time() if now is None else now
         try:
-            configs = decode_ohttp_keys(base64.b64decode(entry["ohttp_keys"], validate=True))
-            key_config = configs[0]
-            claims = verify_attestation(entry["attestation"], self._attester_keys, now,
-                                        ohttp_key_config=key_config.encode())
-            node_id, capacity = str(entry["node_id"]), int(entry.get("capacity", 1))
+            ohttp_keys = base64.b64decode(entry["ohttp_keys"], validate=True)
+            key_config = decode_ohttp_keys(ohttp_keys)[0]  # newest first
+            claims = verify_attestation(entry["attestation"], self._attester_keys.values(), now, expected_nonce,
+                                        ohttp_keys=ohttp_keys, leeway_s=self._leeway_s)
+            check_attester_type(self._policy, claims.attester_type)
+            node_id = entry["node_id"]
+            if not isinstance(node_id, str):
+                raise TypeError("node_id")
         except AttestationError as exc:
             raise NodeRefused(next((r for t, r in _REASONS if isinstance(exc, t)), "malformed")) from None
         except (KeyError, IndexError, ValueError, TypeError, *OHTTP_ERRORS):
             raise NodeRefused("malformed") from None
         combined = claims.measurement.combined
-        self._prove(combined, now)
-        return VerifiedNode(node_id, capacity, key_config, combined)
-
-    def _prove(self, combined: bytes, now: float) -> None:
         try:
-            if now - self._sth_checked_at > STH_REFRESH_S or combined not in self._proven:
-                sth = self._log.update()  # signature + consistency with the last head seen
-                self._sth_checked_at = now
-                if combined not in self._proven:
-                    self._log.prove_inclusion(leaf_hash(measurement_leaf(combined)), sth)
-                    self._proven.add(combined)
-        except InclusionProofError:
+            release = self._releases.release_for(combined)
+        except ReleaseNotLoggedError:
             raise NodeRefused("not_in_log") from None
         except LogClientError:
             raise NodeRefused("log_error") from None
+        if not release.allows_capacity(claims.capacity):
+            raise NodeRefused("capacity_not_allowed")
+        return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now)
+

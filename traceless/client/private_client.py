@@ -1,30 +1,45 @@
 """PrivateClient: an OpenAI call over the private path (docs/private-path.md).
 
     tokens      issuer /token-request-batch (API key)      -> Privacy Pass type-2 tokens, unlinkable
-    candidates  relay -> gateway /pcc/v1/nodes              -> K nodes, capacity-weighted at random
-    verify      attestation (trusted attester key, expiry, OHTTP key binding)
-                + measurement included in the transparency log (signed tree head, consistent
-                  with the last one seen)                    -> refuse anything else, before sending
+    candidates  relay -> gateway /pcc/v1/nodes?nonce=N      -> the model's nodes, each with a document
+                                                              its node made now for the client's nonce
+    verify      attestation (trusted attester key, attester type allowed by policy, nonce, validity
+                with clock leeway, OHTTP keys bound) + a logged release that allows the attested
+                capacity                                    -> refuse anything else, before sending
+    draw        the client itself, by attested capacity    (node_choice.py; never the gateway's order)
     request     OHTTP (chunked when streaming) via relay -> gateway -> node, PrivateToken header
-    retry       once, on the next verified candidate, if the node fails before answering
+    resend      only if the first send provably never left: the connection to the relay could not
+                be opened (nothing was sent), then to another verified node; after a 5xx, a
+                broken or truncated response the error is surfaced and nothing is resent (the
+                node may have run it, and a gateway that could trigger resends could re-roll the
+                client's draw until it lands on a node of its choosing)
 
-The client also watches which nodes it is offered and warns when one gets implausibly more than
-its capacity share (a client-side check that routing is not aimed at it).
+Verified candidates are kept for `attestation_max_age_s` and then fetched again with a new nonce
+(0: a new nonce for every request). audit/attestation_freshness.py measures both; the default is
+chosen there. The client also watches where its requests are answered and warns when one node
+answers implausibly more than its attested capacity share.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import random
+import secrets
+import time
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 import httpx
 
+from traceless.client.node_choice import draw_node
 from traceless.client.node_verifier import NodeVerifier, VerifiedNode
 from traceless.client.routing_watch import RoutingWatch
 from traceless.client.tokens import TokenWallet
 from traceless.events import emit
+from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamDecoder
 from traceless.privacy.ohttp.chunked import split_chunks
@@ -43,9 +58,23 @@ class ClientConfig:
     attester_keys: tuple[bytes, ...]  # Ed25519 keys trusted to sign node attestations
     model: str
     origin_name: str = "traceless"
-    candidates: int = 3
+    candidates: int = 1000  # how many of the model's nodes to ask for (the gateway's cap): all of them
     token_batch: int = 16
     timeout_s: float = 300.0
+    # PRODUCTION refuses the software attester; only a deployment that says so (traceless up) uses
+    # DEVELOPMENT.
+    attester_policy: AttesterPolicy = AttesterPolicy.PRODUCTION
+    # Measured (python -m traceless.audit.attestation_freshness, 2 shared CPU cores, loopback): a round with
+    # a fresh nonce costs ~12 ms for 2 nodes, ~64 ms for 8, ~222 ms for 32; at one request a second a
+    # 60 s maximum age makes that ~0.2 / 1.1 / 3.7 ms per request, and bounds how long a replayed document
+    # could be used to 60 s (+ clock leeway). It must stay below the nodes' key overlap (600 s). 0 = a nonce
+    # per request.
+    attestation_max_age_s: float = 60.0
+    clock_leeway_s: int = CLOCK_LEEWAY_S
+
+    def __post_init__(self) -> None:
+        if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:
+            raise ValueError("attestation_max_age_s and clock_leeway_s must be >= 0 and candidates >= 1")
 
 
 class PrivateClientError(Exception):
@@ -61,31 +90,40 @@ class UpstreamError(PrivateClientError):
 
 
 class AsyncPrivateClient:
-    def __init__(self, config: ClientConfig, http: httpx.AsyncClient | None = None):
+    def __init__(self, config: ClientConfig, http: httpx.AsyncClient | None = None,
+                 rng: random.Random | None = None):
         self.config = config
         self._http = http or httpx.AsyncClient(timeout=config.timeout_s)
         self._relay = config.relay_url.rstrip("/")
         self.wallet = TokenWallet(config, self._http)
         self.verifier = NodeVerifier(config)
         self.routing = RoutingWatch()
+        self._rng = rng if rng is not None else secrets.SystemRandom()
+        self._verified: list[VerifiedNode] = []
+        self._verified_at = -float("inf")
 
     async def aclose(self) -> None:
         await self._http.aclose()
         self.verifier.close()
 
-    async def _candidates(self) -> list[VerifiedNode]:
-        r = await self._http.get(self._relay + "/pcc/v1/nodes", params={"model": self.config.model,
-                                                                         "k": self.config.candidates})
+    async def _verified_candidates(self) -> list[VerifiedNode]:
+        """The verified candidates, fetched again with a new nonce once older than the maximum age."""
+        now = time.monotonic()
+        if self._verified and now - self._verified_at < self.config.attestation_max_age_s:
+            return self._verified
+        nonce = os.urandom(32)
+        r = await self._http.get(self._relay + "/pcc/v1/nodes", params={
+            "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()})
         if r.status_code != 200:
             raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {r.status_code})")
         offered = r.json().get("nodes", [])
-        verified = await asyncio.to_thread(self.verifier.verify_all, offered)
-        if offered:
-            warning = self.routing.observe(offered[0], offered)
-            if warning:
-                warnings.warn(warning, RuntimeWarning, stacklevel=3)
+        if not isinstance(offered, list):
+            raise PrivateClientError("the gateway's candidate list is malformed")
+        verified = await asyncio.to_thread(self.verifier.verify_all, offered, nonce)
+        emit("client.candidates", offered=len(offered), verified=len(verified), fresh=True)
         if not verified:
             raise PrivateClientError("no offered node could be verified; nothing was sent")
+        self._verified, self._verified_at = verified, now
         return verified
 
     def _encapsulate(self, node: VerifiedNode, path: bytes, body: bytes, stream: bool):
@@ -102,29 +140,62 @@ class AsyncPrivateClient:
         path: the response dict, or an async iterator of SSE event bytes when body asks to stream."""
         stream = body.get("stream") is True
         payload = json.dumps(body).encode()
-        candidates = asyncio.create_task(self._candidates())  # overlaps with taking a token
+        candidates = asyncio.create_task(self._verified_candidates())  # overlaps with taking a token
         try:
             token = await self.wallet.take()
         finally:
             nodes = await candidates
-        last: Exception | None = None
-        attempts = 0
-        for node in nodes[:2]:  # retry once on another candidate
-            for _ in range(2):  # and once with a fresh challenge if the gateway rejected the token
-                attempts += 1
-                try:
-                    result = await self._send(node, path.encode(), payload, stream, token)
-                    emit("client.request", ok=True, attempts=attempts, stream=stream)
-                    return result
-                except _TokenRejected:
-                    self.wallet.invalidate()
-                    token = await self.wallet.take()
-                except (httpx.TransportError, _NodeFailed) as exc:
-                    last = exc
-                    token = await self.wallet.take()  # that token may have been spent
-                    break
+        node = draw_node(nodes, self._rng)
+        attempts, resent, token_renewed = 0, False, False
+        while True:
+            attempts += 1
+            try:
+                result = await self._send(node, path.encode(), payload, stream, token)
+            except _TokenRejected:  # refused by the gateway's token check, before any forwarding
+                if token_renewed:
+                    return self._failed(attempts, stream, PrivateClientError("the gateway refused fresh tokens"))
+                token_renewed = True
+                self.wallet.invalidate()
+                token = await self.wallet.take()
+                continue
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # The connection to the relay never opened: nothing was sent, so the prompt may go,
+                # once, to another node of the client's own draw (the token was not spent either).
+                others = [n for n in nodes if n.node_id != node.node_id]
+                if resent or not others:
+                    return self._failed(attempts, stream, PrivateClientError("the relay could not be reached"), exc)
+                resent, node = True, draw_node(others, self._rng)
+                continue
+            except (httpx.TransportError, _NodeFailed) as exc:
+                self._verified = []  # the next request starts from a fresh round (a dead node is not offered)
+                return self._failed(attempts, stream, PrivateClientError(
+                    "the node or a hop failed after the request was sent; it was not resent"), exc)
+            emit("client.request", ok=True, attempts=attempts, stream=stream)
+            self._watch(node, nodes)
+            return result if isinstance(result, dict) else self._forget_on_failure(result)
+
+    async def _forget_on_failure(self, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+        """Pass a stream through; if it breaks off, the next request starts from a fresh round."""
+        try:
+            async for event in events:
+                yield event
+        except PrivateClientError:
+            self._verified = []
+            raise
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _failed(self, attempts: int, stream: bool, error: PrivateClientError,
+                cause: Exception | None = None) -> NoReturn:
         emit("client.request", ok=False, attempts=attempts, stream=stream)
-        raise PrivateClientError("the chosen nodes failed to answer") from last
+        raise error from cause
+
+    def _watch(self, node: VerifiedNode, nodes: list[VerifiedNode]) -> None:
+        warning = self.routing.observe(node.node_id, {n.node_id: n.capacity for n in nodes})
+        if warning:
+            warnings.warn(warning, RuntimeWarning, stacklevel=4)
 
     async def _send(self, node: VerifiedNode, path: bytes, payload: bytes, stream: bool, token):
         enc, ctx, kind = self._encapsulate(node, path, payload, stream)

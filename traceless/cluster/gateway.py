@@ -1,7 +1,10 @@
 """The gateway (`traceless gateway`): untrusted load balancer of the private path.
 
-    POST /pcc/v1/register          node -> {"node_id"}              (registry.py)
-    GET  /pcc/v1/nodes?model&k     K capacity-weighted candidates   (routing.py)
+    POST /pcc/v1/register          node -> {"node_id"}              (admission.py, registry.py)
+    GET  /pcc/v1/nodes?model&k[&nonce]
+                                   K capacity-weighted candidates (routing.py); with a client's
+                                   nonce, each with a document its node made for that nonce
+                                   now (health.py), and only the nodes that could
     GET  /pcc/v1/challenge         WWW-Authenticate: PrivateToken ...
     POST /pcc/v1/ohttp/{node_id}   token check, then the body to {node}/pcc/v1/ohttp and the
                                    node's response streamed back as it comes
@@ -10,6 +13,9 @@ What it sees: ciphertext, a token, a model name. It cannot decrypt (it holds no 
 and cannot tell who sent a request (the relay hides the address; tokens are unlinkable to
 their issuance). Routing gets the model, the nodes' capacity and health, and randomness, and
 nothing from the request. To a node it forwards the body and its content-type, nothing else.
+Capacities are what the nodes' attestations claim and their logged release allows; the
+listing carries none of the gateway's own: clients read capacity from the documents and draw
+their node themselves.
 """
 from __future__ import annotations
 
@@ -28,9 +34,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from traceless.cluster.health import health_loop
+from traceless.cluster.admission import AdmissionPolicy, admit, parse_attester_key
+from traceless.cluster.health import fresh_attestation, health_loop
 from traceless.cluster.issuer_directory import issuer_name
-from traceless.cluster.registry import NodeRegistration, NodeRegistry
+from traceless.cluster.registry import NodeRegistration, NodeRegistry, RegistryFullError, StaleRegistrationError
 from traceless.cluster.routing import NoNodeAvailableError, choose_nodes
 from traceless.errors import InvalidRequestError
 from traceless.events import emit
@@ -38,21 +45,27 @@ from traceless.http.app import create_app, endpoint
 from traceless.http.body import parse_json, read_body, require_media_type
 from traceless.http.errors import ApiError
 from traceless.http.upstream import UpstreamStream, upstream_client, upstream_error
+from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
+from traceless.privacy.attestation.software import NONCE_MAX, NONCE_MIN
 from traceless.privacy.ohttp.media import REQUEST_MEDIA_TYPES
 from traceless.privacy.privacypass.errors import DoubleSpendError, SpentSetFullError, TokenRejectedError
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
 from traceless.privacy.privacypass.verifier import Verifier
+from traceless.privacy.translog.release_index import ReleaseLookup
 
 COMPONENT = "gateway"
 MAX_REGISTRATION_BYTES = 256 * 1024
 MAX_K = 1000
 _UINT = re.compile(r"[0-9]{1,6}")
+_HEX = re.compile(r"[0-9a-fA-F]*")
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
-    """Gateway settings. `privacy=False` skips the token check (benchmarks only)."""
+    """Gateway settings. `privacy=False` skips the token check (benchmarks only). The attester
+    policy is PRODUCTION unless a deployment says DEVELOPMENT (which trusts software attester keys
+    on proof of possession, or only `trusted_attester_keys` when that is set)."""
 
     issuer_url: str | None = None
     privacy: bool = True
@@ -66,6 +79,15 @@ class GatewayConfig:
     challenge_grace_s: float = 300.0
     max_spent_entries: int = 1_000_000
     node_read_timeout_s: float = 600.0
+    attester_policy: AttesterPolicy = AttesterPolicy.PRODUCTION
+    trusted_attester_keys: tuple[bytes, ...] = ()
+    max_nodes: int = 1024
+    registration_max_age_s: float = 600.0
+
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return AdmissionPolicy(self.attester_policy, self.trusted_attester_keys, self.registration_max_age_s,
+                               CLOCK_LEEWAY_S)
 
     def __post_init__(self) -> None:
         if not (self.health_interval_s > 0 and self.health_timeout_s > 0):
@@ -74,6 +96,8 @@ class GatewayConfig:
             raise ValueError("unhealthy_after, default_k and max_body_bytes must be positive")
         if self.privacy and not self.issuer_url:
             raise ValueError("the token check needs the issuer's URL")
+        if self.max_nodes < 1 or not self.registration_max_age_s > 0:
+            raise ValueError("max_nodes and registration_max_age_s must be positive")
 
 
 def build_verifier(
@@ -92,6 +116,16 @@ def _token_required(verifier: Verifier, message: str, code: str) -> ApiError:
                     headers={"WWW-Authenticate": verifier.www_authenticate()})
 
 
+def _nonce(request: Request) -> bytes | None:
+    raw = request.query_params.get("nonce")
+    if raw is None:
+        return None
+    if not _HEX.fullmatch(raw) or len(raw) % 2 or not NONCE_MIN <= len(raw) // 2 <= NONCE_MAX:
+        raise ApiError(400, f"nonce must be {NONCE_MIN} to {NONCE_MAX} bytes in hex", param="nonce",
+                       code="invalid_parameter")
+    return bytes.fromhex(raw)
+
+
 def _k(request: Request, default: int) -> int:
     raw = request.query_params.get("k")
     if raw is None:
@@ -104,10 +138,12 @@ def _k(request: Request, default: int) -> int:
 class Gateway:
     """The route handlers; `registry` and `verifier` are public so tests can inspect them."""
 
-    def __init__(self, config: GatewayConfig, verifier: Verifier | None, rng: random.Random) -> None:
+    def __init__(self, config: GatewayConfig, verifier: Verifier | None, releases: ReleaseLookup,
+                 rng: random.Random) -> None:
         self.config = config
         self.verifier = verifier
-        self.registry = NodeRegistry(config.unhealthy_after)
+        self.registry = NodeRegistry(config.unhealthy_after, config.max_nodes)
+        self._releases = releases
         self._rng = rng
         self._client: httpx.AsyncClient | None = None  # opened by the app's lifespan
 
@@ -115,7 +151,8 @@ class Gateway:
     async def lifespan(self, app: Starlette):
         self._client = upstream_client(self.config.node_read_timeout_s)
         checks = asyncio.create_task(health_loop(
-            self.registry, self._client, self.config.health_interval_s, self.config.health_timeout_s))
+            self.registry, self._client, self.config.health_interval_s, self.config.health_timeout_s,
+            self.config.admission))
         try:
             yield
         finally:
@@ -135,7 +172,24 @@ class Gateway:
             registration = NodeRegistration.from_json(parse_json(body))
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), code="invalid_registration") from None
-        node_id, is_new = self.registry.register(registration)
+        attester_key = parse_attester_key(registration.attester_key)
+        try:
+            # Off the event loop: the release lookup may read the transparency log.
+            admitted = await asyncio.to_thread(admit, self.config.admission, self._releases, attester_key,
+                                               registration)
+            node_id, is_new = self.registry.register(registration, attester_key, admitted.claims.capacity,
+                                                     admitted.claims.iat)
+        except ApiError as exc:
+            emit("gateway.registration_refused", reason=exc.code)
+            raise
+        except StaleRegistrationError:
+            emit("gateway.registration_refused", reason="stale_registration")
+            raise ApiError(409, "this key registered with a newer attestation; send a fresh one",
+                           code="stale_registration") from None
+        except RegistryFullError:
+            emit("gateway.registration_refused", reason="registry_full")
+            raise ApiError(503, "the gateway's registry is full", type="server_error", code="registry_full",
+                           headers={"Retry-After": "60"}) from None
         emit("gateway.node_registered", new=is_new, nodes=len(self.registry))
         return JSONResponse({"node_id": node_id})
 
@@ -143,21 +197,32 @@ class Gateway:
         model = request.query_params.get("model")
         if not model:
             raise ApiError(400, "query parameter 'model' is required", param="model", code="invalid_parameter")
-        k = _k(request, self.config.default_k)
+        k, nonce = _k(request, self.config.default_k), _nonce(request)
         try:
             chosen = choose_nodes(model, self.registry.routing_entries(), k, self._rng)
         except NoNodeAvailableError:
-            raise ApiError(404, "no healthy node serves this model", type="not_found_error",
-                           param="model", code="model_not_found") from None
-        listed = []
-        for entry in chosen:
-            record = self.registry.get(entry.node_id)
-            if record is None:  # cannot happen: routing_entries() listed it, with no await in between
-                raise RuntimeError("a routed node is not in the registry")
-            reg = record.registration
-            listed.append({"node_id": entry.node_id, "capacity": reg.capacity,
-                           "attestation": reg.attestation, "ohttp_keys": reg.ohttp_keys})
+            raise _no_node() from None
+        records = [self.registry.get(entry.node_id) for entry in chosen]
+        if any(record is None for record in records):  # cannot happen: no await since routing_entries()
+            raise RuntimeError("a routed node is not in the registry")
+        listed = [{"node_id": r.node_id, "attestation": r.registration.attestation,
+                   "ohttp_keys": r.registration.ohttp_keys} for r in records if r is not None]
+        if nonce is not None:
+            listed = await self._freshly_attested(listed, nonce)
+        if not listed:
+            raise _no_node()
         return JSONResponse({"nodes": listed})
+
+    async def _freshly_attested(self, listed: list[dict], nonce: bytes) -> list[dict]:
+        """The listed nodes that attest now for the client's nonce, each with that document."""
+        client = self._client
+        if client is None:
+            raise RuntimeError("the gateway's upstream client is not open: the app's lifespan has not started")
+        records = [self.registry.get(entry["node_id"]) for entry in listed]
+        fresh = await asyncio.gather(*(
+            fresh_attestation(client, record, nonce, self.config.health_timeout_s, self.config.admission)
+            for record in records if record is not None))
+        return [{"node_id": entry["node_id"], **doc} for entry, doc in zip(listed, fresh) if doc is not None]
 
     async def challenge(self, request: Request) -> Response:
         if self.verifier is None:
@@ -215,18 +280,25 @@ class Gateway:
         return UpstreamStream(upstream, headers, COMPONENT)
 
 
+def _no_node() -> ApiError:
+    return ApiError(404, "no healthy node serves this model", type="not_found_error", param="model",
+                    code="model_not_found")
+
+
 def create_gateway_app(
     config: GatewayConfig,
     issuer_keys: Sequence[IssuerPublicKey] = (),
     *,
+    releases: ReleaseLookup,
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Starlette:
-    """The gateway app. Routing draws from `secrets.SystemRandom` unless a test passes `rng`."""
+    """The gateway app. `releases` answers which logged release a node's measurement is (admission).
+    Routing draws from `secrets.SystemRandom` unless a test passes `rng`."""
     if config.privacy and not issuer_keys:
         raise ValueError("the token check needs at least one issuer key")
     verifier = build_verifier(config, issuer_keys, clock) if issuer_keys else None
-    gateway = Gateway(config, verifier, rng if rng is not None else secrets.SystemRandom())
+    gateway = Gateway(config, verifier, releases, rng if rng is not None else secrets.SystemRandom())
     routes = [
         Route("/pcc/v1/register", endpoint(COMPONENT, "register", gateway.register), methods=["POST"]),
         Route("/pcc/v1/nodes", endpoint(COMPONENT, "nodes", gateway.nodes), methods=["GET"]),
@@ -236,5 +308,6 @@ def create_gateway_app(
     app = create_app(COMPONENT, routes, gateway.lifespan)
     app.state.gateway = gateway
     emit("gateway.configured", token_check=config.privacy, issuer_keys=len(issuer_keys),
-         health_interval_s=float(config.health_interval_s), unhealthy_after=config.unhealthy_after)
+         health_interval_s=float(config.health_interval_s), unhealthy_after=config.unhealthy_after,
+         attester_policy=config.attester_policy.value)
     return app

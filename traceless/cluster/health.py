@@ -1,45 +1,71 @@
-"""Background health checks of registered nodes (the gateway's only outbound polling).
+"""Health: a node is healthy when it proves, now, that it is the node registered there.
 
-Every `interval_s`, `GET {node}/health` for every node at once; a 200 within `timeout_s` is a
-pass, anything else (error status, timeout, refused connection) a failure. The registry
-counts consecutive failures and drops a node at its threshold.
+Every `interval_s`, the gateway asks every node at once for a fresh attestation
+(`GET {node}/pcc/v1/attestation?nonce=` with a nonce of its own) and checks it under the node's
+registered attester key: signature, nonce, validity, the URL and the capacity registered. A pass
+needs all of them within `timeout_s`; anything else (error status, timeout, refused connection, a
+document by another key: someone else answering at that URL) is a failure. A bare `/health` 200
+proves nothing about who answered, so it is not used. The registry counts consecutive failures
+and drops a node at its threshold.
+
+`fresh_attestation` is the same check with a client's nonce, for the candidate list: a client
+that sends a nonce gets documents made for it, and a node that cannot produce one is not offered.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import os
 
 import httpx
 
-from traceless.cluster.registry import NodeRegistry
+from traceless.cluster.admission import AdmissionPolicy, verify_document
+from traceless.cluster.registry import NodeRecord, NodeRegistry
 from traceless.events import emit
+from traceless.http.errors import ApiError
 
 
-async def _passes(client: httpx.AsyncClient, url: str, timeout_s: float) -> bool:
+async def fresh_attestation(client: httpx.AsyncClient, record: NodeRecord, nonce: bytes, timeout_s: float,
+                            policy: AdmissionPolicy) -> dict | None:
+    """{"attestation", "ohttp_keys"} made now by the registered node for `nonce`, or None."""
     try:
-        response = await client.get(f"{url}/health", timeout=timeout_s)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200
+        response = await client.get(f"{record.registration.url}/pcc/v1/attestation",
+                                    params={"nonce": nonce.hex()}, timeout=timeout_s)
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("attestation"), str) \
+            or not isinstance(body.get("ohttp_keys"), str):
+        return None
+    try:
+        keys = base64.b64decode(body["ohttp_keys"], validate=True)
+        claims = verify_document(policy, record.attester_key, body["attestation"], keys, nonce)
+    except (ApiError, binascii.Error, ValueError):
+        return None
+    if claims.node_url != record.registration.url or claims.capacity != record.capacity:
+        return None
+    return {"attestation": body["attestation"], "ohttp_keys": body["ohttp_keys"]}
 
 
-async def check_all(registry: NodeRegistry, client: httpx.AsyncClient, timeout_s: float) -> int:
+async def check_all(registry: NodeRegistry, client: httpx.AsyncClient, timeout_s: float,
+                    policy: AdmissionPolicy) -> int:
     """One round of checks; returns how many nodes it dropped."""
     records = registry.records()
     results = await asyncio.gather(
-        *(_passes(client, record.registration.url, timeout_s) for record in records)
+        *(fresh_attestation(client, record, os.urandom(16), timeout_s, policy) for record in records)
     )
     dropped = 0
-    for record, ok in zip(records, results):
-        if registry.record_health(record.node_id, ok):
+    for record, fresh in zip(records, results):
+        if registry.record_health(record.node_id, fresh is not None):
             dropped += 1
             emit("gateway.node_dropped", failures=record.failures + 1, nodes=len(registry))
     return dropped
 
 
-async def health_loop(
-    registry: NodeRegistry, client: httpx.AsyncClient, interval_s: float, timeout_s: float
-) -> None:
+async def health_loop(registry: NodeRegistry, client: httpx.AsyncClient, interval_s: float, timeout_s: float,
+                      policy: AdmissionPolicy) -> None:
     """Check every interval until cancelled."""
     while True:
         await asyncio.sleep(interval_s)
-        await check_all(registry, client, timeout_s)
+        await check_all(registry, client, timeout_s, policy)

@@ -1,14 +1,14 @@
-"""The gateway's node registry: who serves what, with which capacity, and whether it is healthy.
+"""The gateway's node registry: who serves what, with which attested capacity, and whether it is healthy.
 
-A node registers with {"url", "model", "capacity", "attestation", "ohttp_keys"} and gets a
-random 16-byte hex node_id. The id stays the same for that url while the node is registered;
-re-registering refreshes everything else (attestation, keys, model, capacity) and clears its
-failure count. A node that fails `unhealthy_after` consecutive health checks is removed
-outright; if it comes back it registers afresh and gets a new id.
+A node registers with {"url", "model", "attestation", "ohttp_keys", "attester_key"}; admission.py
+decides whether it is admitted. Records are keyed by the attester key: one key holds one record
+(a random 16-byte hex node_id) whatever URLs it names, and re-registering it (a document by the
+same key, no older than the last one accepted) refreshes the URL, attestation and keys and clears
+the failure count. Nothing else can replace a record. The registry holds at most `max_nodes`
+records; a new key beyond that is refused. A node that fails `unhealthy_after` consecutive health
+checks is removed outright; if it comes back it registers afresh and gets a new id.
 
-Routing sees only `routing_entries()`: (node_id, model, capacity, healthy), where healthy
-means its last health check passed. A node that failed a check is not offered to clients
-until it passes again, but it keeps its id until the threshold drops it.
+Routing sees only `routing_entries()`: (node_id, model, attested capacity, healthy).
 
 The registry is confined to the gateway's event loop (no awaits inside its methods), so it
 needs no lock.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import secrets
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
@@ -30,27 +29,36 @@ from traceless.privacy.ohttp.keys import decode_ohttp_keys
 MAX_URL_LEN = 2048
 MAX_MODEL_LEN = 256
 MAX_ATTESTATION_LEN = 64 * 1024
-MAX_CAPACITY = 1e9
-_FIELDS = {"url", "model", "capacity", "attestation", "ohttp_keys"}
+_FIELDS = {"url", "model", "attestation", "ohttp_keys", "attester_key"}
+
+
+class RegistryFullError(Exception):
+    """The registry holds max_nodes records; a new attester key cannot join (HTTP 503)."""
+
+
+class StaleRegistrationError(Exception):
+    """The document is older than the one already accepted for this key (HTTP 409)."""
 
 
 @dataclass(frozen=True, slots=True)
 class NodeRegistration:
-    """A validated registration request. Attestation and keys are opaque to the gateway: it
-    only passes them to clients, who verify them."""
+    """A well-formed registration request (admission.py decides whether it is admitted). There is
+    no capacity field: capacity is read from the attestation, never announced."""
 
     url: str
     model: str
-    capacity: float
     attestation: str = field(repr=False)
     ohttp_keys: str = field(repr=False)  # base64 of application/ohttp-keys
+    attester_key: str = field(repr=False)  # base64 of the raw Ed25519 key that signs the attestation
 
     @classmethod
     def from_json(cls, body: object) -> NodeRegistration:
         if not isinstance(body, dict) or set(body) != _FIELDS:
             raise InvalidRequestError(f"registration must be a JSON object with exactly {sorted(_FIELDS)}")
-        return cls(_url(body["url"]), _model(body["model"]), _capacity(body["capacity"]),
-                   _attestation(body["attestation"]), _ohttp_keys(body["ohttp_keys"]))
+        if not isinstance(body["attester_key"], str) or len(body["attester_key"]) > 64:
+            raise InvalidRequestError("attester_key must be base64 of a raw Ed25519 public key")
+        return cls(_url(body["url"]), _model(body["model"]), _attestation(body["attestation"]),
+                   _ohttp_keys(body["ohttp_keys"]), body["attester_key"])
 
 
 def _url(value: object) -> str:
@@ -65,14 +73,6 @@ def _url(value: object) -> str:
 def _model(value: object) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_MODEL_LEN or not value.isprintable():
         raise InvalidRequestError(f"model must be a printable string of 1..{MAX_MODEL_LEN} characters")
-    return value
-
-
-def _capacity(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError("capacity must be a number")
-    if not (math.isfinite(value) and 0 < value <= MAX_CAPACITY):
-        raise InvalidRequestError(f"capacity must be positive and at most {MAX_CAPACITY:g}")
     return value
 
 
@@ -94,10 +94,14 @@ def _ohttp_keys(value: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """A registered node; `failures` counts consecutive failed health checks."""
+    """A registered node: what admission accepted (the attester key, the attested capacity and the
+    document's issue time); `failures` counts consecutive failed health checks."""
 
     node_id: str
     registration: NodeRegistration
+    attester_key: bytes
+    capacity: int
+    issued_at: int
     failures: int = 0
 
     @property
@@ -105,30 +109,38 @@ class NodeRecord:
         return self.failures == 0
 
     def routing_entry(self) -> RoutingEntry:
-        reg = self.registration
-        return RoutingEntry(self.node_id, reg.model, reg.capacity, self.healthy)
+        return RoutingEntry(self.node_id, self.registration.model, self.capacity, self.healthy)
 
 
 class NodeRegistry:
-    """node_id -> NodeRecord, and url -> node_id for re-registration."""
+    """node_id -> NodeRecord, and attester key -> node_id for re-registration."""
 
-    __slots__ = ("_unhealthy_after", "_nodes", "_by_url")
+    __slots__ = ("_unhealthy_after", "_max_nodes", "_nodes", "_by_key")
 
-    def __init__(self, unhealthy_after: int) -> None:
-        if unhealthy_after < 1:
-            raise ValueError("unhealthy_after must be at least 1")
+    def __init__(self, unhealthy_after: int, max_nodes: int = 1024) -> None:
+        if unhealthy_after < 1 or max_nodes < 1:
+            raise ValueError("unhealthy_after and max_nodes must be at least 1")
         self._unhealthy_after = unhealthy_after
+        self._max_nodes = max_nodes
         self._nodes: dict[str, NodeRecord] = {}
-        self._by_url: dict[str, str] = {}
+        self._by_key: dict[bytes, str] = {}
 
-    def register(self, registration: NodeRegistration) -> tuple[str, bool]:
-        """(node_id, whether the node is new). A known url keeps its id; all else is replaced."""
-        node_id = self._by_url.get(registration.url)
-        is_new = node_id is None
+    def register(self, registration: NodeRegistration, attester_key: bytes, capacity: int,
+                 issued_at: int) -> tuple[str, bool]:
+        """(node_id, whether the node is new) for an admitted registration. A known key keeps its id
+        and gets the new URL, keys and document, if the document is no older than the last one."""
+        node_id = self._by_key.get(attester_key)
         if node_id is None:
+            if len(self._nodes) >= self._max_nodes:
+                raise RegistryFullError("the registry is full")
             node_id = secrets.token_hex(16)
-            self._by_url[registration.url] = node_id
-        self._nodes[node_id] = NodeRecord(node_id, registration)
+            self._by_key[attester_key] = node_id
+            is_new = True
+        else:
+            if issued_at < self._nodes[node_id].issued_at:
+                raise StaleRegistrationError("the document is older than the one this key registered with")
+            is_new = False
+        self._nodes[node_id] = NodeRecord(node_id, registration, attester_key, capacity, issued_at)
         return node_id, is_new
 
     def get(self, node_id: str) -> NodeRecord | None:
@@ -148,7 +160,7 @@ class NodeRegistry:
         failures = 0 if ok else record.failures + 1
         if failures >= self._unhealthy_after:
             del self._nodes[node_id]
-            del self._by_url[record.registration.url]
+            del self._by_key[record.attester_key]
             return True
         self._nodes[node_id] = replace(record, failures=failures)
         return False
@@ -157,6 +169,6 @@ class NodeRegistry:
         return len(self._nodes)
 
     def check_integrity(self) -> None:
-        by_url = {record.registration.url: node_id for node_id, record in self._nodes.items()}
-        if by_url != self._by_url:
-            raise RuntimeError("node registry: url index disagrees with the records")
+        by_key = {record.attester_key: node_id for node_id, record in self._nodes.items()}
+        if by_key != self._by_key or len(self._nodes) > self._max_nodes:
+            raise RuntimeError("node registry: key index disagrees with the records, or it is over its cap")

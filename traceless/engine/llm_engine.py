@@ -233,19 +233,28 @@ class LLMEngine:
         self.tick()
         self._propose()
         plan = self._scheduler.schedule()
+        failed = self._restore_failures()
         if not plan.seqs:
-            return []
+            return failed
         try:
             sampled = self._executor.execute(plan)
         except Exception as exc:  # the batch fails; the engine and every other request go on
             emit("engine.step_failed", num_requests=len(plan.seqs),
                  error_kind="internal" if not isinstance(exc, MemoryError) else "model_error")
-            failed = [self._requests[s.request_id] for s in plan.seqs]
-            return [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in failed]
+            batch = [self._requests[s.request_id] for s in plan.seqs]
+            return failed + [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in batch]
         finally:
             plan.wipe()
         updates = self._scheduler.update_from_output(plan, sampled, self._stop)
-        return [self._output(u) if u.status is None else self._finish(u) for u in updates]
+        return failed + [self._output(u) if u.status is None else self._finish(u) for u in updates]
+
+    def _restore_failures(self) -> list[StepOutput]:
+        """End the requests whose sealed KV failed to restore (finish_reason "error")."""
+        failed = self._scheduler.take_failed()
+        if not failed:
+            return []
+        emit("engine.kv_restore_failed", num_requests=len(failed))
+        return [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in failed]
 
     def _propose(self) -> None:
         """Prompt lookup for every decoding request, from its own tokens only."""
@@ -295,11 +304,11 @@ class LLMEngine:
         if detok is not None:
             detok.wipe()
         del self._requests[request.request_id]
-        now = time.monotonic()
-        first = request.first_token_time
-        emit("request.finished", finish=status.finish_reason, prompt_tokens=request.num_prompt_tokens,
-             output_tokens=request.num_output_tokens, ttft_s=(first - request.arrival_time) if first else 0.0,
-             e2e_s=now - request.arrival_time)
+        if self.config.request_events:  # a benchmark's switch: exact figures of one request, off by default
+            now, first = time.monotonic(), request.first_token_time
+            emit("request.finished", finish=status.finish_reason, prompt_tokens=request.num_prompt_tokens,
+                 output_tokens=request.num_output_tokens, ttft_s=(first - request.arrival_time) if first else 0.0,
+                 e2e_s=now - request.arrival_time)
         request.wipe()
 
     def residue_stats(self, nonzero_blocks: int | None = None) -> ResidueStats:

@@ -21,6 +21,7 @@ from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.speculative import SpecStats
 from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput, TokenLogprobs
+from traceless.errors import KVRestoreError
 from traceless.events import emit
 
 
@@ -79,6 +80,7 @@ class Scheduler:
         self.spec_stats = SpecStats()
         self.num_preemptions = 0
         self._inflight: dict[str, _Chunk] = {}  # the chunks of the plan the runner is executing
+        self._failed: list[Request] = []  # could not resume this step (KV restore failed)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -126,8 +128,8 @@ class Scheduler:
             n = min(request.num_tokens - request.num_computed_tokens - cached, budget)
             if not self.kv.allocate_slots(request, n, computed):
                 break
-            if swapped:
-                self.kv.swap_in(request)
+            if swapped and not self._swap_in(request):
+                continue
             request.num_computed_tokens += cached
             self.waiting.popleft()
             request.transition(RequestStatus.RUNNING)
@@ -139,6 +141,23 @@ class Scheduler:
             emit("engine.preempted", num_requests=preempted)
         self._inflight = {c.request.request_id: c for c in chunks}
         return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted)
+
+    def _swap_in(self, request: Request) -> bool:
+        """Restore a swapped-out request's KV into its fresh blocks. If its sealed KV cannot be
+        restored, the request leaves the queue for `take_failed` (the engine ends it through its
+        single release path, which zeroes the blocks it was just given); the others go on."""
+        try:
+            self.kv.swap_in(request)
+        except KVRestoreError:
+            self.waiting.popleft()
+            self._failed.append(request)
+            return False
+        return True
+
+    def take_failed(self) -> list[Request]:
+        """Requests that schedule() could not resume (their sealed KV failed to restore)."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def _plan(self, chunk: _Chunk) -> ScheduledSeq:
         """The runner's copy of a chunk: plain data, wiped after the step."""

@@ -99,7 +99,10 @@ class ModelInfo:
     num_layers: int
     device: str  # "cpu" | "cuda"
     dtype: str  # "float32" | "bfloat16" | "float16"
-    attention: str  # "native" | "torch"
+    attention: str  # "native" | "torch" | "triton"
+    load_format: str = "auto"  # "dummy": random weights of a real shape (benchmarks only)
+    cuda_graphs: int = 0  # decode batch sizes captured as CUDA graphs (0: eager)
+    capture_s: float = 0.0  # seconds spent capturing them at start
 
 
 class ModelExecutor(Protocol):

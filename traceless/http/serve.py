@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from traceless.events import emit
@@ -16,20 +17,69 @@ from traceless.events import emit
 def uvicorn_config(app: Any, **options: Any):
     import uvicorn
 
+    options.setdefault("lifespan", "on")
     return uvicorn.Config(app, access_log=False, log_config=None, server_header=False, date_header=False,
-                          lifespan="on", **options)
+                          **options)
 
 
-def run_uvicorn(app: Any, host: str, port: int, component: str) -> None:
+@dataclass(frozen=True, slots=True)
+class OperatorListener:
+    """A second listener, for the operator only (metrics): its own host and port, never the public one."""
+
+    app: Any
+    host: str
+    port: int
+
+
+def run_uvicorn(app: Any, host: str, port: int, component: str, loop: str = "auto",
+                operator: OperatorListener | None = None, extra_ports: tuple[int, ...] = ()) -> None:
+    """`loop`: uvicorn's event loop ("auto": uvloop where installed; "asyncio": the standard one,
+    which reads every packet into a fresh buffer instead of uvloop's long-lived receive buffer).
+    `operator`: served from a thread of its own, started first; the public app runs here.
+    `extra_ports`: the same server and app also listen on host:P for each P (the app can tell the
+    ports apart by the ASGI scope's `server`)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn_config(app, host=host, port=port))
-    emit("service.started", component=component, port=port)
+    if operator is not None:
+        _start_operator(operator, component)
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, loop=loop))
+    sockets = [_listen(host, p) for p in extra_ports]
+    emit("service.started", component=component, port=port, listener="public")
     try:
-        server.run()
+        if sockets:
+            server.run(sockets=[_listen(host, port), *sockets])
+        else:
+            server.run()
     except KeyboardInterrupt:
         pass
+    finally:
+        for sock in sockets:
+            sock.close()
     emit("service.stopped", component=component)
+
+
+def _start_operator(listener: OperatorListener, component: str) -> None:
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn_config(listener.app, host=listener.host, port=listener.port, lifespan="off",
+                                           loop="asyncio"))
+    thread = threading.Thread(target=server.run, name="traceless-operator", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise SystemExit(f"traceless {component}: the operator listener could not listen on "
+                             f"{listener.host}:{listener.port}")
+        time.sleep(0.01)
+    emit("service.started", component=component, port=listener.port, listener="operator")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
 
 
 @contextmanager

@@ -21,6 +21,7 @@ class Service:
     url: str
     proc: subprocess.Popen
     log_path: Path
+    metrics_url: str  # the operator's listener (GET /metrics)
 
     def logs(self) -> bytes:
         return self.log_path.read_bytes() if self.log_path.exists() else b""
@@ -28,17 +29,19 @@ class Service:
 
 @contextmanager
 def spawn_serve(*args: str, name: str = "serve", workdir: Path | None = None):
-    """`traceless serve ARGS` on a free port; yields a Service; stops it (SIGINT) on exit. Without a
-    `workdir`, the service runs in a temporary one that is removed with it."""
+    """`traceless serve ARGS` on a free port (its operator listener on another); yields a Service;
+    stops it (SIGINT) on exit. Without a `workdir`, the service runs in a temporary one that is
+    removed with it."""
     owned = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="traceless-audit-"))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log_path = workdir / f"{name}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", "serve", "--port", str(port), *args],
+        proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", "serve", "--port", str(port),
+                                 "--metrics-port", str(metrics_port), *args],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    service = Service(name, f"http://127.0.0.1:{port}", proc, log_path)
+    service = Service(name, f"http://127.0.0.1:{port}", proc, log_path, f"http://127.0.0.1:{metrics_port}")
     try:
         wait_ready(proc, service.url + "/health", what=name)
         yield service

@@ -1,8 +1,10 @@
 """`traceless up`: the whole private path on loopback, each component its own process.
 
-Order: transparency log (this installation's node measurement appended) -> issuer (a demo API
-key) -> gateway -> relay -> nodes -> proxy. Each node prints its attester public key; the proxy
-trusts exactly those keys and the log's key. Services write their event logs (content-free by
+Order: transparency log (this installation's release appended: its manifest, allowing the
+capacities given) -> issuer (a demo API key) -> gateway -> relay -> nodes -> proxy. Each node prints
+its attester public key; the proxy trusts exactly those keys and the log's key. Attestation is the
+software attester's, so the gateway and the proxy run under the explicit DEVELOPMENT attester
+policy, and `up` says so. Services write their event logs (content-free by
 construction) to STATE/logs/. Ctrl-C stops everything; a temporary state directory is removed.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Deployment:
         self.state = Path(opts.state_dir) if opts.state_dir else Path(tempfile.mkdtemp(prefix="traceless-up-"))
         self.temporary = opts.state_dir is None
         self.logs = self.state / "logs"
+        self.node_metrics: list[str] = []  # each node's operator (metrics) listener
 
     def link(self, target: str, url: str) -> str:
         """The URL a service's clients use to reach `target` (the service itself; tests put a
@@ -86,15 +89,17 @@ class Deployment:
         from traceless.cli.node import node_measured_config, node_parser
         from traceless.model.loader import resolve_model_path
         from traceless.privacy.attestation.measurement import measure
-        from traceless.privacy.translog.client import measurement_leaf
         from traceless.privacy.translog.log import TransparencyLog
+        from traceless.privacy.translog.manifest import ReleaseManifest
 
         node_ns = node_parser().parse_args(self.opts.node_args)
-        combined = measure(resolve_model_path(node_ns.model), node_measured_config(node_ns)).combined
+        config = node_measured_config(node_ns)
+        measured = measure(resolve_model_path(node_ns.model), config)
+        release = ReleaseManifest(measured.code, measured.model, config, tuple(sorted(set(self.opts.capacities))))
         log = TransparencyLog.open_or_create(self.state / "log")
-        if log.leaf_index(_leaf_hash(measurement_leaf(combined))) is None:
-            log.append(measurement_leaf(combined))
-        self.measurement = combined.hex()
+        if log.leaf_index(_leaf_hash(release.encode())) is None:
+            log.append(release.encode())
+        self.measurement = measured.combined.hex()
         port = free_port()
         proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--port", str(port))
         url = f"http://127.0.0.1:{port}"
@@ -108,14 +113,17 @@ class Deployment:
         self.wait_ready(name, proc, url + ready_path)
         return url
 
-    def _nodes(self, gateway: str) -> tuple[list[str], list[str], str]:
+    def _nodes(self, gateway: str, log: tuple[str, str]) -> tuple[list[str], list[str], str]:
         started = []
         for i, cap in enumerate(self.opts.capacities):
-            port = free_port()
+            port, metrics_port = free_port(), free_port()
             name = f"node{i}"
             url = f"http://127.0.0.1:{port}"
+            self.node_metrics.append(f"http://127.0.0.1:{metrics_port}")  # the operator's listener
             proc = self.spawn(name, "node", *self.opts.node_args, "--port", str(port), "--gateway", gateway,
+                              "--metrics-port", str(metrics_port),
                               "--capacity", str(cap), "--register-interval", "30",
+                              "--log", log[0], "--log-public-key", log[1],
                               "--public-url", self.link(name, url))
             started.append((name, proc, url))
         keys = []
@@ -146,20 +154,25 @@ class Deployment:
             path.write_text(text)
             path.chmod(0o600)
         issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file))
-        gateway = self._service("gateway", "/pcc/v1/challenge", "--issuer", issuer)
+        print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
+              "a node runs; production refuses it)", file=sys.stderr, flush=True)
+        gateway = self._service("gateway", "/pcc/v1/challenge", "--issuer", issuer, "--log", log_url,
+                                "--log-public-key", log_key, "--attester-policy", "development")
         relay = self._service("relay", "/pcc/v1/challenge", "--gateway", self.link("gateway", gateway))
-        nodes, attester_keys, model = self._nodes(gateway)
+        nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
         proxy_args = ["--issuer", issuer, "--api-key-file", str(key_file), "--relay", self.link("relay", relay),
                       "--log", log_url,
-                      "--log-public-key", log_key, "--model", model, "--port", str(self.opts.port)]
+                      "--log-public-key", log_key, "--model", model, "--port", str(self.opts.port),
+                      "--attester-policy", "development"]
         for k in attester_keys:
             proxy_args += ["--attester-key", k]
         proc = self.spawn("proxy", "proxy", *proxy_args)
         proxy = f"http://127.0.0.1:{self.opts.port}"
         self.wait_ready("proxy", proc, proxy + "/health")
         endpoints = {"log": log_url, "issuer": issuer, "relay": relay, "gateway": gateway, "proxy": proxy,
-                     "nodes": nodes, "api_key": api_key, "model": model, "log_public_key": log_key,
+                     "nodes": nodes, "node_metrics": self.node_metrics, "api_key": api_key, "model": model,
+                     "log_public_key": log_key,
                      "attester_keys": attester_keys, "measurement": self.measurement}
         (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         return endpoints

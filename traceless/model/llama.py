@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
-from traceless.model.layers.attention import AttentionMetadata, PagedAttention
+from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
 from traceless.model.layers.ops import DecoderOps
 
 
@@ -54,7 +54,7 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: PagedAttention,
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: AttentionLayer,
                  ops: DecoderOps, device: torch.device, pack: bool):
         """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors.
         `ops` is a DecoderOps implementation (native fused kernels or torch)."""

@@ -49,7 +49,14 @@ def resolve_model_path(model: str | Path | None) -> Path:
     return path
 
 
-def load_model(model: str | Path | None, dtype: torch.dtype) -> LoadedModel:
+def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = "auto",
+               device: torch.device | None = None) -> LoadedModel:
+    """load_format "auto": the weights of a GGUF file or HF directory; "dummy": random weights of
+    the shapes in the model's config.json, drawn on `device` (model/dummy.py)."""
+    if load_format == "dummy":
+        return _load_dummy(model, dtype, device or torch.device("cpu"))
+    if load_format != "auto":
+        raise ValueError("load_format must be auto or dummy")
     path = resolve_model_path(model)
     if path.is_dir():
         from traceless.model.hf_loader import load_hf_dir
@@ -68,6 +75,18 @@ def load_model(model: str | Path | None, dtype: torch.dtype) -> LoadedModel:
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}")
     return LoadedModel(config, weights, tokenizer, path, name)
+
+
+def _load_dummy(model: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer
+
+    if model is None:
+        raise ModelLoadError("load_format dummy needs --model: a directory holding the model's config.json")
+    path = resolve_model_path(model)
+    config = read_dummy_config(path)
+    weights = dummy_weights(config, dtype, device)
+    name = (path if path.is_dir() else path.parent).name
+    return LoadedModel(config, weights, synthetic_tokenizer(config.vocab_size), path, name)
 
 
 def _has_gguf_magic(path: Path) -> bool:

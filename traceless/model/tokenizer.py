@@ -210,7 +210,9 @@ def _compile_template(source: str) -> Template:
             raise SecurityError(f"access to attribute {attribute!r} is not allowed in a chat template")
 
     def raise_exception(message: str):
-        raise InvalidRequestError(f"chat template: {message}")
+        # Templates build this message from the conversation ("unexpected role " + role, ...):
+        # it would echo client text, so the error says only that the template refused.
+        raise InvalidRequestError("the chat template refused this conversation")
 
     env = StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception

@@ -1,6 +1,7 @@
 """The node's HTTP app: GET /pcc/v1/attestation, GET /pcc/v1/ohttp-keys, POST /pcc/v1/ohttp,
-GET /health, GET /metrics. Nothing else: no plaintext API, no debug or admin route (DESIGN
-invariant 8)."""
+GET /health. Nothing else: no plaintext API, no debug or admin route, no metrics (DESIGN
+invariant 8); the windowed metrics are served on the operator's own listener
+(server/operator_app.py, from the Telemetry given here)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +15,7 @@ from starlette.routing import Route
 
 from traceless.http.app import create_app, endpoint
 from traceless.http.body import read_body, require_media_type
+from traceless.http.disconnect import race_disconnect
 from traceless.http.errors import ApiError
 from traceless.node.identity import NodeIdentity
 from traceless.node.registration import register_loop
@@ -22,16 +24,17 @@ from traceless.node.settings import NodeSettings
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_REQ, OHTTP_KEYS, REQUEST_MEDIA_TYPES
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.engine_routes import engine_routes
-from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
+from traceless.server.telemetry import Telemetry
 
 COMPONENT = "node"
 
 
 def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeSettings,
-                    metrics: Metrics | None = None) -> Starlette:
-    metrics = metrics or Metrics()
-    service = NodeService(identity, OpenAIService(engine, settings.model_name, metrics, settings.stream_shape), metrics)
+                    telemetry: Telemetry | None = None) -> Starlette:
+    telemetry = telemetry or Telemetry(engine=engine)
+    api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
+    service = NodeService(identity, api, telemetry)
 
     async def attestation(request: Request) -> Response:
         raw = request.query_params.get("nonce")
@@ -41,16 +44,19 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
                 raise ValueError
         except ValueError:
             raise ApiError(400, "nonce must be 8 to 64 bytes in hex", param="nonce") from None
-        return JSONResponse({"attestation": identity.attestation(nonce, settings.attestation_ttl_s),
-                             "ohttp_keys": base64.b64encode(identity.ohttp_keys).decode()})
+        document, keys = identity.attestation(nonce, settings.attestation_ttl_s)
+        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode()})
 
     async def ohttp_keys(request: Request) -> Response:
-        return Response(identity.ohttp_keys, media_type=OHTTP_KEYS)
+        return Response(identity.ohttp_keys(), media_type=OHTTP_KEYS)
 
     async def ohttp(request: Request) -> Response:
         kind = require_media_type(request, REQUEST_MEDIA_TYPES)
         body = await read_body(request, settings.max_body_bytes)
-        return await service.handle(body, chunked=kind == OHTTP_CHUNKED_REQ)
+        # A client that leaves before a whole (non-streamed) response is ready cancels the work:
+        # its engine requests are aborted and their blocks zeroed. Streams stop with their body.
+        response = await race_disconnect(request, service.handle(body, chunked=kind == OHTTP_CHUNKED_REQ))
+        return response if response is not None else Response(status_code=499)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -62,11 +68,12 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
             if task is not None:
                 task.cancel()
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+            api.close()
 
     routes = [
         Route("/pcc/v1/attestation", endpoint(COMPONENT, "attestation", attestation), methods=["GET"]),
         Route("/pcc/v1/ohttp-keys", endpoint(COMPONENT, "ohttp_keys", ohttp_keys), methods=["GET"]),
         Route("/pcc/v1/ohttp", endpoint(COMPONENT, "ohttp", ohttp), methods=["POST"]),
-        *engine_routes(engine, metrics),
+        *engine_routes(engine),
     ]
     return create_app(COMPONENT, routes, lifespan)

@@ -1,4 +1,10 @@
-"""A node registers with the gateway at start and again every interval, with a fresh attestation."""
+"""A node registers with the gateway at start and again every interval, with a fresh attestation.
+
+The body names no capacity: the gateway reads it from the attestation (which also binds the URL
+and every live OHTTP key), and admits the node only if a logged release allows it. A refused or
+failed registration is tried again after a short pause (the gateway may start after the node);
+a refusal for a reason that will not change (4xx) is reported once per attempt as an event.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +16,15 @@ from traceless.events import emit
 from traceless.node.identity import NodeIdentity
 from traceless.node.settings import NodeSettings
 
+RETRY_S = 2.0
+
+
+def registration_body(identity: NodeIdentity, settings: NodeSettings) -> dict:
+    document, keys = identity.attestation(None, settings.attestation_ttl_s)
+    return {"url": identity.node_url, "model": settings.model_name, "attestation": document,
+            "ohttp_keys": base64.b64encode(keys).decode(),
+            "attester_key": base64.b64encode(identity.attester.public_key.public_bytes_raw()).decode()}
+
 
 async def register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:
     """Register with the gateway now and then again every interval (fresh attestation each time)."""
@@ -18,12 +33,12 @@ async def register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:
         raise ValueError("registering needs the gateway's URL (settings.gateway_url)")
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
-            body = {"url": settings.public_url, "model": settings.model_name, "capacity": settings.capacity,
-                    "attestation": identity.attestation(None, settings.attestation_ttl_s),
-                    "ohttp_keys": base64.b64encode(identity.ohttp_keys).decode()}
             try:
-                r = await client.post(gateway_url.rstrip("/") + "/pcc/v1/register", json=body)
-                emit("node.registered", ok=r.status_code == 200, status_code=r.status_code)
+                r = await client.post(gateway_url.rstrip("/") + "/pcc/v1/register",
+                                      json=registration_body(identity, settings))
+                ok = r.status_code == 200
+                emit("node.registered", ok=ok, status_code=r.status_code)
             except httpx.HTTPError:
+                ok = False
                 emit("node.registered", ok=False, status_code=0)
-            await asyncio.sleep(settings.register_interval_s)
+            await asyncio.sleep(settings.register_interval_s if ok else min(RETRY_S, settings.register_interval_s))

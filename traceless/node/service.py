@@ -15,6 +15,7 @@ from traceless.events import emit
 from traceless.http.body import parse_json
 from traceless.http.errors import ApiError, internal_error
 from traceless.node.identity import NodeIdentity
+from traceless.node.keyring import ReplayCacheFullError, ReplayedRequestError
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
@@ -22,9 +23,9 @@ from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.gateway import ServerResponse
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES, OHTTP_RES
 from traceless.privacy.wire import encode_varint
-from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import padding_event
+from traceless.server.telemetry import Telemetry
 
 ROUTES = {b"/v1/chat/completions": "chat_completions", b"/v1/completions": "completions"}
 JSON_HEADERS = ((b"content-type", b"application/json"),)
@@ -46,20 +47,12 @@ def _inner_error(exc: ApiError) -> tuple[int, bytes]:
 class NodeService:
     """Decapsulate, run the OpenAI call, encapsulate."""
 
-    def __init__(self, identity: NodeIdentity, api: OpenAIService, metrics: Metrics):
-        self.identity, self.api, self.metrics = identity, api, metrics
+    def __init__(self, identity: NodeIdentity, api: OpenAIService, telemetry: Telemetry):
+        self.identity, self.api, self.telemetry = identity, api, telemetry
         self.padding = api.shape.padding
 
     async def handle(self, body: bytes, chunked: bool) -> Response:
-        ohttp = self.identity.ohttp
-        ctx: ServerResponse | ChunkedServerResponse
-        try:
-            if chunked:
-                buf, ctx = ohttp.decapsulate_chunked_request_buffer(body)
-            else:
-                buf, ctx = ohttp.decapsulate_request_buffer(body)
-        except OHTTP_ERRORS:
-            raise ApiError(400, "the request could not be decapsulated", code="decapsulation_failed") from None
+        buf, ctx = self._open(body, chunked)
         try:
             status, result = await self._run_inner(buf, chunked)
         finally:
@@ -76,9 +69,37 @@ class NodeService:
             raise RuntimeError("a streamed response for a request that is not chunked")
         return self._chunked(ctx, 200, SSE_HEADERS, result)
 
+    def _open(self, body: bytes, chunked: bool) -> tuple[bytearray, ServerResponse | ChunkedServerResponse]:
+        """Decapsulate under the live key the request names, then admit it to the replay cache (after
+        authentication, so garbage cannot fill it). A replay is refused before anything runs."""
+        keys = self.identity.keys
+        ohttp = keys.server_for(body)
+        ctx: ServerResponse | ChunkedServerResponse
+        try:
+            if ohttp is None:
+                raise KeyError("no live key")
+            if chunked:
+                buf, ctx = ohttp.decapsulate_chunked_request_buffer(body)
+            else:
+                buf, ctx = ohttp.decapsulate_request_buffer(body)
+        except (KeyError, *OHTTP_ERRORS):
+            raise ApiError(400, "the request could not be decapsulated", code="decapsulation_failed") from None
+        try:
+            keys.admit(body)
+        except ReplayedRequestError:
+            _wipe(buf)
+            emit("node.replay_refused", replay_entries=keys.replay_entries())
+            raise ApiError(409, "this encapsulated request was already received; it is not run again",
+                           type="invalid_request_error", code="request_replayed") from None
+        except ReplayCacheFullError:
+            _wipe(buf)
+            raise ApiError(503, "the node cannot take new requests now; retry later", type="server_error",
+                           code="replay_cache_full", headers={"Retry-After": "1"}) from None
+        return buf, ctx
+
     async def _run_inner(self, buf: bytearray, chunked: bool):
         """(status, JSON bytes) or (200, async iterator of SSE events)."""
-        content = None
+        content, route = None, None
         try:
             try:
                 head, content = bhttp.decode_request_buffer(buf)
@@ -98,15 +119,19 @@ class NodeService:
                                param="stream")
             handler = self.api.chat if route == "chat_completions" else self.api.completions
             result = await handler(parsed)
-            self.metrics.inc("traceless_requests_total", endpoint=route, status="ok")
+            self.telemetry.request(route, "ok")
             if isinstance(result, dict):
                 return 200, json.dumps(result, ensure_ascii=False).encode()
             return 200, result
         except ApiError as exc:
             emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
+            if route is not None:
+                self.telemetry.request(route, "rejected" if exc.status < 500 else "error")
             return _inner_error(exc)
         except Exception:
             emit("http.error", component="node", status_code=500, error_kind="internal")
+            if route is not None:
+                self.telemetry.request(route, "error")
             return _inner_error(internal_error())
         finally:
             _wipe(content)

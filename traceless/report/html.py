@@ -98,8 +98,13 @@ def _residue(d: Path) -> dict:
 
 def _residue_headline(r: dict) -> list:
     outside = sum(v for v in r["places"].values())
-    return [("canaries left outside process memory", str(int(outside)), "none" if not r["failed"] else "FAIL"),
-            ("canaries left in node process memory", str(r["process_memory_total"]), "a figure to drive down")]
+    rows = [("canaries left outside process memory", str(int(outside)), "none" if not r["failed"] else "FAIL"),
+            ("canaries left in node process memory", str(r["process_memory_total"]), "none")]
+    if "serve" in r:  # audits since issue 13 also search the plaintext server
+        serve = r["serve"]
+        rows.append(("canaries left by the plaintext server (places + memory)",
+                     str(int(sum(serve["places"].values())) + serve["process_memory_total"]), "none"))
+    return rows
 
 
 def _privacy_tax(d: Path) -> dict:
@@ -179,7 +184,8 @@ def sections() -> list[Section]:
                 "attacks.",
                 _targeting, _targeting_headline),
         Section("residue", "Residue", "Canaries through every path, then a search of the KV pool, prefix cache, "
-                "offload directory, logs, files, metrics and the node's memory.", _residue, _residue_headline),
+                "offload directory, logs, files, metrics and process memory, node and plaintext server.",
+                _residue, _residue_headline),
         Section("prefix_cache", "Prefix caching", "What isolated caching keeps of the speed of a shared cache.",
                 _prefix_cache, _prefix_cache_headline),
         Section("kv_offload", "Encrypted KV offload", "Throughput under memory pressure: recompute vs sealed offload.",

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from traceless.model.layers.attention import AttentionMetadata, LongBatch, ShortBatch
+from traceless.model.layers.attention import AttentionMetadata, LongBatch, PagedBatch, ShortBatch
+from traceless.runner.step_meta import Layout, PinnedStaging
 
 # Sequences with at most this many new tokens go to the native kernel (decode, small chunks).
 SHORT_MAX_TOKENS = 8
@@ -39,16 +40,22 @@ class PackedBatch:
 
 
 class BatchBuilder:
-    def __init__(self, block_size: int, device: torch.device, use_native: bool, scale: float):
+    def __init__(self, block_size: int, device: torch.device, use_native: bool, scale: float, paged: bool = False):
+        """paged: the Triton attention path (CUDA): every sequence in one PagedBatch, the step's
+        metadata in one pinned buffer and one host-to-device copy."""
         self.block_size = block_size
         self.device = device
         self.use_native = use_native
         self.scale = scale
+        self.paged = paged
+        self._staging = PinnedStaging() if paged else None
 
     def is_short(self, num_tokens: int) -> bool:
         return self.use_native and num_tokens <= SHORT_MAX_TOKENS
 
     def build(self, seqs: Sequence[SeqInput]) -> PackedBatch:
+        if self._staging is not None:
+            return self._build_paged(seqs, self._staging)
         order = sorted(range(len(seqs)), key=lambda i: not self.is_short(len(seqs[i].token_ids)))  # stable
         n_short = sum(1 for i in order if self.is_short(len(seqs[i].token_ids)))
         bs = self.block_size
@@ -75,6 +82,23 @@ class BatchBuilder:
         )
         return PackedBatch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
                            torch.tensor(logit_rows, dtype=torch.long, device=dev), order)
+
+    def _build_paged(self, seqs: Sequence[SeqInput], staging: PinnedStaging) -> PackedBatch:
+        """Rows in input order; one upload of ids, positions, slots, logit rows and tables."""
+        bs = self.block_size
+        width = max(-(-(s.start + len(s.token_ids)) // bs) for s in seqs)
+        layout = Layout(rows=sum(len(s.token_ids) for s in seqs), logits=sum(s.num_logits for s in seqs),
+                        seqs=len(seqs), width=width)
+        v = layout.views(staging.upload(layout, seqs, bs, self.device))
+        paged = PagedBatch(v["tables"], v["cu_q"], v["ctx"], max(len(s.token_ids) for s in seqs))
+        meta = AttentionMetadata(slots=(v["blocks"], v["offsets"]), short=None, long=None, scale=self.scale,
+                                 paged=paged)
+        return PackedBatch(v["ids"], v["positions"], meta, v["logit_rows"], list(range(len(seqs))))
+
+    def scrub(self) -> None:
+        """Zero the host staging of the step's token ids (the CUDA path's pinned buffer)."""
+        if self._staging is not None:
+            self._staging.scrub()
 
     def _short_batch(self, seqs: list[SeqInput]) -> ShortBatch:
         cu = [0]

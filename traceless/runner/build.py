@@ -8,10 +8,10 @@ from traceless.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from traceless.engine.step_io import EngineParts, ModelInfo
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
-from traceless.model.layers.attention import PagedAttention
+from traceless.model.layers.attention import AttentionLayer, PagedAttention
 from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
 from traceless.model.layers.kv_cache import KVCache, block_bytes
-from traceless.model.layers.ops import NativeOps, TorchOps
+from traceless.model.layers.ops import DecoderOps, NativeOps, TorchOps
 from traceless.model.llama import LlamaModel
 from traceless.model.loader import load_model
 from traceless.model.rope import Rope
@@ -38,14 +38,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _kv_budget(cfg: EngineConfig, device: torch.device, weight_bytes: int) -> int:
+    """Bytes for the KV cache where no profiling pass sizes it (CPU, or an explicit size)."""
     if cfg.kv_cache_memory is not None:
         return cfg.kv_cache_memory
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        util = cfg.gpu_memory_utilization or 0.9
-        # Leave room for activations: a quarter of what is left after the weights, at least 1 GiB.
-        spare = total * util - weight_bytes
-        return int(min(free, spare - max(spare / 4, 2**30)))
     if cfg.gpu_memory_utilization is not None:
         import os
 
@@ -53,18 +48,31 @@ def _kv_budget(cfg: EngineConfig, device: torch.device, weight_bytes: int) -> in
     return DEFAULT_CPU_KV_BYTES
 
 
-def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> NativeKernels | None:
-    if cfg.attention_backend == "torch" or (cfg.attention_backend == "auto" and device.type != "cpu"):
-        return None
-    if device.type != "cpu":
+def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
+    """"native" (CPU C kernel), "triton" (CUDA kernels) or "torch" (SDPA and torch ops)."""
+    if device.type == "cpu":
+        if cfg.attention_backend == "triton":
+            raise ValueError("attention_backend='triton' runs on CUDA only")
+        if cfg.attention_backend == "torch":
+            return "torch"
+        try:
+            kernels = NativeKernels.load()
+        except KernelUnavailable:
+            if cfg.attention_backend == "native":
+                raise
+            return "torch"
+        return "native" if kernels.supports(dtype) else "torch"
+    if cfg.attention_backend == "native":
         raise ValueError("attention_backend='native' runs on CPU only")
-    try:
-        kernels = NativeKernels.load()
-    except KernelUnavailable:
-        if cfg.attention_backend == "native":
-            raise
-        return None
-    return kernels if kernels.supports(dtype) else None
+    if cfg.attention_backend in ("triton", "auto"):
+        try:
+            import triton  # noqa: F401  (ships with torch's CUDA wheels)
+        except ImportError:
+            if cfg.attention_backend == "triton":
+                raise ValueError("attention_backend='triton' needs the triton package") from None
+            return "torch"
+        return "triton"
+    return "torch"
 
 
 def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
@@ -77,37 +85,76 @@ def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
     return n
 
 
-def build_engine_parts(cfg: EngineConfig) -> EngineParts:
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    loaded = load_model(cfg.model, dtype)
-    mc = loaded.config
-    draft_layers = _draft_layers(cfg, mc)
+def _layers(backend: str, cache: KVCache, rope: Rope, mc: ModelConfig) -> tuple[AttentionLayer, DecoderOps]:
+    heads = (mc.num_heads, mc.num_kv_heads, mc.head_dim)
+    if backend == "triton":
+        from traceless.model.layers.triton_ops import TritonAttention, TritonOps
+
+        return TritonAttention(cache, heads), TritonOps(cache, rope, heads, mc.rms_norm_eps)
+    if backend == "native":
+        kernels = NativeKernels.load()
+        return PagedAttention(cache, kernels, heads), NativeOps(kernels, cache, rope, heads, mc.rms_norm_eps)
+    return PagedAttention(cache, None, heads), TorchOps(cache, rope, heads, mc.rms_norm_eps)
+
+
+def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
     limit = (mc.max_position_embeddings if mc.sliding_window is None
              else min(mc.max_position_embeddings, mc.sliding_window))
     max_model_len = cfg.max_model_len or limit
     if max_model_len > limit:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's context of {limit} tokens")
-    weight_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
-    num_blocks = _kv_budget(cfg, device, weight_bytes) // block_bytes(mc, cfg.block_size, dtype)
-    need = -(-max_model_len // cfg.block_size) + 1  # + the null block
+    return max_model_len
+
+
+def _check_blocks(num_blocks: int, max_model_len: int, block_size: int) -> None:
+    need = -(-max_model_len // block_size) + 1  # + the null block
     if num_blocks < need:
         raise ValueError(
-            f"the KV cache budget holds {max(num_blocks - 1, 0) * cfg.block_size} tokens, fewer than "
+            f"the KV cache budget holds {max(num_blocks - 1, 0) * block_size} tokens, fewer than "
             f"max_model_len={max_model_len}; raise kv_cache_memory or lower max_model_len"
         )
-    kernels = _attention_backend(cfg, device, dtype)
+
+
+def build_engine_parts(cfg: EngineConfig) -> EngineParts:
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    loaded = load_model(cfg.model, dtype, cfg.load_format, device)
+    mc = loaded.config
+    draft_layers = _draft_layers(cfg, mc)
+    max_model_len = _max_model_len(cfg, mc)
+    weight_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+    backend = _attention_backend(cfg, device, dtype)
+    profile = device.type == "cuda" and cfg.kv_cache_memory is None
+    bb = block_bytes(mc, cfg.block_size, dtype)
+    # On CUDA the cache is sized after a profiling pass on a cache just big enough for it.
+    num_blocks = (-(-cfg.max_num_batched_tokens // cfg.block_size) + 1 if profile
+                  else _kv_budget(cfg, device, weight_bytes) // bb)
+    if not profile:
+        _check_blocks(num_blocks, max_model_len, cfg.block_size)
     cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
     rope = Rope(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
-    heads = (mc.num_heads, mc.num_kv_heads, mc.head_dim)
-    ops = (NativeOps(kernels, cache, rope, heads, mc.rms_norm_eps) if kernels is not None
-           else TorchOps(cache, rope, heads, mc.rms_norm_eps))
+    attention, ops = _layers(backend, cache, rope, mc)
     pack = device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
     try:
-        model = LlamaModel(mc, loaded.weights, PagedAttention(cache, kernels, heads), ops, device, pack)
+        model = LlamaModel(mc, loaded.weights, attention, ops, device, pack)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
-    runner = ModelRunner(model, cfg.block_size, device, kernels is not None, cfg.seed, draft_layers)
+    runner = ModelRunner(model, cfg.block_size, device, backend == "native", cfg.seed, draft_layers,
+                         paged=backend == "triton")
+    if profile:
+        from traceless.runner.gpu_memory import kv_blocks_after_profile
+
+        num_blocks = kv_blocks_after_profile(runner, cache, cfg, bb)
+        _check_blocks(num_blocks, max_model_len, cfg.block_size)
+        cache.resize(num_blocks)
+    capture_s, num_graphs = 0.0, 0
+    if device.type == "cuda" and backend == "triton" and not cfg.enforce_eager:
+        from traceless.runner.cuda_graphs import DecodeGraphs, capture_sizes
+
+        graphs = DecodeGraphs(model, capture_sizes(cfg.max_num_seqs), cfg.block_size, max_model_len, device,
+                              mc.head_dim ** -0.5)
+        capture_s, num_graphs = graphs.capture(), len(graphs.sizes)
+        runner.graphs = graphs
     offload = None
     if cfg.kv_offload != "none":
         from traceless.runner.offload import KVOffloader
@@ -115,7 +162,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         offload = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
     info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
-                     attention="native" if kernels is not None else "torch")
+                     attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s)
     return EngineParts(runner, cache, loaded.tokenizer, info, offload)
 
 

@@ -20,6 +20,7 @@ import torch
 from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import BatchBuilder, SeqInput
+from traceless.runner.cuda_graphs import DecodeGraphs
 from traceless.runner.draft import Drafted, DraftProposer, DraftSeq
 from traceless.runner.rejection import RejectionSampler, SpecRow
 from traceless.runner.sampler import Sampler, SampleRow
@@ -29,29 +30,45 @@ class ModelRunner:
     """The engine's ModelExecutor (engine/step_io.py) for one model."""
 
     def __init__(self, model: LlamaModel, block_size: int, device: torch.device, use_native: bool,
-                 seed: int | None = None, draft_layers: int | None = None):
-        """draft_layers: self-speculation depth when the engine runs speculative='draft'."""
+                 seed: int | None = None, draft_layers: int | None = None, paged: bool = False):
+        """draft_layers: self-speculation depth when the engine runs speculative='draft'.
+        paged: the Triton attention path (CUDA)."""
         self.model = model
         self.block_size = block_size
         self.device = device
         self.use_native = use_native
-        self.batcher = BatchBuilder(block_size, device, use_native, model.config.head_dim ** -0.5)
+        self.batcher = BatchBuilder(block_size, device, use_native, model.config.head_dim ** -0.5, paged)
         self.sampler = Sampler(device, seed)
         self.rejection = RejectionSampler(self.sampler)
         self.drafter = DraftProposer(model, draft_layers, self.batcher, self.sampler) if draft_layers else None
         self._generators: dict[str, torch.Generator] = {}
+        self.graphs: DecodeGraphs | None = None  # CUDA: captured decode steps (runner/build.py)
+        self._device_dirty = False  # CUDA: a step ran since free device memory was last zeroed
+
+    def _scrub_step_metadata(self, replayed: bool) -> None:
+        """CUDA: zero the pinned and device buffers that held this step's token ids and positions."""
+        if self.graphs is not None and replayed:
+            self.graphs.scrub()
+        else:
+            self.batcher.scrub()
 
     def execute(self, plan: SchedulerOutput) -> dict[str, SampledTokens]:
         seqs = plan.seqs
+        self._device_dirty = self.device.type == "cuda"
         with torch.inference_mode():
             drafts = self._drafts(seqs)
             inputs = [_seq_input(s, d) for s, d in zip(seqs, drafts)]
-            batch = self.batcher.build(inputs)
-            hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta)
-            order = [i for i in batch.order if inputs[i].num_logits]
-            if not order:
-                return {}
-            logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
+            replay = self.graphs is not None and self.graphs.fits(inputs)
+            if self.graphs is not None and replay:
+                order, logits = list(range(len(inputs))), self.graphs.run(inputs)  # a replayed decode step
+            else:
+                batch = self.batcher.build(inputs)
+                hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta)
+                order = [i for i in batch.order if inputs[i].num_logits]
+                if not order:
+                    self._scrub_step_metadata(False)
+                    return {}
+                logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
             rows = [self._sample_row(seqs[i]) for i in order]
             if any(d is not None for d in drafts):
                 spec = []
@@ -67,10 +84,18 @@ class ModelRunner:
                 results = [SampledTokens([t], None if lp is None else [lp])
                            for t, lp in zip(out.token_ids, out.logprobs)]
             logits.zero_()  # derived from user content: wipe before the allocator reuses it
+            self._scrub_step_metadata(replay)
         return {seqs[i].request_id: s for i, s in zip(order, results)}
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        if self._device_dirty:  # CUDA: the steps' temporaries are freed but not cleared
+            self._device_dirty = False
+            from traceless.runner.device_scrub import scrub_free_device_memory
+
+            if self.graphs is not None:
+                self.graphs.scrub_activations()
+            scrub_free_device_memory(self.device)
 
     def num_held(self) -> int:
         return len(self._generators)

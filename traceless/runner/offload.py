@@ -21,13 +21,14 @@ from pathlib import Path
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from traceless.errors import KVRestoreError
 from traceless.model.layers.kv_cache import KVCache
 
 NONCE_LEN, TAG_LEN = 12, 16
 
 
-class OffloadError(RuntimeError):
-    """A swapped-out request's KV could not be restored (missing or tampered spill data)."""
+class OffloadError(KVRestoreError, RuntimeError):
+    """A swapped-out request's KV could not be restored (missing, truncated or tampered spill data)."""
 
 
 @dataclass
@@ -57,9 +58,13 @@ class KVOffloader:
     def _gather(self, block_ids: list[int]) -> torch.Tensor:
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.cache.k.device)
         k, v = self.cache.k[:, idx], self.cache.v[:, idx]  # [L, n, ...] copies
-        staged = torch.cat([k.reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)]).cpu()
+        flat = torch.cat([k.reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)])
+        staged = flat.cpu() if flat.is_cuda else flat
+        # Every device temporary that held the K/V is zeroed before the allocator may reuse it.
         k.zero_()
         v.zero_()
+        if flat.is_cuda:
+            flat.zero_()
         return staged
 
     def _scatter(self, block_ids: list[int], staged: torch.Tensor) -> None:
@@ -67,8 +72,13 @@ class KVOffloader:
         kshape = (self.cache.k.shape[0], len(block_ids), *self.cache.k.shape[2:])
         vshape = (self.cache.v.shape[0], len(block_ids), *self.cache.v.shape[2:])
         half = staged.numel() // 2
-        self.cache.k[:, idx] = staged[:half].view(self.cache.k.dtype).view(kshape).to(self.cache.k.device)
-        self.cache.v[:, idx] = staged[half:].view(self.cache.v.dtype).view(vshape).to(self.cache.v.device)
+        k = staged[:half].view(self.cache.k.dtype).view(kshape).to(self.cache.k.device)
+        v = staged[half:].view(self.cache.v.dtype).view(vshape).to(self.cache.v.device)
+        self.cache.k[:, idx] = k
+        self.cache.v[:, idx] = v
+        if k.is_cuda:  # device copies of the plaintext K/V: zeroed, not left to the allocator
+            k.zero_()
+            v.zero_()
 
     @staticmethod
     def _aad(num_blocks: int, nbytes: int) -> bytes:
@@ -102,6 +112,7 @@ class KVOffloader:
         entry = self._swapped.pop(request_id, None)
         if entry is None or len(block_ids) != entry.num_blocks:
             raise OffloadError("no swapped-out KV of that size for this request")
+        staged = torch.empty(entry.nbytes, dtype=torch.uint8)
         try:
             if entry.blob is not None:
                 data = entry.blob
@@ -109,10 +120,12 @@ class KVOffloader:
                 data = entry.path.read_bytes()
             else:
                 raise OffloadError("swapped-out KV has neither a blob nor a spill file")
-            staged = torch.empty(entry.nbytes, dtype=torch.uint8)
             AESGCM(entry.key).decrypt_into(data[:NONCE_LEN], data[NONCE_LEN:],
                                            self._aad(entry.num_blocks, entry.nbytes), staged.numpy().data)
         except Exception:
+            # decrypt_into writes the unauthenticated plaintext before it checks the tag and raises
+            # InvalidTag: none of it may outlive the failure.
+            staged.zero_()
             raise OffloadError("swapped-out KV failed to decrypt") from None
         finally:
             self._forget(entry)

@@ -44,9 +44,9 @@ class Sampler:
         """logits: [S, V] float32, one row per entry of `rows` (modified in place)."""
         self.penalize(logits, rows)
         logprobs = self._logprobs(logits, rows) if any(r.params.logprobs is not None for r in rows) else None
-        greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
         token_ids = logits.argmax(dim=-1)
-        if not bool(greedy.all()):
+        if not all(r.params.greedy for r in rows):  # decided on the host: no device sync
+            greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
             sampled = self._sample(logits, rows)
             token_ids = torch.where(greedy, token_ids, sampled)
         ids = token_ids.tolist()

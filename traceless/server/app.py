@@ -1,5 +1,6 @@
 """The plaintext OpenAI-compatible HTTP server (Starlette), for local use and as the
-privacy-off baseline. Routes: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.
+privacy-off baseline. Routes: /v1/models, /v1/completions, /v1/chat/completions, /health. Metrics
+are served only by the operator's listener (operator_app.py), from the same Telemetry.
 
 Bodies are read through a size cap (413 beyond it). A client that disconnects aborts its
 request: streaming responses are cancelled by Starlette; non-streaming handlers race the
@@ -20,12 +21,13 @@ from starlette.routing import Route
 from traceless.http.app import create_app as create_http_app
 from traceless.http.app import endpoint
 from traceless.http.body import read_json
+from traceless.http.disconnect import race_disconnect
 from traceless.http.errors import ApiError
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.engine_routes import engine_routes
-from traceless.server.metrics import Metrics
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import StreamShape
+from traceless.server.telemetry import Telemetry
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 Work = Callable[[object], Awaitable[dict | AsyncGenerator[bytes, None]]]
@@ -39,30 +41,9 @@ class ServerSettings:
     stream_shape: StreamShape = StreamShape()
 
 
-async def until_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def race_disconnect(request: Request, work: Awaitable):
-    """The work's result, or None when the client left first (the work is then cancelled, which
-    aborts every engine request it started)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(until_disconnect(request))
-    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    watcher.cancel()
-    if task not in done:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return None
-    return task.result()
-
-
-def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics | None = None):
-    metrics = metrics or Metrics()
-    service = OpenAIService(engine, settings.model_name, metrics, settings.stream_shape)
+def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemetry | None = None):
+    telemetry = telemetry or Telemetry(engine=engine)
+    service = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
 
     def generation(work: Work, name: str):
         async def handle(request: Request) -> Response:
@@ -71,20 +52,19 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
                 body = await read_json(request, settings.max_body_bytes)
                 result = await race_disconnect(request, work(body))
             except ApiError as exc:
-                metrics.inc("traceless_requests_total", endpoint=name,
-                            status="rejected" if exc.status < 500 else "error")
+                telemetry.request(name, "rejected" if exc.status < 500 else "error")
                 raise
             except Exception:
-                metrics.inc("traceless_requests_total", endpoint=name, status="error")
+                telemetry.request(name, "error")
                 raise
             if result is None:
-                metrics.inc("traceless_requests_total", endpoint=name, status="aborted")
+                telemetry.request(name, "aborted")
                 return Response(status_code=499)
-            metrics.inc("traceless_requests_total", endpoint=name, status="ok")
             if isinstance(result, dict):
-                metrics.observe("traceless_e2e_request_latency_seconds", time.monotonic() - t0)
+                telemetry.e2e(time.monotonic() - t0)
+                telemetry.request(name, "ok")
                 return JSONResponse(result)
-            return StreamingResponse(_timed(result, metrics, t0), media_type="text/event-stream",
+            return StreamingResponse(_timed(result, telemetry, name, t0), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
         return endpoint(settings.component, name, handle)
@@ -99,20 +79,26 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: Metrics |
             yield
         finally:
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+            service.close()
 
     routes = [
         Route("/v1/models", endpoint(settings.component, "models", models), methods=["GET"]),
         Route("/v1/completions", generation(service.completions, "completions"), methods=["POST"]),
         Route("/v1/chat/completions", generation(service.chat, "chat_completions"), methods=["POST"]),
-        *engine_routes(engine, metrics),
+        *engine_routes(engine),
     ]
     return create_http_app(settings.component, routes, lifespan)
 
 
-async def _timed(body: AsyncGenerator[bytes, None], metrics: Metrics, t0: float) -> AsyncGenerator[bytes, None]:
+async def _timed(body: AsyncGenerator[bytes, None], telemetry: Telemetry, name: str,
+                 t0: float) -> AsyncGenerator[bytes, None]:
+    """The stream, with the request counted in the telemetry window when it ends."""
+    status = "aborted"
     try:
         async for chunk in body:
             yield chunk
+        status = "ok"
     finally:
         await body.aclose()
-        metrics.observe("traceless_e2e_request_latency_seconds", time.monotonic() - t0)
+        telemetry.e2e(time.monotonic() - t0)
+        telemetry.request(name, status)

@@ -15,7 +15,7 @@ import gc
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -23,6 +23,7 @@ from traceless.engine.llm_engine import LLMEngine, ResidueStats, StepOutput
 from traceless.errors import EngineDeadError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
+from traceless.server.thread_cache import flush_thread_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class AsyncEngine:
         self._stopping = False
         self.dead = False
         self._idle = IdleWork(engine)
+        self._idle_hooks: list[Callable[[], None]] = []
 
     @property
     def model_name(self) -> str:
@@ -124,6 +126,9 @@ class AsyncEngine:
                 if not self._engine.has_unfinished():
                     # Idle: housekeeping in small slices, so a request that arrives waits at most one slice.
                     more = self._commands.empty() and self._idle.step()
+                    if self._idle.take_collected():
+                        for hook in self._idle_hooks:
+                            loop.call_soon_threadsafe(hook)
                     self._wake.wait(timeout=0.0 if more else 1.0)
                     self._wake.clear()
                     continue
@@ -154,6 +159,18 @@ class AsyncEngine:
             except Exception as exc:
                 fut.set_exception(exc)
 
+    def on_idle(self, hook: Callable[[], None]) -> None:
+        """Run `hook` on the event loop each time the engine thread has collected garbage after a
+        quiet spell (the server scrubs its other threads' allocator caches then)."""
+        self._idle_hooks.append(hook)
+
+    def note_activity(self) -> None:
+        """A request ended without necessarily reaching the engine (e.g. refused while parsed):
+        the idle work collects garbage again once quiet, so its text, held in reference cycles
+        (an exception's traceback frames), is freed and scrubbed too."""
+        self._idle.activity.set()
+        self._wake.set()
+
     async def call(self, fn):
         """Run fn(engine) on the engine thread (e.g. check_integrity in tests)."""
         return await asyncio.wrap_future(self._submit("call", fn))
@@ -164,7 +181,8 @@ class IdleWork:
 
     1. expire cached prefix blocks past their TTL (engine.tick);
     2. after IDLE_GC_S of quiet, one garbage collection, so request objects caught in reference
-       cycles are freed (and, with freed-memory scrubbing, overwritten) instead of lingering;
+       cycles are freed (and, with freed-memory scrubbing, overwritten) instead of lingering, and
+       this thread's allocator cache is overwritten (server/thread_cache.py);
     3. every SCAN_INTERVAL_S, a scan of the whole KV cache for non-zero blocks, SCAN_SLICE blocks
        at a time, whose totals the allowlisted residue metrics report.
     """
@@ -175,12 +193,19 @@ class IdleWork:
 
     def __init__(self, engine: LLMEngine):
         self._engine = engine
+        self.activity = threading.Event()  # set from the event loop: a request ended (note_activity)
         self.residue: ResidueStats | None = None
         self._idle_since: float | None = None
         self._collected = True
+        self._just_collected = False
         self._cursor = 0
         self._nonzero = 0
         self._scanned_at = -1e9
+
+    def take_collected(self) -> bool:
+        """True once after each idle garbage collection."""
+        done, self._just_collected = self._just_collected, False
+        return done
 
     def reset(self) -> None:
         """A request is running: start over next time the engine goes idle."""
@@ -189,6 +214,9 @@ class IdleWork:
     def step(self) -> bool:
         """Do one slice of idle work; True if there is more to do right away."""
         now = time.monotonic()
+        if self.activity.is_set():
+            self.activity.clear()
+            self._idle_since, self._collected = now, False
         if self._idle_since is None:
             self._idle_since = now
         self._engine.tick(now)
@@ -196,7 +224,8 @@ class IdleWork:
             if now - self._idle_since < self.IDLE_GC_S:
                 return False  # wait for quiet (the wake-up timeout brings us back)
             gc.collect()
-            self._collected = True
+            flush_thread_cache()  # this thread's cached freed chunks, left unscrubbed by glibc
+            self._collected = self._just_collected = True
             return True
         if self._cursor == 0 and now - self._scanned_at < self.SCAN_INTERVAL_S:
             return False

@@ -2,8 +2,12 @@
 
 `completions(body)` / `chat(body)` take a parsed JSON body and return either a response dict or
 an async iterator of SSE bytes. The plaintext server (app.py) and the private node (OHTTP) both
-call these. One request with P prompts and n completions each runs P*n engine requests; choice c
-uses prompt c // n and, with a seed, seed + c % n.
+call these. One request with P prompts and n completions each runs P*n engine requests (at most
+protocol.MAX_CHOICES); choice c uses prompt c // n and, with a seed, seed + c % n.
+
+Preparing a request (validation, chat templating, tokenization) costs CPU in proportion to the
+prompt, so it runs on a small thread pool, never on the event loop: one large prompt does not
+stall every other connection.
 """
 from __future__ import annotations
 
@@ -11,17 +15,21 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from traceless.engine.llm_engine import StepOutput
 from traceless.errors import TracelessError
 from traceless.http.errors import ApiError, from_traceless_error
 from traceless.server.async_engine import AsyncEngine
-from traceless.server.metrics import Metrics
 from traceless.server.protocol import ParsedRequest, parse_chat, parse_completion
 from traceless.server.responses import ChoiceState, Formatter
 from traceless.server.stream_shape import StreamShape
+from traceless.server.telemetry import Telemetry
+from traceless.server.thread_cache import flush_pool_threads, flush_thread_cache
+
+PREP_THREADS = 2  # request preparation (templating, tokenization) runs here, off the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,24 +42,55 @@ class Job:
 
 
 class OpenAIService:
-    def __init__(self, engine: AsyncEngine, model_name: str, metrics: Metrics, shape: StreamShape = StreamShape()):
+    def __init__(self, engine: AsyncEngine, model_name: str, telemetry: Telemetry,
+                 shape: StreamShape = StreamShape()):
         self.engine = engine
         self.shape = shape
         self.model_name = model_name
-        self.metrics = metrics
+        self.telemetry = telemetry
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self._prep = ThreadPoolExecutor(max_workers=PREP_THREADS, thread_name_prefix="traceless-prep")
+        engine.on_idle(self._scrub_thread_caches)
+
+    def _scrub_thread_caches(self) -> None:
+        """Once quiet: the allocator caches of the threads that held request text (this event
+        loop's and the preparation threads') are overwritten."""
+        flush_thread_cache()
+        try:
+            flush_pool_threads(self._prep, PREP_THREADS)
+        except RuntimeError:  # the pool is shut down (the app is stopping): its threads are gone
+            pass
+
+    def close(self) -> None:
+        """Stop the preparation threads (the app's shutdown)."""
+        self._prep.shutdown(wait=False, cancel_futures=True)
 
     def models(self) -> dict:
         return {"object": "list",
                 "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless"}]}
 
     async def completions(self, body) -> dict | AsyncGenerator[bytes, None]:
-        req = parse_completion(body)
-        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
-        return await self._run(Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time())))
+        try:
+            return await self._run(await self._prepare(self._completion_job, body))
+        finally:
+            self.engine.note_activity()
 
     async def chat(self, body) -> dict | AsyncGenerator[bytes, None]:
+        try:
+            return await self._run(await self._prepare(self._chat_job, body))
+        finally:
+            self.engine.note_activity()
+
+    async def _prepare(self, make: Callable[[object], Job], body) -> Job:
+        return await asyncio.get_running_loop().run_in_executor(self._prep, make, body)
+
+    def _completion_job(self, body) -> Job:
+        req = parse_completion(body)
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
+        return Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+
+    def _chat_job(self, body) -> Job:
         def render(messages):
             try:
                 return self.tokenizer.apply_chat_template(messages)
@@ -63,7 +102,7 @@ class OpenAIService:
         if not isinstance(prompt, str):  # parse_chat renders the conversation to text
             raise RuntimeError("a chat request's prompt is not rendered text")
         ids = [self.tokenizer.encode(prompt, add_special_tokens=False)]
-        return await self._run(Job("chat_completions", req, ids, f"chatcmpl-{uuid.uuid4().hex}", int(time.time())))
+        return Job("chat_completions", req, ids, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
     # -------------------------------------------------------------------------------------------
     def _check(self, job: Job) -> None:
@@ -131,15 +170,12 @@ class OpenAIService:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _record(self, job: Job, states: list[ChoiceState]) -> None:
-        m = self.metrics
-        m.inc("traceless_prompt_tokens_total", sum(len(i) for i in job.prompt_ids))
-        m.inc("traceless_generation_tokens_total", sum(len(s.token_ids) for s in states))
-        for s in states:
-            if s.finish_reason in ("stop", "length", "abort", "error"):
-                m.inc("traceless_finished_total", finish_reason=s.finish_reason)
+        """The job's figures, into the telemetry window (never published on their own)."""
+        self.telemetry.finished([s.finish_reason for s in states if s.finish_reason is not None],
+                                sum(len(i) for i in job.prompt_ids), sum(len(s.token_ids) for s in states))
 
     def _observe(self, job: Job):
-        """Per-stream metric hooks for the SSE formatter."""
+        """Per-stream telemetry hooks for the SSE formatter."""
         return StreamObserver(self, job)
 
 
@@ -152,12 +188,12 @@ class StreamObserver:
 
     def token(self, c: int) -> None:
         now = time.monotonic()
-        m = self.service.metrics
+        t = self.service.telemetry
         if self.first:
-            m.observe("traceless_time_to_first_token_seconds", now - self.t0)
+            t.ttft(now - self.t0)
             self.first = False
         elif c in self.last:
-            m.observe("traceless_inter_token_latency_seconds", now - self.last[c])
+            t.itl(now - self.last[c])
         self.last[c] = now
 
     def done(self, states: list[ChoiceState]) -> None:

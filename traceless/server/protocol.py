@@ -1,9 +1,13 @@
 """Parse and validate OpenAI request bodies strictly.
 
-Every field a body may carry is declared here; anything else gets a 400 naming it. Fields the
-server understands but does not implement (tools, logit_bias, echo, ...) are accepted only with
-their "off" value, so nothing is ever accepted and ignored. `user` is validated and dropped: it is
-never stored or used.
+Every field a body may carry is declared here; anything else gets a 400 that counts the unknown
+fields but never names them (a key a client chose is text it wrote: content). Fields the server
+understands but does not implement (tools, logit_bias, echo, ...) are accepted only with their
+"off" value, so nothing is ever accepted and ignored. `user` is validated and dropped: it is never
+stored or used.
+
+One request buys at most MAX_CHOICES engine requests: n completions of each of its prompts,
+n * len(prompts) <= MAX_CHOICES (so n <= 8 with one prompt, 8 prompts with n = 1).
 """
 from __future__ import annotations
 
@@ -12,11 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceless.errors import InvalidRequestError
-from traceless.http.errors import bad_request
+from traceless.http.errors import ApiError, bad_request
 from traceless.sampling_params import OutputKind, SamplingParams
 
 Validator = Callable[[str, Any], Any]
 MAX_COMPLETION_LOGPROBS = 5
+MAX_CHOICES = 8  # engine requests one HTTP request may start: n * number of prompts
+
+
+def _unknown(count: int, where: str | None = None) -> ApiError:
+    place = f" in '{where}'" if where else ""
+    return bad_request(f"the request has {count} unknown field(s){place}; see the API reference for the "
+                       "supported fields", where, "unsupported_parameter")
 
 
 def _is_int(v) -> bool:
@@ -124,9 +135,9 @@ class ParsedRequest:
 def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    unknown = sorted(set(body) - set(spec))
+    unknown = set(body) - set(spec)
     if unknown:
-        raise bad_request(f"unsupported parameter '{unknown[0]}'", unknown[0], "unsupported_parameter")
+        raise _unknown(len(unknown))
     for name in required:
         if body.get(name) is None:
             raise bad_request(f"'{name}' is required", name, "missing_required_parameter")
@@ -143,6 +154,16 @@ def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None) -
                               output_kind=OutputKind.DELTA, **kw)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None
+
+
+def _check_choices(num_prompts: int, n: int) -> None:
+    """One request buys at most MAX_CHOICES engine requests (checked before any work is done)."""
+    if num_prompts > MAX_CHOICES:
+        raise ApiError(400, f"'prompt' may list at most {MAX_CHOICES} prompts", param="prompt",
+                       code="too_many_choices")
+    if n * num_prompts > MAX_CHOICES:
+        raise ApiError(400, f"'n' times the number of prompts may be at most {MAX_CHOICES}", param="n",
+                       code="too_many_choices")
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -165,6 +186,7 @@ def parse_completion(body: Any) -> ParsedRequest:
     if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
         raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}", "logprobs")
     params = _sampling(f, f.get("max_tokens", 16), logprobs)
+    _check_choices(len(prompts), params.n)
     return ParsedRequest(f["model"], prompts, params, f.get("stream", False), f.get("stream_options", False), logprobs,
                          f.get("cache_salt"))
 
@@ -178,6 +200,7 @@ def parse_chat(body: Any, render: Callable[[list[dict]], str]) -> ParsedRequest:
         raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if f.get("logprobs") else None
     params = _sampling(f, f.get("max_completion_tokens", f.get("max_tokens")), logprobs)
+    _check_choices(1, params.n)
     prompt = render(messages(f["messages"]))
     return ParsedRequest(f["model"], [prompt], params, f.get("stream", False), f.get("stream_options", False), logprobs,
                          f.get("cache_salt"))
@@ -194,9 +217,11 @@ def messages(raw: Any) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad_request(f"'{where}' must be an object", where)
-        extra = sorted(set(m) - {"role", "content", "name"})
-        if extra or m.get("name") is not None:
-            raise bad_request(f"'{where}.{(extra or ['name'])[0]}' is not supported", where, "unsupported_parameter")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise _unknown(len(extra), where)
+        if m.get("name") is not None:
+            raise bad_request(f"'{where}.name' is not supported", where, "unsupported_parameter")
         role = m.get("role")
         if role not in _ROLES:
             raise bad_request(f"'{where}.role' must be one of {', '.join(_ROLES)}", where)

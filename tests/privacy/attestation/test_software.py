@@ -14,9 +14,11 @@ from traceless.privacy.attestation.software import (
     Attester,
     BadSignatureError,
     MalformedAttestationError,
+    NodeStatement,
     NonceMismatchError,
     OhttpKeyMismatchError,
     SoftwareAttester,
+    UnsupportedEvidenceError,
     UntrustedKeyError,
     b64url_decode,
     b64url_encode,
@@ -28,8 +30,9 @@ from traceless.privacy.attestation.software import (
 
 NOW = 1_750_000_000
 NONCE = b"n" * 16
-KEY_CONFIG = b"\x01\x00\x20example-ohttp-key-config"
+KEY_CONFIG = b"\x01\x00\x20example-ohttp-keys-body"
 MEASUREMENT = Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32)
+STATEMENT = NodeStatement(MEASUREMENT, KEY_CONFIG, 4, "http://node.test:8100")
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def attester():
 
 @pytest.fixture
 def claims():
-    return new_claims(MEASUREMENT, KEY_CONFIG, NONCE, NOW, "software", ttl_s=60)
+    return new_claims(STATEMENT, NONCE, NOW, "software", ttl_s=60)
 
 
 def _parts(document):
@@ -68,11 +71,12 @@ def test_round_trip(attester, claims):
     header = json.loads(b64url_decode(_parts(document)[0]))
     assert header == {"alg": "EdDSA", "typ": EAT_TYP, "kid": jwk_thumbprint(attester.public_key)}
     payload = json.loads(b64url_decode(_parts(document)[1]))
-    assert set(payload) == {"eat_nonce", "iat", "exp", "measurements", "ohttp_key_config_sha256",
-                            "attester_type"}
+    assert set(payload) == {"eat_nonce", "iat", "exp", "measurements", "ohttp_keys_sha256",
+                            "attester_type", "capacity", "node_url", "evidence"}
+    assert payload["capacity"] == 4 and payload["node_url"] == "http://node.test:8100" and payload["evidence"] == []
     assert payload["measurements"]["combined"] == MEASUREMENT.combined.hex()
-    got = verify_attestation(document, [attester.public_key], NOW + 1, NONCE, ohttp_key_config=KEY_CONFIG)
-    assert got == claims and got.ohttp_key_config_sha256 == hashlib.sha256(KEY_CONFIG).digest()
+    got = verify_attestation(document, [attester.public_key], NOW + 1, NONCE, ohttp_keys=KEY_CONFIG)
+    assert got == claims and got.ohttp_keys_sha256 == hashlib.sha256(KEY_CONFIG).digest()
     raw = attester.public_key.public_bytes_raw()
     assert verify_attestation(document, [raw], NOW) == claims  # raw keys are accepted too
 
@@ -113,7 +117,7 @@ def test_nonce_and_key_config_binding(attester, claims):
     with pytest.raises(NonceMismatchError):
         verify_attestation(document, [attester.public_key], NOW, b"m" * 16)
     with pytest.raises(OhttpKeyMismatchError):
-        verify_attestation(document, [attester.public_key], NOW, NONCE, ohttp_key_config=b"other")
+        verify_attestation(document, [attester.public_key], NOW, NONCE, ohttp_keys=b"other")
 
 
 @pytest.mark.parametrize("document", [
@@ -159,8 +163,8 @@ def test_b64url_is_strict():
 
 def test_claims_and_attester_constraints(attester, claims):
     with pytest.raises(ValueError):
-        new_claims(MEASUREMENT, KEY_CONFIG, b"short", NOW, "software")
-    other = AttestationClaims(NONCE, NOW, NOW + 1, MEASUREMENT, bytes(32), "sev-snp")
+        new_claims(STATEMENT, b"short", NOW, "software")
+    other = AttestationClaims(NONCE, NOW, NOW + 1, MEASUREMENT, bytes(32), "sev-snp", 1, "")
     with pytest.raises(ValueError):
         attester.attest(other)
     assert attester.public_key != SoftwareAttester().public_key  # a fresh key per attester
@@ -187,6 +191,36 @@ class _PluggedAttester(Attester):
 
 def test_another_attester_plugs_in():
     plugged = _PluggedAttester()
-    claims = new_claims(MEASUREMENT, KEY_CONFIG, NONCE, NOW, plugged.attester_type)
+    claims = new_claims(STATEMENT, NONCE, NOW, plugged.attester_type)
     got = verify_attestation(plugged.attest(claims), [plugged.public_key], NOW, NONCE)
     assert got.attester_type == "test-hardware"
+
+
+def test_capacity_url_and_reserved_evidence_claims(attester, claims):
+    key = Ed25519PrivateKey.generate()
+    header = {"alg": "EdDSA", "typ": EAT_TYP, "kid": jwk_thumbprint(key.public_key())}
+    good = claims.to_json()
+    assert verify_attestation(_resign(key, header, good), [key.public_key()], NOW) == claims
+    for change in ({"capacity": 0}, {"capacity": 10**7}, {"capacity": 2.0}, {"capacity": True},
+                   {"node_url": 5}, {"node_url": "http://x\n"}):
+        with pytest.raises(MalformedAttestationError):
+            verify_attestation(_resign(key, header, {**good, **change}), [key.public_key()], NOW)
+    for missing in ("capacity", "node_url", "evidence"):
+        with pytest.raises(MalformedAttestationError):
+            verify_attestation(_resign(key, header, {k: v for k, v in good.items() if k != missing}),
+                               [key.public_key()], NOW)
+    # Hardware evidence is reserved: a verifier that cannot check it refuses it, never ignores it.
+    with pytest.raises(UnsupportedEvidenceError):
+        verify_attestation(_resign(key, header, {**good, "evidence": [{"kind": "sev-snp"}]}), [key.public_key()], NOW)
+    with pytest.raises(ValueError):
+        new_claims(NodeStatement(MEASUREMENT, KEY_CONFIG, 0), NONCE, NOW, "software")
+
+
+def test_attester_policy():
+    from traceless.privacy.attestation.policy import AttesterPolicy, AttesterTypeRefusedError, check_attester_type
+
+    check_attester_type(AttesterPolicy.DEVELOPMENT, "software")
+    with pytest.raises(AttesterTypeRefusedError, match="development policy"):
+        check_attester_type(AttesterPolicy.PRODUCTION, "software")
+    with pytest.raises(AttesterTypeRefusedError):
+        check_attester_type(AttesterPolicy.DEVELOPMENT, "test-hardware")

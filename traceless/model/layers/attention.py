@@ -13,6 +13,7 @@ All index tensors and masks are built once per step by the model runner and shar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -41,11 +42,30 @@ class LongBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class PagedBatch:
+    """Every sequence of the step, for the Triton kernel (CUDA): rows packed sequence by sequence,
+    K/V read through the block tables in place, prefill chunks and decode rows alike."""
+
+    block_tables: torch.Tensor  # [B, W] int32, padded with the null block 0
+    cu_q: torch.Tensor  # [B + 1] int32: sequence b's rows are [cu_q[b], cu_q[b + 1])
+    context_lens: torch.Tensor  # [B] int32, keys per sequence including its new tokens
+    max_q: int  # most rows of any sequence (sizes the kernel's grid)
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionMetadata:
     slots: tuple[torch.Tensor, torch.Tensor]  # (block ids, offsets), each [T]: where K/V go
     short: ShortBatch | None
     long: LongBatch | None
     scale: float
+    paged: PagedBatch | None = None  # the Triton path: set instead of short and long
+
+
+class AttentionLayer(Protocol):
+    """What LlamaModel calls: PagedAttention (CPU kernel / SDPA) or TritonAttention (CUDA)."""
+
+    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D]."""
 
 
 class PagedAttention:

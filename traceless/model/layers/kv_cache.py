@@ -24,6 +24,18 @@ class KVCache:
         self.k = torch.zeros(L, num_blocks, H, D, block_size, dtype=dtype, device=device)
         self.v = torch.zeros(L, num_blocks, H, block_size, D, dtype=dtype, device=device)
 
+    def resize(self, num_blocks: int) -> None:
+        """Replace the tensors by zeroed ones of `num_blocks` blocks (after the start-up profiling
+        pass, which ran on a small cache). The old tensors are zeroed before they are freed."""
+        L, _, H, D, bs = self.k.shape
+        self.k.zero_()
+        self.v.zero_()
+        dtype, device = self.k.dtype, self.k.device
+        del self.k, self.v
+        self.k = torch.zeros(L, num_blocks, H, D, bs, dtype=dtype, device=device)
+        self.v = torch.zeros(L, num_blocks, H, bs, D, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+
     def write(self, layer: int, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
         """Store this step's keys and values. slots = (block ids, offsets), each [T]; k, v: [T, H, D]."""
         blocks, offsets = slots
@@ -41,7 +53,13 @@ class KVCache:
         v = self.v[:, start:end].ne(0).flatten(2).any(-1).any(0)
         return int((k | v).sum())
 
-    def nonzero_blocks(self) -> set[int]:
-        """Ids of blocks holding any non-zero value (for integrity checks; scans the whole cache)."""
-        used = self.k.ne(0).flatten(2).any(-1).any(0) | self.v.ne(0).flatten(2).any(-1).any(0)
-        return set(torch.nonzero(used).flatten().tolist())
+    def nonzero_blocks(self, chunk: int = 256) -> set[int]:
+        """Ids of blocks holding any non-zero value (for integrity checks; scans the whole cache a
+        slice of blocks at a time, so the scan's temporaries stay small next to a GPU-sized cache)."""
+        found: set[int] = set()
+        for start in range(0, self.num_blocks, chunk):
+            end = min(start + chunk, self.num_blocks)
+            used = (self.k[:, start:end].ne(0).flatten(2).any(-1).any(0)
+                    | self.v[:, start:end].ne(0).flatten(2).any(-1).any(0))
+            found.update(start + int(i) for i in torch.nonzero(used).flatten().tolist())
+        return found

@@ -4,7 +4,17 @@ with EdDSA / Ed25519 (RFC 8037), in JWS compact serialization (RFC 7515).
     header  {"alg": "EdDSA", "typ": "eat+jwt", "kid": <RFC 7638 JWK thumbprint of the key>}
     claims  {"eat_nonce": b64url (8..64 bytes), "iat": s, "exp": s,
              "measurements": {"code", "model", "config", "combined"} (hex, see measurement.py),
-             "ohttp_key_config_sha256": hex, "attester_type": "software" | ...}
+             "ohttp_keys_sha256": hex, "attester_type": "software" | ...,
+             "capacity": int, "node_url": str, "evidence": []}
+
+`ohttp_keys_sha256` is the SHA-256 of the node's whole `application/ohttp-keys` body: every key
+it currently accepts (keys rotate with an overlap window, so there may be two), so a client can
+check any key it is offered against the document. `capacity` is the routing weight the node
+claims (a release in the log lists the capacities it allows) and `node_url` where it serves, so
+a registration is bound to one place. `evidence` is reserved for hardware evidence (SEV-SNP or
+TDX report plus NVIDIA GPU report, whose REPORT_DATA will be a hash of the OHTTP keys, the
+client's nonce and the measurement): today it must be empty, and a verifier refuses a document
+that carries evidence it cannot check rather than ignoring it.
 
 `Attester` is the interface a node uses to produce documents. The built-in `SoftwareAttester`
 holds an in-memory key; what that does and does not prove is in docs/attestation.md.
@@ -21,7 +31,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from cryptography.exceptions import InvalidSignature
@@ -36,6 +46,8 @@ EAT_TYP = "eat+jwt"
 NONCE_MIN, NONCE_MAX = 8, 64  # RFC 9711 section 4.1: eat_nonce is 8 to 64 bytes
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 _HEX32 = re.compile(r"[0-9a-f]{64}")
+MAX_CAPACITY = 1_000_000  # the transparency log's release manifests allow no more
+MAX_NODE_URL = 2048
 
 
 class AttestationError(TracelessError):
@@ -68,6 +80,10 @@ class NonceMismatchError(AttestationError):
 
 class OhttpKeyMismatchError(AttestationError):
     """The attested OHTTP key configuration is not the one the client was given."""
+
+
+class UnsupportedEvidenceError(AttestationError):
+    """The document carries hardware evidence this verifier cannot check yet (never ignored)."""
 
 
 def b64url_encode(data: bytes) -> str:
@@ -125,46 +141,78 @@ def _int(value: object) -> int:
     return value
 
 
+def _capacity(value: object) -> int:
+    if type(value) is not int or not 1 <= value <= MAX_CAPACITY:
+        raise MalformedAttestationError(f"capacity claim is not an integer in [1, {MAX_CAPACITY}]")
+    return value
+
+
+def _node_url(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_NODE_URL or not value.isascii() or not value.isprintable():
+        raise MalformedAttestationError("node_url claim is not a printable ASCII string")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatement:
+    """What a node asserts about itself in every document: what it runs, the keys it accepts
+    (the `application/ohttp-keys` body), its capacity and where it serves."""
+
+    measurement: Measurement
+    ohttp_keys: bytes = field(repr=False)
+    capacity: int = 1
+    node_url: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class AttestationClaims:
     eat_nonce: bytes
     iat: int  # seconds since the Unix epoch
     exp: int
     measurement: Measurement
-    ohttp_key_config_sha256: bytes
+    ohttp_keys_sha256: bytes
     attester_type: str
+    capacity: int = 1
+    node_url: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {
             "eat_nonce": b64url_encode(self.eat_nonce), "iat": self.iat, "exp": self.exp,
             "measurements": self.measurement.to_hex(),
-            "ohttp_key_config_sha256": self.ohttp_key_config_sha256.hex(),
-            "attester_type": self.attester_type,
+            "ohttp_keys_sha256": self.ohttp_keys_sha256.hex(),
+            "attester_type": self.attester_type, "capacity": self.capacity, "node_url": self.node_url,
+            "evidence": [],
         }
 
     @classmethod
     def from_json(cls, obj: dict) -> AttestationClaims:
         try:
             nonce, m, attester = b64url_decode(obj["eat_nonce"]), obj["measurements"], obj["attester_type"]
-            iat, exp, ohttp = _int(obj["iat"]), _int(obj["exp"]), _hex32(obj["ohttp_key_config_sha256"])
+            iat, exp, ohttp = _int(obj["iat"]), _int(obj["exp"]), _hex32(obj["ohttp_keys_sha256"])
             measurement = Measurement(_hex32(m["code"]), _hex32(m["model"]), _hex32(m["config"]))
             combined = _hex32(m["combined"])
+            capacity, node_url, evidence = _capacity(obj["capacity"]), _node_url(obj["node_url"]), obj["evidence"]
         except (KeyError, TypeError):
             raise MalformedAttestationError("a required claim is missing") from None
         if not NONCE_MIN <= len(nonce) <= NONCE_MAX or not isinstance(attester, str) or exp <= iat:
             raise MalformedAttestationError("eat_nonce, attester_type or validity period is invalid")
         if measurement.combined != combined:
             raise MalformedAttestationError("combined measurement does not match its components")
-        return cls(nonce, iat, exp, measurement, ohttp, attester)
+        if evidence != []:
+            raise UnsupportedEvidenceError("the document carries hardware evidence this verifier cannot check")
+        return cls(nonce, iat, exp, measurement, ohttp, attester, capacity, node_url)
 
 
-def new_claims(measurement: Measurement, ohttp_key_config: bytes, nonce: bytes, now: int,
-               attester_type: str, ttl_s: int = 300) -> AttestationClaims:
+def new_claims(statement: NodeStatement, nonce: bytes, now: int, attester_type: str,
+               ttl_s: int = 300) -> AttestationClaims:
     """Claims for a document valid from `now` for `ttl_s` seconds, bound to the verifier's nonce."""
     if not NONCE_MIN <= len(nonce) <= NONCE_MAX or ttl_s <= 0:
         raise ValueError("eat_nonce must be 8..64 bytes and ttl_s positive")
-    digest = hashlib.sha256(ohttp_key_config).digest()
-    return AttestationClaims(nonce, now, now + ttl_s, measurement, digest, attester_type)
+    if not 1 <= statement.capacity <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be in [1, {MAX_CAPACITY}]")
+    digest = hashlib.sha256(statement.ohttp_keys).digest()
+    return AttestationClaims(nonce, now, now + ttl_s, statement.measurement, digest, attester_type,
+                             statement.capacity, statement.node_url)
 
 
 class Attester(ABC):
@@ -221,7 +269,7 @@ class SoftwareAttester(Attester):
         return sign_document(self._key, claims)
 
 
-def _trusted_by_kid(keys: Iterable[Ed25519PublicKey | bytes]) -> dict[str, Ed25519PublicKey]:
+def trusted_by_kid(keys: Iterable[Ed25519PublicKey | bytes]) -> dict[str, Ed25519PublicKey]:
     out = {}
     for key in keys:
         k = Ed25519PublicKey.from_public_bytes(key) if isinstance(key, bytes) else key
@@ -229,12 +277,23 @@ def _trusted_by_kid(keys: Iterable[Ed25519PublicKey | bytes]) -> dict[str, Ed255
     return out
 
 
+def document_kid(document: str) -> str:
+    """The `kid` a document's header names (unauthenticated: use after verify_attestation, or to
+    pick the key to verify with)."""
+    parts = document.split(".") if isinstance(document, str) else []
+    kid = _strict_json(b64url_decode(parts[0])).get("kid") if len(parts) == 3 else None
+    if not isinstance(kid, str):
+        raise MalformedAttestationError("not a JWS compact serialization with a kid")
+    return kid
+
+
 def verify_attestation(
     document: str, trusted_keys: Iterable[Ed25519PublicKey | bytes], now: float,
-    expected_nonce: bytes | None = None, *, ohttp_key_config: bytes | None = None,
+    expected_nonce: bytes | None = None, *, ohttp_keys: bytes | None = None,
     leeway_s: int = 0,
 ) -> AttestationClaims:
-    """Authenticate `document`, then check its validity period, nonce and OHTTP key binding."""
+    """Authenticate `document`, then check its validity period (with `leeway_s` of clock skew
+    either way), nonce and OHTTP key binding (`ohttp_keys`: the application/ohttp-keys body)."""
     parts = document.split(".") if isinstance(document, str) else []
     if len(parts) != 3:
         raise MalformedAttestationError("not a JWS compact serialization")
@@ -244,7 +303,7 @@ def verify_attestation(
     if (header.get("alg") != JWS_ALG or str(header.get("typ", "")).lower() != EAT_TYP
             or "crit" in header or not isinstance(kid, str)):
         raise MalformedAttestationError("header is not alg EdDSA, typ eat+jwt, a kid and no crit")
-    key = _trusted_by_kid(trusted_keys).get(kid)
+    key = trusted_by_kid(trusted_keys).get(kid)
     if key is None:
         raise UntrustedKeyError("document is signed by a key that is not trusted")
     try:
@@ -259,7 +318,7 @@ def verify_attestation(
         raise AttestationExpiredError("document has expired")
     if expected_nonce is not None and not hmac.compare_digest(claims.eat_nonce, expected_nonce):
         raise NonceMismatchError("document does not carry the verifier's nonce")
-    if ohttp_key_config is not None and not hmac.compare_digest(
-            claims.ohttp_key_config_sha256, hashlib.sha256(ohttp_key_config).digest()):
+    if ohttp_keys is not None and not hmac.compare_digest(
+            claims.ohttp_keys_sha256, hashlib.sha256(ohttp_keys).digest()):
         raise OhttpKeyMismatchError("document attests a different OHTTP key configuration")
     return claims

@@ -1,0 +1,56 @@
+"""`traceless serve` as a process: after canary requests end, its memory holds none of them
+(it scrubs freed memory as nodes do)."""
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from traceless.audit.memscan import scan_process
+from traceless.local.services import spawn_serve
+
+
+def _send(url: str, model: str, canaries: dict[str, str]) -> None:
+    c = canaries
+    with httpx.Client(timeout=120) as client:
+        assert client.post(url + "/v1/completions", json={"model": model, "prompt": f"w5 {c['plain']}",
+                                                          "max_tokens": 4}).status_code == 200
+        assert client.post(url + "/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": f"w6 {c['chat']}"}], "max_tokens": 4,
+        }).status_code == 200
+        with client.stream("POST", url + "/v1/completions", json={
+                "model": model, "prompt": f"w7 {c['stream']}", "max_tokens": 4, "stream": True}) as r:
+            assert r.status_code == 200 and b"".join(r.iter_raw())
+        with client.stream("POST", url + "/v1/completions", json={
+                "model": model, "prompt": f"w8 {c['abort']}", "max_tokens": 100, "ignore_eos": True,
+                "stream": True}) as r:
+            next(r.iter_raw())  # then leave: the server aborts the request
+        assert client.post(url + "/v1/completions", json={"model": model, "prompt": c["fail"],
+                                                          "frobnicate": c["fail"]}).status_code == 400
+
+
+def test_serve_holds_no_canary_after_requests_end(tiny_llama_dir):
+    canaries = {p: f"TRACELESS-CANARY-{p}-{secrets.token_hex(8)}" for p in ("plain", "chat", "stream", "abort",
+                                                                               "fail")}
+    with spawn_serve("--model", str(tiny_llama_dir), "--dtype", "float32", "--kv-cache-memory", "1MiB",
+                     "--max-model-len", "128") as serve:
+        model = httpx.get(serve.url + "/v1/models").json()["data"][0]["id"]
+        _send(serve.url, model, canaries)
+        time.sleep(3.0)  # the engine's idle work: a garbage collection once quiet
+        found = scan_process(serve.proc.pid, [c.encode() for c in canaries.values()])
+        assert sum(found.values()) == 0, {k.decode().split("-")[2]: v for k, v in found.items() if v}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--port", "8123", "--metrics-port", "8123"], "--metrics-port must differ from --port"),
+    (["--metrics-min-requests", "-1"], "minimum number of requests"),
+    (["--metrics-window", "0"], "positive number of seconds"),
+])
+def test_serve_refuses_metrics_on_the_public_port_and_bad_windows(extra, message):
+    r = subprocess.run([sys.executable, "-m", "traceless.cli", "serve", *extra], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and message in r.stderr

@@ -1,0 +1,73 @@
+"""Which logged release a node's attested measurement belongs to.
+
+`ReleaseLookup` is the one question the gateway (admission) and the client (verification) ask of
+the transparency log: the release manifest whose `combined` measurement equals the one a node
+attests, or a typed error. `ReleaseIndex` answers it from a `LogClient`: it takes a signed tree
+head (consistent with every head seen before), fetches the whole tree's entries, checks that they
+hash to that head's root (so every manifest it returns is proven to be in the log) and indexes the
+release manifests among them by `combined`. Leaves that are not release manifests (issuer keys,
+legacy bare measurement hashes) are skipped. A miss refreshes the head once at most every
+`refresh_s`, so a release logged after start is found without a restart.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from traceless.errors import TracelessError
+from traceless.privacy.translog.client import LogClient, LogProtocolError
+from traceless.privacy.translog.manifest import ManifestError, ReleaseManifest, decode_leaf
+from traceless.privacy.translog.merkle import merkle_tree_hash
+
+
+class ReleaseNotLoggedError(TracelessError):
+    """No release manifest in the log has this combined measurement."""
+
+
+class ReleaseLookup(Protocol):
+    def release_for(self, combined: bytes) -> ReleaseManifest:
+        """The logged release whose combined measurement is `combined`; ReleaseNotLoggedError
+        (or a LogClientError when the log cannot be read or does not verify) otherwise."""
+        ...
+
+
+class ReleaseIndex:
+    """ReleaseLookup over a LogClient (see the module docstring)."""
+
+    def __init__(self, log: LogClient, refresh_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self._log = log
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._releases: dict[bytes, ReleaseManifest] = {}
+        self._size = -1
+        self._refreshed_at: float | None = None
+
+    def release_for(self, combined: bytes) -> ReleaseManifest:
+        manifest = self._releases.get(combined)
+        now = self._clock()
+        if manifest is None and (self._refreshed_at is None or now - self._refreshed_at >= self._refresh_s):
+            self.refresh()
+            manifest = self._releases.get(combined)
+        if manifest is None:
+            raise ReleaseNotLoggedError("no logged release has the attested measurement")
+        return manifest
+
+    def refresh(self) -> None:
+        """Take the log's current head (consistency-checked) and index any new entries."""
+        self._refreshed_at = self._clock()
+        sth = self._log.update()
+        if sth.tree_size == self._size:
+            return
+        leaves = self._log.get_entries(sth.tree_size)
+        if merkle_tree_hash(leaves) != sth.root_hash:
+            raise LogProtocolError("the log's entries do not hash to its signed tree head")
+        releases = {}
+        for leaf in leaves:
+            try:
+                entry = decode_leaf(leaf)
+            except ManifestError:
+                continue  # not a readable entry (a legacy bare measurement hash): no release to use
+            if isinstance(entry, ReleaseManifest):
+                releases[entry.combined] = entry
+        self._releases, self._size = releases, sth.tree_size

@@ -1,0 +1,39 @@
+"""Overwriting what glibc's per-thread cache holds, for freed-memory scrubbing.
+
+With PYTHONMALLOC=malloc and MALLOC_PERTURB_ (cli/scrubbing.py), glibc overwrites a chunk when it
+is freed, except the chunks it parks in the freeing thread's cache (tcache: up to 7 chunks of each
+size up to 1032 bytes), which keep their contents until that thread allocates again. A request's
+last small strings (a prompt, a JSON value) land there and stay while the server is idle. Taking
+every cached chunk out with zero-filled allocations, then freeing them, leaves zeros in the cache.
+Each thread has its own cache, so each thread that touched request text runs this itself.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Executor, Future
+
+TCACHE_COUNT = 7  # glibc's default number of chunks per size
+TCACHE_MAX_BYTES = 1032  # the largest request size tcache serves (64 sizes, 16 bytes apart)
+
+
+def flush_thread_cache() -> None:
+    """Replace every chunk in this thread's tcache with a zeroed one."""
+    # bytearray(n) takes an (n + 1)-byte buffer and zero-fills it: n + 1 = 9, 25, ... 1033 meets
+    # every tcache size once; one more than the cache holds takes out all of it.
+    held = [bytearray(n) for n in range(8, TCACHE_MAX_BYTES + 8, 16) for _ in range(TCACHE_COUNT + 1)]
+    del held
+
+
+def flush_pool_threads(pool: Executor, num_threads: int) -> list[Future]:
+    """Run flush_thread_cache on each of the pool's `num_threads` threads: every task waits for
+    the others at a barrier, so no thread can take two of them."""
+    barrier = threading.Barrier(num_threads)
+
+    def one() -> None:
+        flush_thread_cache()
+        try:
+            barrier.wait(timeout=1.0)
+        except threading.BrokenBarrierError:
+            pass  # a thread busy with a request: it flushes at the next idle period
+
+    return [pool.submit(one) for _ in range(num_threads)]
