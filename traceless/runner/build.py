@@ -29,9 +29,17 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def cpu_runs_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matmuls in hardware (AVX-512 BW/VL/DQ, with or without the
+    BF16 extension, or AMX): oneDNN's packed bfloat16 weights need it. On an AVX2-only CPU bfloat16 is
+    emulated element by element, slower than float32, and the packed path refuses to run."""
+    return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16  # CPUs with AVX-512 BF16/AMX and every recent GPU run it natively
+        # bfloat16 where the hardware runs it (every recent GPU, AVX-512/AMX CPUs); float32 elsewhere
+        return torch.bfloat16 if device.type != "cpu" or cpu_runs_bf16() else torch.float32
     if name == "float16" and device.type == "cpu":
         raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
     return _DTYPES[name]
@@ -134,7 +142,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
     rope = Rope(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
     attention, ops = _layers(backend, cache, rope, mc)
-    pack = device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    pack = (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and cpu_runs_bf16())
     try:
         model = LlamaModel(mc, loaded.weights, attention, ops, device, pack)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
