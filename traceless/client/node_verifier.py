@@ -88,17 +88,22 @@ class NodeVerifier:
         self._leeway_s = config.clock_leeway_s
         self._log = LogClient(config.log_url, config.log_public_key)
         self._releases = releases if releases is not None else ReleaseIndex(self._log)
+        self.last_refused: dict[str, int] = {}  # reason -> nodes refused for it in the last round
 
     def close(self) -> None:
         self._log.close()
 
     def verify_all(self, offered: list, expected_nonce: bytes) -> list[VerifiedNode]:
-        out = []
+        """The offered nodes that pass; `last_refused` counts the others of this round by reason."""
+        out: list[VerifiedNode] = []
+        refused_by: dict[str, int] = {}
         for entry in offered:
             try:
                 out.append(self.verify(entry, expected_nonce=expected_nonce))
             except NodeRefused as refused:
                 emit("client.refused_node", reason=refused.reason)
+                refused_by[refused.reason] = refused_by.get(refused.reason, 0) + 1
+        self.last_refused = refused_by
         return out
 
     def verify(self, entry: dict, *, expected_nonce: bytes, now: float | None = None) -> VerifiedNode:

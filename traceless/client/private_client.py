@@ -138,12 +138,14 @@ class AsyncPrivateClient:
         return verified
 
     def status(self) -> dict:
-        """What this client last verified, for the proxy's /status: the policy, and the attestation kind
-        of every node of the current round (node ids are the gateway's random ones; nothing else)."""
+        """What this client last verified, for the proxy's /status: the policy, the attestation kind of
+        every node of the current round (node ids are the gateway's random ones) and how many offered
+        nodes that round refused, by reason (fixed codes)."""
         nodes = [{"node_id": n.node_id, "attestation_kind": n.attestation_kind, "capacity": n.capacity,
                   "measurement": n.measurement.hex(), "verified_at": n.verified_at} for n in self._verified]
         return {"model": self.config.model, "policy": self.config.policy_name,
-                "attestation_kinds": sorted({n.attestation_kind for n in self._verified}), "nodes": nodes}
+                "attestation_kinds": sorted({n.attestation_kind for n in self._verified}), "nodes": nodes,
+                "refused": dict(self.verifier.last_refused)}
 
     def _encapsulate(self, node: VerifiedNode, path: bytes, body: bytes, stream: bool):
         inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
