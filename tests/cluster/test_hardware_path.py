@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster._hardware import hardware_attester, write_policy_file
 from tests.cluster._services import RELEASE, StubReleases, running_app
+from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
 from traceless import SamplingParams

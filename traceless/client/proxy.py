@@ -63,4 +63,6 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         Route("/health", endpoint(COMPONENT, "health", health), methods=["GET"]),
         Route("/status", endpoint(COMPONENT, "status", status), methods=["GET"]),
     ]
-    return create_app(COMPONENT, routes)
+    app = create_app(COMPONENT, routes)
+    app.state.private_client = client
+    return app

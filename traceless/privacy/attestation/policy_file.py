@@ -9,22 +9,23 @@
       tdx: [intel-sgx-root.pem]
       nvidia: [nvidia-device-root.pem]
     snp:
-      measurements: [<96 hex digits>, ...]        # allowed launch measurements (required with snp)
+      measurements: ['<96 hex digits>', ...]      # allowed launch measurements (required with snp; quoted)
       minimum_tcb: {bootloader: 3, tee: 0, snp: 8, microcode: 115}   # (fmc: on Turin)
       allow_smt: true
       allow_migration_agent: false
       max_vmpl: 3
     tdx:
-      mr_td: [<96 hex digits>, ...]               # allowed MRTDs (required with tdx)
+      mr_td: ['<96 hex digits>', ...]             # allowed MRTDs (required with tdx)
       accepted_tcb_statuses: [UpToDate]
       collateral: pcs-collateral/                 # Intel PCS collateral directory (tdx_collateral.py)
     nvidia:
-      reference: {"0": [<hex>, ...], ...}         # block index -> allowed measurement values
+      reference: {0: ['<hex>', ...], ...}         # block index -> allowed measurement values
     development: true                 # allow the software attester (never in production)
 
 Every key is checked: an unknown key, a wrong type, a missing root or a hardware kind without the
 measurements it must pin is a `PolicyFileError` naming the section and the keys it allows, never a
-silently ignored setting. A file with only `development: true` is the development policy.
+silently ignored setting. A file with only `development: true` is the development policy. Quote hex
+values in YAML: unquoted, one made of digits only would be read as a number (and refused).
 """
 from __future__ import annotations
 

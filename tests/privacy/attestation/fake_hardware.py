@@ -92,7 +92,7 @@ def write_policy_file(directory: Path, amd: AmdTestChain, gpu: GpuTestChain | No
     if gpu is not None:
         (directory / "test-gpu-root.pem").write_bytes(gpu.trust.roots[0])
         lines.append("  nvidia: [test-gpu-root.pem]")
-    lines += ["snp:", f"  measurements: [{launch.hex()}]",
+    lines += ["snp:", f"  measurements: ['{launch.hex()}']",
               "  minimum_tcb: {bootloader: 0, tee: 0, snp: 0, microcode: 0}"]
     path = directory / f"{name}-policy.yaml"
     path.write_text("\n".join(lines) + "\n")
