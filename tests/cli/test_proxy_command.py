@@ -23,10 +23,13 @@ BASE = ["proxy", "--issuer", "http://issuer.invalid", "--api-key", "k" * 32, "--
 @pytest.fixture
 def served(monkeypatch):
     """Run `traceless proxy ARGS` up to the point it would serve; return its app instead."""
+    import traceless.events as events
     import traceless.http.serve as serve
 
     apps = []
     monkeypatch.setattr(serve, "run_uvicorn", lambda app, *a, **kw: apps.append(app))
+    # The command would send this process's events to stderr only (propagate off): keep pytest's capture.
+    monkeypatch.setattr(events, "configure_logging", lambda *a, **kw: None)
     return apps
 
 

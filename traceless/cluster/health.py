@@ -2,7 +2,8 @@
 
 Every `interval_s`, the gateway asks every node at once for a fresh attestation
 (`GET {node}/pcc/v1/attestation?nonce=` with a nonce of its own) and checks it under the node's
-registered attester key: signature, nonce, validity, the URL and the capacity registered. A pass
+registered attester key: signature, nonce, validity, the URL and the capacity registered, and,
+under an evidence policy, the fresh hardware evidence that must vouch for that key. A pass
 needs all of them within `timeout_s`; anything else (error status, timeout, refused connection, a
 document by another key: someone else answering at that URL) is a failure. A bare `/health` 200
 proves nothing about who answered, so it is not used. The registry counts consecutive failures
