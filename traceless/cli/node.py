@@ -67,7 +67,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
 
 
 def build_attester(args: argparse.Namespace, *, tsm_root: Path | None = None, nvml: object = None) -> Attester:
-    """The node's attester. `hardware` collects once at once (probe), so a machine without the
+    """The node's attester. `hardware` collects evidence once at start (probe), so a machine without the
     confidential VM, the GPU or its CC mode fails here, before the model loads, with SystemExit
     naming what is missing. `tsm_root` and `nvml` replace the real configfs path and pynvml (tests)."""
     from traceless.privacy.attestation.collectors import CollectorError
