@@ -47,6 +47,22 @@ ERROR_KIND = Choice.of(
     "model_error", "timeout", "unavailable",
 )
 
+# Attestation kinds a client can verify a node under (evidence_policy.AttestationVerdict.kind).
+ATTESTATION_KIND = Choice.of("software", "snp", "tdx", "nvidia", "snp+nvidia", "tdx+nvidia")
+# PolicyRefusedError reasons without their kind and check (evidence_policy.py).
+EVIDENCE_REFUSAL = Choice.of(
+    "software_attester_refused", "malformed", "more_than_one_cpu_report", "cpu_evidence_missing",
+    "gpu_evidence_missing", "cpu_kind_not_accepted", "gpu_evidence_not_required", "report_failed",
+    "check_not_run", "report_malformed", "no_trust_anchor", "attester_type", "other",
+)
+# Every check name of the SEV-SNP, TDX and NVIDIA verifiers (their CHECKS), and "none".
+EVIDENCE_CHECK = Choice.of(
+    "none", "report-format", "cert-chain", "report-signature", "tcb-binding", "minimum-tcb", "guest-policy",
+    "measurement", "report-data", "revocation", "quote-format", "pck-chain", "qe-report-signature", "qe-binding",
+    "quote-signature", "collateral-signatures", "collateral-current", "tcb-status", "td-attributes", "mr-td",
+    "rtmrs", "fwid-binding", "nonce", "reference-measurements", "rim-signature",
+)
+
 SCHEMA: dict[str, dict[str, FieldKind]] = {
     # engine
     "engine.ready": {
@@ -76,7 +92,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "component": COMPONENT, "route": Choice.of(
             "models", "completions", "chat_completions", "health", "metrics", "attestation",
             "ohttp_keys", "ohttp", "nodes", "register", "token", "log", "other",
-            "challenge", "token_directory", "token_batch",
+            "challenge", "token_directory", "token_batch", "status",
         ),
         "status_code": INT, "duration_s": FLOAT, "stream": BOOL,
     },
@@ -84,21 +100,27 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     # private path
     "node.registered": {"ok": BOOL, "status_code": INT},
     "node.replay_refused": {"replay_entries": INT},
+    "node.evidence_unavailable": {"route": Choice.of("attestation", "register")},
     "client.refused_node": {"reason": Choice.of(
         "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error",
-        "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence")},
+        "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence", "evidence_refused",
+        "evidence_without_policy")},
+    # `reason` is the policy's fixed refusal code; for a report that failed, `kind` and `check` name it
+    "client.evidence_refused": {"reason": EVIDENCE_REFUSAL, "kind": Choice.of("snp", "tdx", "nvidia", "none"),
+                                "check": EVIDENCE_CHECK},
+    "client.attestation_kind": {"kind": ATTESTATION_KIND},
     "client.candidates": {"offered": INT, "verified": INT, "fresh": BOOL},
     "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
     # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)
     "gateway.configured": {
         "token_check": BOOL, "issuer_keys": INT, "health_interval_s": FLOAT, "unhealthy_after": INT,
-        "attester_policy": Choice.of("production", "development"),
+        "attester_policy": Choice.of("production", "development"), "evidence_policy": BOOL,
     },
     "gateway.node_registered": {"new": BOOL, "nodes": INT},
     "gateway.node_dropped": {"failures": INT, "nodes": INT},
     "gateway.registration_refused": {"reason": Choice.of(
         "attestation_refused", "release_not_logged", "capacity_not_allowed", "stale_registration",
-        "registry_full", "log_error")},
+        "registry_full", "log_error", "evidence_refused")},
     "issuer.issued": {"tokens": INT},
     # transparency log
     "log.opened": {"tree_size": INT},

@@ -66,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "production refuses them (default)")
     gateway.add_argument("--attester-key", action="append", default=[],
                          help="trusted attester public key (base64); repeatable")
+    gateway.add_argument("--evidence-policy", metavar="FILE",
+                         help="JSON/YAML evidence policy (docs/attestation.md): nodes are admitted on hardware "
+                              "evidence that vouches for their key; the software attester only if it says "
+                              "development: true")
     gateway.add_argument("--max-nodes", type=_positive_int, default=1024, help="registry cap (default 1024)")
     _listen_args(gateway, 8092)
     gateway.set_defaults(handler=_run(_gateway))
@@ -115,6 +119,24 @@ def _issuer(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_evidence_policy(path: str, command: str):
+    """The AttestationPolicy in `path`; SystemExit naming the problem when it is not a valid one."""
+    from traceless.privacy.attestation.policy_file import PolicyFileError, load_policy_file
+
+    try:
+        return load_policy_file(path)
+    except PolicyFileError as e:
+        raise SystemExit(f"traceless {command}: {e}") from None
+
+
+def describe_policy(policy) -> str:
+    """One line for the operator: what the evidence policy demands."""
+    parts = [f"CPU {' or '.join(sorted(policy.cpu)).upper()}"] if policy.cpu else []
+    parts += ["NVIDIA GPU"] if policy.gpu else []
+    text = " + ".join(parts) if parts else "no hardware evidence"
+    return text + ("; DEVELOPMENT: the software attester is accepted" if policy.allow_software else "")
+
+
 def _gateway(args: argparse.Namespace) -> int:
     import base64
 
@@ -132,15 +154,19 @@ def _gateway(args: argparse.Namespace) -> int:
     if not args.log or not args.log_public_key:
         raise CommandError("--log URL and --log-public-key are required: nodes are admitted by their logged release")
     policy = AttesterPolicy(args.attester_policy)
+    evidence_policy = load_evidence_policy(args.evidence_policy, "gateway") if args.evidence_policy else None
     config = GatewayConfig(issuer_url=args.issuer, privacy=privacy, register_secret=args.register_secret,
                            health_interval_s=args.health_interval, unhealthy_after=args.unhealthy_after,
                            max_body_bytes=args.max_body_bytes, attester_policy=policy,
                            trusted_attester_keys=tuple(base64.b64decode(k) for k in args.attester_key),
-                           max_nodes=args.max_nodes)
+                           max_nodes=args.max_nodes, evidence_policy=evidence_policy)
     keys = fetch_issuer_keys(args.issuer) if args.issuer else []
     releases = ReleaseIndex(LogClient(args.log, base64.b64decode(args.log_public_key)))
     configure_logging()
-    if policy is AttesterPolicy.DEVELOPMENT:
+    if evidence_policy is not None:
+        print(f"traceless gateway: evidence policy {evidence_policy.name!r}: {describe_policy(evidence_policy)}",
+              flush=True)
+    elif policy is AttesterPolicy.DEVELOPMENT:
         print("traceless gateway: DEVELOPMENT attestation policy: software-attested nodes are admitted", flush=True)
     run_uvicorn(create_gateway_app(config, keys, releases=releases), args.host, args.port, "gateway")
     return 0

@@ -4,11 +4,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from traceless.cli.engine_args import add_engine_args
 from traceless.cli.env import add_env_argument
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 from traceless.cli.serve import add_http_args
+
+if TYPE_CHECKING:
+    from traceless.privacy.attestation.software import Attester
+
+MAX_GPUS = 8  # hardware.MAX_GPUS (not imported here: parser modules import nothing heavy)
 
 
 def add_node_args(p: argparse.ArgumentParser) -> None:
@@ -27,6 +33,13 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
                      help="URL the gateway reaches this node at (default http://HOST:PORT)")
     p.add_argument("--register-interval", type=float, default=60.0, help="seconds between re-registrations")
     p.add_argument("--attestation-ttl", type=int, default=300, help="seconds an attestation document is valid")
+    p.add_argument("--attestation", choices=("software", "hardware"), default="software",
+                   help="hardware: a key born in this confidential VM, vouched for by SEV-SNP/TDX evidence from "
+                        "configfs-tsm (and --gpu-evidence GPUs' NVIDIA reports); software: an in-memory key that "
+                        "proves nothing about the code (development only; the default)")
+    p.add_argument("--gpu-evidence", type=int, default=0, metavar="N",
+                   help=f"with --attestation hardware: NVIDIA confidential-computing evidence of GPUs 0..N-1 "
+                        f"(0 to {MAX_GPUS})")
     add_scrub_arg(p)
 
 
@@ -48,7 +61,35 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
         "load_format": args.load_format,
+        # What a client may conclude from a document depends on who signs it and with which evidence.
+        "attestation": args.attestation, "gpu_evidence": args.gpu_evidence,
     }
+
+
+def build_attester(args: argparse.Namespace, *, tsm_root: Path | None = None, nvml: object = None) -> Attester:
+    """The node's attester. `hardware` collects evidence once at start (probe), so a machine without the
+    confidential VM, the GPU or its CC mode fails here, before the model loads, with SystemExit
+    naming what is missing. `tsm_root` and `nvml` replace the real configfs path and pynvml (tests)."""
+    from traceless.privacy.attestation.collectors import CollectorError
+    from traceless.privacy.attestation.hardware import HardwareAttester
+    from traceless.privacy.attestation.nvml import NvmlCollector
+    from traceless.privacy.attestation.software import SoftwareAttester
+    from traceless.privacy.attestation.tsm import TSM_REPORT_ROOT, TsmCollector
+
+    if not 0 <= args.gpu_evidence <= MAX_GPUS:
+        raise SystemExit(f"traceless node: --gpu-evidence must be 0 to {MAX_GPUS}")
+    if args.attestation == "software":
+        if args.gpu_evidence:
+            raise SystemExit("traceless node: --gpu-evidence needs --attestation hardware")
+        return SoftwareAttester()
+    gpus = [NvmlCollector(i, nvml=nvml) for i in range(args.gpu_evidence)]
+    attester = HardwareAttester(TsmCollector(tsm_root or TSM_REPORT_ROOT), gpus)
+    try:
+        attester.probe()
+    except CollectorError as e:
+        raise SystemExit(f"traceless node: --attestation hardware cannot collect evidence on this machine: {e}") \
+            from None
+    return attester
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -82,7 +123,6 @@ def _node(args: argparse.Namespace) -> int:
     from traceless.node.keyring import KeyRing
     from traceless.node.settings import NodeSettings
     from traceless.privacy.attestation.measurement import measure
-    from traceless.privacy.attestation.software import SoftwareAttester
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES
 
     if args.capacity < 1:
@@ -90,6 +130,7 @@ def _node(args: argparse.Namespace) -> int:
     window_policy(args, "node")  # a bad telemetry setting fails before the model loads
     if bool(args.log) != bool(args.log_public_key):
         raise SystemExit("traceless node: --log and --log-public-key go together")
+    attester = build_attester(args)  # before the model loads: no device, no start
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
     configure_logging()
@@ -97,12 +138,12 @@ def _node(args: argparse.Namespace) -> int:
     measurement = measure(engine.model.path, node_measured_config(args))
     if args.log:
         check_release_allows(args.log, args.log_public_key, measurement.combined, args.capacity)
-    attester = SoftwareAttester()
     raw = attester.public_key.public_bytes_raw()
     # Public values, printed for the operator (and read by `traceless up`) -- not logs.
     print(f"attester-public-key: {base64.b64encode(raw).decode()}", flush=True)
     print(f"measurement: {measurement.combined.hex()}", flush=True)
     print(f"model: {args.served_model_name or engine.model_name}", flush=True)
+    print(f"attestation: {attester.attester_type}", flush=True)
     public_url = (args.public_url or f"http://{args.host}:{args.port}").rstrip("/")
     settings = NodeSettings(
         model_name=args.served_model_name or engine.model_name, capacity=args.capacity,

@@ -17,8 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_env_argument(p, "--log", "TRACELESS_LOG_URL", required=True, help="transparency log URL")
     add_env_argument(p, "--log-public-key", "TRACELESS_LOG_PUBLIC_KEY", required=True,
                      help="the log's Ed25519 public key (base64), pinned")
-    p.add_argument("--attester-key", action="append", required=True,
-                   help="trusted attester public key (base64); repeatable")
+    p.add_argument("--attester-key", action="append", default=[],
+                   help="trusted attester public key (base64); repeatable (needed unless --evidence-policy)")
+    p.add_argument("--evidence-policy", metavar="FILE",
+                   help="JSON/YAML evidence policy (docs/attestation.md): a node's key is trusted on hardware "
+                        "evidence that binds its attestation; the software attester only if the file says "
+                        "development: true (and its key is pinned with --attester-key)")
     p.add_argument("--model", required=True)
     p.add_argument("--origin-name", default="traceless", help="origin name in the gateway's token challenges")
     p.add_argument("--candidates", type=int, default=1000,
@@ -37,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _proxy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from traceless.cli.cluster import describe_policy, load_evidence_policy
     from traceless.client.private_client import AsyncPrivateClient, ClientConfig
     from traceless.client.proxy import LOOPBACK, create_proxy_app
     from traceless.events import configure_logging
@@ -45,6 +50,10 @@ def _proxy(args: argparse.Namespace) -> int:
 
     if args.host not in LOOPBACK:
         raise SystemExit("traceless proxy: it serves plaintext, so it binds loopback only (127.0.0.1 or ::1)")
+    if not args.attester_key and not args.evidence_policy:
+        raise SystemExit("traceless proxy: give an --evidence-policy FILE (hardware-attested nodes) or the "
+                         "--attester-key of each node to trust")
+    evidence_policy = load_evidence_policy(args.evidence_policy, "proxy") if args.evidence_policy else None
     configure_logging()
     api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else args.api_key
     config = ClientConfig(
@@ -53,8 +62,12 @@ def _proxy(args: argparse.Namespace) -> int:
         attester_keys=tuple(base64.b64decode(k) for k in args.attester_key), model=args.model,
         origin_name=args.origin_name, candidates=args.candidates,
         attester_policy=AttesterPolicy(args.attester_policy), attestation_max_age_s=args.attestation_max_age,
+        evidence_policy=evidence_policy,
     )
-    if config.attester_policy is AttesterPolicy.DEVELOPMENT:
+    if evidence_policy is not None:
+        print(f"traceless proxy: evidence policy {evidence_policy.name!r}: {describe_policy(evidence_policy)}",
+              flush=True)
+    elif config.attester_policy is AttesterPolicy.DEVELOPMENT:
         print("traceless proxy: DEVELOPMENT attestation policy: software-attested nodes are accepted", flush=True)
     run_uvicorn(create_proxy_app(AsyncPrivateClient(config)), args.host, args.port, "proxy")
     return 0

@@ -6,7 +6,11 @@ A node passes when
      allows (the software attester only under the explicit development policy), carries the
      client's own nonce (so it was made for this client now: a gateway cannot replay an old one),
      is within its validity period (CLOCK_LEEWAY_S of skew either way), and binds exactly the OHTTP
-     keys offered with it;
+     keys offered with it. With an evidence policy (`ClientConfig.evidence_policy`), the key is
+     trusted only once the hardware evidence offered beside the document verifies under that
+     policy and binds the document (`check_evidence`): then it is the key the evidence vouches for
+     (`document_key`); the software attester passes only a policy that allows it, under a pinned
+     key. Without an evidence policy, evidence is refused, never ignored;
   2. the measurement it attests is a release in the transparency log (`ReleaseLookup`: proven
      against a signed tree head consistent with every head seen before), and that release allows
      the capacity the document claims.
@@ -17,9 +21,14 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from traceless.events import emit
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from traceless.events import EVIDENCE_CHECK, EVIDENCE_REFUSAL, Choice, emit
+from traceless.privacy.attestation.collectors import Evidence
+from traceless.privacy.attestation.evidence_policy import SOFTWARE, PolicyRefusedError, check_evidence
+from traceless.privacy.attestation.hardware import HardwareAttester, evidence_from_json
 from traceless.privacy.attestation.policy import AttesterTypeRefusedError, check_attester_type
 from traceless.privacy.attestation.software import (
     AttestationError,
@@ -51,6 +60,7 @@ class VerifiedNode:
     measurement: bytes
     attester_kid: str
     verified_at: float
+    attestation_kind: str = "software"  # "software", or the verified evidence kinds, e.g. "snp+nvidia"
 
 
 class NodeRefused(Exception):
@@ -65,26 +75,35 @@ _REASONS = ((UntrustedKeyError, "untrusted_key"), (BadSignatureError, "bad_signa
             (AttesterTypeRefusedError, "attester_type"), (UnsupportedEvidenceError, "unsupported_evidence"))
 
 
+_KINDS = Choice.of("snp", "tdx", "nvidia", "none")
+
+
 class NodeVerifier:
     """`releases` defaults to a ReleaseIndex over the configured log (tests pass a stub)."""
 
     def __init__(self, config: ClientConfig, releases: ReleaseLookup | None = None) -> None:
         self._attester_keys = trusted_by_kid(config.attester_keys)
         self._policy = config.attester_policy
+        self._evidence_policy = config.evidence_policy
         self._leeway_s = config.clock_leeway_s
         self._log = LogClient(config.log_url, config.log_public_key)
         self._releases = releases if releases is not None else ReleaseIndex(self._log)
+        self.last_refused: dict[str, int] = {}  # reason -> nodes refused for it in the last round
 
     def close(self) -> None:
         self._log.close()
 
     def verify_all(self, offered: list, expected_nonce: bytes) -> list[VerifiedNode]:
-        out = []
+        """The offered nodes that pass; `last_refused` counts the others of this round by reason."""
+        out: list[VerifiedNode] = []
+        refused_by: dict[str, int] = {}
         for entry in offered:
             try:
                 out.append(self.verify(entry, expected_nonce=expected_nonce))
             except NodeRefused as refused:
                 emit("client.refused_node", reason=refused.reason)
+                refused_by[refused.reason] = refused_by.get(refused.reason, 0) + 1
+        self.last_refused = refused_by
         return out
 
     def verify(self, entry: dict, *, expected_nonce: bytes, now: float | None = None) -> VerifiedNode:
@@ -92,9 +111,13 @@ class NodeVerifier:
         try:
             ohttp_keys = base64.b64decode(entry["ohttp_keys"], validate=True)
             key_config = decode_ohttp_keys(ohttp_keys)[0]  # newest first
-            claims = verify_attestation(entry["attestation"], self._attester_keys.values(), now, expected_nonce,
+            keys, kind = self._trusted_keys(entry["attestation"], evidence_from_json(entry.get("evidence", [])))
+            claims = verify_attestation(entry["attestation"], keys, now, expected_nonce,
                                         ohttp_keys=ohttp_keys, leeway_s=self._leeway_s)
-            check_attester_type(self._policy, claims.attester_type)
+            if self._evidence_policy is None:
+                check_attester_type(self._policy, claims.attester_type)
+            elif claims.attester_type != _attester_type(kind):
+                _evidence_refused("attester_type", "none", "none")
             node_id = entry["node_id"]
             if not isinstance(node_id, str):
                 raise TypeError("node_id")
@@ -111,5 +134,48 @@ class NodeVerifier:
             raise NodeRefused("log_error") from None
         if not release.allows_capacity(claims.capacity):
             raise NodeRefused("capacity_not_allowed")
-        return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now)
+        emit("client.attestation_kind", kind=kind)
+        return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now,
+                            kind)
+
+    def _trusted_keys(self, document: str, evidence: tuple[Evidence, ...]) -> tuple[list[Ed25519PublicKey], str]:
+        """The keys to authenticate `document` with, and the attestation kind they stand for: under an
+        evidence policy, what `check_evidence` vouches for (or the pinned keys, for the software
+        attester where the policy allows it); without one, the pinned keys, and no evidence at all."""
+        if self._evidence_policy is None:
+            if evidence:
+                raise NodeRefused("evidence_without_policy")
+            return list(self._attester_keys.values()), SOFTWARE
+        try:
+            verdict = check_evidence(self._evidence_policy, document, evidence, list(self._attester_keys.values()))
+        except PolicyRefusedError as exc:
+            kind, check, code = _split_reason(exc.reason)
+            _evidence_refused(code, kind, check)
+        return list(verdict.keys), verdict.kind
+
+
+def _attester_type(kind: str) -> str:
+    return SOFTWARE if kind == SOFTWARE else HardwareAttester.attester_type
+
+
+def _split_reason(reason: str) -> tuple[str, str, str]:
+    """(kind, check, code) of a PolicyRefusedError reason: "snp:report-data" is a failed check,
+    "snp:report-data:not_run" a required check that did not run, "snp:malformed" bytes that do not
+    parse, "snp:no_trust_anchor" a kind the policy pins no root for; anything else is a plain code."""
+    parts = reason.split(":")
+    if len(parts) == 1:
+        return "none", "none", reason
+    if parts[1] in ("malformed", "no_trust_anchor"):
+        return parts[0], "none", "report_malformed" if parts[1] == "malformed" else "no_trust_anchor"
+    return parts[0], parts[1], "check_not_run" if parts[-1] == "not_run" else "report_failed"
+
+
+def _evidence_refused(code: str, kind: str, check: str) -> NoReturn:
+    """Record why (fixed codes only: no evidence bytes, no node-chosen text) and refuse the node."""
+    fields = {"reason": code, "kind": kind, "check": check}
+    if not all(value in choice.values for value, choice in
+               ((code, EVIDENCE_REFUSAL), (kind, _KINDS), (check, EVIDENCE_CHECK))):
+        fields = {"reason": "other", "kind": "none", "check": "none"}
+    emit("client.evidence_refused", **fields)
+    raise NodeRefused("evidence_refused")
 

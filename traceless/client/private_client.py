@@ -4,7 +4,8 @@
     candidates  relay -> gateway /pcc/v1/nodes?nonce=N      -> the model's nodes, each with a document
                                                               its node made now for the client's nonce
     verify      attestation (trusted attester key, attester type allowed by policy, nonce, validity
-                with clock leeway, OHTTP keys bound) + a logged release that allows the attested
+                with clock leeway, OHTTP keys bound; with an evidence policy, the hardware evidence
+                that vouches for the key) + a logged release that allows the attested
                 capacity                                    -> refuse anything else, before sending
     draw        the client itself, by attested capacity    (node_choice.py; never the gateway's order)
     request     OHTTP (chunked when streaming) via relay -> gateway -> node, PrivateToken header
@@ -39,6 +40,7 @@ from traceless.client.node_verifier import NodeVerifier, VerifiedNode
 from traceless.client.routing_watch import RoutingWatch
 from traceless.client.tokens import TokenWallet
 from traceless.events import emit
+from traceless.privacy.attestation.evidence_policy import AttestationPolicy
 from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamDecoder
@@ -71,10 +73,19 @@ class ClientConfig:
     # per request.
     attestation_max_age_s: float = 60.0
     clock_leeway_s: int = CLOCK_LEEWAY_S
+    # With an evidence policy, a node's key is trusted on its hardware evidence (node_verifier.py), and
+    # that policy, not `attester_policy`, decides whether the software attester (under a key pinned in
+    # `attester_keys`) is accepted. Without one, only `attester_keys` are trusted.
+    evidence_policy: AttestationPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:
             raise ValueError("attestation_max_age_s and clock_leeway_s must be >= 0 and candidates >= 1")
+
+    @property
+    def policy_name(self) -> str:
+        """The policy nodes are verified under, as status lines and reports name it."""
+        return self.evidence_policy.name if self.evidence_policy is not None else self.attester_policy.value
 
 
 class PrivateClientError(Exception):
@@ -125,6 +136,16 @@ class AsyncPrivateClient:
             raise PrivateClientError("no offered node could be verified; nothing was sent")
         self._verified, self._verified_at = verified, now
         return verified
+
+    def status(self) -> dict:
+        """What this client last verified, for the proxy's /status: the policy, the attestation kind of
+        every node of the current round (node ids are the gateway's random ones) and how many offered
+        nodes that round refused, by reason (fixed codes)."""
+        nodes = [{"node_id": n.node_id, "attestation_kind": n.attestation_kind, "capacity": n.capacity,
+                  "measurement": n.measurement.hex(), "verified_at": n.verified_at} for n in self._verified]
+        return {"model": self.config.model, "policy": self.config.policy_name,
+                "attestation_kinds": sorted({n.attestation_kind for n in self._verified}), "nodes": nodes,
+                "refused": dict(self.verifier.last_refused)}
 
     def _encapsulate(self, node: VerifiedNode, path: bytes, body: bytes, stream: bool):
         inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,

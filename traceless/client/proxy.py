@@ -2,6 +2,8 @@
 through the private path, so the openai SDK, curl and other OpenAI tools work unchanged.
 
 It binds loopback only: what reaches it is the user's plaintext, on the user's own machine.
+`GET /status` says which policy nodes are verified under and which attestation kind ("software",
+or the hardware evidence kinds such as "snp+nvidia") each node of the last verified round used.
 """
 from __future__ import annotations
 
@@ -51,10 +53,16 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def status(request: Request) -> Response:
+        return JSONResponse(client.status())
+
     routes = [
         Route("/v1/models", endpoint(COMPONENT, "models", models), methods=["GET"]),
         Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", chat), methods=["POST"]),
         Route("/v1/completions", endpoint(COMPONENT, "completions", completions), methods=["POST"]),
         Route("/health", endpoint(COMPONENT, "health", health), methods=["GET"]),
+        Route("/status", endpoint(COMPONENT, "status", status), methods=["GET"]),
     ]
-    return create_app(COMPONENT, routes)
+    app = create_app(COMPONENT, routes)
+    app.state.private_client = client
+    return app

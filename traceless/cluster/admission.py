@@ -2,8 +2,12 @@
 
 A registration is admitted only when
   1. its attestation verifies under the attester key it presents (proof that the registrant holds
-     that key), the key is trusted by the gateway's policy (a pinned set, or under the explicit
-     development policy any software attester key), and the attester type is allowed;
+     that key), and that key is trusted: with an evidence policy (evidence_policy.py), because the
+     hardware evidence offered with the document verifies, binds the document and vouches for
+     exactly that key (or, only where the evidence policy allows the software attester, as below);
+     without one, because the key is pinned, or under the explicit development policy any software
+     attester key. The attester type must be the one the evidence (or its absence) implies. A
+     gateway without an evidence policy refuses evidence it cannot check rather than ignore it;
   2. the document is recent (issued within `max_age_s`, clock leeway either way), binds the OHTTP
      keys registered and the URL registered (so a record is bound to where its node serves);
   3. its measurement is a release in the transparency log, and that release allows the capacity
@@ -17,11 +21,14 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from traceless.http.errors import ApiError
+from traceless.privacy.attestation.collectors import Evidence
+from traceless.privacy.attestation.evidence_policy import AttestationPolicy, PolicyRefusedError, check_evidence
 from traceless.privacy.attestation.policy import AttesterPolicy, check_attester_type
 from traceless.privacy.attestation.software import AttestationClaims, AttestationError, verify_attestation
 from traceless.privacy.translog.client import LogClientError
@@ -37,6 +44,7 @@ class AdmissionPolicy:
     trusted_keys: tuple[bytes, ...] = ()
     max_age_s: float = 600.0
     leeway_s: int = 60
+    evidence_policy: AttestationPolicy | None = None  # hardware evidence the gateway demands (policy_file.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +71,15 @@ def parse_attester_key(value: object) -> bytes:
 
 
 def verify_document(policy: AdmissionPolicy, attester_key: bytes, document: str, ohttp_keys: bytes,
-                    nonce: bytes | None = None) -> AttestationClaims:
+                    nonce: bytes | None = None, evidence: Sequence[Evidence] = ()) -> AttestationClaims:
     """Verify `document` under `attester_key` (signature, validity with leeway, OHTTP keys, nonce) and
-    the policy's key and attester-type rules; ApiError 403 attestation_refused otherwise."""
+    the policy's key, evidence and attester-type rules; ApiError 403 otherwise."""
+    if policy.evidence_policy is not None:
+        return _verify_with_evidence(policy, policy.evidence_policy, attester_key, document, ohttp_keys, nonce,
+                                     evidence)
+    if evidence:
+        raise _refused("evidence_refused", "the node offers hardware evidence but this gateway has no evidence "
+                       "policy to check it with (start it with --evidence-policy)")
     if policy.trusted_keys and attester_key not in policy.trusted_keys:
         raise _refused("attestation_refused", "the attester key is not trusted by this gateway")
     if not policy.trusted_keys and policy.attester_policy is not AttesterPolicy.DEVELOPMENT:
@@ -80,10 +94,36 @@ def verify_document(policy: AdmissionPolicy, attester_key: bytes, document: str,
     return claims
 
 
+def _verify_with_evidence(policy: AdmissionPolicy, evidence_policy: AttestationPolicy, attester_key: bytes,
+                          document: str, ohttp_keys: bytes, nonce: bytes | None,
+                          evidence: Sequence[Evidence]) -> AttestationClaims:
+    """Rule 1 under an evidence policy: the evidence vouches for the key (hardware), or the policy
+    allows the software attester and the key is pinned (or, with no pinned keys, proven held)."""
+    if not evidence and policy.trusted_keys and attester_key not in policy.trusted_keys:
+        raise _refused("attestation_refused", "the attester key is not trusted by this gateway")
+    try:
+        verdict = check_evidence(evidence_policy, document, evidence,
+                                 (Ed25519PublicKey.from_public_bytes(attester_key),))
+    except PolicyRefusedError as exc:
+        raise _refused("evidence_refused", f"the hardware evidence was refused by the {evidence_policy.name} "
+                       f"evidence policy ({exc.reason})") from None
+    if verdict.keys[0].public_bytes_raw() != attester_key:
+        raise _refused("evidence_refused", "the evidence vouches for another key than the registered attester key")
+    try:
+        claims = verify_attestation(document, verdict.keys, time.time(), nonce, ohttp_keys=ohttp_keys,
+                                    leeway_s=policy.leeway_s)
+    except AttestationError as exc:
+        raise _refused("attestation_refused", f"the attestation was refused: {exc}") from None
+    if claims.attester_type != verdict.attester_type:
+        raise _refused("attestation_refused", "the attester type does not match the evidence offered")
+    return claims
+
+
 def admit(policy: AdmissionPolicy, releases: ReleaseLookup, attester_key: bytes, registration) -> Admitted:
     """Admission rules 1-3 for a NodeRegistration (blocking: the release lookup may read the log)."""
     ohttp_keys = base64.b64decode(registration.ohttp_keys)
-    claims = verify_document(policy, attester_key, registration.attestation, ohttp_keys)
+    claims = verify_document(policy, attester_key, registration.attestation, ohttp_keys,
+                             evidence=registration.evidence)
     if claims.node_url != registration.url:
         raise _refused("attestation_refused", "the attestation does not bind the registered url")
     if time.time() - claims.iat > policy.max_age_s + policy.leeway_s:

@@ -4,7 +4,8 @@
     GET  /pcc/v1/nodes?model&k[&nonce]
                                    K capacity-weighted candidates (routing.py); with a client's
                                    nonce, each with a document its node made for that nonce
-                                   now (health.py), and only the nodes that could
+                                   now and the hardware evidence binding it (health.py), and only
+                                   the nodes that could; at most MAX_LISTING_BYTES of them
     GET  /pcc/v1/challenge         WWW-Authenticate: PrivateToken ...
     POST /pcc/v1/ohttp/{node_id}   token check, then the body to {node}/pcc/v1/ohttp and the
                                    node's response streamed back as it comes
@@ -45,6 +46,7 @@ from traceless.http.app import create_app, endpoint
 from traceless.http.body import parse_json, read_body, require_media_type
 from traceless.http.errors import ApiError
 from traceless.http.upstream import UpstreamStream, upstream_client, upstream_error
+from traceless.privacy.attestation.evidence_policy import AttestationPolicy
 from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
 from traceless.privacy.attestation.software import NONCE_MAX, NONCE_MIN
 from traceless.privacy.ohttp.media import REQUEST_MEDIA_TYPES
@@ -55,8 +57,13 @@ from traceless.privacy.privacypass.verifier import Verifier
 from traceless.privacy.translog.release_index import ReleaseLookup
 
 COMPONENT = "gateway"
-MAX_REGISTRATION_BYTES = 256 * 1024
+# A registration carries up to MAX_EVIDENCE_ITEMS hardware reports with their certificates (a few
+# KiB each in practice, MAX_EVIDENCE_FIELD at most per field).
+MAX_REGISTRATION_BYTES = 2 * 2**20
 MAX_K = 1000
+# The candidate listing stops adding nodes past this many bytes of documents, keys and evidence
+# (one node's bounded evidence always fits), so k=1000 nodes with GPU evidence stays a bounded reply.
+MAX_LISTING_BYTES = 8 * 2**20
 _UINT = re.compile(r"[0-9]{1,6}")
 _HEX = re.compile(r"[0-9a-fA-F]*")
 
@@ -83,11 +90,14 @@ class GatewayConfig:
     trusted_attester_keys: tuple[bytes, ...] = ()
     max_nodes: int = 1024
     registration_max_age_s: float = 600.0
+    # With an evidence policy, a node is admitted on hardware evidence that vouches for its key
+    # (and the software attester only if that policy allows it); see admission.py.
+    evidence_policy: AttestationPolicy | None = None
 
     @property
     def admission(self) -> AdmissionPolicy:
         return AdmissionPolicy(self.attester_policy, self.trusted_attester_keys, self.registration_max_age_s,
-                               CLOCK_LEEWAY_S)
+                               CLOCK_LEEWAY_S, self.evidence_policy)
 
     def __post_init__(self) -> None:
         if not (self.health_interval_s > 0 and self.health_timeout_s > 0):
@@ -205,10 +215,11 @@ class Gateway:
         records = [self.registry.get(entry.node_id) for entry in chosen]
         if any(record is None for record in records):  # cannot happen: no await since routing_entries()
             raise RuntimeError("a routed node is not in the registry")
-        listed = [{"node_id": r.node_id, "attestation": r.registration.attestation,
-                   "ohttp_keys": r.registration.ohttp_keys} for r in records if r is not None]
+        listed = [_listed(r.node_id, r.registration.attestation, r.registration.ohttp_keys,
+                          r.registration.evidence_json()) for r in records if r is not None]
         if nonce is not None:
             listed = await self._freshly_attested(listed, nonce)
+        listed = capped_listing(listed, MAX_LISTING_BYTES)
         if not listed:
             raise _no_node()
         return JSONResponse({"nodes": listed})
@@ -222,7 +233,8 @@ class Gateway:
         fresh = await asyncio.gather(*(
             fresh_attestation(client, record, nonce, self.config.health_timeout_s, self.config.admission)
             for record in records if record is not None))
-        return [{"node_id": entry["node_id"], **doc} for entry, doc in zip(listed, fresh) if doc is not None]
+        return [_listed(entry["node_id"], doc["attestation"], doc["ohttp_keys"], doc["evidence"])
+                for entry, doc in zip(listed, fresh) if doc is not None]
 
     async def challenge(self, request: Request) -> Response:
         if self.verifier is None:
@@ -280,6 +292,32 @@ class Gateway:
         return UpstreamStream(upstream, headers, COMPONENT)
 
 
+def _listed(node_id: str, attestation: str, ohttp_keys: str, evidence: list[dict[str, str]]) -> dict:
+    """A candidate as listed: its document, keys and, for a hardware-attested node, its evidence."""
+    entry: dict = {"node_id": node_id, "attestation": attestation, "ohttp_keys": ohttp_keys}
+    if evidence:
+        entry["evidence"] = evidence
+    return entry
+
+
+def _entry_bytes(entry: dict) -> int:
+    evidence = sum(len(v) for item in entry.get("evidence", ()) for v in item.values())
+    return len(entry["node_id"]) + len(entry["attestation"]) + len(entry["ohttp_keys"]) + evidence
+
+
+def capped_listing(listed: list[dict], max_bytes: int) -> list[dict]:
+    """The leading entries (in drawn order) whose documents, keys and evidence fit in `max_bytes`;
+    the first entry always."""
+    out: list[dict] = []
+    total = 0
+    for entry in listed:
+        total += _entry_bytes(entry)
+        if out and total > max_bytes:
+            break
+        out.append(entry)
+    return out
+
+
 def _no_node() -> ApiError:
     return ApiError(404, "no healthy node serves this model", type="not_found_error", param="model",
                     code="model_not_found")
@@ -309,5 +347,5 @@ def create_gateway_app(
     app.state.gateway = gateway
     emit("gateway.configured", token_check=config.privacy, issuer_keys=len(issuer_keys),
          health_interval_s=float(config.health_interval_s), unhealthy_after=config.unhealthy_after,
-         attester_policy=config.attester_policy.value)
+         attester_policy=config.attester_policy.value, evidence_policy=config.evidence_policy is not None)
     return app

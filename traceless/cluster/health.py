@@ -2,7 +2,8 @@
 
 Every `interval_s`, the gateway asks every node at once for a fresh attestation
 (`GET {node}/pcc/v1/attestation?nonce=` with a nonce of its own) and checks it under the node's
-registered attester key: signature, nonce, validity, the URL and the capacity registered. A pass
+registered attester key: signature, nonce, validity, the URL and the capacity registered, and,
+under an evidence policy, the fresh hardware evidence that must vouch for that key. A pass
 needs all of them within `timeout_s`; anything else (error status, timeout, refused connection, a
 document by another key: someone else answering at that URL) is a failure. A bare `/health` 200
 proves nothing about who answered, so it is not used. The registry counts consecutive failures
@@ -16,19 +17,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import os
 
 import httpx
 
 from traceless.cluster.admission import AdmissionPolicy, verify_document
-from traceless.cluster.registry import NodeRecord, NodeRegistry
+from traceless.cluster.registry import NodeRecord, NodeRegistry, parse_evidence
+from traceless.errors import InvalidRequestError
 from traceless.events import emit
 from traceless.http.errors import ApiError
+from traceless.privacy.attestation.hardware import evidence_to_json
 
 
 async def fresh_attestation(client: httpx.AsyncClient, record: NodeRecord, nonce: bytes, timeout_s: float,
                             policy: AdmissionPolicy) -> dict | None:
-    """{"attestation", "ohttp_keys"} made now by the registered node for `nonce`, or None."""
+    """{"attestation", "ohttp_keys", "evidence"} made now by the registered node for `nonce`, or None.
+    The evidence (fresh, for this document) is checked under the gateway's evidence policy as at
+    registration, and forwarded so a client can check it under its own."""
     try:
         response = await client.get(f"{record.registration.url}/pcc/v1/attestation",
                                     params={"nonce": nonce.hex()}, timeout=timeout_s)
@@ -40,12 +46,17 @@ async def fresh_attestation(client: httpx.AsyncClient, record: NodeRecord, nonce
         return None
     try:
         keys = base64.b64decode(body["ohttp_keys"], validate=True)
-        claims = verify_document(policy, record.attester_key, body["attestation"], keys, nonce)
-    except (ApiError, binascii.Error, ValueError):
+        evidence = parse_evidence(body.get("evidence", []))
+        # Hardware evidence costs milliseconds of signature checks: off the event loop.
+        check = functools.partial(verify_document, policy, record.attester_key, body["attestation"], keys, nonce,
+                                  evidence)
+        claims = await asyncio.to_thread(check) if evidence else check()
+    except (ApiError, InvalidRequestError, binascii.Error, ValueError):
         return None
     if claims.node_url != record.registration.url or claims.capacity != record.capacity:
         return None
-    return {"attestation": body["attestation"], "ohttp_keys": body["ohttp_keys"]}
+    return {"attestation": body["attestation"], "ohttp_keys": body["ohttp_keys"],
+            "evidence": [evidence_to_json(item) for item in evidence]}
 
 
 async def check_all(registry: NodeRegistry, client: httpx.AsyncClient, timeout_s: float,

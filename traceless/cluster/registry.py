@@ -1,12 +1,14 @@
 """The gateway's node registry: who serves what, with which attested capacity, and whether it is healthy.
 
-A node registers with {"url", "model", "attestation", "ohttp_keys", "attester_key"}; admission.py
-decides whether it is admitted. Records are keyed by the attester key: one key holds one record
-(a random 16-byte hex node_id) whatever URLs it names, and re-registering it (a document by the
-same key, no older than the last one accepted) refreshes the URL, attestation and keys and clears
-the failure count. Nothing else can replace a record. The registry holds at most `max_nodes`
-records; a new key beyond that is refused. A node that fails `unhealthy_after` consecutive health
-checks is removed outright; if it comes back it registers afresh and gets a new id.
+A node registers with {"url", "model", "attestation", "ohttp_keys", "attester_key"} and, when its
+attester is hardware-backed, the "evidence" (a JSON list, hardware.evidence_from_json) that binds
+the document; admission.py decides whether it is admitted. Records are keyed by the attester
+key: one key holds one record (a random 16-byte hex node_id) whatever URLs it names, and
+re-registering it (a document by the same key, no older than the last one accepted) refreshes the
+URL, attestation, keys and evidence and clears the failure count. Nothing else can replace a
+record. The registry holds at most `max_nodes` records; a new key beyond that is refused. A node
+that fails `unhealthy_after` consecutive health checks is removed outright; if it comes back it
+registers afresh and gets a new id.
 
 Routing sees only `routing_entries()`: (node_id, model, attested capacity, healthy).
 
@@ -23,6 +25,9 @@ from urllib.parse import urlsplit
 
 from traceless.cluster.routing import RoutingEntry
 from traceless.errors import InvalidRequestError
+from traceless.privacy.attestation.collectors import Evidence
+from traceless.privacy.attestation.hardware import evidence_from_json, evidence_to_json
+from traceless.privacy.attestation.software import AttestationError
 from traceless.privacy.errors import MalformedMessageError
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 
@@ -30,6 +35,7 @@ MAX_URL_LEN = 2048
 MAX_MODEL_LEN = 256
 MAX_ATTESTATION_LEN = 64 * 1024
 _FIELDS = {"url", "model", "attestation", "ohttp_keys", "attester_key"}
+_OPTIONAL = {"evidence"}
 
 
 class RegistryFullError(Exception):
@@ -50,15 +56,28 @@ class NodeRegistration:
     attestation: str = field(repr=False)
     ohttp_keys: str = field(repr=False)  # base64 of application/ohttp-keys
     attester_key: str = field(repr=False)  # base64 of the raw Ed25519 key that signs the attestation
+    evidence: tuple[Evidence, ...] = field(default=(), repr=False)  # hardware evidence binding the document
 
     @classmethod
     def from_json(cls, body: object) -> NodeRegistration:
-        if not isinstance(body, dict) or set(body) != _FIELDS:
-            raise InvalidRequestError(f"registration must be a JSON object with exactly {sorted(_FIELDS)}")
+        if not isinstance(body, dict) or not _FIELDS <= set(body) <= _FIELDS | _OPTIONAL:
+            raise InvalidRequestError(f"registration must be a JSON object with exactly {sorted(_FIELDS)} "
+                                      f"and optionally {sorted(_OPTIONAL)}")
         if not isinstance(body["attester_key"], str) or len(body["attester_key"]) > 64:
             raise InvalidRequestError("attester_key must be base64 of a raw Ed25519 public key")
         return cls(_url(body["url"]), _model(body["model"]), _attestation(body["attestation"]),
-                   _ohttp_keys(body["ohttp_keys"]), body["attester_key"])
+                   _ohttp_keys(body["ohttp_keys"]), body["attester_key"], parse_evidence(body.get("evidence", [])))
+
+    def evidence_json(self) -> list[dict[str, str]]:
+        return [evidence_to_json(item) for item in self.evidence]
+
+
+def parse_evidence(value: object) -> tuple[Evidence, ...]:
+    """The evidence list a node offers, strictly decoded (InvalidRequestError otherwise)."""
+    try:
+        return evidence_from_json(value)
+    except AttestationError as exc:
+        raise InvalidRequestError(f"evidence: {exc}") from None
 
 
 def _url(value: object) -> str:

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from traceless.events import emit
 from traceless.http.app import create_app, endpoint
 from traceless.http.body import read_body, require_media_type
 from traceless.http.disconnect import race_disconnect
@@ -21,6 +22,7 @@ from traceless.node.identity import NodeIdentity
 from traceless.node.registration import register_loop
 from traceless.node.service import NodeService
 from traceless.node.settings import NodeSettings
+from traceless.privacy.attestation.collectors import CollectorError
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_REQ, OHTTP_KEYS, REQUEST_MEDIA_TYPES
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.engine_routes import engine_routes
@@ -45,7 +47,15 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
         except ValueError:
             raise ApiError(400, "nonce must be 8 to 64 bytes in hex", param="nonce") from None
         document, keys = identity.attestation(nonce, settings.attestation_ttl_s)
-        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode()})
+        try:
+            evidence = await asyncio.to_thread(identity.evidence, document)
+        except CollectorError:
+            # No document without the evidence that vouches for it; the reason stays in the node.
+            emit("node.evidence_unavailable", route="attestation")
+            raise ApiError(503, "the node could not collect hardware evidence now; retry later", type="server_error",
+                           code="evidence_unavailable", headers={"Retry-After": "5"}) from None
+        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
+                             "evidence": evidence})
 
     async def ohttp_keys(request: Request) -> Response:
         return Response(identity.ohttp_keys(), media_type=OHTTP_KEYS)

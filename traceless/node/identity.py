@@ -5,6 +5,7 @@ import os
 import time
 
 from traceless.node.keyring import KeyRing
+from traceless.privacy.attestation.hardware import HardwareAttester, evidence_to_json
 from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import Attester, NodeStatement, new_claims
 
@@ -33,3 +34,16 @@ class NodeIdentity:
         statement = NodeStatement(self.measurement, ohttp_keys, self.capacity, self.node_url)
         claims = new_claims(statement, nonce or os.urandom(16), int(time.time()), self.attester.attester_type, ttl_s)
         return self.attester.attest(claims), ohttp_keys
+
+    @property
+    def attestation_kind(self) -> str:
+        """"hardware" or "software": the attester type every document of this node names."""
+        return self.attester.attester_type
+
+    def evidence(self, document: str) -> list[dict[str, str]]:
+        """The hardware evidence binding `document`, as the JSON list served beside it ([] for the
+        software attester, which has none). Blocking (configfs, NVML): call it off the event loop.
+        Raises `CollectorError` when the hardware cannot produce it."""
+        if not isinstance(self.attester, HardwareAttester):
+            return []
+        return [evidence_to_json(item) for item in self.attester.evidence(document)]

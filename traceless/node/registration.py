@@ -15,15 +15,19 @@ import httpx
 from traceless.events import emit
 from traceless.node.identity import NodeIdentity
 from traceless.node.settings import NodeSettings
+from traceless.privacy.attestation.collectors import CollectorError
 
 RETRY_S = 2.0
 
 
 def registration_body(identity: NodeIdentity, settings: NodeSettings) -> dict:
+    """The registration: a fresh document, the keys it binds, the attester key and the hardware
+    evidence for the document (blocking when the attester is hardware-backed)."""
     document, keys = identity.attestation(None, settings.attestation_ttl_s)
     return {"url": identity.node_url, "model": settings.model_name, "attestation": document,
             "ohttp_keys": base64.b64encode(keys).decode(),
-            "attester_key": base64.b64encode(identity.attester.public_key.public_bytes_raw()).decode()}
+            "attester_key": base64.b64encode(identity.attester.public_key.public_bytes_raw()).decode(),
+            "evidence": identity.evidence(document)}
 
 
 async def register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:
@@ -34,10 +38,13 @@ async def register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:
     async with httpx.AsyncClient(timeout=10) as client:
         while True:
             try:
-                r = await client.post(gateway_url.rstrip("/") + "/pcc/v1/register",
-                                      json=registration_body(identity, settings))
+                body = await asyncio.to_thread(registration_body, identity, settings)
+                r = await client.post(gateway_url.rstrip("/") + "/pcc/v1/register", json=body)
                 ok = r.status_code == 200
                 emit("node.registered", ok=ok, status_code=r.status_code)
+            except CollectorError:
+                ok = False
+                emit("node.evidence_unavailable", route="register")
             except httpx.HTTPError:
                 ok = False
                 emit("node.registered", ok=False, status_code=0)

@@ -25,7 +25,13 @@ from typing import Any, ClassVar
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from traceless.privacy.attestation.binding import gpu_nonce, report_data, signing_input
+from traceless.privacy.attestation.binding import (
+    GPU_NONCE_SIZE,
+    REPORT_DATA_SIZE,
+    gpu_nonce,
+    report_data,
+    signing_input,
+)
 from traceless.privacy.attestation.collectors import Collector, Evidence
 from traceless.privacy.attestation.software import (
     EAT_TYP,
@@ -40,7 +46,8 @@ from traceless.privacy.attestation.software import (
 
 EVIDENCE_KINDS = ("snp", "tdx", "nvidia")
 CPU_KINDS = ("snp", "tdx")
-MAX_EVIDENCE_ITEMS = 8
+MAX_GPUS = 8  # GPUs per node a document may carry evidence for (an HGX board holds 8)
+MAX_EVIDENCE_ITEMS = 1 + MAX_GPUS  # one CPU TEE report and one report per GPU
 MAX_EVIDENCE_FIELD = 64 * 1024  # bytes, decoded: reports, quotes and certificate chains are a few KiB
 _PROVIDER_MAX = 64
 
@@ -54,6 +61,8 @@ class HardwareAttester(Attester):
     def __init__(self, cpu: Collector | None, gpus: Sequence[Collector] = ()) -> None:
         if cpu is None and not gpus:
             raise ValueError("a hardware attester needs at least one evidence collector")
+        if len(gpus) > MAX_GPUS:
+            raise ValueError(f"a hardware attester collects evidence for at most {MAX_GPUS} GPUs")
         self._key = Ed25519PrivateKey.generate()
         self._cpu = cpu
         self._gpus = tuple(gpus)
@@ -69,6 +78,15 @@ class HardwareAttester(Attester):
         if claims.attester_type != self.attester_type:
             raise ValueError("claims name a different attester type")
         return sign_with_key_header(self._key, claims)
+
+    def probe(self) -> None:
+        """Collect once, for zero binding values, and discard the result: raises the collector's
+        `CollectorUnavailableError` on a machine without the device, so a node fails at start,
+        before it loads a model, instead of at its first attestation."""
+        if self._cpu is not None:
+            self._cpu.collect(bytes(REPORT_DATA_SIZE))
+        for gpu in self._gpus:
+            gpu.collect(bytes(GPU_NONCE_SIZE))
 
     def evidence(self, document: str) -> tuple[Evidence, ...]:
         """Fresh evidence binding `document` (raises `CollectorError` when the hardware cannot
