@@ -7,8 +7,14 @@ where this process cannot create namespaces (not root)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,18 +38,68 @@ CONTENT_MARKERS = (b'"messages"', b'"prompt"', b'"choices"', b'"content"', b"cha
 RELAY_ROUTES = ("GET /pcc/v1/nodes?", "GET /pcc/v1/challenge ", "POST /pcc/v1/ohttp/")
 
 
+@dataclass
+class Up:
+    """`traceless up --netns` as a user runs it: the process, its state directory, its endpoints."""
+
+    proc: subprocess.Popen
+    state: Path
+    endpoints: dict = field(default_factory=dict)
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    def namespaces(self) -> list[str]:
+        """This run's namespaces that exist now."""
+        tag = self.endpoints["bridge"].rsplit("-", 1)[0] + "-"
+        return sorted(n for n in os.listdir(netns.NETNS_DIR) if n.startswith(tag))
+
+    def kill_host(self, role: str) -> None:
+        """What docs/deploy.md says: unplug the role's link at the bridge, kill what runs in its
+        namespace, delete the namespace."""
+        space = self.endpoints["namespaces"][role]
+        _ip("-n", self.endpoints["bridge"], "link", "del", space["link"])
+        for pid in _ip("netns", "pids", space["namespace"]).split():
+            os.kill(int(pid), signal.SIGKILL)
+        _ip("netns", "delete", space["namespace"])
+
+
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("tiny-long"), max_position_embeddings=4096)
-    d = NetnsDeployment(UpOptions(
-        [1, 1], free_port(), str(tmp_path_factory.mktemp("up-netns")),
-        ["--model", str(model), "--dtype", "float32", "--kv-cache-memory", "64MiB"],
-        gateway_args=("--health-interval", "1", "--unhealthy-after", "2")))
-    d.endpoints = d.start()
+    state = tmp_path_factory.mktemp("up-netns") / "state"
+    out = open(state.parent / "up.out", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "traceless.cli", "up", "--netns", "--nodes", "2", "--port", str(free_port()),
+         "--state-dir", str(state), "--node-args", f"--model {model} --dtype float32 --kv-cache-memory 64MiB",
+         "--gateway-args", "--health-interval 1 --unhealthy-after 2"],
+        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    up = Up(proc, state)
     try:
-        yield d
+        deadline = time.monotonic() + 180
+        while not (state / "endpoints.json").exists() or "namespaces" not in (state / "endpoints.json").read_text():
+            assert proc.poll() is None, (state.parent / "up.out").read_text()
+            assert time.monotonic() < deadline, "traceless up --netns did not start"
+            time.sleep(0.5)
+        up.endpoints = json.loads((state / "endpoints.json").read_text())
+        yield up
     finally:
-        d.stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out.close()
+        if up.endpoints:  # whatever a failed run left behind, so that CI does not accumulate it
+            for ns in up.namespaces():
+                subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
 
 
 def _openai(d):
@@ -56,8 +112,8 @@ def test_every_component_has_a_host_of_its_own_and_the_openai_client_works(deplo
     e = deployment.endpoints
     spaces = e["namespaces"]
     assert set(spaces) == {"log", "issuer", "gateway", "relay", "node0", "node1", "proxy"}
-    assert len({s["address"] for s in spaces.values()}) == 7 and set(deployment.topology.exists()) == \
-        {s["namespace"] for s in spaces.values()} | {deployment.topology.bridge}
+    assert len({s["address"] for s in spaces.values()}) == 7 and set(deployment.namespaces()) == \
+        {s["namespace"] for s in spaces.values()} | {e["bridge"]}
     for role in ("relay", "gateway", "node0"):
         assert f"//{spaces[role]['address']}:" in (e[role] if role != "node0" else e["nodes"][0])
     assert not _host_reaches_the_gateway(spaces["gateway"]["address"])  # it is on a host of its own
@@ -85,7 +141,7 @@ def _host_reaches_the_gateway(address: str) -> bool:
 def test_the_relays_interface_carries_only_ciphertext(deployment, capsys):
     e = deployment.endpoints
     canary = f"CANARY-{uuid.uuid4().hex[:16]}"
-    capture = Capture(deployment.topology.namespace("relay"))
+    capture = Capture(e["namespaces"]["relay"]["namespace"])
     client = _openai(deployment)
     try:
         answer = client.chat.completions.create(
@@ -137,8 +193,8 @@ def test_killing_a_nodes_namespace_mid_stream_fails_cleanly_and_the_other_node_s
     from openai import APIError, APITimeoutError
 
     e = deployment.endpoints
-    topo = deployment.topology
-    captures = {n: Capture(topo.namespace(n)) for n in deployment.nodes}
+    nodes = ("node0", "node1")
+    captures = {n: Capture(e["namespaces"][n]["namespace"]) for n in nodes}
     client = _openai(deployment)
     try:
         stream = client.completions.create(model=e["model"], prompt="Once upon a time", max_tokens=3000,
@@ -153,9 +209,9 @@ def test_killing_a_nodes_namespace_mid_stream_fails_cleanly_and_the_other_node_s
         for c in captures.values():
             c.stop()
     assert len(serving) == 1
-    deployment.kill_node(serving[0])
+    deployment.kill_host(serving[0])
     killed = time.monotonic()
-    assert topo.namespace(serving[0]) not in topo.exists()
+    assert e["namespaces"][serving[0]]["namespace"] not in deployment.namespaces()
     with pytest.raises(APIError) as failure:
         for _ in it:
             pass
@@ -173,12 +229,13 @@ def test_killing_a_nodes_namespace_mid_stream_fails_cleanly_and_the_other_node_s
             assert b"Once upon a time" not in path.read_bytes(), path
 
 
-def test_zz_stopping_removes_every_namespace(deployment):
-    topo, port = deployment.topology, deployment.opts.port
-    deployment.stop()
-    assert topo.exists() == []
+def test_zz_stopping_up_removes_every_namespace(deployment):
+    assert deployment.proc.poll() is None and len(deployment.namespaces()) == 7  # one host is gone
+    deployment.proc.send_signal(signal.SIGTERM)
+    assert deployment.proc.wait(timeout=60) == 0
+    assert deployment.namespaces() == []
     with pytest.raises(httpx.TransportError):
-        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        httpx.get(deployment.endpoints["proxy"] + "/health", timeout=2)
 
 
 def test_the_topology_links_namespaces_and_a_failed_start_leaves_nothing(tmp_path):

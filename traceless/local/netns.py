@@ -105,7 +105,7 @@ class Topology:
         hosts = list(SUBNET.hosts())
         self.roles = list(roles)
         self.addresses = {role: str(hosts[10 + i]) for i, role in enumerate(roles)}
-        self._ports = {role: f"p{i}" for i, role in enumerate(roles)}  # the bridge's end of each veth
+        self.links = {role: f"p{i}" for i, role in enumerate(roles)}  # the bridge's end of each veth
         self._made: list[str] = []
 
     def namespace(self, role: str) -> str:
@@ -117,7 +117,7 @@ class Topology:
             _ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
             _ip("-n", self.bridge, "link", "set", "br0", "up")
             for role in self.roles:
-                ns, port = self.namespace(role), self._ports[role]
+                ns, port = self.namespace(role), self.links[role]
                 self._add(ns)
                 _ip("-n", self.bridge, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
                 _ip("-n", self.bridge, "link", "set", port, "master", "br0", "up")
@@ -139,7 +139,7 @@ class Topology:
     def unplug(self, role: str) -> None:
         """Take `role`'s host off the network at once: its veth is deleted, so what it had in flight
         is neither answered nor reset (no FIN, no RST: a host that lost power or its link)."""
-        _ip("-n", self.bridge, "link", "del", self._ports[role])
+        _ip("-n", self.bridge, "link", "del", self.links[role])
 
     def kill(self, role: str) -> None:
         """Unplug `role`, kill every process in its namespace, and delete the namespace."""

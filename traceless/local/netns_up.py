@@ -14,6 +14,7 @@ fails to start. Needs root.
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import AbstractContextManager, nullcontext
 
 from traceless.local.netns import PortForward, Topology, entered
@@ -29,6 +30,7 @@ class NetnsDeployment(Deployment):
         self.nodes = [f"node{i}" for i in range(len(opts.capacities))]
         self.topology = Topology(["log", "issuer", "gateway", "relay", *self.nodes, "proxy"])
         self.forward: PortForward | None = None
+        self.lost: set[str] = set()  # nodes whose process stopped while up ran
         self.where = "in network namespaces, one per component (addresses below are inside them)"
 
     def place(self, name: str, listener: str = "public") -> tuple[str, int]:
@@ -48,6 +50,17 @@ class NetnsDeployment(Deployment):
         self.forward = PortForward(self.opts.port, self.topology.namespace(name), PORTS[name])
         return f"http://127.0.0.1:{self.opts.port}"
 
+    def running(self) -> bool:
+        """Nodes are hosts that may go away (the demonstration: kill one's namespace): the others
+        serve on. The deployment stops when every node or any other component stopped."""
+        alive = {name: proc.poll() is None for name, proc in self.procs}
+        for name in self.nodes:
+            if not alive.get(name, True) and name not in self.lost:
+                self.lost.add(name)
+                print(f"traceless up: {name} stopped; the other nodes serve on", file=sys.stderr, flush=True)
+        return all(ok for name, ok in alive.items() if name not in self.nodes) and \
+            any(alive.get(name, False) for name in self.nodes)
+
     def start(self) -> dict:
         try:
             self.topology.create()
@@ -55,7 +68,8 @@ class NetnsDeployment(Deployment):
         except BaseException:
             self.stop()
             raise
-        endpoints["namespaces"] = {role: {"namespace": self.topology.namespace(role),
+        endpoints["bridge"] = self.topology.bridge  # its port `link` is the other end of a role's eth0
+        endpoints["namespaces"] = {role: {"namespace": self.topology.namespace(role), "link": self.topology.links[role],
                                           "address": self.topology.addresses[role]} for role in self.topology.roles}
         (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         return endpoints

@@ -68,6 +68,10 @@ class Deployment:
         """The URL the user is given for `name` (the proxy)."""
         return url
 
+    def running(self) -> bool:
+        """Whether the deployment still serves (here: every process it started is alive)."""
+        return all(p.poll() is None for _, p in self.procs)
+
     def link(self, target: str, url: str) -> str:
         """The URL a service's clients use to reach `target` (the service itself; tests put a
         recording tap in between)."""
@@ -207,7 +211,7 @@ class Deployment:
         try:
             endpoints = self.start()
             _print_endpoints(endpoints, self.state, self.where)
-            while all(p.poll() is None for _, p in self.procs):
+            while self.running():
                 time.sleep(0.5)
             dead = [n for n, p in self.procs if p.poll() is not None]
             print(f"traceless up: {', '.join(dead)} stopped; shutting down", file=sys.stderr)
