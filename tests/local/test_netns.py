@@ -252,6 +252,23 @@ def test_the_topology_links_namespaces_and_a_failed_start_leaves_nothing(tmp_pat
         assert address == topo.addresses["b"]  # across the bridge, from b's own address
         for s in (conn, peer, server):
             s.close()
+        with netns.entered(topo.namespace("a")):  # loopback inside a, forwarded from the host's loopback
+            inner = socket.create_server(("127.0.0.1", 9001))
+        forward = netns.PortForward(free_port(), topo.namespace("a"), 9001)
+        try:
+            outer = socket.create_connection(("127.0.0.1", forward.port), timeout=5)
+            conn, _ = inner.accept()
+            outer.sendall(b"ping" * 50_000)
+            got = b""
+            while len(got) < 200_000:
+                got += conn.recv(65536)
+            conn.sendall(b"pong")
+            conn.close()
+            assert got == b"ping" * 50_000 and outer.recv(16) == b"pong" and outer.recv(16) == b""  # then EOF
+            outer.close()
+        finally:
+            forward.close()
+            inner.close()
         topo.unplug("b")
         with netns.entered(topo.namespace("b")), pytest.raises(OSError):
             socket.create_connection((topo.addresses["a"], 9000), timeout=1)

@@ -185,6 +185,10 @@ class PortForward:
         self._thread = threading.Thread(target=self._accept, name="traceless-netns-forward", daemon=True)
         self._thread.start()
 
+    @property
+    def port(self) -> int:
+        return self._listener.getsockname()[1]
+
     def _accept(self) -> None:
         while not self._closed:
             try:
@@ -214,7 +218,7 @@ class PortForward:
 
 class _Pair:
     """Two connected sockets pumped both ways; both closed once both directions ended, or at once
-    when one side fails."""
+    when one side fails. Each direction reads into one buffer of its own, zeroed when it ends."""
 
     def __init__(self, a: socket.socket, b: socket.socket) -> None:
         self._socks = (a, b)
@@ -225,12 +229,17 @@ class _Pair:
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         failed = False
+        buf = bytearray(65536)  # the user's plaintext passes through here: one buffer, zeroed at the end
+        view = memoryview(buf)
         try:
-            while data := src.recv(65536):
-                dst.sendall(data)
+            while n := src.recv_into(buf):
+                dst.sendall(view[:n])
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             failed = True
+        finally:
+            view.release()
+            buf[:] = bytes(len(buf))
         with self._lock:
             self._left -= 1
             done = self._left == 0 or failed
