@@ -118,6 +118,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     },
     "gateway.node_registered": {"new": BOOL, "nodes": INT},
     "gateway.node_dropped": {"failures": INT, "nodes": INT},
+    "gateway.streams_cut": {"streams": INT},
     "gateway.registration_refused": {"reason": Choice.of(
         "attestation_refused", "release_not_logged", "capacity_not_allowed", "stale_registration",
         "registry_full", "log_error", "evidence_refused")},

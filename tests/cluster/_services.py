@@ -68,6 +68,9 @@ class FakeNode:
         self.stream_finished_at: list[float] = []
         self.streams_abandoned = 0
         self.break_streams = False  # True: fail (drop the connection) after the first chunk
+        # True: go silent, as a host that vanished (no FIN, no RST): a plain request is never
+        # answered, a stream stops after its first chunk; until the gateway hangs up.
+        self.stall = False
         self.app = Starlette(routes=[
             Route("/health", self._health, methods=["GET"]),
             Route("/pcc/v1/attestation", self._attestation, methods=["GET"]),
@@ -105,6 +108,10 @@ class FakeNode:
             return StreamingResponse(self._stream(inner, context.encryptor()),
                                      media_type="message/ohttp-chunked-res")
         inner, context = self.ohttp.decapsulate_request(body)
+        if self.stall:
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.05)
+            self.streams_abandoned += 1
         content = bhttp.decode_request(inner).content
         reply = bhttp.encode_response(bhttp.Response(200, content=content))
         return Response(context.encapsulate(reply), media_type="message/ohttp-res")
@@ -112,6 +119,8 @@ class FakeNode:
     async def _stream(self, inner: bytes, encryptor):
         try:
             for i in range(STREAM_CHUNKS):
+                while self.stall:
+                    await asyncio.sleep(0.05)  # cancelled when the gateway hangs up
                 yield encryptor.seal_chunk(f"chunk-{i};".encode())
                 if self.break_streams:
                     raise RuntimeError("the node fails mid-stream")

@@ -5,6 +5,7 @@ import io
 import json
 import logging
 import socket
+import threading
 import time
 
 import httpx
@@ -342,6 +343,41 @@ def test_node_failing_mid_stream_cuts_the_client_off(gateway, node, issuer):
             for data in response.iter_raw():
                 received += decryptor.feed(data)
     assert received == [b"chunk-0;"]
+
+
+def test_a_node_that_vanishes_has_its_calls_cut_when_it_is_dropped(issuer, node):
+    """A host gone without a word (no FIN, no RST) would hold a stream or a plain call for the whole
+    read timeout; the health checks that drop it cut those calls instead."""
+    app = _gateway(issuer, health_interval_s=0.1, health_timeout_s=0.3, unhealthy_after=2)
+    with running_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        node_id = _register(http, node)
+        token, token2 = _tokens(http, issuer, 2)
+        enc, ctx = encrypt_chunked_for(node, b"cut")
+        decryptor = ctx.decryptor()
+        headers = {"content-type": "message/ohttp-chunked-req", "authorization": token}
+        received = []
+        started = time.monotonic()
+        with pytest.raises(httpx.RemoteProtocolError):  # cut off, not a clean end
+            with http.stream("POST", f"/pcc/v1/ohttp/{node_id}", content=enc, headers=headers) as response:
+                assert response.status_code == 200
+                for data in response.iter_raw():
+                    received += decryptor.feed(data)
+                    node.stall, node.healthy = True, False  # the host vanishes after the first chunk
+        assert received == [b"chunk-0;"] and time.monotonic() - started < 10
+        assert len(app.state.gateway.registry) == 0 and len(app.state.gateway.cuts) == 0
+
+        node.stall, node.healthy = True, True  # a plain call: no answer at all, then dropped
+        node_id = _register(http, node)
+        sent = {**OHTTP_REQ, "authorization": token2}
+
+        def vanish():
+            time.sleep(0.5)
+            node.healthy = False
+
+        threading.Thread(target=vanish, daemon=True).start()
+        response = http.post(f"/pcc/v1/ohttp/{node_id}", content=encrypt_for(node, b"x")[0], headers=sent)
+        assert response.status_code == 502 and response.json()["error"]["code"] == "node_unavailable"
+        assert len(app.state.gateway.cuts) == 0
 
 
 @pytest.fixture

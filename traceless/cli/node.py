@@ -103,6 +103,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--state-dir", default=None,
                     help="where endpoints.json goes (default: a fresh temporary directory)")
     up.add_argument("--node-args", default="", help="extra options for every node, e.g. \"--dtype float32\"")
+    up.add_argument("--gateway-args", default="",
+                    help="extra options for the gateway, e.g. \"--health-interval 1 --unhealthy-after 2\"")
+    up.add_argument("--netns", action="store_true",
+                    help="each component in its own Linux network namespace with its own address, so every hop "
+                         "crosses a real interface (needs root; docs/deploy.md)")
     up.set_defaults(handler=_up)
 
 
@@ -185,5 +190,15 @@ def _up(args: argparse.Namespace) -> int:
     caps = [int(c) for c in args.capacities.split(",")] if args.capacities else [1] * args.nodes
     if len(caps) != args.nodes or min(caps) < 1 or args.nodes < 1:
         raise SystemExit("traceless up: --capacities must list one positive capacity per node")
-    Deployment(UpOptions(caps, args.port, args.state_dir, args.node_args.split())).run()
+    opts = UpOptions(caps, args.port, args.state_dir, args.node_args.split(), tuple(args.gateway_args.split()))
+    if args.netns:
+        from traceless.local.netns import available
+        from traceless.local.netns_up import NetnsDeployment
+
+        ok, why = available()
+        if not ok:
+            raise SystemExit(f"traceless up: --netns: {why}")
+        NetnsDeployment(opts).run()
+    else:
+        Deployment(opts).run()
     return 0

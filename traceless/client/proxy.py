@@ -4,8 +4,13 @@ through the private path, so the openai SDK, curl and other OpenAI tools work un
 It binds loopback only: what reaches it is the user's plaintext, on the user's own machine.
 `GET /status` says which policy nodes are verified under and which attestation kind ("software",
 or the hardware evidence kinds such as "snp+nvidia") each node of the last verified round used.
+A stream that breaks off on the way (a node or a hop failed) ends with an OpenAI-style error event
+and `[DONE]`, as the server's own streams do, so the openai SDK raises an APIError for it.
 """
 from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -14,6 +19,7 @@ from starlette.routing import Route
 
 from traceless.client.private_client import AsyncPrivateClient, PrivateClientError, UpstreamError
 from traceless.client.tokens import TokenError
+from traceless.events import emit
 from traceless.http.app import create_app, endpoint
 from traceless.http.body import read_json
 from traceless.http.errors import ApiError
@@ -34,11 +40,11 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         except UpstreamError as exc:  # the node's own (decrypted) error: pass it on unchanged
             return JSONResponse(exc.body, status_code=exc.status)
         except (PrivateClientError, TokenError):
-            raise ApiError(502, "the private path could not complete this request", type="upstream_error",
-                           code="private_path_failed") from None
+            raise _path_failed() from None
         if isinstance(result, dict):
             return JSONResponse(result)
-        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(_ending_cleanly(result), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
     async def chat(request: Request) -> Response:
         return await call(request, "/v1/chat/completions")
@@ -66,3 +72,24 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
     app = create_app(COMPONENT, routes)
     app.state.private_client = client
     return app
+
+
+def _path_failed() -> ApiError:
+    return ApiError(502, "the private path could not complete this request", type="upstream_error",
+                    code="private_path_failed")
+
+
+async def _ending_cleanly(events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """The node's events; if the stream breaks off, an error event and [DONE] instead of a cut."""
+    try:
+        async for event in events:
+            yield event
+    except PrivateClientError:
+        error = _path_failed()
+        emit("http.error", component=COMPONENT, status_code=error.status, error_kind="upstream")
+        yield b"data: " + json.dumps(error.body(), separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()

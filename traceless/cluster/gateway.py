@@ -45,7 +45,7 @@ from traceless.events import emit
 from traceless.http.app import create_app, endpoint
 from traceless.http.body import parse_json, read_body, require_media_type
 from traceless.http.errors import ApiError
-from traceless.http.upstream import UpstreamStream, upstream_client, upstream_error
+from traceless.http.upstream import Cuts, UpstreamStream, upstream_client, upstream_error
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy
 from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
 from traceless.privacy.attestation.software import NONCE_MAX, NONCE_MIN
@@ -156,19 +156,27 @@ class Gateway:
         self._releases = releases
         self._rng = rng
         self._client: httpx.AsyncClient | None = None  # opened by the app's lifespan
+        self.cuts = Cuts()  # calls in flight to each node, cut when the node is dropped
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
         self._client = upstream_client(self.config.node_read_timeout_s)
         checks = asyncio.create_task(health_loop(
             self.registry, self._client, self.config.health_interval_s, self.config.health_timeout_s,
-            self.config.admission))
+            self.config.admission, self._dropped))
         try:
             yield
         finally:
             checks.cancel()
             await asyncio.gather(checks, return_exceptions=True)
             await self._client.aclose()
+
+    def _dropped(self, node_id: str) -> None:
+        """A node failed its health checks: it may be gone without a word (no FIN, no RST), so the
+        calls still waiting on it are cut now rather than left to their read timeout."""
+        cut = self.cuts.cut(node_id)
+        if cut:
+            emit("gateway.streams_cut", streams=cut)
 
     async def register(self, request: Request) -> Response:
         secret = self.config.register_secret
@@ -251,7 +259,7 @@ class Gateway:
         body = await read_body(request, self.config.max_body_bytes)
         if token is not None:  # after the size check, so an oversized body does not burn the client's token
             self._redeem(*token)
-        return await self._forward(record.registration.url, content_type, body)
+        return await self._forward(record.node_id, record.registration.url, content_type, body)
 
     def _presented_token(self, request: Request) -> tuple[Verifier, str] | None:
         """The verifier and the request's credential; None when the token check is off."""
@@ -276,20 +284,25 @@ class Gateway:
             raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
                            code="spent_set_full", headers={"Retry-After": "1"}) from None
 
-    async def _forward(self, node_url: str, content_type: str, body: bytes) -> Response:
+    async def _forward(self, node_id: str, node_url: str, content_type: str, body: bytes) -> Response:
         client = self._client
         if client is None:
             raise RuntimeError("the gateway's upstream client is not open: the app's lifespan has not started")
         upstream_request = client.build_request(
             "POST", f"{node_url}/pcc/v1/ohttp", content=body, headers={"content-type": content_type})
+        upstream = None
         try:
-            upstream = await client.send(upstream_request, stream=True)
+            with self.cuts.watch(node_id):  # a non-streamed answer comes whole, after the whole generation
+                upstream = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
             raise upstream_error(exc) from None
+        if upstream is None:
+            raise ApiError(502, "the node was dropped before it answered", type="server_error",
+                           code="node_unavailable")
         headers = {}
         if "content-type" in upstream.headers:
             headers["content-type"] = upstream.headers["content-type"]
-        return UpstreamStream(upstream, headers, COMPONENT)
+        return UpstreamStream(upstream, headers, COMPONENT, self.cuts, node_id)
 
 
 def _listed(node_id: str, attestation: str, ohttp_keys: str, evidence: list[dict[str, str]]) -> dict:

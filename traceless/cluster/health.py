@@ -19,6 +19,7 @@ import base64
 import binascii
 import functools
 import os
+from collections.abc import Callable
 
 import httpx
 
@@ -60,8 +61,8 @@ async def fresh_attestation(client: httpx.AsyncClient, record: NodeRecord, nonce
 
 
 async def check_all(registry: NodeRegistry, client: httpx.AsyncClient, timeout_s: float,
-                    policy: AdmissionPolicy) -> int:
-    """One round of checks; returns how many nodes it dropped."""
+                    policy: AdmissionPolicy, on_drop: Callable[[str], None] | None = None) -> int:
+    """One round of checks; returns how many nodes it dropped (`on_drop(node_id)` for each)."""
     records = registry.records()
     results = await asyncio.gather(
         *(fresh_attestation(client, record, os.urandom(16), timeout_s, policy) for record in records)
@@ -71,12 +72,14 @@ async def check_all(registry: NodeRegistry, client: httpx.AsyncClient, timeout_s
         if registry.record_health(record.node_id, fresh is not None):
             dropped += 1
             emit("gateway.node_dropped", failures=record.failures + 1, nodes=len(registry))
+            if on_drop is not None:
+                on_drop(record.node_id)
     return dropped
 
 
 async def health_loop(registry: NodeRegistry, client: httpx.AsyncClient, interval_s: float, timeout_s: float,
-                      policy: AdmissionPolicy) -> None:
+                      policy: AdmissionPolicy, on_drop: Callable[[str], None] | None = None) -> None:
     """Check every interval until cancelled."""
     while True:
         await asyncio.sleep(interval_s)
-        await check_all(registry, client, timeout_s, policy)
+        await check_all(registry, client, timeout_s, policy, on_drop)

@@ -4,12 +4,20 @@ The upstream client sends no default headers of its own (no User-Agent, no Accep
 compressed upstream body would be passed on raw) and keeps no cookies; an upstream response is
 streamed back as its bytes arrive, never buffered whole. Closing the downstream response (done or
 client gone) closes the upstream one, so a node stops work for a client that left.
+
+An upstream host that vanishes (power, link) sends no FIN and no RST: a read from it waits out its
+whole timeout, which is long since a node may queue a request before its first byte. `Cuts` lets
+whoever learns that the upstream is gone (the gateway's health checks) cut every call still in
+flight to it at once: the downstream connection is then cut too, so the client sees a truncated
+response (which OHTTP decryption refuses) within the detection time, not a hang.
 """
 from __future__ import annotations
 
 import http.cookiejar
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
+import anyio
 import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -34,17 +42,59 @@ def upstream_client(read_timeout_s: float, connect_timeout_s: float = 5.0) -> ht
     return client
 
 
+class UpstreamCutError(Exception):
+    """A response was cut because its upstream was found gone (`Cuts.cut`)."""
+
+
+class Cuts:
+    """In-flight upstream calls by upstream (the gateway: by node id), each under a cancel scope,
+    so that all the calls to one upstream can be cut at once. Confined to one event loop."""
+
+    def __init__(self) -> None:
+        self._scopes: dict[str, set[anyio.CancelScope]] = {}
+
+    @contextmanager
+    def watch(self, key: str) -> Iterator[anyio.CancelScope]:
+        """A cancel scope for a call to `key`: the block is cancelled if `key` is cut meanwhile
+        (the scope's `cancelled_caught` tells afterwards). Enter and leave it in one task."""
+        scope = anyio.CancelScope()
+        self._scopes.setdefault(key, set()).add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            watched = self._scopes.get(key)
+            if watched is not None:
+                watched.discard(scope)
+                if not watched:
+                    del self._scopes[key]
+
+    def cut(self, key: str) -> int:
+        """Cancel every call in flight to `key`; returns how many there were."""
+        scopes = self._scopes.pop(key, set())
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._scopes.values())
+
+
 class UpstreamStream(StreamingResponse):
     """Stream an httpx response (opened with stream=True) back as it arrives.
 
     `headers` are the only response headers passed on; the upstream response is closed when
-    this one ends for any reason: finished, failed, or the client disconnected (Starlette then
-    cancels the body loop).
+    this one ends for any reason: finished, failed, the client disconnected (Starlette then
+    cancels the body loop), or, with `cuts`, the upstream `key` was cut (then the downstream
+    connection is cut as well: UpstreamCutError, the server drops it without a proper end).
     """
 
-    def __init__(self, upstream: httpx.Response, headers: dict[str, str], component: str) -> None:
+    def __init__(self, upstream: httpx.Response, headers: dict[str, str], component: str,
+                 cuts: Cuts | None = None, key: str = "") -> None:
         super().__init__(self._body(upstream, component), status_code=upstream.status_code, headers=headers)
         self._upstream = upstream
+        self._component = component
+        self._cuts, self._key = cuts, key
 
     @staticmethod
     async def _body(upstream: httpx.Response, component: str) -> AsyncIterator[bytes]:
@@ -59,7 +109,14 @@ class UpstreamStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if self._cuts is None:
+                await super().__call__(scope, receive, send)
+                return
+            with self._cuts.watch(self._key) as watch:
+                await super().__call__(scope, receive, send)
+            if watch.cancelled_caught:
+                emit("http.error", component=self._component, status_code=502, error_kind="unavailable")
+                raise UpstreamCutError("the upstream was found gone mid-response")
         finally:
             await self._upstream.aclose()
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class UpOptions:
     port: int
     state_dir: str | None
     node_args: list[str]
+    gateway_args: tuple[str, ...] = ()  # extra options for the gateway (tests: faster health checks)
 
 
 class Deployment:
@@ -45,6 +47,30 @@ class Deployment:
         self.temporary = opts.state_dir is None
         self.logs = self.state / "logs"
         self.node_metrics: list[str] = []  # each node's operator (metrics) listener
+        self.where = "on loopback"
+
+    # --- placement (`--netns` overrides these: netns_up.py) -----------------------------------------
+    def place(self, name: str, listener: str = "public") -> tuple[str, int]:
+        """(host, port) that `name`'s `listener` ("public" or "metrics") binds."""
+        if name == "proxy":
+            return "127.0.0.1", self.opts.port
+        return "127.0.0.1", free_port()
+
+    def command(self, name: str, argv: list[str]) -> list[str]:
+        """How `name`'s process is started."""
+        return argv
+
+    def reach(self, name: str) -> AbstractContextManager:
+        """Where this process stands while it checks on `name` (its readiness, its registrations)."""
+        return nullcontext()
+
+    def expose(self, name: str, url: str) -> str:
+        """The URL the user is given for `name` (the proxy)."""
+        return url
+
+    def running(self) -> bool:
+        """Whether the deployment still serves (here: every process it started is alive)."""
+        return all(p.poll() is None for _, p in self.procs)
 
     def link(self, target: str, url: str) -> str:
         """The URL a service's clients use to reach `target` (the service itself; tests put a
@@ -56,13 +82,14 @@ class Deployment:
         out = open(self.logs / f"{name}.out", "wb")
         err = open(self.logs / f"{name}.log", "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", *argv], stdout=out, stderr=err, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(self.command(name, [sys.executable, "-m", "traceless.cli", *argv]), stdout=out,
+                                stderr=err, env=env, start_new_session=True)
         self.procs.append((name, proc))
         return proc
 
     def wait_ready(self, name: str, proc: subprocess.Popen, url: str) -> None:
-        wait_ready(proc, url, READY_TIMEOUT_S, f"{name} (log: {self.logs / (name + '.log')})")
+        with self.reach(name):
+            wait_ready(proc, url, READY_TIMEOUT_S, f"{name} (log: {self.logs / (name + '.log')})")
 
     def printed(self, name: str, proc: subprocess.Popen, key: str) -> str:
         """A `key: value` line a process prints on stdout at startup."""
@@ -100,28 +127,28 @@ class Deployment:
         if log.leaf_index(_leaf_hash(release.encode())) is None:
             log.append(release.encode())
         self.measurement = measured.combined.hex()
-        port = free_port()
-        proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--port", str(port))
-        url = f"http://127.0.0.1:{port}"
+        host, port = self.place("log")
+        proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--host", host, "--port", str(port))
+        url = f"http://{host}:{port}"
         self.wait_ready("log", proc, url + "/log/v1/sth")
         return url, base64.b64encode(log.public_key_bytes()).decode()
 
     def _service(self, name: str, ready_path: str, *argv: str) -> str:
-        port = free_port()
-        proc = self.spawn(name, name, *argv, "--port", str(port))
-        url = f"http://127.0.0.1:{port}"
+        host, port = self.place(name)
+        proc = self.spawn(name, name, *argv, "--host", host, "--port", str(port))
+        url = f"http://{host}:{port}"
         self.wait_ready(name, proc, url + ready_path)
         return url
 
     def _nodes(self, gateway: str, log: tuple[str, str]) -> tuple[list[str], list[str], str]:
         started = []
         for i, cap in enumerate(self.opts.capacities):
-            port, metrics_port = free_port(), free_port()
             name = f"node{i}"
-            url = f"http://127.0.0.1:{port}"
-            self.node_metrics.append(f"http://127.0.0.1:{metrics_port}")  # the operator's listener
-            proc = self.spawn(name, "node", *self.opts.node_args, "--port", str(port), "--gateway", gateway,
-                              "--metrics-port", str(metrics_port),
+            (host, port), (metrics_host, metrics_port) = self.place(name), self.place(name, "metrics")
+            url = f"http://{host}:{port}"
+            self.node_metrics.append(f"http://{metrics_host}:{metrics_port}")  # the operator's listener
+            proc = self.spawn(name, "node", *self.opts.node_args, "--host", host, "--port", str(port),
+                              "--gateway", gateway, "--metrics-host", metrics_host, "--metrics-port", str(metrics_port),
                               "--capacity", str(cap), "--register-interval", "30",
                               "--log", log[0], "--log-public-key", log[1],
                               "--public-url", self.link(name, url))
@@ -139,7 +166,8 @@ class Deployment:
         n = len(self.opts.capacities)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            r = httpx.get(gateway + "/pcc/v1/nodes", params={"model": model, "k": n}, timeout=5)
+            with self.reach("gateway"):
+                r = httpx.get(gateway + "/pcc/v1/nodes", params={"model": model, "k": n}, timeout=5)
             if r.status_code == 200 and len(r.json().get("nodes", [])) == n:
                 return
             time.sleep(0.3)
@@ -157,19 +185,21 @@ class Deployment:
         print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
               "a node runs; production refuses it)", file=sys.stderr, flush=True)
         gateway = self._service("gateway", "/pcc/v1/challenge", "--issuer", issuer, "--log", log_url,
-                                "--log-public-key", log_key, "--attester-policy", "development")
+                                "--log-public-key", log_key, "--attester-policy", "development",
+                                *self.opts.gateway_args)
         relay = self._service("relay", "/pcc/v1/challenge", "--gateway", self.link("gateway", gateway))
         nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
         proxy_args = ["--issuer", issuer, "--api-key-file", str(key_file), "--relay", self.link("relay", relay),
                       "--log", log_url,
-                      "--log-public-key", log_key, "--model", model, "--port", str(self.opts.port),
-                      "--attester-policy", "development"]
+                      "--log-public-key", log_key, "--model", model, "--attester-policy", "development"]
+        host, port = self.place("proxy")
+        proxy_args += ["--host", host, "--port", str(port)]
         for k in attester_keys:
             proxy_args += ["--attester-key", k]
         proc = self.spawn("proxy", "proxy", *proxy_args)
-        proxy = f"http://127.0.0.1:{self.opts.port}"
-        self.wait_ready("proxy", proc, proxy + "/health")
+        proxy = self.expose("proxy", f"http://{host}:{port}")
+        wait_ready(proc, proxy + "/health", READY_TIMEOUT_S, f"proxy (log: {self.logs / 'proxy.log'})")
         endpoints = {"log": log_url, "issuer": issuer, "relay": relay, "gateway": gateway, "proxy": proxy,
                      "nodes": nodes, "node_metrics": self.node_metrics, "api_key": api_key, "model": model,
                      "log_public_key": log_key,
@@ -180,8 +210,8 @@ class Deployment:
     def run(self) -> None:
         try:
             endpoints = self.start()
-            _print_endpoints(endpoints, self.state)
-            while all(p.poll() is None for _, p in self.procs):
+            _print_endpoints(endpoints, self.state, self.where)
+            while self.running():
                 time.sleep(0.5)
             dead = [n for n, p in self.procs if p.poll() is not None]
             print(f"traceless up: {', '.join(dead)} stopped; shutting down", file=sys.stderr)
@@ -203,8 +233,8 @@ def _leaf_hash(leaf: bytes) -> bytes:
     return leaf_hash(leaf)
 
 
-def _print_endpoints(e: dict, state: Path) -> None:
-    print("traceless up: the private path is running on loopback\n")
+def _print_endpoints(e: dict, state: Path, where: str) -> None:
+    print(f"traceless up: the private path is running {where}\n")
     for key in ("proxy", "relay", "gateway", "issuer", "log"):
         print(f"  {key:<8} {e[key]}")
     for i, url in enumerate(e["nodes"]):

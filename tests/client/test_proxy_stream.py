@@ -1,0 +1,48 @@
+"""The proxy ends a stream that breaks off on the private path with an OpenAI-style error event
+(as the server's own streams do), so the openai SDK raises APIError rather than a transport error."""
+import threading
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from traceless.client.private_client import PrivateClientError
+from traceless.client.proxy import create_proxy_app
+from traceless.http.serve import serve_in_thread
+
+
+class BreakingClient:
+    """An AsyncPrivateClient stand-in whose streams yield two events, then break off."""
+
+    def __init__(self) -> None:
+        self.config = SimpleNamespace(model="m")
+        self.closed = threading.Event()
+
+    async def request(self, path: str, body: dict):
+        return self._events()
+
+    async def _events(self):
+        try:
+            yield b'data: {"id":"x","object":"text_completion","created":0,"model":"m","choices":[{"index":0,' \
+                  b'"text":"a","logprobs":null,"finish_reason":null}]}\n\n'
+            raise PrivateClientError("the response stream broke off (the node or a hop failed)")
+        finally:
+            self.closed.set()
+
+
+def test_a_broken_stream_ends_with_an_error_event_the_openai_sdk_raises():
+    from openai import APIError, OpenAI
+
+    fake = BreakingClient()
+    with serve_in_thread(create_proxy_app(fake), what="proxy") as url:
+        raw = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "p", "stream": True}, timeout=10)
+        assert raw.status_code == 200
+        events = [e for e in raw.text.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]" and '"code":"private_path_failed"' in events[-2]
+        assert "broke off" not in raw.text  # the fixed message, not the exception's text
+        client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        got = []
+        with pytest.raises(APIError, match="private path could not complete"):
+            for chunk in client.completions.create(model="m", prompt="p", stream=True):
+                got.append(chunk.choices[0].text)
+        assert got == ["a"] and fake.closed.is_set()
