@@ -40,7 +40,7 @@ FieldKind = type | Choice
 
 STATUS = Choice.of("ok", "error", "aborted", "rejected")
 FINISH = Choice.of("stop", "length", "abort", "error")
-COMPONENT = Choice.of("engine", "server", "node", "gateway", "relay", "issuer", "proxy", "log", "up")
+COMPONENT = Choice.of("engine", "server", "node", "gateway", "relay", "issuer", "proxy", "log", "up", "witness")
 ERROR_KIND = Choice.of(
     "invalid_request", "context_length", "queue_full", "not_found", "too_large", "unauthorized",
     "rate_limited", "decrypt_failed", "token_invalid", "token_replayed", "upstream", "internal",
@@ -86,7 +86,8 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "node.replay_refused": {"replay_entries": INT},
     "client.refused_node": {"reason": Choice.of(
         "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error",
-        "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence")},
+        "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence", "log_unwitnessed", "log_stale",
+        "log_inconsistent")},
     "client.candidates": {"offered": INT, "verified": INT, "fresh": BOOL},
     "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
     # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)
@@ -107,10 +108,16 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "log.verified": {
         "result": Choice.of(
             "ok", "bad_signature", "key_mismatch", "inconsistent", "root_mismatch", "bad_proof",
-            "protocol", "unreachable",
+            "protocol", "unreachable", "no_cosignature", "stale",
         ),
         "tree_size": INT,
     },
+    "log.cosignature_accepted": {"tree_size": INT},
+    # witness (privacy/translog/witness.py): cosigned a head, or refused to / could not hand it in
+    "witness.cosigned": {"tree_size": INT},
+    "witness.refused": {"reason": Choice.of(
+        "inconsistent", "bad_signature", "key_mismatch", "root_mismatch", "bad_proof", "protocol", "unreachable",
+        "rejected")},
 }
 
 

@@ -60,6 +60,7 @@ def client_config(e: dict, relay: str, **changes) -> ClientConfig:
     cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay, log_url=e["log"],
                log_public_key=base64.b64decode(e["log_public_key"]),
                attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"],
+               witness_keys=(base64.b64decode(e["witness_public_key"]),),
                attester_policy=AttesterPolicy.DEVELOPMENT)  # as `traceless up` runs the proxy
     cfg.update(changes)
     return ClientConfig(**cfg)
@@ -170,8 +171,8 @@ def _processed(deployment) -> int:
 
 
 @pytest.mark.parametrize("change, reason", [
-    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_error"),
-    ("not_in_log", "not_in_log"),
+    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_inconsistent"),
+    ("not_in_log", "not_in_log"), ("unwitnessed", "log_unwitnessed"),
 ])
 def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, tmp_path, change, reason, caplog):
     import logging
@@ -187,6 +188,8 @@ def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, t
         changes["attester_keys"] = (other_key,)
     elif change == "log_key":
         changes["log_public_key"] = other_key
+    elif change == "unwitnessed":  # the log's head is cosigned, but not by a witness this client trusts
+        changes["witness_keys"] = (other_key,)
     elif change == "not_in_log":
         changes.update(_other_log(tmp_path))
     posts_before = deployment.taps["relay"].count(b"POST /pcc/v1/ohttp/")
@@ -206,23 +209,29 @@ def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, t
 
 
 def _other_log(tmp_path) -> dict:
-    """A second, honest transparency log that does not contain the nodes' release."""
+    """A second, honest and witnessed transparency log that does not contain the nodes' release."""
     import threading
 
     import uvicorn
 
     from traceless.cluster.log_service import create_app
+    from traceless.cluster.witness_service import run
     from traceless.local.services import free_port
     from traceless.privacy.translog.log import TransparencyLog
+    from traceless.privacy.translog.witness import Witness
 
     log = TransparencyLog.create(tmp_path / "log")
     log.append(b"\x42" * 32)
+    witness = Witness(tmp_path / "witness", log.public_key_bytes())
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(log), host="127.0.0.1", port=port, log_config=None))
+    server = uvicorn.Server(uvicorn.Config(create_app(log, (witness.public_key,)), host="127.0.0.1", port=port,
+                                           log_config=None))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
-    return {"log_url": f"http://127.0.0.1:{port}", "log_public_key": log.public_key_bytes()}
+    run(witness, f"http://127.0.0.1:{port}", 1.0, rounds=1)
+    return {"log_url": f"http://127.0.0.1:{port}", "log_public_key": log.public_key_bytes(),
+            "witness_keys": (witness.public_key,)}
 
 
 def test_zz_killing_a_node_mid_stream_fails_cleanly_and_the_rest_keeps_serving(deployment):

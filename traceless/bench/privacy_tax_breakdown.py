@@ -120,7 +120,8 @@ def _crypto(endpoints: dict) -> dict:
     config = ClientConfig(issuer_url=endpoints["issuer"], api_key=endpoints["api_key"], relay_url=endpoints["relay"],
                           log_url=endpoints["log"], log_public_key=base64.b64decode(endpoints["log_public_key"]),
                           attester_keys=tuple(base64.b64decode(k) for k in endpoints["attester_keys"]),
-                          model=endpoints["model"], attester_policy=AttesterPolicy.DEVELOPMENT)  # as `up` runs
+                          model=endpoints["model"], attester_policy=AttesterPolicy.DEVELOPMENT,  # as `up` runs
+                          witness_keys=(base64.b64decode(endpoints["witness_public_key"]),))
     nonce = os.urandom(32)
     offered = httpx.get(endpoints["relay"] + "/pcc/v1/nodes", params={"model": config.model, "k": 3,
                                                                       "nonce": nonce.hex()}, timeout=30).json()["nodes"]

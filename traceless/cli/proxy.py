@@ -17,6 +17,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_env_argument(p, "--log", "TRACELESS_LOG_URL", required=True, help="transparency log URL")
     add_env_argument(p, "--log-public-key", "TRACELESS_LOG_PUBLIC_KEY", required=True,
                      help="the log's Ed25519 public key (base64), pinned")
+    p.add_argument("--witness-key", action="append", required=True,
+                   help="Ed25519 public key (base64) of a log witness: the log's tree heads count only with a "
+                        "fresh cosignature from one of these; repeatable")
+    p.add_argument("--max-tree-head-age", type=float, default=600.0,
+                   help="seconds the newest witness cosignature of the log's tree head may be old (default 600)")
+    p.add_argument("--state-dir", default=None,
+                   help="where the last verified tree head is kept (default: $XDG_STATE_HOME/traceless, "
+                        "else ~/.local/state/traceless)")
     p.add_argument("--attester-key", action="append", required=True,
                    help="trusted attester public key (base64); repeatable")
     p.add_argument("--model", required=True)
@@ -32,6 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.set_defaults(handler=_proxy)
+
+
+def _default_state_dir() -> str:
+    import os
+    from pathlib import Path
+
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "traceless")
 
 
 def _proxy(args: argparse.Namespace) -> int:
@@ -53,6 +69,8 @@ def _proxy(args: argparse.Namespace) -> int:
         attester_keys=tuple(base64.b64decode(k) for k in args.attester_key), model=args.model,
         origin_name=args.origin_name, candidates=args.candidates,
         attester_policy=AttesterPolicy(args.attester_policy), attestation_max_age_s=args.attestation_max_age,
+        witness_keys=tuple(base64.b64decode(k) for k in args.witness_key), max_tree_head_age_s=args.max_tree_head_age,
+        state_dir=args.state_dir or _default_state_dir(),
     )
     if config.attester_policy is AttesterPolicy.DEVELOPMENT:
         print("traceless proxy: DEVELOPMENT attestation policy: software-attested nodes are accepted", flush=True)

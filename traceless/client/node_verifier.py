@@ -8,7 +8,8 @@ A node passes when
      is within its validity period (CLOCK_LEEWAY_S of skew either way), and binds exactly the OHTTP
      keys offered with it;
   2. the measurement it attests is a release in the transparency log (`ReleaseLookup`: proven
-     against a signed tree head consistent with every head seen before), and that release allows
+     against a signed tree head consistent with every head seen before, this client's saved one
+     included, and cosigned recently by a witness the client trusts), and that release allows
      the capacity the document claims.
 The capacity the client then draws by is the attested one (node_choice.py).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from traceless.events import emit
@@ -37,6 +39,7 @@ from traceless.privacy.attestation.software import (
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog.client import LogClient, LogClientError
+from traceless.privacy.translog.cosignature import WitnessPolicy
 from traceless.privacy.translog.release_index import ReleaseIndex, ReleaseLookup, ReleaseNotLoggedError
 
 if TYPE_CHECKING:
@@ -65,6 +68,18 @@ _REASONS = ((UntrustedKeyError, "untrusted_key"), (BadSignatureError, "bad_signa
             (AttesterTypeRefusedError, "attester_type"), (UnsupportedEvidenceError, "unsupported_evidence"))
 
 
+_LOG_REASONS = {"no_cosignature": "log_unwitnessed", "stale": "log_stale", "inconsistent": "log_inconsistent"}
+
+
+def client_state_path(config: ClientConfig) -> Path | None:
+    """The file holding the client's last verified tree head (its directory made 0700), if any."""
+    if config.state_dir is None:
+        return None
+    directory = Path(config.state_dir)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return directory / "log-state.json"
+
+
 class NodeVerifier:
     """`releases` defaults to a ReleaseIndex over the configured log (tests pass a stub)."""
 
@@ -72,7 +87,8 @@ class NodeVerifier:
         self._attester_keys = trusted_by_kid(config.attester_keys)
         self._policy = config.attester_policy
         self._leeway_s = config.clock_leeway_s
-        self._log = LogClient(config.log_url, config.log_public_key)
+        self._log = LogClient(config.log_url, config.log_public_key, state_path=client_state_path(config),
+                              witness=WitnessPolicy(config.witness_keys, config.max_tree_head_age_s))
         self._releases = releases if releases is not None else ReleaseIndex(self._log)
 
     def close(self) -> None:
@@ -107,8 +123,8 @@ class NodeVerifier:
             release = self._releases.release_for(combined)
         except ReleaseNotLoggedError:
             raise NodeRefused("not_in_log") from None
-        except LogClientError:
-            raise NodeRefused("log_error") from None
+        except LogClientError as exc:
+            raise NodeRefused(_LOG_REASONS.get(exc.result, "log_error")) from None
         if not release.allows_capacity(claims.capacity):
             raise NodeRefused("capacity_not_allowed")
         return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now)

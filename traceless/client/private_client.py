@@ -71,10 +71,19 @@ class ClientConfig:
     # per request.
     attestation_max_age_s: float = 60.0
     clock_leeway_s: int = CLOCK_LEEWAY_S
+    # The log's tree heads count only with a fresh cosignature from one of these witnesses (none
+    # configured: every tree head is refused, so every node is).
+    witness_keys: tuple[bytes, ...] = ()
+    max_tree_head_age_s: float = 600.0  # the newest witness cosignature may be this old at most
+    # Where the last verified tree head is kept (log-state.json, 0600), so that a restart cannot be
+    # shown another history; None keeps it in memory only (tests, one-shot tools).
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:
             raise ValueError("attestation_max_age_s and clock_leeway_s must be >= 0 and candidates >= 1")
+        if self.max_tree_head_age_s <= 0 or any(len(k) != 32 for k in self.witness_keys):
+            raise ValueError("max_tree_head_age_s must be > 0 and witness keys 32-byte Ed25519 keys")
 
 
 class PrivateClientError(Exception):

@@ -1,8 +1,10 @@
 """`traceless up`: the whole private path on loopback, each component its own process.
 
 Order: transparency log (this installation's release appended: its manifest, allowing the
-capacities given) -> issuer (a demo API key) -> gateway -> relay -> nodes -> proxy. Each node prints
-its attester public key; the proxy trusts exactly those keys and the log's key. Attestation is the
+capacities given) and its witness (own key, cosigns every WITNESS_INTERVAL_S) -> issuer (a demo
+API key) -> gateway -> relay -> nodes -> proxy. Each node prints
+its attester public key; the proxy trusts exactly those keys, the log's key and the witness's key
+(and keeps its last verified tree head in STATE/proxy). Attestation is the
 software attester's, so the gateway and the proxy run under the explicit DEVELOPMENT attester
 policy, and `up` says so. Services write their event logs (content-free by
 construction) to STATE/logs/. Ctrl-C stops everything; a temporary state directory is removed.
@@ -27,6 +29,7 @@ import httpx
 from traceless.local.processes import StartupError, free_port, stop, wait_ready
 
 READY_TIMEOUT_S = 180.0
+WITNESS_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +88,29 @@ class Deployment:
             stop(proc, timeout=20)
 
     # --- the deployment -------------------------------------------------------------------------
+    def _witness(self, log_url: str, log_key: str, witness_key: str) -> None:
+        """Start the witness and wait until the log serves its cosignature."""
+        proc = self.spawn("witness", "log", "witness", "--log", log_url, "--log-public-key", log_key,
+                          "--dir", str(self.state / "witness"), "--interval", str(WITNESS_INTERVAL_S))
+        if self.printed("witness", proc, "witness-public-key") != witness_key:
+            raise StartupError("the witness runs with another key than the one the log was given")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            r = httpx.get(log_url + "/log/v1/sth/cosigned", timeout=5)
+            if r.status_code == 200 and r.json().get("cosignatures"):
+                return
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise StartupError(f"the witness did not cosign the log's tree head (log: {self.logs / 'witness.log'})")
+
     def _log(self) -> tuple[str, str]:
         from traceless.cli.node import node_measured_config, node_parser
         from traceless.model.loader import resolve_model_path
         from traceless.privacy.attestation.measurement import measure
         from traceless.privacy.translog.log import TransparencyLog
         from traceless.privacy.translog.manifest import ReleaseManifest
+        from traceless.privacy.translog.witness import Witness
 
         node_ns = node_parser().parse_args(self.opts.node_args)
         config = node_measured_config(node_ns)
@@ -100,11 +120,16 @@ class Deployment:
         if log.leaf_index(_leaf_hash(release.encode())) is None:
             log.append(release.encode())
         self.measurement = measured.combined.hex()
+        log_key = base64.b64encode(log.public_key_bytes()).decode()
+        # The witness's key is made (or loaded) here so the log can be told to take its cosignatures.
+        self.witness_key = Witness(self.state / "witness", log.public_key_bytes()).public_key_b64()
         port = free_port()
-        proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--port", str(port))
+        proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--port", str(port),
+                          "--witness-key", self.witness_key)
         url = f"http://127.0.0.1:{port}"
         self.wait_ready("log", proc, url + "/log/v1/sth")
-        return url, base64.b64encode(log.public_key_bytes()).decode()
+        self._witness(url, log_key, self.witness_key)
+        return url, log_key
 
     def _service(self, name: str, ready_path: str, *argv: str) -> str:
         port = free_port()
@@ -164,6 +189,7 @@ class Deployment:
         proxy_args = ["--issuer", issuer, "--api-key-file", str(key_file), "--relay", self.link("relay", relay),
                       "--log", log_url,
                       "--log-public-key", log_key, "--model", model, "--port", str(self.opts.port),
+                      "--witness-key", self.witness_key, "--state-dir", str(self.state / "proxy"),
                       "--attester-policy", "development"]
         for k in attester_keys:
             proxy_args += ["--attester-key", k]
@@ -172,7 +198,7 @@ class Deployment:
         self.wait_ready("proxy", proc, proxy + "/health")
         endpoints = {"log": log_url, "issuer": issuer, "relay": relay, "gateway": gateway, "proxy": proxy,
                      "nodes": nodes, "node_metrics": self.node_metrics, "api_key": api_key, "model": model,
-                     "log_public_key": log_key,
+                     "log_public_key": log_key, "witness_public_key": self.witness_key,
                      "attester_keys": attester_keys, "measurement": self.measurement}
         (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         return endpoints
