@@ -87,7 +87,8 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "client.refused_node": {"reason": Choice.of(
         "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error",
         "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence", "log_unwitnessed", "log_stale",
-        "log_inconsistent")},
+        "log_inconsistent", "release_prefix_cache", "release_unpadded", "release_unscrubbed", "release_dummy_weights",
+        "release_request_events")},
     "client.candidates": {"offered": INT, "verified": INT, "fresh": BOOL},
     "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
     # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)

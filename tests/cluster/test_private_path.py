@@ -22,6 +22,7 @@ from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.privacy.privacypass.http import format_authorization
+from traceless.privacy.translog.release_policy import ReleasePolicy
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,7 @@ def client_config(e: dict, relay: str, **changes) -> ClientConfig:
                log_public_key=base64.b64decode(e["log_public_key"]),
                attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"],
                witness_keys=(base64.b64decode(e["witness_public_key"]),),
+               release_policy=ReleasePolicy.from_waivers(e["release_waivers"]),
                attester_policy=AttesterPolicy.DEVELOPMENT)  # as `traceless up` runs the proxy
     cfg.update(changes)
     return ClientConfig(**cfg)

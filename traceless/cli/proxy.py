@@ -37,6 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attestation-max-age", type=float, default=60.0,
                    help="seconds verified nodes are kept before their attestations are fetched again with a "
                         "new nonce (0: a nonce per request; default 60)")
+    waive = p.add_argument_group("benchmark-only waivers of the release policy (each weakens privacy; printed "
+                                 "at start)")
+    waive.add_argument("--allow-unpadded-releases", action="store_true",
+                       help="accept releases that do not pad responses (stream_padding 0)")
+    waive.add_argument("--allow-request-events-releases", action="store_true",
+                       help="accept releases that log per-request events (request_events on)")
+    waive.add_argument("--allow-dummy-weights-releases", action="store_true",
+                       help="accept releases that run random (dummy) weights")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.set_defaults(handler=_proxy)
@@ -58,6 +66,7 @@ def _proxy(args: argparse.Namespace) -> int:
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
     from traceless.privacy.attestation.policy import AttesterPolicy
+    from traceless.privacy.translog.release_policy import ReleasePolicy
 
     if args.host not in LOOPBACK:
         raise SystemExit("traceless proxy: it serves plaintext, so it binds loopback only (127.0.0.1 or ::1)")
@@ -71,7 +80,13 @@ def _proxy(args: argparse.Namespace) -> int:
         attester_policy=AttesterPolicy(args.attester_policy), attestation_max_age_s=args.attestation_max_age,
         witness_keys=tuple(base64.b64decode(k) for k in args.witness_key), max_tree_head_age_s=args.max_tree_head_age,
         state_dir=args.state_dir or _default_state_dir(),
+        release_policy=ReleasePolicy(allow_unpadded=args.allow_unpadded_releases,
+                                     allow_request_events=args.allow_request_events_releases,
+                                     allow_dummy_weights=args.allow_dummy_weights_releases),
     )
+    for waiver in config.release_policy.waivers:
+        print(f"traceless proxy: BENCHMARK-ONLY release policy waiver: {waiver} releases are accepted "
+              "(never use this for private traffic)", flush=True)
     if config.attester_policy is AttesterPolicy.DEVELOPMENT:
         print("traceless proxy: DEVELOPMENT attestation policy: software-attested nodes are accepted", flush=True)
     run_uvicorn(create_proxy_app(AsyncPrivateClient(config)), args.host, args.port, "proxy")

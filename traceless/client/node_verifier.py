@@ -9,8 +9,9 @@ A node passes when
      keys offered with it;
   2. the measurement it attests is a release in the transparency log (`ReleaseLookup`: proven
      against a signed tree head consistent with every head seen before, this client's saved one
-     included, and cosigned recently by a witness the client trusts), and that release allows
-     the capacity the document claims.
+     included, and cosigned recently by a witness the client trusts), the release's settings pass
+     the client's release policy (release_policy.py: isolated prefix cache, padding, scrubbing, real
+     weights, no per-request events), and that release allows the capacity the document claims.
 The capacity the client then draws by is the attested one (node_choice.py).
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog.client import LogClient, LogClientError
 from traceless.privacy.translog.cosignature import WitnessPolicy
 from traceless.privacy.translog.release_index import ReleaseIndex, ReleaseLookup, ReleaseNotLoggedError
+from traceless.privacy.translog.release_policy import ReleaseRefusedError, check_release
 
 if TYPE_CHECKING:
     from traceless.client.private_client import ClientConfig
@@ -86,6 +88,7 @@ class NodeVerifier:
     def __init__(self, config: ClientConfig, releases: ReleaseLookup | None = None) -> None:
         self._attester_keys = trusted_by_kid(config.attester_keys)
         self._policy = config.attester_policy
+        self._release_policy = config.release_policy
         self._leeway_s = config.clock_leeway_s
         self._log = LogClient(config.log_url, config.log_public_key, state_path=client_state_path(config),
                               witness=WitnessPolicy(config.witness_keys, config.max_tree_head_age_s))
@@ -125,6 +128,10 @@ class NodeVerifier:
             raise NodeRefused("not_in_log") from None
         except LogClientError as exc:
             raise NodeRefused(_LOG_REASONS.get(exc.result, "log_error")) from None
+        try:
+            check_release(self._release_policy, release.config)
+        except ReleaseRefusedError as exc:
+            raise NodeRefused(exc.reason) from None
         if not release.allows_capacity(claims.capacity):
             raise NodeRefused("capacity_not_allowed")
         return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now)

@@ -4,8 +4,9 @@
     candidates  relay -> gateway /pcc/v1/nodes?nonce=N      -> the model's nodes, each with a document
                                                               its node made now for the client's nonce
     verify      attestation (trusted attester key, attester type allowed by policy, nonce, validity
-                with clock leeway, OHTTP keys bound) + a logged release that allows the attested
-                capacity                                    -> refuse anything else, before sending
+                with clock leeway, OHTTP keys bound) + a logged release (witnessed tree head) whose
+                settings pass the release policy and that allows the attested capacity
+                                                            -> refuse anything else, before sending
     draw        the client itself, by attested capacity    (node_choice.py; never the gateway's order)
     request     OHTTP (chunked when streaming) via relay -> gateway -> node, PrivateToken header
     resend      only if the first send provably never left: the connection to the relay could not
@@ -46,6 +47,7 @@ from traceless.privacy.ohttp.chunked import split_chunks
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.privacypass.http import format_authorization
+from traceless.privacy.translog.release_policy import ReleasePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,8 @@ class ClientConfig:
     # Where the last verified tree head is kept (log-state.json, 0600), so that a restart cannot be
     # shown another history; None keeps it in memory only (tests, one-shot tools).
     state_dir: str | None = None
+    # What a logged release must say to be used (release_policy.py); waivers are benchmark-only.
+    release_policy: ReleasePolicy = ReleasePolicy()
 
     def __post_init__(self) -> None:
         if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:

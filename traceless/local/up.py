@@ -120,6 +120,7 @@ class Deployment:
         if log.leaf_index(_leaf_hash(release.encode())) is None:
             log.append(release.encode())
         self.measurement = measured.combined.hex()
+        self.release_config = config
         log_key = base64.b64encode(log.public_key_bytes()).decode()
         # The witness's key is made (or loaded) here so the log can be told to take its cosignatures.
         self.witness_key = Witness(self.state / "witness", log.public_key_bytes()).public_key_b64()
@@ -130,6 +131,25 @@ class Deployment:
         self.wait_ready("log", proc, url + "/log/v1/sth")
         self._witness(url, log_key, self.witness_key)
         return url, log_key
+
+    def _release_waivers(self) -> list[str]:
+        """The proxy's benchmark-only release-policy waivers that these nodes' settings need (none for
+        a padded, real-weight, event-free node); refuses node settings no waiver covers."""
+        from traceless.privacy.translog.release_policy import ReleasePolicy as Policy
+        from traceless.privacy.translog.release_policy import ReleaseRefusedError, check_release
+
+        policy = Policy.waiving_for(self.release_config)
+        try:
+            check_release(policy, self.release_config)
+        except ReleaseRefusedError as exc:
+            raise StartupError(f"the proxy would refuse these nodes: {exc}") from None
+        flags = {"unpadded": "--allow-unpadded-releases", "request_events": "--allow-request-events-releases",
+                 "dummy_weights": "--allow-dummy-weights-releases"}
+        self.release_waivers = list(policy.waivers)
+        for waiver in policy.waivers:
+            print(f"traceless up: BENCHMARK-ONLY: the nodes run with {waiver.replace('_', ' ')}, so the proxy "
+                  f"is started with {flags[waiver]}", file=sys.stderr, flush=True)
+        return [flags[w] for w in policy.waivers]
 
     def _service(self, name: str, ready_path: str, *argv: str) -> str:
         port = free_port()
@@ -173,6 +193,7 @@ class Deployment:
     def start(self) -> dict:
         self.logs.mkdir(parents=True, exist_ok=True)
         log_url, log_key = self._log()
+        waivers = self._release_waivers()
         api_key = secrets.token_urlsafe(24)
         keys_file, key_file = self.state / "api-keys.json", self.state / "api-key"
         for path, text in ((keys_file, json.dumps({api_key: "demo-user"})), (key_file, api_key)):
@@ -186,7 +207,8 @@ class Deployment:
         relay = self._service("relay", "/pcc/v1/challenge", "--gateway", self.link("gateway", gateway))
         nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
-        proxy_args = ["--issuer", issuer, "--api-key-file", str(key_file), "--relay", self.link("relay", relay),
+        proxy_args = [*waivers, "--issuer", issuer, "--api-key-file", str(key_file),
+                      "--relay", self.link("relay", relay),
                       "--log", log_url,
                       "--log-public-key", log_key, "--model", model, "--port", str(self.opts.port),
                       "--witness-key", self.witness_key, "--state-dir", str(self.state / "proxy"),
@@ -199,6 +221,7 @@ class Deployment:
         endpoints = {"log": log_url, "issuer": issuer, "relay": relay, "gateway": gateway, "proxy": proxy,
                      "nodes": nodes, "node_metrics": self.node_metrics, "api_key": api_key, "model": model,
                      "log_public_key": log_key, "witness_public_key": self.witness_key,
+                     "release_waivers": self.release_waivers,
                      "attester_keys": attester_keys, "measurement": self.measurement}
         (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         return endpoints
