@@ -91,6 +91,10 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "release_request_events")},
     "client.candidates": {"offered": INT, "verified": INT, "fresh": BOOL},
     "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
+    "client.tokens_refilled": {"tokens": INT},
+    "client.tokens_refused": {"reason": Choice.of(
+        "issuer_error", "unreachable", "timeout", "challenge_mismatch", "issuer_key_not_logged",
+        "too_many_issuer_keys")},
     # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)
     "gateway.configured": {
         "token_check": BOOL, "issuer_keys": INT, "health_interval_s": FLOAT, "unhealthy_after": INT,

@@ -58,7 +58,8 @@ def _free_port():
 
 
 def client_config(e: dict, relay: str, **changes) -> ClientConfig:
-    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay, log_url=e["log"],
+    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay, gateway_url=e["gateway"],
+               log_url=e["log"],
                log_public_key=base64.b64decode(e["log_public_key"]),
                attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"],
                witness_keys=(base64.b64decode(e["witness_public_key"]),),
@@ -144,7 +145,7 @@ def test_bad_requests_get_clear_4xx_and_nothing_is_processed(deployment):
     assert r.status_code == 401 and "privatetoken" in r.headers.get("www-authenticate", "").lower()
 
     async def one_token():
-        c = AsyncPrivateClient(client_config(e, relay, token_batch=2))
+        c = AsyncPrivateClient(client_config(e, relay, token_batch=2, token_low_water=1))
         try:
             return await c.wallet.take()
         finally:

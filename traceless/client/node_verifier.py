@@ -41,6 +41,7 @@ from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog.client import LogClient, LogClientError
 from traceless.privacy.translog.cosignature import WitnessPolicy
+from traceless.privacy.translog.manifest import IssuerKeyEntry
 from traceless.privacy.translog.release_index import ReleaseIndex, ReleaseLookup, ReleaseNotLoggedError
 from traceless.privacy.translog.release_policy import ReleaseRefusedError, check_release
 
@@ -92,7 +93,12 @@ class NodeVerifier:
         self._leeway_s = config.clock_leeway_s
         self._log = LogClient(config.log_url, config.log_public_key, state_path=client_state_path(config),
                               witness=WitnessPolicy(config.witness_keys, config.max_tree_head_age_s))
-        self._releases = releases if releases is not None else ReleaseIndex(self._log)
+        self._index = ReleaseIndex(self._log)
+        self._releases = releases if releases is not None else self._index
+
+    def logged_issuer_keys(self, issuer: str, refresh: bool = False) -> list[IssuerKeyEntry]:
+        """The issuer key entries in the log (the same witnessed, consistency-checked view as releases)."""
+        return self._index.issuer_keys(issuer, refresh=refresh)
 
     def close(self) -> None:
         self._log.close()

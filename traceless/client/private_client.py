@@ -1,6 +1,8 @@
 """PrivateClient: an OpenAI call over the private path (docs/private-path.md).
 
-    tokens      issuer /token-request-batch (API key)      -> Privacy Pass type-2 tokens, unlinkable
+    tokens      issuer /token-request-batch (API key)      -> Privacy Pass type-2 tokens, unlinkable:
+                fetched on the wallet's own random schedule in fixed batches, for a challenge checked
+                through two paths, under an issuer key that is in the log (tokens.py)
     candidates  relay -> gateway /pcc/v1/nodes?nonce=N      -> the model's nodes, each with a document
                                                               its node made now for the client's nonce
     verify      attestation (trusted attester key, attester type allowed by policy, nonce, validity
@@ -61,7 +63,12 @@ class ClientConfig:
     model: str
     origin_name: str = "traceless"
     candidates: int = 1000  # how many of the model's nodes to ask for (the gateway's cap): all of them
-    token_batch: int = 16
+    token_batch: int = 16  # every refill fetches exactly this many tokens
+    token_low_water: int = 8  # a scheduled wake refills when the wallet holds fewer than this
+    token_refill_delay_s: tuple[float, float] = (1.0, 5.0)  # wakes at uniformly random delays in this range
+    token_wait_s: float = 30.0  # how long a request waits for a scheduled refill of an empty wallet
+    # The gateway's own URL: the challenge fetched through the relay must equal the one fetched here.
+    gateway_url: str | None = None
     timeout_s: float = 300.0
     # PRODUCTION refuses the software attester; only a deployment that says so (traceless up) uses
     # DEVELOPMENT.
@@ -88,6 +95,10 @@ class ClientConfig:
             raise ValueError("attestation_max_age_s and clock_leeway_s must be >= 0 and candidates >= 1")
         if self.max_tree_head_age_s <= 0 or any(len(k) != 32 for k in self.witness_keys):
             raise ValueError("max_tree_head_age_s must be > 0 and witness keys 32-byte Ed25519 keys")
+        low, high = self.token_refill_delay_s
+        if not (1 <= self.token_low_water <= self.token_batch and 0 < low <= high and self.token_wait_s > 0):
+            raise ValueError("need 1 <= token_low_water <= token_batch, 0 < refill delays (low <= high) and "
+                             "token_wait_s > 0")
 
 
 class PrivateClientError(Exception):
@@ -108,14 +119,19 @@ class AsyncPrivateClient:
         self.config = config
         self._http = http or httpx.AsyncClient(timeout=config.timeout_s)
         self._relay = config.relay_url.rstrip("/")
-        self.wallet = TokenWallet(config, self._http)
         self.verifier = NodeVerifier(config)
+        self.wallet = TokenWallet(config, self._http, self.verifier.logged_issuer_keys)
         self.routing = RoutingWatch()
         self._rng = rng if rng is not None else secrets.SystemRandom()
         self._verified: list[VerifiedNode] = []
         self._verified_at = -float("inf")
 
+    def start(self) -> None:
+        """Start the token wallet's refill schedule now (from a running event loop), ahead of requests."""
+        self.wallet.start()
+
     async def aclose(self) -> None:
+        await self.wallet.aclose()
         await self._http.aclose()
         self.verifier.close()
 
@@ -363,4 +379,6 @@ class PrivateClient:
 
 
 async def _make_async(config: ClientConfig) -> AsyncPrivateClient:
-    return AsyncPrivateClient(config)
+    client = AsyncPrivateClient(config)
+    client.start()  # the token schedule runs from now on, not from the first request
+    return client

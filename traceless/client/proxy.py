@@ -5,6 +5,8 @@ It binds loopback only: what reaches it is the user's plaintext, on the user's o
 """
 from __future__ import annotations
 
+import contextlib
+
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -51,10 +53,18 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        client.start()  # the token wallet's schedule starts with the proxy, not with a request
+        try:
+            yield
+        finally:
+            await client.aclose()
+
     routes = [
         Route("/v1/models", endpoint(COMPONENT, "models", models), methods=["GET"]),
         Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", chat), methods=["POST"]),
         Route("/v1/completions", endpoint(COMPONENT, "completions", completions), methods=["POST"]),
         Route("/health", endpoint(COMPONENT, "health", health), methods=["GET"]),
     ]
-    return create_app(COMPONENT, routes)
+    return create_app(COMPONENT, routes, lifespan=lifespan)

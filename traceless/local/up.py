@@ -2,7 +2,7 @@
 
 Order: transparency log (this installation's release appended: its manifest, allowing the
 capacities given) and its witness (own key, cosigns every WITNESS_INTERVAL_S) -> issuer (a demo
-API key) -> gateway -> relay -> nodes -> proxy. Each node prints
+API key; its token key appended to the log) -> gateway -> relay -> nodes -> proxy. Each node prints
 its attester public key; the proxy trusts exactly those keys, the log's key and the witness's key
 (and keeps its last verified tree head in STATE/proxy). Attestation is the
 software attester's, so the gateway and the proxy run under the explicit DEVELOPMENT attester
@@ -29,7 +29,8 @@ import httpx
 from traceless.local.processes import StartupError, free_port, stop, wait_ready
 
 READY_TIMEOUT_S = 180.0
-WITNESS_INTERVAL_S = 10.0
+WITNESS_INTERVAL_S = 2.0
+ISSUER_KEY_VALIDITY_S = 30 * 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,19 +91,38 @@ class Deployment:
     # --- the deployment -------------------------------------------------------------------------
     def _witness(self, log_url: str, log_key: str, witness_key: str) -> None:
         """Start the witness and wait until the log serves its cosignature."""
-        proc = self.spawn("witness", "log", "witness", "--log", log_url, "--log-public-key", log_key,
-                          "--dir", str(self.state / "witness"), "--interval", str(WITNESS_INTERVAL_S))
-        if self.printed("witness", proc, "witness-public-key") != witness_key:
+        self.witness_proc = self.spawn("witness", "log", "witness", "--log", log_url, "--log-public-key", log_key,
+                                       "--dir", str(self.state / "witness"), "--interval", str(WITNESS_INTERVAL_S))
+        if self.printed("witness", self.witness_proc, "witness-public-key") != witness_key:
             raise StartupError("the witness runs with another key than the one the log was given")
+        self._wait_cosigned(log_url, 0)
+
+    def _wait_cosigned(self, log_url: str, tree_size: int) -> None:
+        """Wait until the log serves a witness cosignature of a head of at least `tree_size` leaves."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             r = httpx.get(log_url + "/log/v1/sth/cosigned", timeout=5)
-            if r.status_code == 200 and r.json().get("cosignatures"):
+            body = r.json() if r.status_code == 200 else {}
+            if body.get("cosignatures") and body["sth"]["tree_size"] >= tree_size:
                 return
-            if proc.poll() is not None:
+            if self.witness_proc.poll() is not None:
                 break
             time.sleep(0.2)
         raise StartupError(f"the witness did not cosign the log's tree head (log: {self.logs / 'witness.log'})")
+
+    def _log_issuer_key(self, issuer: str, log_url: str) -> None:
+        """Publish the issuer's token key in the log (wallets use only logged keys); wait for the witness."""
+        from traceless.cluster.issuer_directory import fetch_issuer_keys, issuer_name
+        from traceless.privacy.translog.log import TransparencyLog
+        from traceless.privacy.translog.manifest import IssuerKeyEntry
+
+        now = int(time.time())
+        log = TransparencyLog.open(self.state / "log")
+        for key in fetch_issuer_keys(issuer):
+            entry = IssuerKeyEntry(issuer_name(issuer), key.spki, now - 60, now + ISSUER_KEY_VALIDITY_S)
+            if log.leaf_index(_leaf_hash(entry.encode())) is None:
+                log.append(entry.encode())
+        self._wait_cosigned(log_url, log.tree_size)
 
     def _log(self) -> tuple[str, str]:
         from traceless.cli.node import node_measured_config, node_parser
@@ -147,8 +167,8 @@ class Deployment:
                  "dummy_weights": "--allow-dummy-weights-releases"}
         self.release_waivers = list(policy.waivers)
         for waiver in policy.waivers:
-            print(f"traceless up: BENCHMARK-ONLY: the nodes run with {waiver.replace('_', ' ')}, so the proxy "
-                  f"is started with {flags[waiver]}", file=sys.stderr, flush=True)
+            print(f"traceless up: BENCHMARK-ONLY: the nodes' settings need the release-policy waiver '{waiver}', "
+                  f"so the proxy is started with {flags[waiver]}", file=sys.stderr, flush=True)
         return [flags[w] for w in policy.waivers]
 
     def _service(self, name: str, ready_path: str, *argv: str) -> str:
@@ -200,6 +220,7 @@ class Deployment:
             path.write_text(text)
             path.chmod(0o600)
         issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file))
+        self._log_issuer_key(issuer, log_url)
         print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
               "a node runs; production refuses it)", file=sys.stderr, flush=True)
         gateway = self._service("gateway", "/pcc/v1/challenge", "--issuer", issuer, "--log", log_url,
@@ -208,7 +229,7 @@ class Deployment:
         nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
         proxy_args = [*waivers, "--issuer", issuer, "--api-key-file", str(key_file),
-                      "--relay", self.link("relay", relay),
+                      "--relay", self.link("relay", relay), "--gateway", gateway,
                       "--log", log_url,
                       "--log-public-key", log_key, "--model", model, "--port", str(self.opts.port),
                       "--witness-key", self.witness_key, "--state-dir", str(self.state / "proxy"),
