@@ -101,6 +101,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "attester_policy": Choice.of("production", "development"),
     },
     "gateway.node_registered": {"new": BOOL, "nodes": INT},
+    "gateway.issuer_keys": {"ok": BOOL, "changed": BOOL, "keys": INT},
     "gateway.node_dropped": {"failures": INT, "nodes": INT},
     "gateway.registration_refused": {"reason": Choice.of(
         "attestation_refused", "release_not_logged", "capacity_not_allowed", "stale_registration",
