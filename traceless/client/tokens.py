@@ -37,6 +37,7 @@ from traceless.privacy.privacypass.http import b64url_decode, choose_challenge, 
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.token_batch import BATCH_REQUEST_MEDIA_TYPE, decode_batch, encode_batch
 from traceless.privacy.privacypass.wire import TOKEN_TYPE_BLIND_RSA, Token, TokenChallenge, TokenResponse
+from traceless.privacy.translog.client import LogClientError
 from traceless.privacy.translog.manifest import IssuerKeyEntry
 
 MAX_LIVE_ISSUER_KEYS = 2  # the current key and the one it replaces, during a rotation's overlap
@@ -167,7 +168,7 @@ class TokenWallet:
             raise TokenError("no transparency log to check the issuer's key against", "issuer_key_not_logged")
         try:
             entries = self._logged_keys(issuer, refresh)
-        except Exception:  # the log could not be read or verified: no key is proven
+        except LogClientError:  # the log could not be read or verified: no key is proven
             raise TokenError("the transparency log could not be read or verified", "issuer_key_not_logged") \
                 from None
         live = {e.token_key for e in entries if e.valid_at(self._clock())}
