@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from traceless.errors import TracelessError
-from traceless.privacy.translog.client import LogClient, LogProtocolError
+from traceless.privacy.translog.client import LogClient, LogClientError, LogProtocolError
 from traceless.privacy.translog.manifest import IssuerKeyEntry, ManifestError, ReleaseManifest, decode_leaf
 from traceless.privacy.translog.merkle import merkle_tree_hash
 
@@ -47,14 +47,20 @@ class ReleaseIndex:
         self._size = -1
         self._refreshed_at: float | None = None
         self._lock = threading.Lock()
+        self._failure: LogClientError | None = None  # why the last refresh failed, if it did
 
-    def _may_refresh(self) -> bool:
-        return self._refreshed_at is None or self._clock() - self._refreshed_at >= self._refresh_s
+    def _refresh_if_due(self) -> None:
+        """Refresh unless one was tried within refresh_s; if that one failed, its error again (a miss
+        then says why the log could not be checked, not that the entry is absent)."""
+        if self._refreshed_at is None or self._clock() - self._refreshed_at >= self._refresh_s:
+            self.refresh()
+        elif self._failure is not None:
+            raise self._failure
 
     def release_for(self, combined: bytes) -> ReleaseManifest:
         manifest = self._releases.get(combined)
-        if manifest is None and self._may_refresh():
-            self.refresh()
+        if manifest is None:
+            self._refresh_if_due()
             manifest = self._releases.get(combined)
         if manifest is None:
             raise ReleaseNotLoggedError("no logged release has the attested measurement")
@@ -63,29 +69,37 @@ class ReleaseIndex:
     def issuer_keys(self, issuer: str, *, refresh: bool = False) -> list[IssuerKeyEntry]:
         """The logged key entries of `issuer`, in log order (none known yet, or `refresh`: the head is
         taken again, at most once every `refresh_s`)."""
-        if (refresh or issuer not in self._issuer_keys) and self._may_refresh():
-            self.refresh()
+        if refresh or issuer not in self._issuer_keys:
+            self._refresh_if_due()
         return list(self._issuer_keys.get(issuer, ()))
 
     def refresh(self) -> None:
         """Take the log's current head (consistency-checked) and index any new entries."""
         with self._lock:
             self._refreshed_at = self._clock()
-            sth = self._log.update()
-            if sth.tree_size == self._size:
-                return
-            leaves = self._log.get_entries(sth.tree_size)
-            if merkle_tree_hash(leaves) != sth.root_hash:
-                raise LogProtocolError("the log's entries do not hash to its signed tree head")
-            releases: dict[bytes, ReleaseManifest] = {}
-            issuer_keys: dict[str, list[IssuerKeyEntry]] = {}
-            for leaf in leaves:
-                try:
-                    entry = decode_leaf(leaf)
-                except ManifestError:
-                    continue  # not a readable entry (a legacy bare measurement hash): nothing to use
-                if isinstance(entry, ReleaseManifest):
-                    releases[entry.combined] = entry
-                else:
-                    issuer_keys.setdefault(entry.issuer, []).append(entry)
-            self._releases, self._issuer_keys, self._size = releases, issuer_keys, sth.tree_size
+            try:
+                self._index_current()
+            except LogClientError as exc:
+                self._failure = exc
+                raise
+            self._failure = None
+
+    def _index_current(self) -> None:
+        sth = self._log.update()
+        if sth.tree_size == self._size:
+            return
+        leaves = self._log.get_entries(sth.tree_size)
+        if merkle_tree_hash(leaves) != sth.root_hash:
+            raise LogProtocolError("the log's entries do not hash to its signed tree head")
+        releases: dict[bytes, ReleaseManifest] = {}
+        issuer_keys: dict[str, list[IssuerKeyEntry]] = {}
+        for leaf in leaves:
+            try:
+                entry = decode_leaf(leaf)
+            except ManifestError:
+                continue  # not a readable entry (a legacy bare measurement hash): nothing to use
+            if isinstance(entry, ReleaseManifest):
+                releases[entry.combined] = entry
+            else:
+                issuer_keys.setdefault(entry.issuer, []).append(entry)
+        self._releases, self._issuer_keys, self._size = releases, issuer_keys, sth.tree_size
