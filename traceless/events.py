@@ -40,7 +40,7 @@ FieldKind = type | Choice
 
 STATUS = Choice.of("ok", "error", "aborted", "rejected")
 FINISH = Choice.of("stop", "length", "abort", "error")
-COMPONENT = Choice.of("engine", "server", "node", "gateway", "relay", "issuer", "proxy", "log", "up")
+COMPONENT = Choice.of("engine", "server", "node", "gateway", "relay", "issuer", "proxy", "log", "up", "witness")
 ERROR_KIND = Choice.of(
     "invalid_request", "context_length", "queue_full", "not_found", "too_large", "unauthorized",
     "rate_limited", "decrypt_failed", "token_invalid", "token_replayed", "upstream", "internal",
@@ -104,19 +104,25 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "client.refused_node": {"reason": Choice.of(
         "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error",
         "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence", "evidence_refused",
-        "evidence_without_policy")},
+        "evidence_without_policy", "log_unwitnessed", "log_stale", "log_inconsistent", "release_prefix_cache",
+        "release_unpadded", "release_unscrubbed", "release_dummy_weights", "release_request_events")},
     # `reason` is the policy's fixed refusal code; for a report that failed, `kind` and `check` name it
     "client.evidence_refused": {"reason": EVIDENCE_REFUSAL, "kind": Choice.of("snp", "tdx", "nvidia", "none"),
                                 "check": EVIDENCE_CHECK},
     "client.attestation_kind": {"kind": ATTESTATION_KIND},
     "client.candidates": {"offered": INT, "verified": INT, "fresh": BOOL},
     "client.request": {"ok": BOOL, "attempts": INT, "stream": BOOL},
+    "client.tokens_refilled": {"tokens": INT},
+    "client.tokens_refused": {"reason": Choice.of(
+        "issuer_error", "unreachable", "timeout", "challenge_mismatch", "issuer_key_not_logged",
+        "too_many_issuer_keys")},
     # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)
     "gateway.configured": {
         "token_check": BOOL, "issuer_keys": INT, "health_interval_s": FLOAT, "unhealthy_after": INT,
         "attester_policy": Choice.of("production", "development"), "evidence_policy": BOOL,
     },
     "gateway.node_registered": {"new": BOOL, "nodes": INT},
+    "gateway.issuer_keys": {"ok": BOOL, "changed": BOOL, "keys": INT},
     "gateway.node_dropped": {"failures": INT, "nodes": INT},
     "gateway.streams_cut": {"streams": INT},
     "gateway.registration_refused": {"reason": Choice.of(
@@ -130,10 +136,16 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "log.verified": {
         "result": Choice.of(
             "ok", "bad_signature", "key_mismatch", "inconsistent", "root_mismatch", "bad_proof",
-            "protocol", "unreachable",
+            "protocol", "unreachable", "no_cosignature", "stale",
         ),
         "tree_size": INT,
     },
+    "log.cosignature_accepted": {"tree_size": INT},
+    # witness (privacy/translog/witness.py): cosigned a head, or refused to / could not hand it in
+    "witness.cosigned": {"tree_size": INT},
+    "witness.refused": {"reason": Choice.of(
+        "inconsistent", "bad_signature", "key_mismatch", "root_mismatch", "bad_proof", "protocol", "unreachable",
+        "rejected")},
 }
 
 

@@ -43,7 +43,7 @@ P_MIN = 1e-5
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("targeting")
-    report = run(SCENARIO, str(out / "t.json"), str(out / "t.png"))
+    report = run(SCENARIO, str(out / "t.json"), str(out / "t.png"), linking_trials=0)  # test_targeting_linking.py
     rows = {(r["policy"], r["strategy"]): r for r in report["results"]}
     return report, rows, out
 
@@ -188,13 +188,16 @@ def test_simulated_routers_follow_their_rules():
 def test_cli_prints_the_table_and_validates_its_arguments(tmp_path, capsys):
     out = tmp_path / "cli.json"
     assert main(["audit", "targeting", "--requests", "100", "--seed", "2", "--capacities", "2,2,2,2",
-                 "--attacker-nodes", "3", "--json", str(out)]) == 0
+                 "--attacker-nodes", "3", "--linking-trials", "2", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "capacity_random  REAL gateway  flood" in printed and "prefix_aware" in printed
+    assert "log_fork" in printed and "issuer_key_tagging" in printed and "unique_challenge" in printed
     report = json.loads(out.read_text())
     assert report["capacities"] == [2, 2, 2, 2] and report["attacker_nodes"] == [3]
+    assert [r["detected"] for r in report["linking"]] == [True] * 3
+    assert report["summary"]["linking_attacks_succeeded"] == []
     assert {r["attacker_capacity_share"] for r in report["results"] if r["strategy"] != "sybil"} == {0.25}
     for bad in (["--requests", "50"], ["--attacker-nodes", "0,1,2,3"], ["--attacker-nodes", "7"],
-                ["--capacities", "1,x"], ["--capacities", "1,0"]):
+                ["--capacities", "1,x"], ["--capacities", "1,0"], ["--linking-trials", "-1"]):
         with pytest.raises(SystemExit):
             main(["audit", "targeting", *bad])

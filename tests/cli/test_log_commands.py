@@ -153,3 +153,50 @@ def test_append_if_absent_appends_once(tmp_path, capsys):
     assert "already in the log; tree_size 1" in capsys.readouterr().out
     # Without the flag a duplicate is still an error.
     assert cli_main(["log", "append", "--dir", str(log_dir), str(leaf)]) == 1
+
+
+def test_log_witness_and_serve_with_witness_keys_as_commands(tmp_path):
+    """`log serve --witness-key` and `log witness`, as processes: the witness prints its key, cosigns,
+    and the log serves the cosigned head; Ctrl-C stops both cleanly."""
+    from traceless.privacy.translog.witness import Witness
+
+    log = TransparencyLog.create(tmp_path / "log")
+    log.append(bytes.fromhex(MEASUREMENT_HEX))
+    log_key = base64.b64encode(log.public_key_bytes()).decode()
+    witness_key = Witness(tmp_path / "witness", log.public_key_bytes()).public_key_b64()  # made ahead, as `up` does
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    url = f"http://127.0.0.1:{port}"
+    serve = subprocess.Popen([sys.executable, "-m", "traceless.cli", "log", "serve", "--dir", str(tmp_path / "log"),
+                              "--port", str(port), "--witness-key", witness_key], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    witness = subprocess.Popen([sys.executable, "-m", "traceless.cli", "log", "witness", "--log", url,
+                                "--log-public-key", log_key, "--dir", str(tmp_path / "witness"), "--interval", "0.2"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, body = time.monotonic() + 30, {}
+        while not body.get("cosignatures") and time.monotonic() < deadline:
+            try:
+                body = httpx.get(url + "/log/v1/sth/cosigned", timeout=1).json()
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert [c["witness_key"] for c in body["cosignatures"]] == [witness_key] and body["sth"]["tree_size"] == 1
+    finally:
+        for proc in (witness, serve):
+            proc.send_signal(signal.SIGINT)
+        wout, werr = witness.communicate(timeout=20)
+        serve.communicate(timeout=20)
+    assert wout.strip() == f"witness-public-key: {witness_key}" and witness.returncode == 0
+    assert "witness.cosigned" in [json.loads(line)["event"] for line in werr.splitlines()]
+
+
+@pytest.mark.parametrize("argv", [
+    ["log", "witness", "--log", "http://127.0.0.1:9", "--log-public-key", "eA==", "--dir", "{d}"],
+    ["log", "witness", "--log", "http://127.0.0.1:9", "--log-public-key", base64.b64encode(bytes(32)).decode(),
+     "--dir", "{d}", "--interval", "0"],
+    ["log", "serve", "--dir", "{d}", "--witness-key", "not-a-key"],
+])
+def test_witness_arguments_are_checked(tmp_path, capsys, argv):
+    assert main([a.replace("{d}", str(tmp_path)) for a in argv]) == 1
+    assert "traceless: error:" in capsys.readouterr().err

@@ -116,3 +116,53 @@ def test_an_unreadable_log_refuses_the_node():
         assert _reason(v, entry(attester, OhttpServer()), expected_nonce=NONCE) == "log_error"
     finally:
         v.close()
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"prefix_cache": "global"}, "release_prefix_cache"),
+    ({"stream_padding": 0}, "release_unpadded"),
+    ({"scrub_freed_memory": False}, "release_unscrubbed"),
+    ({"load_format": "dummy"}, "release_dummy_weights"),
+    ({"request_events": True}, "release_request_events"),
+    ({"stream_padding": None}, "release_unpadded"),  # not stated counts as off
+])
+def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, reason):
+    from tests.cluster._services import PRIVATE_SETTINGS
+    from traceless.privacy.translog.manifest import ReleaseManifest
+
+    config = {k: v for k, v in (PRIVATE_SETTINGS | change).items() if v is not None}
+    release = ReleaseManifest(b"\x07" * 32, b"\x08" * 32, config, (1, 2))
+    attester = SoftwareAttester()
+    v = NodeVerifier(_config(attester), releases=StubReleases(release))
+    try:
+        e = entry(attester, OhttpServer(), measurement=release.measurement)
+        assert _reason(v, e, expected_nonce=NONCE) == reason
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize("waiver, change", [
+    ("unpadded", {"stream_padding": 0}), ("request_events", {"request_events": True}),
+    ("dummy_weights", {"load_format": "dummy"}),
+])
+def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):
+    from dataclasses import replace
+
+    from tests.cluster._services import PRIVATE_SETTINGS
+    from traceless.privacy.translog.manifest import ReleaseManifest
+    from traceless.privacy.translog.release_policy import ReleasePolicy
+
+    release = ReleaseManifest(b"\x07" * 32, b"\x08" * 32, PRIVATE_SETTINGS | change, (1, 2))
+    worse = ReleaseManifest(b"\x07" * 32, b"\x08" * 32, PRIVATE_SETTINGS | change | {"prefix_cache": "global"}, (1,))
+    attester = SoftwareAttester()
+    policy = ReleasePolicy.from_waivers([waiver])
+    assert policy == ReleasePolicy.waiving_for(release.config) and policy.waivers == (waiver,)
+    v = NodeVerifier(replace(_config(attester), release_policy=policy), releases=StubReleases(release, worse))
+    try:
+        assert v.verify(entry(attester, OhttpServer(), measurement=release.measurement), expected_nonce=NONCE)
+        e = entry(attester, OhttpServer(), measurement=worse.measurement, capacity=1)
+        assert _reason(v, e, expected_nonce=NONCE) == "release_prefix_cache"
+    finally:
+        v.close()
+    with pytest.raises(ValueError):
+        ReleasePolicy.from_waivers(["global_prefix_cache"])

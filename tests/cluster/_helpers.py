@@ -10,8 +10,8 @@ from traceless.privacy.translog.merkle import leaf_hash, merkle_tree_hash
 from traceless.privacy.translog.tree_head import sign_tree_head
 
 
-def running_log_service(log_dir):
-    return serve_in_thread(server=build_server(log_dir), what="log service")
+def running_log_service(log_dir, witness_keys=()):
+    return serve_in_thread(server=build_server(log_dir, witness_keys=tuple(witness_keys)), what="log service")
 
 
 def rewrite_history(directory, leaves):

@@ -7,6 +7,7 @@ from tests.cluster._helpers import running_log_service
 
 @pytest.fixture
 def log_service():
-    """start(log_dir) -> base URL of a log service on a free loopback port, stopped after the test."""
+    """start(log_dir, witness_keys=()) -> base URL of a log service on a free loopback port, stopped
+    after the test."""
     with ExitStack() as stack:
-        yield lambda log_dir: stack.enter_context(running_log_service(log_dir))
+        yield lambda log_dir, witness_keys=(): stack.enter_context(running_log_service(log_dir, witness_keys))

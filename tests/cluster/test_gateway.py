@@ -431,3 +431,34 @@ def test_gateway_fetches_the_issuer_key_from_its_directory(issuer):
     assert key == issuer.public_key
     with pytest.raises(IssuerDirectoryError):
         fetch_issuer_keys(_closed_port_url(), wait_s=0)
+
+
+def test_an_issuer_key_rotation_is_taken_without_a_restart(issuer, other_issuer, node):
+    """The issuer restarts with a new key: the gateway reads its directory again and takes it; tokens
+    under the key offered until then still verify for one refresh period (issue 12, finding 4)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from traceless.privacy.privacypass.http import b64url_encode
+
+    current = {"issuer": issuer}
+
+    async def directory(request):
+        key = current["issuer"].public_key.spki
+        return JSONResponse({"token-keys": [{"token-type": 2, "token-key": b64url_encode(key)}]})
+
+    with running_app(Starlette(routes=[Route("/token-issuer-directory", directory)])) as issuer_url:
+        app = _gateway(issuer, issuer_url=issuer_url, issuer_refresh_s=0.1)
+        with running_app(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+            node_id = _register(http, node)
+            old_tokens = _tokens(http, issuer, 2)
+            current["issuer"] = other_issuer  # the restarted issuer's new key
+            deadline = time.monotonic() + 10
+            while parse_www_authenticate(http.get("/pcc/v1/challenge").headers["www-authenticate"])[0].token_key \
+                    != other_issuer.public_key.spki:
+                assert time.monotonic() < deadline, "the gateway never took the new issuer key"
+                time.sleep(0.05)
+            (new_token,) = _tokens(http, other_issuer)
+            assert _send(http, node_id, node, b"new", new_token)[0].status_code == 200
+            assert _send(http, node_id, node, b"old", old_tokens[0])[0].status_code == 200  # overlap

@@ -22,6 +22,7 @@ from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.privacy.privacypass.http import format_authorization
+from traceless.privacy.translog.release_policy import ReleasePolicy
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +58,12 @@ def _free_port():
 
 
 def client_config(e: dict, relay: str, **changes) -> ClientConfig:
-    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay, log_url=e["log"],
+    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay, gateway_url=e["gateway"],
+               log_url=e["log"],
                log_public_key=base64.b64decode(e["log_public_key"]),
                attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"],
+               witness_keys=(base64.b64decode(e["witness_public_key"]),),
+               release_policy=ReleasePolicy.from_waivers(e["release_waivers"]),
                attester_policy=AttesterPolicy.DEVELOPMENT)  # as `traceless up` runs the proxy
     cfg.update(changes)
     return ClientConfig(**cfg)
@@ -141,7 +145,7 @@ def test_bad_requests_get_clear_4xx_and_nothing_is_processed(deployment):
     assert r.status_code == 401 and "privatetoken" in r.headers.get("www-authenticate", "").lower()
 
     async def one_token():
-        c = AsyncPrivateClient(client_config(e, relay, token_batch=2))
+        c = AsyncPrivateClient(client_config(e, relay, token_batch=2, token_low_water=1))
         try:
             return await c.wallet.take()
         finally:
@@ -170,8 +174,8 @@ def _processed(deployment) -> int:
 
 
 @pytest.mark.parametrize("change, reason", [
-    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_error"),
-    ("not_in_log", "not_in_log"),
+    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_inconsistent"),
+    ("not_in_log", "not_in_log"), ("unwitnessed", "log_unwitnessed"),
 ])
 def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, tmp_path, change, reason, caplog):
     import logging
@@ -187,6 +191,8 @@ def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, t
         changes["attester_keys"] = (other_key,)
     elif change == "log_key":
         changes["log_public_key"] = other_key
+    elif change == "unwitnessed":  # the log's head is cosigned, but not by a witness this client trusts
+        changes["witness_keys"] = (other_key,)
     elif change == "not_in_log":
         changes.update(_other_log(tmp_path))
     posts_before = deployment.taps["relay"].count(b"POST /pcc/v1/ohttp/")
@@ -206,23 +212,29 @@ def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, t
 
 
 def _other_log(tmp_path) -> dict:
-    """A second, honest transparency log that does not contain the nodes' release."""
+    """A second, honest and witnessed transparency log that does not contain the nodes' release."""
     import threading
 
     import uvicorn
 
     from traceless.cluster.log_service import create_app
+    from traceless.cluster.witness_service import run
     from traceless.local.services import free_port
     from traceless.privacy.translog.log import TransparencyLog
+    from traceless.privacy.translog.witness import Witness
 
     log = TransparencyLog.create(tmp_path / "log")
     log.append(b"\x42" * 32)
+    witness = Witness(tmp_path / "witness", log.public_key_bytes())
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(log), host="127.0.0.1", port=port, log_config=None))
+    server = uvicorn.Server(uvicorn.Config(create_app(log, (witness.public_key,)), host="127.0.0.1", port=port,
+                                           log_config=None))
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
-    return {"log_url": f"http://127.0.0.1:{port}", "log_public_key": log.public_key_bytes()}
+    run(witness, f"http://127.0.0.1:{port}", 1.0, rounds=1)
+    return {"log_url": f"http://127.0.0.1:{port}", "log_public_key": log.public_key_bytes(),
+            "witness_keys": (witness.public_key,)}
 
 
 def test_zz_killing_a_node_mid_stream_fails_cleanly_and_the_rest_keeps_serving(deployment):

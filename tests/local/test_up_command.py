@@ -43,7 +43,7 @@ def test_up_stops_every_service_it_started_on_kill(tmp_path, tiny_llama_dir, sig
         endpoints = json.loads((state / "endpoints.json").read_text())
         assert httpx.get(endpoints["proxy"] + "/health", timeout=30).status_code == 200
         services = _children(proc.pid)
-        assert len(services) == 6  # log, issuer, gateway, relay, node, proxy
+        assert len(services) == 7  # log, witness, issuer, gateway, relay, node, proxy
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=90)
         assert "stopping" in out

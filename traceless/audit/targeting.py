@@ -8,6 +8,9 @@ interval's lower bound is above the share. A chi-square test compares the per-no
 counts with the capacity shares.
 
 Ours (`capacity_random`) runs on the real gateway under every strategy (targeting_gateway.py).
+The linking and log attacks (unique challenges, issuer key tagging, log fork) run against the real
+issuer, gateway, log and witness with the client's own checks (targeting_linking.py): each row is
+the attack's success rate next to the honest baseline's acceptance rate.
 The production-style routers (least-loaded, user affinity, prefix-aware, priority class) are
 SIMULATIONS (targeting_policies.py, targeting_sim.py), each under no attack and under the
 strategy that fits it, to show the harness detects targeting where it exists.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 from traceless.audit.targeting_estimate import AT, BEATS, Estimate, Scenario
 from traceless.audit.targeting_gateway import GATEWAY_STRATEGIES, GatewayAttackConfig, measure_gateway
+from traceless.audit.targeting_linking import LinkingEstimate, measure_linking
 from traceless.audit.targeting_sim import SIM_PLAN, Workload, simulate
 from traceless.report.output import figure, finish
 
@@ -35,7 +39,7 @@ def measure_all(scenario: Scenario, gateway_cfg: GatewayAttackConfig = GatewayAt
     return results
 
 
-def build_report(scenario: Scenario, results: list[Estimate]) -> dict:
+def build_report(scenario: Scenario, results: list[Estimate], linking: list[LinkingEstimate] | None = None) -> dict:
     ours = [r for r in results if not r.simulated]
     sims = [r for r in results if r.simulated]
     beaten = sorted({r.policy for r in sims if r.strategy != "none" and r.verdict == BEATS})
@@ -45,16 +49,19 @@ def build_report(scenario: Scenario, results: list[Estimate]) -> dict:
             "seed": scenario.seed, "confidence": 0.95, "results": [r.to_json() for r in results],
             "summary": {"ours_beaten": any(r.verdict == BEATS for r in ours),
                         "simulated_policies_beaten": beaten,
-                        "simulated_policies_off_share_without_attack": biased}}
+                        "simulated_policies_off_share_without_attack": biased,
+                        "linking_attacks_succeeded": sorted(r.strategy for r in linking or () if not r.detected)},
+            "linking": [r.to_json() for r in linking or ()]}
 
 
 def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None = None,
-        gateway_cfg: GatewayAttackConfig = GatewayAttackConfig()) -> dict:
+        gateway_cfg: GatewayAttackConfig = GatewayAttackConfig(), linking_trials: int = 30) -> dict:
     from tqdm.auto import tqdm
 
     with tqdm(total=len(GATEWAY_STRATEGIES) + len(SIM_PLAN), desc="policy x strategy", unit="row") as bar:
         results = measure_all(scenario, gateway_cfg, progress=bar)
-    report = build_report(scenario, results)
+    linking = measure_linking(linking_trials) if linking_trials > 0 else []
+    report = build_report(scenario, results, linking)
     return finish(report, print_report, json_path, plot, plot_path)
 
 
@@ -80,6 +87,14 @@ def print_report(report: dict) -> None:
     print(f"ours beaten: {'YES' if summary['ours_beaten'] else 'no'}; simulated routers an attack beats: "
           f"{', '.join(summary['simulated_policies_beaten']) or 'none'}; off share without an attack: "
           f"{', '.join(summary['simulated_policies_off_share_without_attack']) or 'none'}")
+    if report.get("linking"):
+        print(f"\n{'linking/log attack':<20}{'trials':>7}{'attack success':>16}{'95% CI':>17}"
+              f"{'honest accepted':>17}{'95% CI':>17}  verdict")
+        for r in report["linking"]:
+            (alo, ahi), (hlo, hhi) = r["attack_95ci"], r["honest_95ci"]
+            print(f"{r['strategy']:<20}{r['trials']:>7}{r['attack_success_rate']:>16.3f}{f'[{alo:.3f}, {ahi:.3f}]':>17}"
+                  f"{r['honest_accept_rate']:>17.3f}{f'[{hlo:.3f}, {hhi:.3f}]':>17}  "
+                  f"{'detected / failed' if r['detected'] else 'ATTACK SUCCEEDED or honest refused'}")
 
 
 def plot(report: dict, path: str) -> None:

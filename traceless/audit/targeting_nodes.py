@@ -30,9 +30,11 @@ from traceless.privacy.translog.manifest import ReleaseManifest
 from traceless.privacy.translog.release_index import ReleaseNotLoggedError
 
 MAX_AUDIT_CAPACITY = 100
-# What the audit's nodes run: a release that allows capacities 1..MAX_AUDIT_CAPACITY, and no more.
-AUDIT_RELEASE = ReleaseManifest(b"\xa1" * 32, b"\xa2" * 32, {"component": "audit-node"},
-                                tuple(range(1, MAX_AUDIT_CAPACITY + 1)))
+# What the audit's nodes run: a release that allows capacities 1..MAX_AUDIT_CAPACITY, and no more, with
+# the settings the client's release policy requires.
+AUDIT_RELEASE = ReleaseManifest(b"\xa1" * 32, b"\xa2" * 32, {
+    "component": "audit-node", "prefix_cache": "isolated", "stream_padding": 256, "scrub_freed_memory": True,
+    "load_format": "auto", "request_events": False}, tuple(range(1, MAX_AUDIT_CAPACITY + 1)))
 
 
 class AuditReleases:

@@ -116,11 +116,14 @@ def _crypto(endpoints: dict) -> dict:
     from traceless.privacy.bhttp import message as bhttp
     from traceless.privacy.ohttp.chunked import split_chunks
     from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
+    from traceless.privacy.translog.release_policy import ReleasePolicy
 
     config = ClientConfig(issuer_url=endpoints["issuer"], api_key=endpoints["api_key"], relay_url=endpoints["relay"],
                           log_url=endpoints["log"], log_public_key=base64.b64decode(endpoints["log_public_key"]),
                           attester_keys=tuple(base64.b64decode(k) for k in endpoints["attester_keys"]),
-                          model=endpoints["model"], attester_policy=AttesterPolicy.DEVELOPMENT)  # as `up` runs
+                          model=endpoints["model"], attester_policy=AttesterPolicy.DEVELOPMENT,  # as `up` runs
+                          witness_keys=(base64.b64decode(endpoints["witness_public_key"]),),
+                          release_policy=ReleasePolicy.from_waivers(endpoints["release_waivers"]))  # as `up` runs
     nonce = os.urandom(32)
     offered = httpx.get(endpoints["relay"] + "/pcc/v1/nodes", params={"model": config.model, "k": 3,
                                                                       "nonce": nonce.hex()}, timeout=30).json()["nodes"]

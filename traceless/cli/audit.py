@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tg.add_argument("--requests", type=int, default=2000, help="target requests per policy x strategy")
     tg.add_argument("--seed", type=int, default=None,
                     help="seed every random source, the gateway's included (default: the gateway's CSPRNG)")
+    tg.add_argument("--linking-trials", type=int, default=30,
+                    help="attack and honest trials per linking/log attack (unique challenge, issuer key tagging, "
+                         "log fork; default 30, 0 = skip them)")
     tg.add_argument("--json", metavar="FILE")
     tg.add_argument("--plot", metavar="PNG")
     tg.set_defaults(handler=_targeting)
@@ -78,13 +81,14 @@ def _targeting(args: argparse.Namespace) -> int:
     from traceless.audit.targeting import run
     from traceless.audit.targeting_estimate import Scenario
 
-    if args.requests < 100:
-        raise SystemExit("traceless audit targeting: use at least 100 target requests per row")
+    if args.requests < 100 or args.linking_trials < 0:
+        raise SystemExit("traceless audit targeting: use at least 100 target requests per row and "
+                         "--linking-trials >= 0")
     try:
         scenario = Scenario(args.capacities, frozenset(args.attacker_nodes), args.requests, args.seed)
     except ValueError as exc:
         raise SystemExit(f"traceless audit targeting: {exc}") from None
-    run(scenario, args.json, args.plot)
+    run(scenario, args.json, args.plot, linking_trials=args.linking_trials)
     return 0
 
 

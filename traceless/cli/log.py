@@ -1,4 +1,4 @@
-"""Commands `traceless measure` and `traceless log {serve,append,verify}`.
+"""Commands `traceless measure` and `traceless log {serve,append,verify,witness}`.
 
 Module-level imports stay light (the CLI imports every command module to build its parser);
 each handler imports what it needs.
@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_env_argument(serve, "--dir", "TRACELESS_LOG_DIR", type=Path, required=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8090)
+    serve.add_argument("--witness-key", action="append", default=[],
+                       help="Ed25519 public key (base64) of a witness whose cosignatures the log takes and "
+                            "serves; repeatable")
     serve.set_defaults(handler=_run(_serve))
     append = actions.add_parser("append", help="append one leaf to a log directory (created if absent)")
     add_env_argument(append, "--dir", "TRACELESS_LOG_DIR", type=Path, required=True)
@@ -53,6 +56,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument("--state", type=Path, help="JSON file with the last verified tree head (updated)")
     verify.add_argument("--public-key", help="the log's Ed25519 public key, raw, base64 (pinned)")
     verify.set_defaults(handler=_run(_verify))
+    witness = actions.add_parser("witness", help="run an independent witness: cosign the log's tree heads "
+                                 "that extend the last one it cosigned")
+    add_env_argument(witness, "--log", "TRACELESS_LOG_URL", required=True, help="base URL of the log service")
+    add_env_argument(witness, "--log-public-key", "TRACELESS_LOG_PUBLIC_KEY", required=True,
+                     help="the log's Ed25519 public key (base64), pinned")
+    witness.add_argument("--dir", type=Path, required=True,
+                         help="the witness's directory: its key and the last head it cosigned (kept 0600)")
+    witness.add_argument("--interval", type=float, default=60.0,
+                         help="seconds between polls; each poll re-cosigns the current head (default 60)")
+    witness.set_defaults(handler=_run(_witness))
 
 
 def _run(handler):
@@ -101,9 +114,39 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure_logging()
     try:
-        serve(args.dir, args.host, args.port)
+        serve(args.dir, args.host, args.port, tuple(_ed25519_key(k, "--witness-key") for k in args.witness_key))
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
+    return 0
+
+
+def _ed25519_key(value: str, flag: str) -> bytes:
+    try:
+        key = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != 32:
+        raise CommandError(f"{flag} must be a 32-byte Ed25519 key in base64")
+    return key
+
+
+def _witness(args: argparse.Namespace) -> int:
+    from traceless.cluster.witness_service import run
+    from traceless.events import configure_logging, emit
+    from traceless.privacy.translog.witness import Witness
+
+    if args.interval <= 0:
+        raise CommandError("--interval must be positive")
+    configure_logging()
+    witness = Witness(args.dir, _ed25519_key(args.log_public_key, "--log-public-key"))
+    print(f"witness-public-key: {witness.public_key_b64()}", flush=True)
+    emit("service.started", component="witness", port=0)
+    try:
+        run(witness, args.log, args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emit("service.stopped", component="witness")
     return 0
 
 

@@ -12,8 +12,10 @@ A node passes when
      (`document_key`); the software attester passes only a policy that allows it, under a pinned
      key. Without an evidence policy, evidence is refused, never ignored;
   2. the measurement it attests is a release in the transparency log (`ReleaseLookup`: proven
-     against a signed tree head consistent with every head seen before), and that release allows
-     the capacity the document claims.
+     against a signed tree head consistent with every head seen before, this client's saved one
+     included, and cosigned recently by a witness the client trusts), the release's settings pass
+     the client's release policy (release_policy.py: isolated prefix cache, padding, scrubbing, real
+     weights, no per-request events), and that release allows the capacity the document claims.
 The capacity the client then draws by is the attested one (node_choice.py).
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -46,7 +49,10 @@ from traceless.privacy.attestation.software import (
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog.client import LogClient, LogClientError
+from traceless.privacy.translog.cosignature import WitnessPolicy
+from traceless.privacy.translog.manifest import IssuerKeyEntry
 from traceless.privacy.translog.release_index import ReleaseIndex, ReleaseLookup, ReleaseNotLoggedError
+from traceless.privacy.translog.release_policy import ReleaseRefusedError, check_release
 
 if TYPE_CHECKING:
     from traceless.client.private_client import ClientConfig
@@ -76,6 +82,16 @@ _REASONS = ((UntrustedKeyError, "untrusted_key"), (BadSignatureError, "bad_signa
 
 
 _KINDS = Choice.of("snp", "tdx", "nvidia", "none")
+_LOG_REASONS = {"no_cosignature": "log_unwitnessed", "stale": "log_stale", "inconsistent": "log_inconsistent"}
+
+
+def client_state_path(config: ClientConfig) -> Path | None:
+    """The file holding the client's last verified tree head (its directory made 0700), if any."""
+    if config.state_dir is None:
+        return None
+    directory = Path(config.state_dir)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return directory / "log-state.json"
 
 
 class NodeVerifier:
@@ -85,10 +101,17 @@ class NodeVerifier:
         self._attester_keys = trusted_by_kid(config.attester_keys)
         self._policy = config.attester_policy
         self._evidence_policy = config.evidence_policy
+        self._release_policy = config.release_policy
         self._leeway_s = config.clock_leeway_s
-        self._log = LogClient(config.log_url, config.log_public_key)
-        self._releases = releases if releases is not None else ReleaseIndex(self._log)
+        self._log = LogClient(config.log_url, config.log_public_key, state_path=client_state_path(config),
+                              witness=WitnessPolicy(config.witness_keys, config.max_tree_head_age_s))
+        self._index = ReleaseIndex(self._log)
+        self._releases = releases if releases is not None else self._index
         self.last_refused: dict[str, int] = {}  # reason -> nodes refused for it in the last round
+
+    def logged_issuer_keys(self, issuer: str, refresh: bool = False) -> list[IssuerKeyEntry]:
+        """The issuer key entries in the log (the same witnessed, consistency-checked view as releases)."""
+        return self._index.issuer_keys(issuer, refresh=refresh)
 
     def close(self) -> None:
         self._log.close()
@@ -130,8 +153,12 @@ class NodeVerifier:
             release = self._releases.release_for(combined)
         except ReleaseNotLoggedError:
             raise NodeRefused("not_in_log") from None
-        except LogClientError:
-            raise NodeRefused("log_error") from None
+        except LogClientError as exc:
+            raise NodeRefused(_LOG_REASONS.get(exc.result, "log_error")) from None
+        try:
+            check_release(self._release_policy, release.config)
+        except ReleaseRefusedError as exc:
+            raise NodeRefused(exc.reason) from None
         if not release.allows_capacity(claims.capacity):
             raise NodeRefused("capacity_not_allowed")
         emit("client.attestation_kind", kind=kind)

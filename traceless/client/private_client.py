@@ -1,12 +1,15 @@
 """PrivateClient: an OpenAI call over the private path (docs/private-path.md).
 
-    tokens      issuer /token-request-batch (API key)      -> Privacy Pass type-2 tokens, unlinkable
+    tokens      issuer /token-request-batch (API key)      -> Privacy Pass type-2 tokens, unlinkable:
+                fetched on the wallet's own random schedule in fixed batches, for a challenge checked
+                through two paths, under an issuer key that is in the log (tokens.py)
     candidates  relay -> gateway /pcc/v1/nodes?nonce=N      -> the model's nodes, each with a document
                                                               its node made now for the client's nonce
     verify      attestation (trusted attester key, attester type allowed by policy, nonce, validity
                 with clock leeway, OHTTP keys bound; with an evidence policy, the hardware evidence
-                that vouches for the key) + a logged release that allows the attested
-                capacity                                    -> refuse anything else, before sending
+                that vouches for the key) + a logged release (witnessed tree head) whose settings
+                pass the release policy and that allows the attested capacity
+                                                            -> refuse anything else, before sending
     draw        the client itself, by attested capacity    (node_choice.py; never the gateway's order)
     request     OHTTP (chunked when streaming) via relay -> gateway -> node, PrivateToken header
     resend      only if the first send provably never left: the connection to the relay could not
@@ -48,6 +51,7 @@ from traceless.privacy.ohttp.chunked import split_chunks
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.privacypass.http import format_authorization
+from traceless.privacy.translog.release_policy import ReleasePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,12 @@ class ClientConfig:
     model: str
     origin_name: str = "traceless"
     candidates: int = 1000  # how many of the model's nodes to ask for (the gateway's cap): all of them
-    token_batch: int = 16
+    token_batch: int = 16  # every refill fetches exactly this many tokens
+    token_low_water: int = 8  # a scheduled wake refills when the wallet holds fewer than this
+    token_refill_delay_s: tuple[float, float] = (1.0, 5.0)  # wakes at uniformly random delays in this range
+    token_wait_s: float = 30.0  # how long a request waits for a scheduled refill of an empty wallet
+    # The gateway's own URL: the challenge fetched through the relay must equal the one fetched here.
+    gateway_url: str | None = None
     timeout_s: float = 300.0
     # PRODUCTION refuses the software attester; only a deployment that says so (traceless up) uses
     # DEVELOPMENT.
@@ -77,10 +86,25 @@ class ClientConfig:
     # that policy, not `attester_policy`, decides whether the software attester (under a key pinned in
     # `attester_keys`) is accepted. Without one, only `attester_keys` are trusted.
     evidence_policy: AttestationPolicy | None = None
+    # The log's tree heads count only with a fresh cosignature from one of these witnesses (none
+    # configured: every tree head is refused, so every node is).
+    witness_keys: tuple[bytes, ...] = ()
+    max_tree_head_age_s: float = 600.0  # the newest witness cosignature may be this old at most
+    # Where the last verified tree head is kept (log-state.json, 0600), so that a restart cannot be
+    # shown another history; None keeps it in memory only (tests, one-shot tools).
+    state_dir: str | None = None
+    # What a logged release must say to be used (release_policy.py); waivers are benchmark-only.
+    release_policy: ReleasePolicy = ReleasePolicy()
 
     def __post_init__(self) -> None:
         if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:
             raise ValueError("attestation_max_age_s and clock_leeway_s must be >= 0 and candidates >= 1")
+        if self.max_tree_head_age_s <= 0 or any(len(k) != 32 for k in self.witness_keys):
+            raise ValueError("max_tree_head_age_s must be > 0 and witness keys 32-byte Ed25519 keys")
+        low, high = self.token_refill_delay_s
+        if not (1 <= self.token_low_water <= self.token_batch and 0 < low <= high and self.token_wait_s > 0):
+            raise ValueError("need 1 <= token_low_water <= token_batch, 0 < refill delays (low <= high) and "
+                             "token_wait_s > 0")
 
     @property
     def policy_name(self) -> str:
@@ -106,14 +130,19 @@ class AsyncPrivateClient:
         self.config = config
         self._http = http or httpx.AsyncClient(timeout=config.timeout_s)
         self._relay = config.relay_url.rstrip("/")
-        self.wallet = TokenWallet(config, self._http)
         self.verifier = NodeVerifier(config)
+        self.wallet = TokenWallet(config, self._http, self.verifier.logged_issuer_keys)
         self.routing = RoutingWatch()
         self._rng = rng if rng is not None else secrets.SystemRandom()
         self._verified: list[VerifiedNode] = []
         self._verified_at = -float("inf")
 
+    def start(self) -> None:
+        """Start the token wallet's refill schedule now (from a running event loop), ahead of requests."""
+        self.wallet.start()
+
     async def aclose(self) -> None:
+        await self.wallet.aclose()
         await self._http.aclose()
         self.verifier.close()
 
@@ -371,4 +400,6 @@ class PrivateClient:
 
 
 async def _make_async(config: ClientConfig) -> AsyncPrivateClient:
-    return AsyncPrivateClient(config)
+    client = AsyncPrivateClient(config)
+    client.start()  # the token schedule runs from now on, not from the first request
+    return client

@@ -9,6 +9,7 @@ and `[DONE]`, as the server's own streams do, so the openai SDK raises an APIErr
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 
@@ -62,6 +63,14 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
     async def status(request: Request) -> Response:
         return JSONResponse(client.status())
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        client.start()  # the token wallet's schedule starts with the proxy, not with a request
+        try:
+            yield
+        finally:
+            await client.aclose()
+
     routes = [
         Route("/v1/models", endpoint(COMPONENT, "models", models), methods=["GET"]),
         Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", chat), methods=["POST"]),
@@ -69,7 +78,7 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         Route("/health", endpoint(COMPONENT, "health", health), methods=["GET"]),
         Route("/status", endpoint(COMPONENT, "status", status), methods=["GET"]),
     ]
-    app = create_app(COMPONENT, routes)
+    app = create_app(COMPONENT, routes, lifespan=lifespan)
     app.state.private_client = client
     return app
 

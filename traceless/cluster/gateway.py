@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from traceless.cluster.admission import AdmissionPolicy, admit, parse_attester_key
 from traceless.cluster.health import fresh_attestation, health_loop
-from traceless.cluster.issuer_directory import issuer_name
+from traceless.cluster.issuer_directory import DIRECTORY_PATH, IssuerDirectoryError, issuer_name, parse_directory
 from traceless.cluster.registry import NodeRegistration, NodeRegistry, RegistryFullError, StaleRegistrationError
 from traceless.cluster.routing import NoNodeAvailableError, choose_nodes
 from traceless.errors import InvalidRequestError
@@ -93,6 +93,7 @@ class GatewayConfig:
     # With an evidence policy, a node is admitted on hardware evidence that vouches for its key
     # (and the software attester only if that policy allows it); see admission.py.
     evidence_policy: AttestationPolicy | None = None
+    issuer_refresh_s: float = 60.0  # how often the issuer's directory is read again (key rotation, restart)
 
     @property
     def admission(self) -> AdmissionPolicy:
@@ -106,8 +107,8 @@ class GatewayConfig:
             raise ValueError("unhealthy_after, default_k and max_body_bytes must be positive")
         if self.privacy and not self.issuer_url:
             raise ValueError("the token check needs the issuer's URL")
-        if self.max_nodes < 1 or not self.registration_max_age_s > 0:
-            raise ValueError("max_nodes and registration_max_age_s must be positive")
+        if self.max_nodes < 1 or not self.registration_max_age_s > 0 or not self.issuer_refresh_s > 0:
+            raise ValueError("max_nodes, registration_max_age_s and issuer_refresh_s must be positive")
 
 
 def build_verifier(
@@ -164,11 +165,13 @@ class Gateway:
         checks = asyncio.create_task(health_loop(
             self.registry, self._client, self.config.health_interval_s, self.config.health_timeout_s,
             self.config.admission, self._dropped))
+        keys = asyncio.create_task(self._issuer_key_loop())
         try:
             yield
         finally:
             checks.cancel()
-            await asyncio.gather(checks, return_exceptions=True)
+            keys.cancel()
+            await asyncio.gather(checks, keys, return_exceptions=True)
             await self._client.aclose()
 
     def _dropped(self, node_id: str) -> None:
@@ -177,6 +180,28 @@ class Gateway:
         cut = self.cuts.cut(node_id)
         if cut:
             emit("gateway.streams_cut", streams=cut)
+
+    async def _issuer_key_loop(self) -> None:
+        """Read the issuer's directory every issuer_refresh_s and take its keys (rotation without restarts)."""
+        if self.verifier is None or not self.config.issuer_url:
+            return
+        while True:
+            await asyncio.sleep(self.config.issuer_refresh_s)
+            await self.refresh_issuer_keys()
+
+    async def refresh_issuer_keys(self) -> None:
+        if self.verifier is None or not self.config.issuer_url or self._client is None:
+            return
+        try:
+            r = await self._client.get(self.config.issuer_url.rstrip("/") + DIRECTORY_PATH, timeout=10.0)
+            keys = parse_directory(r.json()) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, IssuerDirectoryError):
+            keys = None
+        if keys is None:  # keep the keys we have: tokens under them still verify
+            emit("gateway.issuer_keys", ok=False, changed=False, keys=0)
+            return
+        changed = self.verifier.update_issuer_keys(keys)
+        emit("gateway.issuer_keys", ok=True, changed=changed, keys=len(keys))
 
     async def register(self, request: Request) -> Response:
         secret = self.config.register_secret

@@ -5,9 +5,16 @@
     GET /log/v1/proof/inclusion?leaf_hash=&tree_size= inclusion proof (leaf_hash base64 or hex)
     GET /log/v1/proof/consistency?first=&second=      consistency proof between two tree sizes
     GET /log/v1/entries?start=&end=                   leaf_inputs start..end, inclusive, capped
+    GET /log/v1/sth/cosigned                          {"sth": ..., "cosignatures": [...]}: the latest
+                                                      head with the witnesses' cosignatures of it
+    POST /log/v1/cosignature                          {"sth": ..., "cosignature": ...}: a witness
+                                                      hands in its cosignature of the current head
 
 Binary values are base64. Appending is not offered over HTTP: it is a local admin operation
 (`traceless log append`) on the log directory, which this service picks up on the next request.
+Cosignatures are accepted only from the witness keys the service is started with, only for the
+current tree head, and only if they verify; they are kept in memory (a witness hands in a fresh
+one on every poll, so a restart loses nothing for long). See traceless/privacy/translog/cosignature.py.
 Errors are OpenAI-shaped JSON (traceless/http: 400 bad parameter, 404 unknown leaf, 503 log
 directory unreadable); messages describe the parameter, never echo its value.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,11 +39,14 @@ from traceless.http.app import create_app as create_http_app
 from traceless.http.app import endpoint
 from traceless.http.errors import ApiError
 from traceless.http.serve import uvicorn_config
+from traceless.privacy.translog.cosignature import Cosignature, CosignatureError
 from traceless.privacy.translog.log import LeafNotFoundError, LogCorruptError, TransparencyLog
 from traceless.privacy.translog.merkle import HASH_SIZE, TreeSizeError
+from traceless.privacy.translog.tree_head import SignedTreeHead, TreeHeadError
 
 COMPONENT = "log"
 MAX_ENTRIES_PER_REQUEST = 1000
+MAX_COSIGNATURE_BODY = 4096
 _UINT = re.compile(r"[0-9]{1,19}")
 _HEX_HASH = re.compile(r"[0-9a-fA-F]{64}")
 _URLSAFE_TO_STD = str.maketrans("-_", "+/")
@@ -102,6 +113,66 @@ def _entries(request: Request, log: TransparencyLog) -> dict[str, object]:
     return {"entries": [{"leaf_input": _b64(x)} for x in log.get_entries(start, end)]}
 
 
+class Cosignatures:
+    """The latest cosignature of each configured witness for the log's current tree head."""
+
+    def __init__(self, log: TransparencyLog, witness_keys: tuple[bytes, ...]) -> None:
+        self._log = log
+        self._keys = frozenset(witness_keys)
+        self._sth: SignedTreeHead | None = None
+        self._by_witness: dict[bytes, Cosignature] = {}
+
+    def current(self) -> list[Cosignature]:
+        if self._sth != self._log.sth:  # a new head: the old cosignatures are not of it
+            self._sth, self._by_witness = self._log.sth, {}
+        return list(self._by_witness.values())
+
+    def add(self, sth: SignedTreeHead, cosignature: Cosignature) -> None:
+        self.current()
+        if cosignature.witness_key not in self._keys:
+            raise ApiError(403, "this log does not take cosignatures from that witness key", type="permission_error",
+                           code="unknown_witness")
+        if sth != self._sth:
+            raise ApiError(409, "the cosigned tree head is not the log's current one", code="stale_tree_head")
+        try:
+            cosignature.verify(self._log.public_key_bytes(), sth)
+        except CosignatureError:
+            raise ApiError(400, "the cosignature does not verify", code="bad_cosignature") from None
+        old = self._by_witness.get(cosignature.witness_key)
+        if old is None or cosignature.timestamp >= old.timestamp:
+            self._by_witness[cosignature.witness_key] = cosignature
+
+
+def _cosigned(cosigs: Cosignatures) -> Handler:
+    def handler(request: Request, log: TransparencyLog) -> dict[str, object]:
+        return {"sth": log.sth.to_json(), "cosignatures": [c.to_json() for c in cosigs.current()]}
+
+    return handler
+
+
+def _cosignature_endpoint(log: TransparencyLog, cosigs: Cosignatures) -> Callable[[Request], Awaitable[Response]]:
+    async def run(request: Request) -> JSONResponse:
+        body = await request.body()
+        if len(body) > MAX_COSIGNATURE_BODY:
+            raise ApiError(413, "request body too large", code="too_large")
+        try:
+            obj = json.loads(body)
+            sth, cosig = SignedTreeHead.from_json(obj["sth"]), Cosignature.from_json(obj["cosignature"])
+        except (ValueError, TypeError, KeyError, TreeHeadError, CosignatureError):
+            raise ApiError(400, "body must be {\"sth\": tree head, \"cosignature\": cosignature}",
+                           code="invalid_parameter") from None
+        try:
+            log.refresh()
+        except LogCorruptError:
+            raise ApiError(503, "the log directory failed validation", type="server_error",
+                           code="log_unavailable") from None
+        cosigs.add(sth, cosig)
+        emit("log.cosignature_accepted", tree_size=sth.tree_size)
+        return JSONResponse({"accepted": True})
+
+    return endpoint(COMPONENT, "log", run)
+
+
 def _endpoint(handler: Handler, log: TransparencyLog) -> Callable[[Request], Awaitable[Response]]:
     # Async and without awaits inside: requests run one at a time on the event loop, so the
     # (not thread-safe) log object is never used concurrently.
@@ -121,9 +192,12 @@ def _endpoint(handler: Handler, log: TransparencyLog) -> Callable[[Request], Awa
     return endpoint(COMPONENT, "log", run)
 
 
-def create_app(log: TransparencyLog) -> Starlette:
+def create_app(log: TransparencyLog, witness_keys: tuple[bytes, ...] = ()) -> Starlette:
+    cosigs = Cosignatures(log, witness_keys)
     routes = [
         Route("/log/v1/sth", _endpoint(_sth, log)),
+        Route("/log/v1/sth/cosigned", _endpoint(_cosigned(cosigs), log)),
+        Route("/log/v1/cosignature", _cosignature_endpoint(log, cosigs), methods=["POST"]),
         Route("/log/v1/public-key", _endpoint(_public_key, log)),
         Route("/log/v1/proof/inclusion", _endpoint(_inclusion, log)),
         Route("/log/v1/proof/consistency", _endpoint(_consistency, log)),
@@ -132,14 +206,17 @@ def create_app(log: TransparencyLog) -> Starlette:
     return create_http_app(COMPONENT, routes)
 
 
-def build_server(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090) -> uvicorn.Server:
+def build_server(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090,
+                 witness_keys: tuple[bytes, ...] = ()) -> uvicorn.Server:
     """A uvicorn server for the log at `log_dir` (opened and validated now)."""
-    return uvicorn.Server(uvicorn_config(create_app(TransparencyLog.open(log_dir)), host=host, port=port))
+    app = create_app(TransparencyLog.open(log_dir), witness_keys)
+    return uvicorn.Server(uvicorn_config(app, host=host, port=port))
 
 
-def serve(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090) -> None:
+def serve(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090,
+          witness_keys: tuple[bytes, ...] = ()) -> None:
     """Run the log service until interrupted."""
-    server = build_server(log_dir, host, port)
+    server = build_server(log_dir, host, port, witness_keys)
     emit("service.started", component=COMPONENT, port=port)
     try:
         server.run()

@@ -28,7 +28,7 @@ class NetnsDeployment(Deployment):
     def __init__(self, opts: UpOptions):
         super().__init__(opts)
         self.nodes = [f"node{i}" for i in range(len(opts.capacities))]
-        self.topology = Topology(["log", "issuer", "gateway", "relay", *self.nodes, "proxy"])
+        self.topology = Topology(["log", "witness", "issuer", "gateway", "relay", *self.nodes, "proxy"])
         self.forward: PortForward | None = None
         self.lost: set[str] = set()  # nodes whose process stopped while up ran
         self.where = "in network namespaces, one per component (addresses below are inside them)"

@@ -1,8 +1,10 @@
 """`traceless up`: the whole private path on loopback, each component its own process.
 
 Order: transparency log (this installation's release appended: its manifest, allowing the
-capacities given) -> issuer (a demo API key) -> gateway -> relay -> nodes -> proxy. Each node prints
-its attester public key; the proxy trusts exactly those keys and the log's key. Attestation is the
+capacities given) and its witness (own key, cosigns every WITNESS_INTERVAL_S) -> issuer (a demo
+API key; its token key appended to the log) -> gateway -> relay -> nodes -> proxy. Each node prints
+its attester public key; the proxy trusts exactly those keys, the log's key and the witness's key
+(and keeps its last verified tree head in STATE/proxy). Attestation is the
 software attester's, so the gateway and the proxy run under the explicit DEVELOPMENT attester
 policy, and `up` says so. Services write their event logs (content-free by
 construction) to STATE/logs/. Ctrl-C stops everything; a temporary state directory is removed.
@@ -28,6 +30,8 @@ import httpx
 from traceless.local.processes import StartupError, free_port, stop, wait_ready
 
 READY_TIMEOUT_S = 180.0
+WITNESS_INTERVAL_S = 2.0
+ISSUER_KEY_VALIDITY_S = 30 * 86400
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +116,51 @@ class Deployment:
             stop(proc, timeout=20)
 
     # --- the deployment -------------------------------------------------------------------------
+    def _witness(self, log_url: str, log_key: str, witness_key: str) -> None:
+        """Start the witness and wait until the log serves its cosignature."""
+        self.witness_proc = self.spawn("witness", "log", "witness", "--log", log_url, "--log-public-key", log_key,
+                                       "--dir", str(self.state / "witness"), "--interval", str(WITNESS_INTERVAL_S))
+        if self.printed("witness", self.witness_proc, "witness-public-key") != witness_key:
+            raise StartupError("the witness runs with another key than the one the log was given")
+        self._wait_cosigned(log_url, 0)
+
+    def _wait_cosigned(self, log_url: str, tree_size: int) -> None:
+        """Wait until the log serves a witness cosignature of a head of at least `tree_size` leaves."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with self.reach("log"):
+                r = httpx.get(log_url + "/log/v1/sth/cosigned", timeout=5)
+            body = r.json() if r.status_code == 200 else {}
+            if body.get("cosignatures") and body["sth"]["tree_size"] >= tree_size:
+                return
+            if self.witness_proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise StartupError(f"the witness did not cosign the log's tree head (log: {self.logs / 'witness.log'})")
+
+    def _log_issuer_key(self, issuer: str, log_url: str) -> None:
+        """Publish the issuer's token key in the log (wallets use only logged keys); wait for the witness."""
+        from traceless.cluster.issuer_directory import fetch_issuer_keys, issuer_name
+        from traceless.privacy.translog.log import TransparencyLog
+        from traceless.privacy.translog.manifest import IssuerKeyEntry
+
+        now = int(time.time())
+        log = TransparencyLog.open(self.state / "log")
+        with self.reach("issuer"):
+            keys = fetch_issuer_keys(issuer)
+        for key in keys:
+            entry = IssuerKeyEntry(issuer_name(issuer), key.spki, now - 60, now + ISSUER_KEY_VALIDITY_S)
+            if log.leaf_index(_leaf_hash(entry.encode())) is None:
+                log.append(entry.encode())
+        self._wait_cosigned(log_url, log.tree_size)
+
     def _log(self) -> tuple[str, str]:
         from traceless.cli.node import node_measured_config, node_parser
         from traceless.model.loader import resolve_model_path
         from traceless.privacy.attestation.measurement import measure
         from traceless.privacy.translog.log import TransparencyLog
         from traceless.privacy.translog.manifest import ReleaseManifest
+        from traceless.privacy.translog.witness import Witness
 
         node_ns = node_parser().parse_args(self.opts.node_args)
         config = node_measured_config(node_ns)
@@ -127,11 +170,36 @@ class Deployment:
         if log.leaf_index(_leaf_hash(release.encode())) is None:
             log.append(release.encode())
         self.measurement = measured.combined.hex()
+        self.release_config = config
+        log_key = base64.b64encode(log.public_key_bytes()).decode()
+        # The witness's key is made (or loaded) here so the log can be told to take its cosignatures.
+        self.witness_key = Witness(self.state / "witness", log.public_key_bytes()).public_key_b64()
         host, port = self.place("log")
-        proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--host", host, "--port", str(port))
+        proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--host", host, "--port", str(port),
+                          "--witness-key", self.witness_key)
         url = f"http://{host}:{port}"
         self.wait_ready("log", proc, url + "/log/v1/sth")
-        return url, base64.b64encode(log.public_key_bytes()).decode()
+        self._witness(url, log_key, self.witness_key)
+        return url, log_key
+
+    def _release_waivers(self) -> list[str]:
+        """The proxy's benchmark-only release-policy waivers that these nodes' settings need (none for
+        a padded, real-weight, event-free node); refuses node settings no waiver covers."""
+        from traceless.privacy.translog.release_policy import ReleasePolicy as Policy
+        from traceless.privacy.translog.release_policy import ReleaseRefusedError, check_release
+
+        policy = Policy.waiving_for(self.release_config)
+        try:
+            check_release(policy, self.release_config)
+        except ReleaseRefusedError as exc:
+            raise StartupError(f"the proxy would refuse these nodes: {exc}") from None
+        flags = {"unpadded": "--allow-unpadded-releases", "request_events": "--allow-request-events-releases",
+                 "dummy_weights": "--allow-dummy-weights-releases"}
+        self.release_waivers = list(policy.waivers)
+        for waiver in policy.waivers:
+            print(f"traceless up: BENCHMARK-ONLY: the nodes' settings need the release-policy waiver '{waiver}', "
+                  f"so the proxy is started with {flags[waiver]}", file=sys.stderr, flush=True)
+        return [flags[w] for w in policy.waivers]
 
     def _service(self, name: str, ready_path: str, *argv: str) -> str:
         host, port = self.place(name)
@@ -176,12 +244,14 @@ class Deployment:
     def start(self) -> dict:
         self.logs.mkdir(parents=True, exist_ok=True)
         log_url, log_key = self._log()
+        waivers = self._release_waivers()
         api_key = secrets.token_urlsafe(24)
         keys_file, key_file = self.state / "api-keys.json", self.state / "api-key"
         for path, text in ((keys_file, json.dumps({api_key: "demo-user"})), (key_file, api_key)):
             path.write_text(text)
             path.chmod(0o600)
         issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file))
+        self._log_issuer_key(issuer, log_url)
         print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
               "a node runs; production refuses it)", file=sys.stderr, flush=True)
         gateway = self._service("gateway", "/pcc/v1/challenge", "--issuer", issuer, "--log", log_url,
@@ -190,9 +260,12 @@ class Deployment:
         relay = self._service("relay", "/pcc/v1/challenge", "--gateway", self.link("gateway", gateway))
         nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
-        proxy_args = ["--issuer", issuer, "--api-key-file", str(key_file), "--relay", self.link("relay", relay),
+        proxy_args = [*waivers, "--issuer", issuer, "--api-key-file", str(key_file),
+                      "--relay", self.link("relay", relay), "--gateway", gateway,
                       "--log", log_url,
-                      "--log-public-key", log_key, "--model", model, "--attester-policy", "development"]
+                      "--log-public-key", log_key, "--model", model,
+                      "--witness-key", self.witness_key, "--state-dir", str(self.state / "proxy"),
+                      "--attester-policy", "development"]
         host, port = self.place("proxy")
         proxy_args += ["--host", host, "--port", str(port)]
         for k in attester_keys:
@@ -202,7 +275,8 @@ class Deployment:
         wait_ready(proc, proxy + "/health", READY_TIMEOUT_S, f"proxy (log: {self.logs / 'proxy.log'})")
         endpoints = {"log": log_url, "issuer": issuer, "relay": relay, "gateway": gateway, "proxy": proxy,
                      "nodes": nodes, "node_metrics": self.node_metrics, "api_key": api_key, "model": model,
-                     "log_public_key": log_key,
+                     "log_public_key": log_key, "witness_public_key": self.witness_key,
+                     "release_waivers": self.release_waivers,
                      "attester_keys": attester_keys, "measurement": self.measurement}
         (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         return endpoints

@@ -71,6 +71,22 @@ class Verifier:
     def spent(self) -> SpentNonceSet:
         return self._spent
 
+    def update_issuer_keys(self, issuer_keys: Sequence[IssuerPublicKey]) -> bool:
+        """Take the issuer's current keys (a rotation or an issuer restart), without a restart.
+
+        The new keys become the offered ones; the keys offered until now stay accepted until the
+        keys change again, so tokens already issued under them can still be spent.
+        True if the offered keys changed.
+        """
+        if not issuer_keys:
+            raise ValueError("at least one issuer key is needed")
+        new = tuple(issuer_keys)
+        if new == self._preferred:
+            return False
+        self._keys = {key.token_key_id: key for key in (*new, *self._preferred)}
+        self._preferred = new
+        return True
+
     def current_challenge(self) -> AcceptedChallenge:
         return self._schedule.current(self._clock())
 

@@ -4,6 +4,11 @@ Trust comes from a pinned Ed25519 public key: every tree head must carry its sig
 new tree head must be consistent (RFC 9162 2.1.4) with the last one this client verified, and a
 measurement counts as published only with an inclusion proof (2.1.3) against a verified head.
 
+With a `WitnessPolicy` (what clients of the private path use), a tree head counts only with enough
+fresh cosignatures from trusted witnesses (cosignature.py), and with a `state_path` the last
+verified head is kept on disk (mode 0600) and every later head, in this process or the next, must
+be consistent with it: a restart does not let the log show a different history.
+
 A release's leaf_input is its 32-byte combined measurement (`measurement_leaf`).
 `verify_log` audits a whole log: all entries, the root, and consistency with a saved state.
 """
@@ -13,6 +18,8 @@ import base64
 import binascii
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +28,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from traceless.errors import TracelessError
 from traceless.events import emit
+from traceless.privacy.translog.cosignature import (
+    Cosignature,
+    CosignatureError,
+    StaleTreeHeadError,
+    WitnessPolicy,
+    check_cosigned,
+)
 from traceless.privacy.translog.merkle import (
     InvalidProofError,
     MerkleTree,
@@ -65,6 +79,18 @@ class InconsistentLogError(LogClientError):
     """The log's new tree does not extend the one seen before: a rewritten history (fork)."""
 
     result = "inconsistent"
+
+
+class WitnessCheckError(LogClientError):
+    """The tree head lacks the cosignatures the client's witness policy requires."""
+
+    result = "no_cosignature"
+
+
+class StaleLogError(LogClientError):
+    """The newest trusted witness cosignature of the tree head is older than the policy's bound."""
+
+    result = "stale"
 
 
 class RootMismatchError(LogClientError):
@@ -118,9 +144,20 @@ class LogState:
         return cls(key, sth)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        os.replace(tmp, path)
+        write_private(path, json.dumps(self.to_json(), indent=1).encode())
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Atomically replace `path` with `data`, mode 0600 whatever the umask."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def fetch_public_key(url: str, http: httpx.Client | None = None) -> bytes:
@@ -133,8 +170,18 @@ class LogClient:
     """Fetches and verifies tree heads and proofs; remembers the last verified tree head."""
 
     def __init__(self, url: str, public_key: bytes | None, *, last_sth: SignedTreeHead | None = None,
-                 http: httpx.Client | None = None, timeout: float = 10.0) -> None:
+                 http: httpx.Client | None = None, timeout: float = 10.0, witness: WitnessPolicy | None = None,
+                 state_path: Path | None = None, clock: Callable[[], float] = time.time) -> None:
         self._key = Ed25519PublicKey.from_public_bytes(public_key) if public_key is not None else None
+        self._raw_key = public_key
+        self._witness = witness
+        self._state_path = state_path
+        self._clock = clock
+        if state_path is not None and last_sth is None:
+            state = LogState.load(state_path)
+            if state is not None and state.public_key != public_key:
+                raise PublicKeyMismatchError("the pinned log key differs from the one saved with the last tree head")
+            last_sth = state.sth if state is not None else None
         self._owns_http = http is None
         self._http = http if http is not None else httpx.Client(timeout=timeout)
         self._base = url.rstrip("/") + API
@@ -175,17 +222,31 @@ class LogClient:
         return key
 
     def get_sth(self) -> SignedTreeHead:
-        """The log's current tree head, signature verified (consistency not checked here)."""
-        if self._key is None:
+        """The log's current tree head, signature verified, and with a witness policy its
+        cosignatures too (consistency is not checked here)."""
+        if self._key is None or self._raw_key is None:
             raise PublicKeyMismatchError("no public key pinned for this log")
+        cosignatures: list[Cosignature] = []
         try:
-            sth = SignedTreeHead.from_json(self._get("/sth"))
-        except TreeHeadError:
-            raise LogProtocolError("tree head is malformed") from None
+            if self._witness is None:
+                sth = SignedTreeHead.from_json(self._get("/sth"))
+            else:
+                body = self._get("/sth/cosigned")
+                sth = SignedTreeHead.from_json(body.get("sth"))
+                cosignatures = [Cosignature.from_json(c) for c in _list(body, "cosignatures")]
+        except (TreeHeadError, CosignatureError):
+            raise LogProtocolError("tree head or cosignature is malformed") from None
         try:
             sth.verify(self._key)
         except TreeHeadError:
             raise TreeHeadSignatureError("tree head signature does not verify") from None
+        if self._witness is not None:
+            try:
+                check_cosigned(self._witness, self._raw_key, sth, cosignatures, int(self._clock() * 1000))
+            except StaleTreeHeadError as e:
+                raise StaleLogError(str(e)) from None
+            except CosignatureError as e:
+                raise WitnessCheckError(str(e)) from None
         return sth
 
     def check_consistency(self, old: SignedTreeHead, new: SignedTreeHead) -> None:
@@ -211,6 +272,8 @@ class LogClient:
         sth = self.get_sth()
         if self.last_sth is not None:
             self.check_consistency(self.last_sth, sth)
+        if self._state_path is not None and sth != self.last_sth:
+            LogState(self._raw_key or b"", sth).save(self._state_path)
         self.last_sth = sth
         return sth
 

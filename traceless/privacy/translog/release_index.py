@@ -5,19 +5,22 @@ the transparency log: the release manifest whose `combined` measurement equals t
 attests, or a typed error. `ReleaseIndex` answers it from a `LogClient`: it takes a signed tree
 head (consistent with every head seen before), fetches the whole tree's entries, checks that they
 hash to that head's root (so every manifest it returns is proven to be in the log) and indexes the
-release manifests among them by `combined`. Leaves that are not release manifests (issuer keys,
-legacy bare measurement hashes) are skipped. A miss refreshes the head once at most every
-`refresh_s`, so a release logged after start is found without a restart.
+release manifests among them by `combined`, and the issuer key entries by issuer name (for the
+client's token wallet: it uses only logged issuer keys). Other leaves (legacy bare measurement
+hashes) are skipped. A miss refreshes the head once at most every `refresh_s`, so a release or an
+issuer key logged after start is found without a restart. Thread-safe (the client asks from worker
+threads).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
 from traceless.errors import TracelessError
-from traceless.privacy.translog.client import LogClient, LogProtocolError
-from traceless.privacy.translog.manifest import ManifestError, ReleaseManifest, decode_leaf
+from traceless.privacy.translog.client import LogClient, LogClientError, LogProtocolError
+from traceless.privacy.translog.manifest import IssuerKeyEntry, ManifestError, ReleaseManifest, decode_leaf
 from traceless.privacy.translog.merkle import merkle_tree_hash
 
 
@@ -40,34 +43,63 @@ class ReleaseIndex:
         self._refresh_s = refresh_s
         self._clock = clock
         self._releases: dict[bytes, ReleaseManifest] = {}
+        self._issuer_keys: dict[str, list[IssuerKeyEntry]] = {}
         self._size = -1
         self._refreshed_at: float | None = None
+        self._lock = threading.Lock()
+        self._failure: LogClientError | None = None  # why the last refresh failed, if it did
+
+    def _refresh_if_due(self) -> None:
+        """Refresh unless one was tried within refresh_s; if that one failed, its error again (a miss
+        then says why the log could not be checked, not that the entry is absent)."""
+        if self._refreshed_at is None or self._clock() - self._refreshed_at >= self._refresh_s:
+            self.refresh()
+        elif self._failure is not None:
+            raise self._failure
 
     def release_for(self, combined: bytes) -> ReleaseManifest:
         manifest = self._releases.get(combined)
-        now = self._clock()
-        if manifest is None and (self._refreshed_at is None or now - self._refreshed_at >= self._refresh_s):
-            self.refresh()
+        if manifest is None:
+            self._refresh_if_due()
             manifest = self._releases.get(combined)
         if manifest is None:
             raise ReleaseNotLoggedError("no logged release has the attested measurement")
         return manifest
 
+    def issuer_keys(self, issuer: str, *, refresh: bool = False) -> list[IssuerKeyEntry]:
+        """The logged key entries of `issuer`, in log order (none known yet, or `refresh`: the head is
+        taken again, at most once every `refresh_s`)."""
+        if refresh or issuer not in self._issuer_keys:
+            self._refresh_if_due()
+        return list(self._issuer_keys.get(issuer, ()))
+
     def refresh(self) -> None:
         """Take the log's current head (consistency-checked) and index any new entries."""
-        self._refreshed_at = self._clock()
+        with self._lock:
+            self._refreshed_at = self._clock()
+            try:
+                self._index_current()
+            except LogClientError as exc:
+                self._failure = exc
+                raise
+            self._failure = None
+
+    def _index_current(self) -> None:
         sth = self._log.update()
         if sth.tree_size == self._size:
             return
         leaves = self._log.get_entries(sth.tree_size)
         if merkle_tree_hash(leaves) != sth.root_hash:
             raise LogProtocolError("the log's entries do not hash to its signed tree head")
-        releases = {}
+        releases: dict[bytes, ReleaseManifest] = {}
+        issuer_keys: dict[str, list[IssuerKeyEntry]] = {}
         for leaf in leaves:
             try:
                 entry = decode_leaf(leaf)
             except ManifestError:
-                continue  # not a readable entry (a legacy bare measurement hash): no release to use
+                continue  # not a readable entry (a legacy bare measurement hash): nothing to use
             if isinstance(entry, ReleaseManifest):
                 releases[entry.combined] = entry
-        self._releases, self._size = releases, sth.tree_size
+            else:
+                issuer_keys.setdefault(entry.issuer, []).append(entry)
+        self._releases, self._issuer_keys, self._size = releases, issuer_keys, sth.tree_size
