@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -65,13 +66,27 @@ def policy_file(amd, gpu, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
-    """The parts of the path that do not depend on the node or the gateway's policy: log and issuer."""
+    """The parts of the path that do not depend on the node or the gateway's policy: the issuer, and
+    the log (holding the node's release and the issuer's key) with a witness that has cosigned it."""
+    from traceless.cluster.issuer_directory import fetch_issuer_keys, issuer_name
+    from traceless.cluster.witness_service import run as run_witness
+    from traceless.privacy.translog.manifest import IssuerKeyEntry
+    from traceless.privacy.translog.witness import Witness
+
     issuer = Issuer.generate()
-    log = TransparencyLog.create(tmp_path_factory.mktemp("log") / "log")
+    tmp = tmp_path_factory.mktemp("log")
+    log = TransparencyLog.create(tmp / "log")
     log.append(RELEASE.encode())  # the release the test node runs (its measurement and capacities)
     issuer_app = create_issuer_app(IssuerConfig(), ApiKeyStore({"user": API_KEY}), issuer=issuer)
-    with running_app(create_log_app(log)) as log_url, running_app(issuer_app) as issuer_url:
-        yield {"issuer": issuer, "issuer_url": issuer_url, "log_url": log_url, "log_key": log.public_key_bytes()}
+    with running_app(issuer_app) as issuer_url:
+        now = int(time.time())
+        for key in fetch_issuer_keys(issuer_url):  # wallets take only logged issuer keys
+            log.append(IssuerKeyEntry(issuer_name(issuer_url), key.spki, now - 60, now + 3600).encode())
+        witness = Witness(tmp / "witness", log.public_key_bytes())
+        with running_app(create_log_app(log, (witness.public_key,))) as log_url:
+            run_witness(witness, log_url, 1.0, rounds=1)
+            yield {"issuer": issuer, "issuer_url": issuer_url, "log_url": log_url, "log_key": log.public_key_bytes(),
+                   "witness_keys": (witness.public_key,)}
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +114,10 @@ def private_path(services, engine, attester: Attester, gateway_policy: Attestati
         yield identity, gateway_url, relay_url, registered
 
 
-def client_config(services, relay_url: str, policy: AttestationPolicy, attester_keys=()) -> ClientConfig:
+def client_config(services, gateway_url: str, relay_url: str, policy: AttestationPolicy,
+                  attester_keys=()) -> ClientConfig:
     return ClientConfig(issuer_url=services["issuer_url"], api_key=API_KEY, relay_url=relay_url,
+                        gateway_url=gateway_url, witness_keys=services["witness_keys"], max_tree_head_age_s=3600,
                         log_url=services["log_url"], log_public_key=services["log_key"],
                         attester_keys=tuple(attester_keys), model=MODEL, evidence_policy=policy)
 
@@ -111,11 +128,11 @@ def test_a_hardware_node_answers_the_openai_client_under_the_test_policy(service
 
     policy = load_policy_file(policy_file)
     attester = hardware_attester(tmp_path / "tsm" / "report", amd, gpu)
-    with private_path(services, engine, attester, policy) as (identity, _, relay_url, registered):
+    with private_path(services, engine, attester, policy) as (identity, gateway_url, relay_url, registered):
         assert registered.status_code == 200, registered.text
         listed = httpx.get(relay_url + "/pcc/v1/nodes", params={"model": MODEL, "nonce": "ab" * 16}).json()["nodes"]
         assert [item["kind"] for item in listed[0]["evidence"]] == ["snp", "nvidia"]
-        client = AsyncPrivateClient(client_config(services, relay_url, policy))
+        client = AsyncPrivateClient(client_config(services, gateway_url, relay_url, policy))
         try:
             with running_app(create_proxy_app(client)) as proxy_url:
                 assert httpx.get(proxy_url + "/status").json()["nodes"] == []  # nothing verified yet
@@ -145,10 +162,11 @@ def test_the_software_attester_is_refused_under_the_production_policy(services, 
         assert error["code"] == "evidence_refused" and "software_attester_refused" in error["message"]
     # A gateway that admits it (the development policy) cannot make the client accept it: the client
     # refuses it under its own policy, before sending anything, even with the node's key pinned.
-    with private_path(services, engine, software, AttestationPolicy.development()) as (_, _, relay_url, registered):
+    dev_policy = AttestationPolicy.development()
+    with private_path(services, engine, software, dev_policy) as (_, gateway_url, relay_url, registered):
         assert registered.status_code == 200, registered.text
         key = software.public_key.public_bytes_raw()
-        client = PrivateClient(client_config(services, relay_url, policy, attester_keys=(key,)))
+        client = PrivateClient(client_config(services, gateway_url, relay_url, policy, attester_keys=(key,)))
         try:
             with pytest.raises(PrivateClientError, match="nothing was sent"):
                 client.completions({"model": MODEL, "prompt": "hi", "max_tokens": 2})
@@ -156,7 +174,8 @@ def test_the_software_attester_is_refused_under_the_production_policy(services, 
         finally:
             client.close()
         # The same node passes a client whose policy is explicitly the development one.
-        dev = PrivateClient(client_config(services, relay_url, AttestationPolicy.development(), attester_keys=(key,)))
+        dev = PrivateClient(client_config(services, gateway_url, relay_url, AttestationPolicy.development(),
+                                          attester_keys=(key,)))
         try:
             assert dev.completions({"model": MODEL, "prompt": "hi", "max_tokens": 2})["choices"][0]["text"]
             assert dev._client.status()["attestation_kinds"] == ["software"]
@@ -203,7 +222,7 @@ def test_evidence_for_another_key_is_refused(services, engine, policy_file, amd,
         document, keys = identity.attestation(nonce, 300)
         entry = {"node_id": "n", "attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
                  "evidence": identity.evidence(document)}
-        verifier = NodeVerifier(client_config(services, "http://relay.invalid", policy),
+        verifier = NodeVerifier(client_config(services, "http://gateway.invalid", "http://relay.invalid", policy),
                                 releases=StubReleases(RELEASE))
         try:
             with pytest.raises(NodeRefused) as refused:

@@ -26,6 +26,19 @@ class FakeLog:
         return self.leaves[:n]
 
 
+class SlowLog(FakeLog):
+    """A log whose head takes until `release` is set to read (`started` says the read began)."""
+
+    def __init__(self, started, release, leaves):
+        super().__init__(leaves)
+        self.started, self.release = started, release
+
+    def update(self):
+        self.started.set()
+        assert self.release.wait(5)
+        return super().update()
+
+
 def test_releases_and_issuer_keys_come_from_the_same_view():
     log = FakeLog([RELEASE.encode(), KEY.encode(), b"\x42" * 32])
     index = ReleaseIndex(log, refresh_s=30, clock=lambda: 0.0)
@@ -49,3 +62,22 @@ def test_a_failed_refresh_is_reported_again_not_as_a_miss():
     assert index.release_for(RELEASE.combined) == RELEASE
     with pytest.raises(ReleaseNotLoggedError):
         index.release_for(b"\x00" * 32)  # within refresh_s of a good refresh: a plain miss
+
+
+def test_a_lookup_waits_for_a_refresh_another_thread_has_under_way():
+    """The token wallet's schedule and the node verifier share one index: a lookup that arrives while
+    the wallet's refresh is reading the log must see what that refresh finds, not an empty index."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    index = ReleaseIndex(SlowLog(started, release, [RELEASE.encode()]))
+    worker = threading.Thread(target=index.refresh)
+    worker.start()
+    assert started.wait(5)
+    found: list = []
+    lookup = threading.Thread(target=lambda: found.append(index.release_for(RELEASE.combined)))
+    lookup.start()
+    release.set()
+    worker.join(5)
+    lookup.join(5)
+    assert found == [RELEASE]

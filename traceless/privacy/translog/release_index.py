@@ -51,11 +51,13 @@ class ReleaseIndex:
 
     def _refresh_if_due(self) -> None:
         """Refresh unless one was tried within refresh_s; if that one failed, its error again (a miss
-        then says why the log could not be checked, not that the entry is absent)."""
-        if self._refreshed_at is None or self._clock() - self._refreshed_at >= self._refresh_s:
-            self.refresh()
-        elif self._failure is not None:
-            raise self._failure
+        then says why the log could not be checked, not that the entry is absent). A refresh that
+        another thread (the token wallet's schedule) has under way is waited for, not skipped."""
+        with self._lock:
+            if self._refreshed_at is None or self._clock() - self._refreshed_at >= self._refresh_s:
+                self._refresh_locked()
+            elif self._failure is not None:
+                raise self._failure
 
     def release_for(self, combined: bytes) -> ReleaseManifest:
         manifest = self._releases.get(combined)
@@ -76,13 +78,16 @@ class ReleaseIndex:
     def refresh(self) -> None:
         """Take the log's current head (consistency-checked) and index any new entries."""
         with self._lock:
-            self._refreshed_at = self._clock()
-            try:
-                self._index_current()
-            except LogClientError as exc:
-                self._failure = exc
-                raise
-            self._failure = None
+            self._refresh_locked()
+
+    def _refresh_locked(self) -> None:
+        self._refreshed_at = self._clock()
+        try:
+            self._index_current()
+        except LogClientError as exc:
+            self._failure = exc
+            raise
+        self._failure = None
 
     def _index_current(self) -> None:
         sth = self._log.update()
