@@ -17,12 +17,14 @@ from traceless.privacy.ohttp.gateway import OhttpServer
 
 BASE = ["proxy", "--issuer", "http://issuer.invalid", "--api-key", "k" * 32, "--relay", "http://relay.invalid",
         "--log", "http://log.invalid", "--log-public-key", base64.b64encode(bytes(32)).decode(), "--model", "m",
+        "--gateway", "http://gateway.invalid", "--witness-key", base64.b64encode(bytes(32)).decode(),
         "--port", "0"]
 
 
 @pytest.fixture
-def served(monkeypatch):
+def served(monkeypatch, tmp_path):
     """Run `traceless proxy ARGS` up to the point it would serve; return its app instead."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # the client's saved tree head goes there
     import traceless.events as events
     import traceless.http.serve as serve
 
