@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from tests.cluster import _raw as raw
 from tests.cluster._services import (
     RELEASE,
     STREAM_DELAY_S,
@@ -395,3 +396,28 @@ def test_gateway_fetches_the_issuer_key_from_its_directory(issuer):
     assert key == issuer.public_key
     with pytest.raises(IssuerDirectoryError):
         fetch_issuer_keys(_closed_port_url(), wait_s=0)
+
+
+def test_invalid_token_is_refused_before_the_body_is_read(gateway, node, issuer):
+    """Found 6: the token is checked on the request's head; a body that never comes does not matter."""
+    app, http = gateway
+    node_id = _register(http, node)
+    for credential, status in (("PrivateToken token=AAAA", 401), (None, 401)):
+        headers = {"content-type": "message/ohttp-req", "content-length": str(4 * 2**20)}
+        if credential is not None:
+            headers["authorization"] = credential
+        with raw.connect(str(http.base_url), timeout_s=3) as sock:
+            sock.sendall(raw.head("POST", f"/pcc/v1/ohttp/{node_id}", headers))  # and no body at all
+            assert raw.read_status(sock) == status
+    assert node.seen_headers == [] and len(app.state.gateway.verifier.spent) == 0
+
+
+def test_a_replayed_token_is_refused_before_the_body_is_read(gateway, node, issuer):
+    app, http = gateway
+    node_id = _register(http, node)
+    (token,) = _tokens(http, issuer)
+    assert _send(http, node_id, node, b"once", token)[0].status_code == 200
+    headers = {"content-type": "message/ohttp-req", "content-length": "1000", "authorization": token}
+    with raw.connect(str(http.base_url), timeout_s=3) as sock:
+        sock.sendall(raw.head("POST", f"/pcc/v1/ohttp/{node_id}", headers))
+        assert raw.read_status(sock) == 403

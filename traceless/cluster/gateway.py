@@ -24,8 +24,8 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -51,7 +51,7 @@ from traceless.privacy.ohttp.media import REQUEST_MEDIA_TYPES
 from traceless.privacy.privacypass.errors import DoubleSpendError, SpentSetFullError, TokenRejectedError
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
-from traceless.privacy.privacypass.verifier import Verifier
+from traceless.privacy.privacypass.verifier import CheckedToken, Verifier
 from traceless.privacy.translog.release_index import ReleaseLookup
 
 COMPONENT = "gateway"
@@ -231,38 +231,35 @@ class Gateway:
         return Response(status_code=200, headers={"WWW-Authenticate": self.verifier.www_authenticate()})
 
     async def ohttp(self, request: Request) -> Response:
-        token = self._presented_token(request)
+        # The token is checked before anything else and before the body is read: a request
+        # without a valid token costs one signature check, never a body's worth of memory.
+        checked = self._check_token(request)
         record = self.registry.get(request.path_params["node_id"])
         if record is None:
             raise ApiError(404, "no such node", type="not_found_error", code="node_not_found")
         content_type = require_media_type(request, REQUEST_MEDIA_TYPES)
         body = await read_body(request, self.config.max_body_bytes)
-        if token is not None:  # after the size check, so an oversized body does not burn the client's token
-            self._redeem(*token)
+        if checked is not None:  # spent after the size check, so an oversized body does not burn it
+            self._spend(*checked)
         return await self._forward(record.registration.url, content_type, body)
 
-    def _presented_token(self, request: Request) -> tuple[Verifier, str] | None:
-        """The verifier and the request's credential; None when the token check is off."""
+    def _check_token(self, request: Request) -> tuple[Verifier, CheckedToken] | None:
+        """The verifier and the request's checked (not yet spent) token; None when the token
+        check is off."""
         if not self.config.privacy:
             return None
-        if self.verifier is None:
+        verifier = self.verifier
+        if verifier is None:
             raise RuntimeError("the token check is on but the gateway has no verifier")
         credential = request.headers.get("authorization")
         if not credential:
-            raise _token_required(self.verifier, "a PrivateToken is required", "token_required")
-        return self.verifier, credential
+            raise _token_required(verifier, "a PrivateToken is required", "token_required")
+        with _token_errors(verifier):
+            return verifier, verifier.check_authorization(credential)
 
-    def _redeem(self, verifier: Verifier, credential: str) -> None:
-        try:
-            verifier.redeem_authorization(credential)
-        except DoubleSpendError:
-            raise ApiError(403, "this token was already redeemed", type="permission_error",
-                           code="token_replayed") from None
-        except TokenRejectedError:
-            raise _token_required(verifier, "the PrivateToken is not valid", "token_invalid") from None
-        except SpentSetFullError:
-            raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
-                           code="spent_set_full", headers={"Retry-After": "1"}) from None
+    def _spend(self, verifier: Verifier, checked: CheckedToken) -> None:
+        with _token_errors(verifier):
+            verifier.spend(checked)
 
     async def _forward(self, node_url: str, content_type: str, body: bytes) -> Response:
         client = self._client
@@ -278,6 +275,21 @@ class Gateway:
         if "content-type" in upstream.headers:
             headers["content-type"] = upstream.headers["content-type"]
         return UpstreamStream(upstream, headers, COMPONENT)
+
+
+@contextmanager
+def _token_errors(verifier: Verifier) -> Iterator[None]:
+    """Token errors as their HTTP errors: 403 replayed, 401 invalid, 503 spent set full."""
+    try:
+        yield
+    except DoubleSpendError:
+        raise ApiError(403, "this token was already redeemed", type="permission_error",
+                       code="token_replayed") from None
+    except TokenRejectedError:
+        raise _token_required(verifier, "the PrivateToken is not valid", "token_invalid") from None
+    except SpentSetFullError:
+        raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
+                       code="spent_set_full", headers={"Retry-After": "1"}) from None
 
 
 def _no_node() -> ApiError:
