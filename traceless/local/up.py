@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from traceless.local.processes import StartupError, free_port, stop, wait_ready
+from traceless.private_files import write_private
 
 READY_TIMEOUT_S = 180.0
 
@@ -151,8 +152,7 @@ class Deployment:
         api_key = secrets.token_urlsafe(24)
         keys_file, key_file = self.state / "api-keys.json", self.state / "api-key"
         for path, text in ((keys_file, json.dumps({api_key: "demo-user"})), (key_file, api_key)):
-            path.write_text(text)
-            path.chmod(0o600)
+            write_private(path, text)
         issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file))
         print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
               "a node runs; production refuses it)", file=sys.stderr, flush=True)
@@ -174,7 +174,7 @@ class Deployment:
                      "nodes": nodes, "node_metrics": self.node_metrics, "api_key": api_key, "model": model,
                      "log_public_key": log_key,
                      "attester_keys": attester_keys, "measurement": self.measurement}
-        (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
+        write_private(self.state / "endpoints.json", json.dumps(endpoints, indent=2) + "\n")  # holds the API key
         return endpoints
 
     def run(self) -> None:
