@@ -6,8 +6,8 @@
                                    nonce, each with a document its node made for that nonce
                                    now (health.py), and only the nodes that could
     GET  /pcc/v1/challenge         WWW-Authenticate: PrivateToken ...
-    POST /pcc/v1/ohttp/{node_id}   token check, then the body to {node}/pcc/v1/ohttp and the
-                                   node's response streamed back as it comes
+    POST /pcc/v1/ohttp/{node_id}   token check (on the head), then the body streamed to
+                                   {node}/pcc/v1/ohttp and the node's response streamed back
 
 What it sees: ciphertext, a token, a model name. It cannot decrypt (it holds no OHTTP key)
 and cannot tell who sent a request (the relay hides the address; tokens are unlinkable to
@@ -24,7 +24,7 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
@@ -42,7 +42,7 @@ from traceless.cluster.routing import NoNodeAvailableError, choose_nodes
 from traceless.errors import InvalidRequestError
 from traceless.events import emit
 from traceless.http.app import create_app, endpoint
-from traceless.http.body import parse_json, read_body, require_media_type
+from traceless.http.body import parse_json, read_body, require_media_type, stream_body
 from traceless.http.errors import ApiError
 from traceless.http.upstream import UpstreamStream, upstream_client, upstream_error
 from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
@@ -238,8 +238,12 @@ class Gateway:
         if record is None:
             raise ApiError(404, "no such node", type="not_found_error", code="node_not_found")
         content_type = require_media_type(request, REQUEST_MEDIA_TYPES)
-        body = await read_body(request, self.config.max_body_bytes)
-        if checked is not None:  # spent after the size check, so an oversized body does not burn it
+        # The body is streamed to the node as it arrives (always chunked: the framing is the
+        # gateway's own), never held whole; a declared length over the cap is refused here, before
+        # the token is spent (a chunked body that passes the cap on the way is cut off then: its
+        # token is spent).
+        _, body = stream_body(request, self.config.max_body_bytes)
+        if checked is not None:
             self._spend(*checked)
         return await self._forward(record.registration.url, content_type, body)
 
@@ -261,12 +265,12 @@ class Gateway:
         with _token_errors(verifier):
             verifier.spend(checked)
 
-    async def _forward(self, node_url: str, content_type: str, body: bytes) -> Response:
+    async def _forward(self, node_url: str, content_type: str, body: AsyncIterator[bytes]) -> Response:
         client = self._client
         if client is None:
             raise RuntimeError("the gateway's upstream client is not open: the app's lifespan has not started")
-        upstream_request = client.build_request(
-            "POST", f"{node_url}/pcc/v1/ohttp", content=body, headers={"content-type": content_type})
+        upstream_request = client.build_request("POST", f"{node_url}/pcc/v1/ohttp", content=body,
+                                                headers={"content-type": content_type})
         try:
             upstream = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
