@@ -210,12 +210,16 @@ def flood(target: Target, concurrency: int = 50) -> None:
                 await asyncio.gather(*(one() for _ in range(min(concurrency, FLOOD - start))))
         return statuses
 
-    honest_done = []
+    honest_done: list[int] = []
+    honest_failed: list[BaseException] = []
 
     def honest_during() -> None:
-        for _ in range(3):
-            target.honest()
-            honest_done.append(1)
+        try:
+            for _ in range(3):
+                target.honest()
+                honest_done.append(1)
+        except BaseException as exc:  # reported by the test's thread below
+            honest_failed.append(exc)
 
     thread = threading.Thread(target=honest_during)
     started = time.monotonic()
@@ -225,18 +229,21 @@ def flood(target: Target, concurrency: int = 50) -> None:
     elapsed = time.monotonic() - started
     target.figures["flood_requests_per_s"] = round(len(statuses) / elapsed, 1)
     assert statuses.count(target.refused_status) == FLOOD, sorted(set(statuses))
+    assert not honest_failed, f"an honest request failed during the flood: {honest_failed[0]!r}"
     assert len(honest_done) == 3
 
 
 def run_all(target: Target, limits: ConnectionLimits = TEST_LIMITS) -> dict[str, float]:
     """Every attack in turn; prints and returns the figures (memory growth in MiB included)."""
     target.honest()  # warm: the first request's one-off allocations are not the attacks' doing
+    started = time.monotonic()
     with peak_rss() as memory:
         slowloris(target, limits)
         big_bodies(target)
         connections(target)
         flood(target)
     growth = memory["peak"] - memory["base"]
+    target.figures["attacks_s"] = round(time.monotonic() - started, 1)
     target.figures["rss_base_mib"] = round(memory["base"] / MIB, 1)
     target.figures["rss_peak_growth_mib"] = round(growth / MIB, 1)
     print(f"\n{target.name} under attack: " + ", ".join(f"{k}={v}" for k, v in target.figures.items()))

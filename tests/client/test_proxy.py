@@ -86,3 +86,22 @@ def test_a_post_must_declare_json(proxy, content_type):
     response = http.post("/v1/chat/completions", content=b'{"model": "m", "messages": []}', headers=headers)
     assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
     assert len(client.sent) == before
+
+
+def test_the_proxy_holds():
+    """Slowloris clients, 100 MiB bodies, 500 connections and a flood of foreign-Host requests:
+    the user's own requests keep being served, memory stays bounded (figures printed)."""
+    from tests import dos
+    from traceless.http.serve import serve_in_thread
+
+    client = StubPrivateClient()
+    with serve_in_thread(create_proxy_app(client), limits=dos.TEST_LIMITS) as url:
+        def honest():
+            response = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10)
+            assert response.status_code == 200
+
+        json_type = {"content-type": "application/json"}
+        target = dos.Target("proxy", url, honest,
+                            ("POST", "/v1/chat/completions", {**json_type, "host": "evil.example"}, b"{}"), 403,
+                            ("/v1/chat/completions", json_type))
+        dos.run_all(target)
