@@ -5,6 +5,7 @@ import argparse
 import base64
 
 from traceless.cli.env import add_env_argument
+from traceless.cli.limits import add_limit_args, connection_limits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "new nonce (0: a nonce per request; default 60)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    add_limit_args(p)
     p.set_defaults(handler=_proxy)
 
 
@@ -56,5 +58,6 @@ def _proxy(args: argparse.Namespace) -> int:
     )
     if config.attester_policy is AttesterPolicy.DEVELOPMENT:
         print("traceless proxy: DEVELOPMENT attestation policy: software-attested nodes are accepted", flush=True)
-    run_uvicorn(create_proxy_app(AsyncPrivateClient(config)), args.host, args.port, "proxy")
+    run_uvicorn(create_proxy_app(AsyncPrivateClient(config)), args.host, args.port, "proxy",
+                limits=connection_limits(args))
     return 0
