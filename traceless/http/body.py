@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from traceless.http.errors import ApiError
 
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
+
+
+def _left() -> ApiError:
+    # Nobody reads this answer; it keeps a client that left (or was cut off by the body timeout)
+    # from counting as a server error.
+    return ApiError(400, "the client disconnected before its whole body arrived", code="client_disconnected")
 
 
 def declared_length(request: Request, limit: int) -> int | None:
@@ -35,12 +41,15 @@ def stream_body(request: Request, limit: int) -> tuple[int | None, AsyncIterator
 
     async def chunks() -> AsyncIterator[bytes]:
         received = 0
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > limit:
-                raise _too_large(limit)
-            if chunk:
-                yield chunk
+        try:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > limit:
+                    raise _too_large(limit)
+                if chunk:
+                    yield chunk
+        except ClientDisconnect:
+            raise _left() from None
 
     return declared, chunks()
 
@@ -50,10 +59,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     length over the limit is refused before anything is read."""
     declared_length(request, limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(limit)
+    except ClientDisconnect:
+        raise _left() from None
     return bytes(body)
 
 
