@@ -25,7 +25,7 @@ def test_the_node_holds(tiny_llama_dir):
     engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
                                                    max_model_len=128)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
-    body = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2}).encode()
+    body = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True}).encode()
     inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (), body))
     with serve(create_node_app(engine, identity, NodeSettings("tiny")), engine, dos.TEST_LIMITS) as s:
         def honest():

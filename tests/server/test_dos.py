@@ -15,8 +15,8 @@ def test_serve_holds(tiny_llama_dir):
                                                max_model_len=128), "tiny")
     with serve(app, engine, dos.TEST_LIMITS) as s:
         def honest():
-            response = httpx.post(s.url + "/v1/completions", json={"model": "tiny", "prompt": [5, 6, 7],
-                                                                   "max_tokens": 2}, timeout=30)
+            body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True}
+            response = httpx.post(s.url + "/v1/completions", json=body, timeout=30)
             assert response.status_code == 200, (response.status_code, response.text)
             assert response.json()["usage"]["completion_tokens"] == 2
 
