@@ -3,9 +3,10 @@ it holds, how long a client may take to send a request's head and its body (slow
 an idle keep-alive connection stays, and a lingering close for requests answered before their body
 was read.
 
-uvicorn's h11 protocol has only the keep-alive timeout: a client that trickles a header or a body
-a byte at a time holds its connection (and its buffers) for ever, and a body the app never read is
-drained to its end, however large. `GuardedH11Protocol` adds, per connection:
+uvicorn's protocols (httptools, h11) have only the keep-alive timeout: a client that trickles a
+header or a body a byte at a time holds its connection (and its buffers) for ever, and a body the
+app never read is drained to its end, however large. `GuardedHttpToolsProtocol` and
+`GuardedH11Protocol` add, per connection:
 
   connection accepted ... head complete ....... body complete ..... response sent
   |<--- head_timeout_s --->|<--- body_timeout_s --->|                 |
@@ -17,8 +18,9 @@ drained to its end, however large. `GuardedH11Protocol` adds, per connection:
   body not complete within `body_timeout_s` of its head: the connection is closed (the app, if it
   was reading, sees a disconnect and aborts its work);
 - a response sent while the request's body is still coming (a 401 or 413 decided on the head):
-  the connection is half-closed and at most `linger_bytes` more are read, for at most `linger_s`,
-  then it is closed: the client gets its answer instead of a reset, and its body is not drained.
+  it says `connection: close`, the connection is half-closed and at most `linger_bytes` more are
+  read, for at most `linger_s`, then it is closed: the client gets its answer instead of a reset,
+  and its body is not drained.
 
 Memory per connection stays bounded: a head over `max_head_bytes` gets a 431 before it is parsed,
 and uvicorn stops reading a body the app has not consumed beyond 64 KiB.
@@ -56,8 +58,6 @@ class ConnectionLimits:
             raise ValueError("the timeouts must be positive")
 
 
-
-
 def _raw_error(status: str, message: str, code: str, extra: bytes = b"") -> bytes:
     """A whole JSON error response, written on the transport before (or instead of) parsing."""
     body = json.dumps({"error": {"message": message, "type": "server_error" if status.startswith("5")
@@ -73,8 +73,8 @@ _HEAD_TOO_LARGE = _raw_error("431 Request Header Fields Too Large", "the request
 
 
 class _Guard:
-    """The limits, shared by the two protocols below; they call `_guard_*` from their parser hooks.
-    Lives on the protocol instance (one per connection) as `self._guard_*` attributes."""
+    """The limits, shared by the two protocols below, which call `_guard_*` from their parser hooks
+    (one protocol instance per connection)."""
 
     # provided by the uvicorn protocol it is mixed into
     loop: asyncio.AbstractEventLoop
