@@ -68,6 +68,7 @@ class FakeNode:
         self.healthy = True
         self.seen_headers: list[dict[str, str]] = []
         self.stream_finished_at: list[float] = []
+        self.body_arrivals: list[tuple[float, int]] = []  # (monotonic time, bytes) of each body chunk
         self.streams_abandoned = 0
         self.break_streams = False  # True: fail (drop the connection) after the first chunk
         # True: go silent, as a host that vanished (no FIN, no RST): a plain request is never
@@ -104,7 +105,12 @@ class FakeNode:
 
     async def _ohttp_route(self, request: Request) -> Response:
         self.seen_headers.append(dict(request.headers))
-        body = await request.body()
+        parts = []
+        async for part in request.stream():
+            if part:
+                self.body_arrivals.append((time.monotonic(), len(part)))
+                parts.append(part)
+        body = b"".join(parts)
         if request.headers.get("content-type") == "message/ohttp-chunked-req":
             inner, context = self.ohttp.decapsulate_chunked_request(body)
             return StreamingResponse(self._stream(inner, context.encryptor()),

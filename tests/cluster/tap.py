@@ -32,19 +32,21 @@ class Tap:
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket):
+        # An end of stream is passed on as one (a half close), as TCP does: a server that answers
+        # early and half-closes (a lingering close) still reads the rest of the request.
         try:
             while data := src.recv(65536):
                 with self._lock:
                     self.captured += data
                 dst.sendall(data)
+            how = socket.SHUT_WR
         except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            how = socket.SHUT_RDWR
+        for s, direction in ((dst, how), (src, socket.SHUT_RD if how == socket.SHUT_WR else how)):
+            try:
+                s.shutdown(direction)
+            except OSError:
+                pass
 
     def count(self, needle: bytes) -> int:
         with self._lock:

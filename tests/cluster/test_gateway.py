@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from tests.cluster import _raw as raw
 from tests.cluster._services import (
     RELEASE,
     STREAM_DELAY_S,
@@ -37,7 +38,7 @@ from traceless.privacy.privacypass.wire import TokenChallenge
 ISSUER_URL = "http://issuer.test:8091"
 OHTTP_REQ = {"content-type": "message/ohttp-req"}
 # What the gateway may send a node: framing, and the body's media type. Nothing of the client's.
-ALLOWED_TO_NODE = {"host", "content-length", "content-type"}
+ALLOWED_TO_NODE = {"host", "transfer-encoding", "content-type"}
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +215,7 @@ def test_full_request_through_the_gateway(gateway, node, issuer):
     (seen,) = node.seen_headers
     assert set(seen) <= ALLOWED_TO_NODE
     assert seen["content-type"] == "message/ohttp-req"
+    assert seen["transfer-encoding"] == "chunked"  # the gateway's own framing, whatever the client's
 
 
 def test_challenge_names_the_issuer_and_is_what_the_verifier_accepts(gateway, issuer):
@@ -462,3 +464,77 @@ def test_an_issuer_key_rotation_is_taken_without_a_restart(issuer, other_issuer,
             (new_token,) = _tokens(http, other_issuer)
             assert _send(http, node_id, node, b"new", new_token)[0].status_code == 200
             assert _send(http, node_id, node, b"old", old_tokens[0])[0].status_code == 200  # overlap
+
+
+def test_invalid_token_is_refused_before_the_body_is_read(gateway, node, issuer):
+    """Found 6: the token is checked on the request's head; a body that never comes does not matter."""
+    app, http = gateway
+    node_id = _register(http, node)
+    for credential, status in (("PrivateToken token=AAAA", 401), (None, 401)):
+        headers = {"content-type": "message/ohttp-req", "content-length": str(4 * 2**20)}
+        if credential is not None:
+            headers["authorization"] = credential
+        with raw.connect(str(http.base_url), timeout_s=3) as sock:
+            sock.sendall(raw.head("POST", f"/pcc/v1/ohttp/{node_id}", headers))  # and no body at all
+            assert raw.read_status(sock) == status
+    assert node.seen_headers == [] and len(app.state.gateway.verifier.spent) == 0
+
+
+def test_a_replayed_token_is_refused_before_the_body_is_read(gateway, node, issuer):
+    app, http = gateway
+    node_id = _register(http, node)
+    (token,) = _tokens(http, issuer)
+    assert _send(http, node_id, node, b"once", token)[0].status_code == 200
+    headers = {"content-type": "message/ohttp-req", "content-length": "1000", "authorization": token}
+    with raw.connect(str(http.base_url), timeout_s=3) as sock:
+        sock.sendall(raw.head("POST", f"/pcc/v1/ohttp/{node_id}", headers))
+        assert raw.read_status(sock) == 403
+
+
+def _in_two_parts(body: bytes, pause_s: float, sent_second: list[float]):
+    async def parts():
+        yield body[: len(body) // 2]
+        await asyncio.sleep(pause_s)
+        sent_second.append(time.monotonic())
+        yield body[len(body) // 2:]
+
+    return parts()
+
+
+def test_the_body_is_streamed_to_the_node_not_buffered(gateway, node, issuer):
+    """The node has the first half of a (chunked) body before the client sends the second."""
+    _, http = gateway
+    node_id = _register(http, node)
+    (token,) = _tokens(http, issuer)
+    enc, ctx = encrypt_for(node, b"streamed through")
+    sent_second: list[float] = []
+
+    async def post():
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=10) as client:
+            return await client.post(f"/pcc/v1/ohttp/{node_id}", content=_in_two_parts(enc, 0.5, sent_second),
+                                     headers={**OHTTP_REQ, "authorization": token})
+
+    response = asyncio.run(post())
+    assert response.status_code == 200
+    assert bhttp.decode_response(ctx.decapsulate(response.content)).content == b"streamed through"
+    assert node.body_arrivals[0][0] < sent_second[0]
+    assert sum(size for _, size in node.body_arrivals) == len(enc)
+
+
+def test_a_chunked_body_over_the_cap_is_cut_off_at_the_cap(issuer, node):
+    app = _gateway(issuer, max_body_bytes=4096)
+    with running_app(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        node_id = _register(http, node)
+        (token,) = _tokens(http, issuer)
+
+        def chunks():
+            for _ in range(64):
+                yield b"x" * 1024
+
+        response = http.post(f"/pcc/v1/ohttp/{node_id}", content=chunks(),
+                             headers={**OHTTP_REQ, "authorization": token})
+        assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+        assert sum(size for _, size in node.body_arrivals) <= 4096
+        # the gateway is fine afterwards
+        (fresh,) = _tokens(http, issuer)
+        assert _send(http, node_id, node, b"after", fresh)[0].status_code == 200

@@ -256,3 +256,16 @@ def test_batch_framing_round_trip_and_limits():
         encode_batch([b""])
     with pytest.raises(DecodeError):
         encode_batch([b"x" * 65536])
+
+
+def test_an_unknown_api_key_is_refused_before_the_body_is_read(served):
+    """A flood with bad API keys costs the issuer a key lookup each, never a body."""
+    from tests.cluster import _raw as raw
+
+    _, http, _ = served
+    for path in ("/token-request", "/token-request-batch"):
+        with raw.connect(str(http.base_url), timeout_s=3) as sock:
+            sock.sendall(raw.head("POST", path, {"authorization": "Bearer not-a-key-at-all-000",
+                                                 "content-type": "application/private-token-request",
+                                                 "content-length": "20000"}))  # and no body
+            assert raw.read_status(sock) == 401

@@ -29,7 +29,7 @@ IDENTIFYING = {
     "accept-language": "de-DE", "referer": "https://example.org/", "x-client-id": "abc",
     "true-client-ip": "198.51.100.7", "x-request-id": "req-1", "accept-encoding": "br",
 }
-MAY_REACH_GATEWAY = {"host", "content-length", "content-type", "authorization"}
+MAY_REACH_GATEWAY = {"host", "transfer-encoding", "content-type", "authorization"}
 # Headers the gateway side adds to its responses; only content-type and www-authenticate may
 # come back through the relay.
 UPSTREAM_EXTRA = [(b"set-cookie", b"gw=1"), (b"server", b"gateway/1"), (b"x-node", b"n1"),
@@ -87,8 +87,10 @@ def _token(http, issuer):
 
 def _check_clean(capture):
     assert capture.requests
-    for _, _, headers in capture.requests:
+    for path, _, headers in capture.requests:
         assert set(headers) <= MAY_REACH_GATEWAY, set(headers) - MAY_REACH_GATEWAY
+        if path.startswith("/pcc/v1/ohttp/"):  # the relay's framing, whatever the client's was
+            assert headers["transfer-encoding"] == "chunked"
         assert not any(value in headers.values() for value in IDENTIFYING.values())
 
 
@@ -108,7 +110,7 @@ def test_full_request_through_relay_carries_nothing_identifying(path, issuer):
     _check_clean(capture)
     ohttp_headers = capture.requests[-1][2]
     assert ohttp_headers["authorization"] == token and ohttp_headers["content-type"] == "message/ohttp-req"
-    assert set(node.seen_headers[0]) <= {"host", "content-length", "content-type"}
+    assert set(node.seen_headers[0]) <= {"host", "transfer-encoding", "content-type"}
 
 
 def test_errors_pass_status_content_type_and_www_authenticate_only(path):
@@ -179,3 +181,45 @@ def test_config_validation():
     for bad in (dict(gateway_url="gateway:80"), dict(gateway_url="http://g", max_body_bytes=0)):
         with pytest.raises(ValueError):
             RelayConfig(**bad)
+
+
+def test_the_body_streams_through_relay_and_gateway_to_the_node(path, issuer):
+    """The node has the first half of a (chunked) body before the client sends the second: neither
+    hop holds it whole."""
+    import asyncio
+
+    http, capture, node, node_id, _ = path
+    token = _token(http, issuer)
+    enc, ctx = encrypt_for(node, b"streamed twice")
+    sent_second: list[float] = []
+
+    async def parts():
+        yield enc[: len(enc) // 2]
+        await asyncio.sleep(0.5)
+        sent_second.append(time.monotonic())
+        yield enc[len(enc) // 2:]
+
+    async def post():
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=10) as client:
+            return await client.post(f"/pcc/v1/ohttp/{node_id}", content=parts(),
+                                     headers={"content-type": "message/ohttp-req", "authorization": token})
+
+    response = asyncio.run(post())
+    assert response.status_code == 200
+    assert bhttp.decode_response(ctx.decapsulate(response.content)).content == b"streamed twice"
+    assert node.body_arrivals[0][0] < sent_second[0]
+    _check_clean(capture)
+
+
+def test_a_chunked_body_over_the_cap_is_413(path, issuer):
+    http, capture, node, node_id, _ = path
+    token = _token(http, issuer)
+
+    def chunks():
+        for _ in range(64):
+            yield b"x" * 1024
+
+    response = http.post(f"/pcc/v1/ohttp/{node_id}", content=chunks(),
+                         headers={"content-type": "message/ohttp-req", "authorization": token})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+    assert sum(size for _, size in node.body_arrivals) <= 4096

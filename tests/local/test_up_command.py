@@ -41,6 +41,8 @@ def test_up_stops_every_service_it_started_on_kill(tmp_path, tiny_llama_dir, sig
             assert time.monotonic() < deadline, "traceless up did not start"
             time.sleep(0.5)
         endpoints = json.loads((state / "endpoints.json").read_text())
+        for secret_file in ("endpoints.json", "api-key", "api-keys.json"):  # each holds the API key
+            assert (state / secret_file).stat().st_mode & 0o777 == 0o600, secret_file
         assert httpx.get(endpoints["proxy"] + "/health", timeout=30).status_code == 200
         services = _children(proc.pid)
         assert len(services) == 7  # log, witness, issuer, gateway, relay, node, proxy

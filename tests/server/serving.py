@@ -10,6 +10,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
+from traceless.http.limits import ConnectionLimits, uvicorn_options
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -18,11 +20,13 @@ def free_port() -> int:
 
 
 class Served:
-    def __init__(self, app, engine):
+    def __init__(self, app, engine, limits=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.engine = engine  # the AsyncEngine
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, access_log=False, log_config=None, lifespan="on")
+        # the services' own connection limits (the documented defaults unless a test gives others)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, access_log=False, log_config=None, lifespan="on",
+                                **uvicorn_options(limits or ConnectionLimits()))
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -59,8 +63,8 @@ class Served:
 
 
 @contextmanager
-def serve(app, engine):
-    s = Served(app, engine)
+def serve(app, engine, limits=None):
+    s = Served(app, engine, limits)
     s.thread.start()
     deadline = time.monotonic() + 60
     while not s.server.started:

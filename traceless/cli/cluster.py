@@ -10,6 +10,7 @@ import sys
 
 from traceless.cli.engine_args import parse_size
 from traceless.cli.env import add_env_argument
+from traceless.cli.limits import add_limit_args, connection_limits
 
 
 def _positive_float(text: str) -> float:
@@ -31,6 +32,7 @@ def _positive_int(text: str) -> int:
 def _listen_args(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=port)
+    add_limit_args(p)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,10 +114,10 @@ def _issuer(args: argparse.Namespace) -> int:
     configure_logging()
     app = create_issuer_app(config, api_keys)
     if args.directory_port is None:
-        run_uvicorn(app, args.host, args.port, "issuer")
+        run_uvicorn(app, args.host, args.port, "issuer", limits=connection_limits(args))
     else:
         run_uvicorn(DirectoryOnlyPort(app, args.directory_port), args.host, args.port, "issuer",
-                    extra_ports=(args.directory_port,))
+                    extra_ports=(args.directory_port,), limits=connection_limits(args))
     return 0
 
 
@@ -168,7 +170,8 @@ def _gateway(args: argparse.Namespace) -> int:
               flush=True)
     elif policy is AttesterPolicy.DEVELOPMENT:
         print("traceless gateway: DEVELOPMENT attestation policy: software-attested nodes are admitted", flush=True)
-    run_uvicorn(create_gateway_app(config, keys, releases=releases), args.host, args.port, "gateway")
+    run_uvicorn(create_gateway_app(config, keys, releases=releases), args.host, args.port, "gateway",
+                limits=connection_limits(args))
     return 0
 
 
@@ -179,5 +182,5 @@ def _relay(args: argparse.Namespace) -> int:
 
     config = RelayConfig(gateway_url=args.gateway, max_body_bytes=args.max_body_bytes)
     configure_logging()
-    run_uvicorn(create_relay_app(config), args.host, args.port, "relay")
+    run_uvicorn(create_relay_app(config), args.host, args.port, "relay", limits=connection_limits(args))
     return 0

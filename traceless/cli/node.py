@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from traceless.cli.engine_args import add_engine_args
 from traceless.cli.env import add_env_argument
+from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 from traceless.cli.serve import add_http_args
 
@@ -20,6 +21,7 @@ MAX_GPUS = 8  # hardware.MAX_GPUS (not imported here: parser modules import noth
 def add_node_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
     add_http_args(p, 8100, 9100)
+    add_limit_args(p)
     add_env_argument(p, "--gateway", "TRACELESS_GATEWAY_URL", help="gateway URL to register with")
     p.add_argument("--capacity", type=int, default=1,
                    help="routing weight, claimed in the node's attestation; must be one its logged release allows")
@@ -159,7 +161,8 @@ def _node(args: argparse.Namespace) -> int:
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
                             keys=KeyRing(args.key_rotation, args.key_overlap))
     telemetry, operator = telemetry_for(args, engine, "node")
-    run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator)
+    run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator,
+                limits=connection_limits(args))
     return 0
 
 

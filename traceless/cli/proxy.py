@@ -5,6 +5,7 @@ import argparse
 import base64
 
 from traceless.cli.env import add_env_argument
+from traceless.cli.limits import add_limit_args, connection_limits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="accept releases that run random (dummy) weights")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    add_limit_args(p)
     p.set_defaults(handler=_proxy)
 
 
@@ -105,5 +107,6 @@ def _proxy(args: argparse.Namespace) -> int:
               flush=True)
     elif config.attester_policy is AttesterPolicy.DEVELOPMENT:
         print("traceless proxy: DEVELOPMENT attestation policy: software-attested nodes are accepted", flush=True)
-    run_uvicorn(create_proxy_app(AsyncPrivateClient(config)), args.host, args.port, "proxy")
+    run_uvicorn(create_proxy_app(AsyncPrivateClient(config)), args.host, args.port, "proxy",
+                limits=connection_limits(args))
     return 0

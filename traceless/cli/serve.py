@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from traceless.cli.engine_args import add_engine_args, engine_options, parse_size
+from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 
 
@@ -32,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (plaintext: local use, privacy-off baseline)")
     add_engine_args(serve)
     add_http_args(serve, 8000, 9000)
+    add_limit_args(serve)
     add_scrub_arg(serve)
     serve.set_defaults(handler=_serve)
 
@@ -98,5 +100,5 @@ def _serve(args: argparse.Namespace) -> int:
     # which reads into fresh (freed, hence scrubbed) buffers. (A node reads only ciphertext.)
     loop = "asyncio" if args.scrub_freed_memory else "auto"
     run_uvicorn(create_app(engine, settings, telemetry), args.host, args.port, "server", loop=loop,
-                operator=operator)
+                operator=operator, limits=connection_limits(args))
     return 0

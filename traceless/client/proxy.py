@@ -1,7 +1,12 @@
 """`traceless proxy`: an OpenAI-compatible plaintext endpoint on loopback that forwards every call
 through the private path, so the openai SDK, curl and other OpenAI tools work unchanged.
 
-It binds loopback only: what reaches it is the user's plaintext, on the user's own machine.
+It binds loopback only: what reaches it is the user's plaintext, on the user's own machine. Binding
+loopback does not keep a web page out: a page can POST to 127.0.0.1 (CSRF) or have its own name
+resolve to it (DNS rebinding), and spend the user's tokens. So every request must name a loopback
+`Host`, any `Origin` must be a loopback one (403 otherwise), and a POST must carry a JSON content
+type (415 otherwise: a page can send a form or text/plain without asking, JSON only after a CORS
+preflight, which this proxy never grants).
 `GET /status` says which policy nodes are verified under and which attestation kind ("software",
 or the hardware evidence kinds such as "snp+nvidia") each node of the last verified round used.
 A stream that breaks off on the way (a node or a hop failed) ends with an OpenAI-style error event
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from starlette.applications import Starlette
@@ -21,12 +27,34 @@ from starlette.routing import Route
 from traceless.client.private_client import AsyncPrivateClient, PrivateClientError, UpstreamError
 from traceless.client.tokens import TokenError
 from traceless.events import emit
-from traceless.http.app import create_app, endpoint
-from traceless.http.body import read_json
+from traceless.http.app import Handler, create_app, endpoint
+from traceless.http.body import read_json, require_media_type
 from traceless.http.errors import ApiError
 
 COMPONENT = "proxy"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+# A Host header value (or an Origin's authority) naming a loopback address, with an optional port.
+_LOOPBACK_AUTHORITY = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?", re.IGNORECASE)
+_LOOPBACK_ORIGIN = re.compile(r"https?://" + _LOOPBACK_AUTHORITY.pattern, re.IGNORECASE)
+
+
+def local_only(handler: Handler) -> Handler:
+    """Refuse (403) a request whose Host is not loopback or that a non-loopback page sent, and (415)
+    a POST whose body is not declared JSON; the messages echo none of the header values."""
+
+    async def run(request: Request) -> Response:
+        if not _LOOPBACK_AUTHORITY.fullmatch(request.headers.get("host", "")):
+            raise ApiError(403, "the proxy answers only requests addressed to a loopback Host",
+                           type="permission_error", param="host", code="host_not_allowed")
+        origin = request.headers.get("origin")
+        if origin is not None and not _LOOPBACK_ORIGIN.fullmatch(origin):  # "null" included
+            raise ApiError(403, "the proxy answers only requests from a loopback Origin",
+                           type="permission_error", param="origin", code="origin_not_allowed")
+        if request.method == "POST":
+            require_media_type(request, ("application/json",))
+        return await handler(request)
+
+    return run
 
 
 def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20) -> Starlette:
@@ -72,11 +100,11 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
             await client.aclose()
 
     routes = [
-        Route("/v1/models", endpoint(COMPONENT, "models", models), methods=["GET"]),
-        Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", chat), methods=["POST"]),
-        Route("/v1/completions", endpoint(COMPONENT, "completions", completions), methods=["POST"]),
-        Route("/health", endpoint(COMPONENT, "health", health), methods=["GET"]),
-        Route("/status", endpoint(COMPONENT, "status", status), methods=["GET"]),
+        Route("/v1/models", endpoint(COMPONENT, "models", local_only(models)), methods=["GET"]),
+        Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", local_only(chat)), methods=["POST"]),
+        Route("/v1/completions", endpoint(COMPONENT, "completions", local_only(completions)), methods=["POST"]),
+        Route("/health", endpoint(COMPONENT, "health", local_only(health)), methods=["GET"]),
+        Route("/status", endpoint(COMPONENT, "status", local_only(status)), methods=["GET"]),
     ]
     app = create_app(COMPONENT, routes, lifespan=lifespan)
     app.state.private_client = client

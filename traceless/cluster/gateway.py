@@ -7,8 +7,8 @@
                                    now and the hardware evidence binding it (health.py), and only
                                    the nodes that could; at most MAX_LISTING_BYTES of them
     GET  /pcc/v1/challenge         WWW-Authenticate: PrivateToken ...
-    POST /pcc/v1/ohttp/{node_id}   token check, then the body to {node}/pcc/v1/ohttp and the
-                                   node's response streamed back as it comes
+    POST /pcc/v1/ohttp/{node_id}   token check (on the head), then the body streamed to
+                                   {node}/pcc/v1/ohttp and the node's response streamed back
 
 What it sees: ciphertext, a token, a model name. It cannot decrypt (it holds no OHTTP key)
 and cannot tell who sent a request (the relay hides the address; tokens are unlinkable to
@@ -25,8 +25,8 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -43,7 +43,7 @@ from traceless.cluster.routing import NoNodeAvailableError, choose_nodes
 from traceless.errors import InvalidRequestError
 from traceless.events import emit
 from traceless.http.app import create_app, endpoint
-from traceless.http.body import parse_json, read_body, require_media_type
+from traceless.http.body import parse_json, read_body, require_media_type, stream_body
 from traceless.http.errors import ApiError
 from traceless.http.upstream import Cuts, UpstreamStream, upstream_client, upstream_error
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy
@@ -53,7 +53,7 @@ from traceless.privacy.ohttp.media import REQUEST_MEDIA_TYPES
 from traceless.privacy.privacypass.errors import DoubleSpendError, SpentSetFullError, TokenRejectedError
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
-from traceless.privacy.privacypass.verifier import Verifier
+from traceless.privacy.privacypass.verifier import CheckedToken, Verifier
 from traceless.privacy.translog.release_index import ReleaseLookup
 
 COMPONENT = "gateway"
@@ -276,45 +276,46 @@ class Gateway:
         return Response(status_code=200, headers={"WWW-Authenticate": self.verifier.www_authenticate()})
 
     async def ohttp(self, request: Request) -> Response:
-        token = self._presented_token(request)
+        # The token is checked before anything else and before the body is read: a request
+        # without a valid token costs one signature check, never a body's worth of memory.
+        checked = self._check_token(request)
         record = self.registry.get(request.path_params["node_id"])
         if record is None:
             raise ApiError(404, "no such node", type="not_found_error", code="node_not_found")
         content_type = require_media_type(request, REQUEST_MEDIA_TYPES)
-        body = await read_body(request, self.config.max_body_bytes)
-        if token is not None:  # after the size check, so an oversized body does not burn the client's token
-            self._redeem(*token)
+        # The body is streamed to the node as it arrives (always chunked: the framing is the
+        # gateway's own), never held whole; a declared length over the cap is refused here, before
+        # the token is spent (a chunked body that passes the cap on the way is cut off then: its
+        # token is spent).
+        _, body = stream_body(request, self.config.max_body_bytes)
+        if checked is not None:
+            self._spend(*checked)
         return await self._forward(record.node_id, record.registration.url, content_type, body)
 
-    def _presented_token(self, request: Request) -> tuple[Verifier, str] | None:
-        """The verifier and the request's credential; None when the token check is off."""
+    def _check_token(self, request: Request) -> tuple[Verifier, CheckedToken] | None:
+        """The verifier and the request's checked (not yet spent) token; None when the token
+        check is off."""
         if not self.config.privacy:
             return None
-        if self.verifier is None:
+        verifier = self.verifier
+        if verifier is None:
             raise RuntimeError("the token check is on but the gateway has no verifier")
         credential = request.headers.get("authorization")
         if not credential:
-            raise _token_required(self.verifier, "a PrivateToken is required", "token_required")
-        return self.verifier, credential
+            raise _token_required(verifier, "a PrivateToken is required", "token_required")
+        with _token_errors(verifier):
+            return verifier, verifier.check_authorization(credential)
 
-    def _redeem(self, verifier: Verifier, credential: str) -> None:
-        try:
-            verifier.redeem_authorization(credential)
-        except DoubleSpendError:
-            raise ApiError(403, "this token was already redeemed", type="permission_error",
-                           code="token_replayed") from None
-        except TokenRejectedError:
-            raise _token_required(verifier, "the PrivateToken is not valid", "token_invalid") from None
-        except SpentSetFullError:
-            raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
-                           code="spent_set_full", headers={"Retry-After": "1"}) from None
+    def _spend(self, verifier: Verifier, checked: CheckedToken) -> None:
+        with _token_errors(verifier):
+            verifier.spend(checked)
 
-    async def _forward(self, node_id: str, node_url: str, content_type: str, body: bytes) -> Response:
+    async def _forward(self, node_id: str, node_url: str, content_type: str, body: AsyncIterator[bytes]) -> Response:
         client = self._client
         if client is None:
             raise RuntimeError("the gateway's upstream client is not open: the app's lifespan has not started")
-        upstream_request = client.build_request(
-            "POST", f"{node_url}/pcc/v1/ohttp", content=body, headers={"content-type": content_type})
+        upstream_request = client.build_request("POST", f"{node_url}/pcc/v1/ohttp", content=body,
+                                                headers={"content-type": content_type})
         upstream = None
         try:
             with self.cuts.watch(node_id):  # a non-streamed answer comes whole, after the whole generation
@@ -354,6 +355,21 @@ def capped_listing(listed: list[dict], max_bytes: int) -> list[dict]:
             break
         out.append(entry)
     return out
+
+
+@contextmanager
+def _token_errors(verifier: Verifier) -> Iterator[None]:
+    """Token errors as their HTTP errors: 403 replayed, 401 invalid, 503 spent set full."""
+    try:
+        yield
+    except DoubleSpendError:
+        raise ApiError(403, "this token was already redeemed", type="permission_error",
+                       code="token_replayed") from None
+    except TokenRejectedError:
+        raise _token_required(verifier, "the PrivateToken is not valid", "token_invalid") from None
+    except SpentSetFullError:
+        raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
+                       code="spent_set_full", headers={"Retry-After": "1"}) from None
 
 
 def _no_node() -> ApiError:

@@ -144,15 +144,24 @@ class _IssuerEndpoints:
         body = {"issuer-request-uri": REQUEST_URI, "token-keys": [key]}
         return JSONResponse(body, media_type=ISSUER_DIRECTORY_MEDIA_TYPE)
 
-    async def single(self, request: Request) -> Response:
+    def _authenticated_key(self, request: Request) -> str:
+        """The request's API key, checked on the head: an unknown key is 401 before any body is read."""
         api_key = _bearer_key(request)
+        try:
+            self._service.authenticate(api_key)
+        except TokenError as exc:
+            raise _api_error(exc) from None
+        return api_key
+
+    async def single(self, request: Request) -> Response:
+        api_key = self._authenticated_key(request)
         require_media_type(request, (TOKEN_REQUEST_MEDIA_TYPE,))
         body = await read_body(request, self._config.body_limit)
         (response,) = await self._issue(api_key, [body])
         return Response(response, media_type=TOKEN_RESPONSE_MEDIA_TYPE)
 
     async def batch(self, request: Request) -> Response:
-        api_key = _bearer_key(request)
+        api_key = self._authenticated_key(request)
         require_media_type(request, (BATCH_REQUEST_MEDIA_TYPE,))
         body = await read_body(request, self._config.body_limit)
         try:

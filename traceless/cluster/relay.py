@@ -2,10 +2,11 @@
 
     GET  /pcc/v1/challenge           -> gateway, same path
     GET  /pcc/v1/nodes?...           -> gateway, same path and query
-    POST /pcc/v1/ohttp/{node_id}     -> gateway, same path, body and response streamed
+    POST /pcc/v1/ohttp/{node_id}     -> gateway, same path, body and response streamed (body capped)
 
 It sees the client's address, never content (requests are encrypted to a node). Upstream it
-sends only `content-type` and `authorization` (the anonymous token): no forwarding header
+sends only `content-type` and `authorization` (the anonymous token), and its own framing (a body
+is always sent chunked, as it arrives, whatever framing the client chose): no forwarding header
 (X-Forwarded-For, Forwarded, Via), no cookie or user agent, nothing the client's software
 could be recognised by. Downstream it passes only the status, `content-type` and
 `www-authenticate`. Every other path is 404. Logging is schema events only: route, status,
@@ -13,6 +14,7 @@ duration; never an address.
 """
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -24,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from traceless.http.app import create_app, endpoint
-from traceless.http.body import read_body
+from traceless.http.body import stream_body
 from traceless.http.upstream import UpstreamStream, upstream_client, upstream_error
 
 COMPONENT = "relay"
@@ -68,13 +70,17 @@ class Relay:
         return await self._forward(request, "GET", "/pcc/v1/nodes", None)
 
     async def ohttp(self, request: Request) -> Response:
-        # The body is small next to the response (an encrypted prompt); reading it whole under
-        # the cap lets the gateway get a Content-Length. The response is streamed.
-        body = await read_body(request, self._config.max_body_bytes)
+        # Streamed both ways: the body goes on to the gateway as it arrives (a declared length
+        # over the cap is refused first, a chunked body as soon as it passes the cap), and the
+        # relay holds no request's body whole.
+        # Upstream the body is always chunked, whatever framing the client used: how a client frames
+        # its body is a trait of its software, which the gateway is not to learn.
+        _, body = stream_body(request, self._config.max_body_bytes)
         path = "/pcc/v1/ohttp/" + quote(request.path_params["node_id"], safe="")
         return await self._forward(request, "POST", path, body)
 
-    async def _forward(self, request: Request, method: str, path: str, body: bytes | None) -> Response:
+    async def _forward(self, request: Request, method: str, path: str,
+                       body: AsyncIterator[bytes] | None) -> Response:
         query = request.url.query
         url = self._base + path + (f"?{query}" if query else "")
         headers = {name: request.headers[name] for name in UPSTREAM_REQUEST_HEADERS if name in request.headers}

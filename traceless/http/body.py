@@ -1,10 +1,11 @@
-"""Reading what a client sent, at the boundary: bodies under a cap (413), JSON (400), media
-types (415)."""
+"""Reading what a client sent, at the boundary: bodies under a cap (413), whole or streamed on to
+an upstream, JSON (400), media types (415)."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from traceless.http.errors import ApiError
 
@@ -13,17 +14,58 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body exceeds {limit} bytes", code="body_too_large")
 
 
+def _left() -> ApiError:
+    # Nobody reads this answer; it keeps a client that left (or was cut off by the body timeout)
+    # from counting as a server error.
+    return ApiError(400, "the client disconnected before its whole body arrived", code="client_disconnected")
+
+
+def declared_length(request: Request, limit: int) -> int | None:
+    """The request's Content-Length (None when it has none: chunked); 413 when it exceeds `limit`,
+    before anything is read."""
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return None
+    if not declared.isdigit():  # the HTTP parser refuses this before the app sees it; not relied on
+        raise ApiError(400, "content-length must be a decimal number", param="content-length")
+    if int(declared) > limit:
+        raise _too_large(limit)
+    return int(declared)
+
+
+def stream_body(request: Request, limit: int) -> tuple[int | None, AsyncIterator[bytes]]:
+    """(declared length, the body's chunks as they arrive) for passing a body on without holding it:
+    413 at once for a declared length over `limit`, or raised from the iterator as soon as more
+    than `limit` bytes have come."""
+    declared = declared_length(request, limit)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        received = 0
+        try:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > limit:
+                    raise _too_large(limit)
+                if chunk:
+                    yield chunk
+        except ClientDisconnect:
+            raise _left() from None
+
+    return declared, chunks()
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing (413) as soon as it is known to exceed `limit` bytes: a declared
     length over the limit is refused before anything is read."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+    declared_length(request, limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(limit)
+    except ClientDisconnect:
+        raise _left() from None
     return bytes(body)
 
 

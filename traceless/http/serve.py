@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from traceless.events import emit
+from traceless.http.limits import ConnectionLimits, uvicorn_options
 
 
-def uvicorn_config(app: Any, **options: Any):
+def uvicorn_config(app: Any, limits: ConnectionLimits | None = None, **options: Any):
+    """uvicorn's Config for `app`, under `limits` (the documented defaults when None)."""
     import uvicorn
 
     options.setdefault("lifespan", "on")
     return uvicorn.Config(app, access_log=False, log_config=None, server_header=False, date_header=False,
-                          **options)
+                          **uvicorn_options(limits or ConnectionLimits()), **options)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,17 +34,19 @@ class OperatorListener:
 
 
 def run_uvicorn(app: Any, host: str, port: int, component: str, loop: str = "auto",
-                operator: OperatorListener | None = None, extra_ports: tuple[int, ...] = ()) -> None:
+                operator: OperatorListener | None = None, extra_ports: tuple[int, ...] = (),
+                limits: ConnectionLimits | None = None) -> None:
     """`loop`: uvicorn's event loop ("auto": uvloop where installed; "asyncio": the standard one,
     which reads every packet into a fresh buffer instead of uvloop's long-lived receive buffer).
     `operator`: served from a thread of its own, started first; the public app runs here.
     `extra_ports`: the same server and app also listen on host:P for each P (the app can tell the
-    ports apart by the ASGI scope's `server`)."""
+    ports apart by the ASGI scope's `server`). `limits`: connections, timeouts, lingering close
+    (http/limits.py; its defaults when None)."""
     import uvicorn
 
     if operator is not None:
         _start_operator(operator, component)
-    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, loop=loop))
+    server = uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, loop=loop))
     sockets = [_listen(host, p) for p in extra_ports]
     emit("service.started", component=component, port=port, listener="public")
     try:
@@ -83,15 +87,16 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 @contextmanager
-def serve_in_thread(app: Any = None, *, server: Any = None, what: str = "the loopback service") -> Iterator[str]:
+def serve_in_thread(app: Any = None, *, server: Any = None, what: str = "the loopback service",
+                    limits: ConnectionLimits | None = None) -> Iterator[str]:
     """Serve `app` (or run a prepared uvicorn `server`) on a free loopback port in a daemon thread,
-    lifespan on; yields its base URL and stops the server on exit."""
+    lifespan on, under `limits` (with `app`); yields its base URL and stops the server on exit."""
     import uvicorn
 
     if (app is None) == (server is None):
         raise ValueError("give exactly one of app and server")
     if server is None:
-        server = uvicorn.Server(uvicorn_config(app))
+        server = uvicorn.Server(uvicorn_config(app, limits))
     # IPPROTO_TCP named: asyncio then sets TCP_NODELAY (else Nagle + delayed ACK: ~40 ms a call).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))

@@ -35,8 +35,12 @@ def upstream_client(read_timeout_s: float, connect_timeout_s: float = 5.0) -> ht
     # A cookie jar would let an upstream set a value that the client then sends with every
     # later request, whoever it carries: a tag shared across users. This jar accepts none.
     no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    # No cap on the pool's connections (httpx's default is 100): each downstream request holds at
+    # most one, and the downstream connections are capped (http/limits.py); a pool cap would let
+    # 100 slow uploads or long streams make every other request wait for a free connection.
+    pool = httpx.Limits(max_connections=None, max_keepalive_connections=100)
     client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
-                               cookies=no_cookies)
+                               cookies=no_cookies, limits=pool)
     for name in _HTTPX_DEFAULT_HEADERS:
         del client.headers[name]
     return client

@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from traceless.local.processes import StartupError, free_port, stop, wait_ready
+from traceless.private_files import write_private
 
 READY_TIMEOUT_S = 180.0
 WITNESS_INTERVAL_S = 2.0
@@ -248,8 +249,7 @@ class Deployment:
         api_key = secrets.token_urlsafe(24)
         keys_file, key_file = self.state / "api-keys.json", self.state / "api-key"
         for path, text in ((keys_file, json.dumps({api_key: "demo-user"})), (key_file, api_key)):
-            path.write_text(text)
-            path.chmod(0o600)
+            write_private(path, text)
         issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file))
         self._log_issuer_key(issuer, log_url)
         print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
@@ -278,7 +278,7 @@ class Deployment:
                      "log_public_key": log_key, "witness_public_key": self.witness_key,
                      "release_waivers": self.release_waivers,
                      "attester_keys": attester_keys, "measurement": self.measurement}
-        (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
+        write_private(self.state / "endpoints.json", json.dumps(endpoints, indent=2) + "\n")  # holds the API key
         return endpoints
 
     def run(self) -> None:

@@ -162,3 +162,27 @@ def test_any_flipped_bit_in_a_token_is_rejected_without_state_change(issuers, cu
         verifier.redeem_authorization(f'PrivateToken token="{b64url_encode(bytes(raw))}"')
     assert len(verifier.spent) == 0
     verifier.redeem(current_token)  # the genuine token is still good
+
+
+def test_check_records_nothing_and_spend_records_once(issuers, current_token):
+    clock = Clock(T0 + 1)
+    verifier = _verifier(issuers[0], clock)
+    first = verifier.check(current_token)
+    second = verifier.check(current_token)  # two requests racing with one token both pass the check
+    assert len(verifier.spent) == 0
+    verifier.spend(first)
+    assert current_token.nonce in verifier.spent
+    with pytest.raises(DoubleSpendError):
+        verifier.spend(second)  # ... and only one of them spends it
+    with pytest.raises(DoubleSpendError):
+        verifier.check(current_token)  # a spent token is refused by the check itself
+
+
+def test_spend_after_the_window_closed_is_refused(issuers, current_token):
+    clock = Clock(T0 + 1)
+    verifier = _verifier(issuers[0], clock)
+    checked = verifier.check(current_token)
+    clock.now = checked.not_after
+    with pytest.raises(ChallengeMismatchError):
+        verifier.spend(checked)
+    assert len(verifier.spent) == 0

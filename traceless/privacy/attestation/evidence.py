@@ -149,4 +149,6 @@ def _reason(e: BaseException) -> str:
         return str(e)
     if isinstance(e, InvalidSignature):
         return "signature does not verify"
-    return f"malformed input ({type(e).__name__}: {e})"
+    # Only the exception's type: its text comes from a parser fed with the sender's bytes and may
+    # quote them, and this detail reaches the sender's error message (issue 13).
+    return f"malformed input ({type(e).__name__})"

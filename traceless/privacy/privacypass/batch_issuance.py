@@ -124,6 +124,11 @@ class TokenIssuanceService:
     def rate_limiter(self) -> TokenRateLimiter:
         return self._limiter
 
+    def authenticate(self, api_key: str) -> None:
+        """Raise AuthenticationError unless api_key is a known key (checked again by issue_batch);
+        lets a server refuse a request on its head, before reading its body."""
+        self._api_keys.authenticate(api_key)
+
     def issue_batch(self, api_key: str, token_requests: Sequence[bytes]) -> list[bytes]:
         """Encoded TokenRequests in, encoded TokenResponses out (same order), all or none."""
         user_id = self._api_keys.authenticate(api_key)

@@ -4,7 +4,9 @@ The verifier needs no secret to check tokens: issuer keys are public (token type
 publicly verifiable). It learns that *some* client holding a valid token made a request,
 not which user the issuer gave the token to.
 
-Checks, in order, on every token; state changes only after all of them pass:
+Checks, in order, on every token; state changes only after all of them pass (`check` runs
+1-4 and refuses an already spent nonce without recording anything, so a server can refuse a
+bad token before it reads a request body; `spend` then records it):
   1. the token parses and has token type 2             -> MalformedTokenError / TokenTypeError
   2. token_key_id names an accepted issuer key           -> TokenKeyError
   3. challenge_digest is an accepted, unexpired challenge -> ChallengeMismatchError
@@ -17,10 +19,12 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from traceless.privacy.privacypass.errors import (
     ChallengeMismatchError,
     DecodeError,
+    DoubleSpendError,
     MalformedTokenError,
     TokenKeyError,
     TokenTypeError,
@@ -37,6 +41,14 @@ DEFAULT_MAX_SPENT_ENTRIES = 1_000_000
 # floor(now / E) * E can land an ulp away from now; the slack keeps every window inside
 # the spent set's max_ttl despite float rounding.
 _TTL_SLACK_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedToken:
+    """A token that passed checks 1-4 and was unspent when checked; `Verifier.spend` records it."""
+
+    nonce: bytes
+    not_after: float
 
 
 class Verifier:
@@ -100,26 +112,46 @@ class Verifier:
             [PrivateTokenChallenge(encoded, key.spki, max_age) for key in self._preferred]
         )
 
-    def redeem_authorization(self, header_value: str) -> None:
-        """Parse `Authorization: PrivateToken token=...` and redeem the token."""
+    def check_authorization(self, header_value: str) -> CheckedToken:
+        """Parse `Authorization: PrivateToken token=...` and check the token; records nothing."""
         try:
             token = parse_authorization(header_value)
         except UnsupportedTokenTypeError as exc:
             raise TokenTypeError(f"token type not accepted: {exc}") from exc
         except DecodeError as exc:
             raise MalformedTokenError(f"malformed PrivateToken credential: {exc}") from exc
-        self.redeem(token)
+        return self.check(token)
 
-    def redeem(self, token: Token) -> None:
-        """Accept the token once; raises a TokenRejectedError subclass (401) or
-        SpentSetFullError (503). Nothing is recorded unless every check passed."""
+    def check(self, token: Token) -> CheckedToken:
+        """Checks 1-4, and that the nonce is not spent yet; raises a TokenRejectedError
+        subclass (401) or DoubleSpendError (403). Records nothing."""
         now = self._clock()
         key = self._keys.get(token.token_key_id)
         if key is None:
             raise TokenKeyError("token_key_id names no accepted issuer key")
         match = self._match_challenge(token.challenge_digest, now)
         verify_token(token, key)
-        self._spent.add(token.nonce, match.not_after, now)
+        if token.nonce in self._spent:
+            raise DoubleSpendError("token nonce already redeemed")
+        return CheckedToken(token.nonce, match.not_after)
+
+    def spend(self, checked: CheckedToken) -> None:
+        """Record a checked token as spent: DoubleSpendError when another request spent it since
+        the check, ChallengeMismatchError (401) when its challenge expired since the check,
+        SpentSetFullError (503) when the set is full."""
+        now = self._clock()
+        if checked.not_after <= now:
+            raise ChallengeMismatchError("the token's challenge expired")
+        self._spent.add(checked.nonce, checked.not_after, now)
+
+    def redeem_authorization(self, header_value: str) -> None:
+        """Parse `Authorization: PrivateToken token=...` and redeem the token."""
+        self.spend(self.check_authorization(header_value))
+
+    def redeem(self, token: Token) -> None:
+        """Accept the token once; raises a TokenRejectedError subclass (401) or
+        SpentSetFullError (503). Nothing is recorded unless every check passed."""
+        self.spend(self.check(token))
 
     def _match_challenge(self, challenge_digest: bytes, now: float) -> AcceptedChallenge:
         for accepted in self._schedule.accepted(now):
