@@ -63,7 +63,7 @@ class ProcessUnderAudit:
         args = [command, "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
                 "--metrics-port", str(metrics_port), "--metrics-min-requests", "0", "--metrics-window", "0.2",
                 "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
-                "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", "40MiB", "--max-model-len", "1024",
+                "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", _kv_budget(), "--max-model-len", "1024",
                 "--max-num-seqs", "8"] + (["--model", cfg.model] if cfg.model else [])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", *args], cwd=workdir / "cwd", env=env,
@@ -214,3 +214,11 @@ def print_report(rep: dict) -> None:
         for path, n in r["process_memory"].items():
             print(f"    {path:<36}{n:>8}")
     print("RESULT: " + ("FAIL: residue found" if rep["failed"] else "no residue on the node or the plaintext server"))
+
+
+def _kv_budget() -> str:
+    """The audited server's KV cache: the same ~1800 tokens of the default model whatever dtype `auto`
+    picks on this CPU (bfloat16 on AVX-512/AMX, float32 elsewhere), so it runs out and spills alike."""
+    from traceless.runner.build import cpu_runs_bf16
+
+    return "40MiB" if cpu_runs_bf16() else "80MiB"
