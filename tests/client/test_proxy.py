@@ -21,6 +21,12 @@ class StubPrivateClient:
         self.config = _Config()
         self.sent: list[tuple[str, dict]] = []
 
+    def start(self) -> None:  # the proxy starts the token wallet's schedule with its lifespan
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
     async def request(self, path: str, body: dict) -> dict:
         self.sent.append((path, body))
         return {"object": "chat.completion", "choices": []}

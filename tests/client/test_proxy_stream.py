@@ -18,6 +18,12 @@ class BreakingClient:
         self.config = SimpleNamespace(model="m")
         self.closed = threading.Event()
 
+    def start(self) -> None:  # the proxy starts the token wallet's schedule with its lifespan
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
     async def request(self, path: str, body: dict):
         return self._events()
 
