@@ -21,12 +21,13 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20) -> Starlette:
-    model = client.config.model
 
     async def call(request: Request, path: str) -> Response:
-        body = await read_json(request, max_body_bytes)
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+        body = None
+        if request.method == "POST":
+            body = await read_json(request, max_body_bytes)
+            if not isinstance(body, dict):
+                raise ApiError(400, "the request body must be a JSON object")
         try:
             result = await client.request(path, body)
         except UpstreamError as exc:  # the node's own (decrypted) error: pass it on unchanged
@@ -45,8 +46,13 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         return await call(request, "/v1/completions")
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": 0,
-                                                          "owned_by": "traceless"}]})
+        return await call(request, "/v1/models")  # the node's own list: it knows max_model_len
+
+    async def tokenize(request: Request) -> Response:
+        return await call(request, "/tokenize")
+
+    async def detokenize(request: Request) -> Response:
+        return await call(request, "/detokenize")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -55,6 +61,8 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         Route("/v1/models", endpoint(COMPONENT, "models", models), methods=["GET"]),
         Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", chat), methods=["POST"]),
         Route("/v1/completions", endpoint(COMPONENT, "completions", completions), methods=["POST"]),
+        Route("/tokenize", endpoint(COMPONENT, "tokenize", tokenize), methods=["POST"]),
+        Route("/detokenize", endpoint(COMPONENT, "detokenize", detokenize), methods=["POST"]),
         Route("/health", endpoint(COMPONENT, "health", health), methods=["GET"]),
     ]
     return create_app(COMPONENT, routes)

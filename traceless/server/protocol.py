@@ -265,3 +265,42 @@ def _content(content: Any, where: str) -> str:
             parts.append(part["text"])
         return "".join(parts)
     raise bad_request(f"'{where}.content' must be a string or a list of text parts", where)
+
+
+# --- /tokenize and /detokenize (vLLM's shape) --------------------------------------------------
+TOKENIZE_FIELDS: dict[str, Validator] = {
+    "model": string, "prompt": string, "add_special_tokens": boolean, "return_token_strs": boolean,
+    "messages": lambda n, v: v, "add_generation_prompt": boolean,
+}
+DETOKENIZE_FIELDS: dict[str, Validator] = {"model": string, "tokens": int_list}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    model: str | None
+    prompt: str | None  # a completion prompt, or None for a conversation
+    messages: list[dict] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    return_token_strs: bool
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """vLLM's two forms: {"prompt": ...} (add_special_tokens defaults to true) or {"messages": ...}
+    (rendered by the chat template, add_special_tokens defaults to false)."""
+    f = _fields(body, TOKENIZE_FIELDS, ())
+    if ("prompt" in f) == ("messages" in f):
+        raise bad_request("give exactly one of 'prompt' and 'messages'", "prompt")
+    chat = "messages" in f
+    if not chat and "add_generation_prompt" in f:
+        raise bad_request("'add_generation_prompt' applies to 'messages' only", "add_generation_prompt")
+    return TokenizeRequest(f.get("model"), f.get("prompt"), messages(f["messages"]) if chat else None,
+                           f.get("add_special_tokens", not chat), f.get("add_generation_prompt", True),
+                           f.get("return_token_strs", False))
+
+
+def parse_detokenize(body: Any, vocab_size: int) -> tuple[str | None, list[int]]:
+    f = _fields(body, DETOKENIZE_FIELDS, ("tokens",))
+    if any(t < 0 or t >= vocab_size for t in f["tokens"]):
+        raise bad_request(f"'tokens' must be token ids in [0, {vocab_size})", "tokens")
+    return f.get("model"), f["tokens"]
