@@ -111,6 +111,8 @@ def test_models_tokenize_and_detokenize_over_ohttp(node):
                                      "token_strs": ["w5", "w6", "w7"]}
     status, detok = call(node, b"/detokenize", {"model": MODEL, "tokens": [5, 6, 7]})
     assert status == 200 and detok == {"prompt": "w5 w6 w7"}
+    status, info = call(node, b"/tokenizer_info", b"", method=b"GET")
+    assert status == 200 and info["eos_token"] == "</s>" and info["model_max_length"] == 128
 
 
 def test_tampered_ciphertext_is_refused_and_nothing_runs(node):

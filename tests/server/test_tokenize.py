@@ -60,3 +60,9 @@ def test_bad_tokenizer_calls_are_400(url, path, body, param):
 def test_unknown_model_is_404(url):
     assert httpx.post(url + "/tokenize", json={"model": "gpt-9", "prompt": "w5"}).status_code == 404
     assert httpx.post(url + "/detokenize", json={"model": "gpt-9", "tokens": [5]}).status_code == 404
+
+
+def test_tokenizer_info_names_the_special_tokens_and_template(url, tiny_server):
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert info["eos_token"] == "</s>" and info["model_max_length"] == 128
+    assert info["chat_template"] == tiny_server.engine.tokenizer.chat_template

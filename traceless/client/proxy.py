@@ -54,6 +54,9 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
     async def detokenize(request: Request) -> Response:
         return await call(request, "/detokenize")
 
+    async def tokenizer_info(request: Request) -> Response:
+        return await call(request, "/tokenizer_info")
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -63,6 +66,7 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         Route("/v1/completions", endpoint(COMPONENT, "completions", completions), methods=["POST"]),
         Route("/tokenize", endpoint(COMPONENT, "tokenize", tokenize), methods=["POST"]),
         Route("/detokenize", endpoint(COMPONENT, "detokenize", detokenize), methods=["POST"]),
+        Route("/tokenizer_info", endpoint(COMPONENT, "tokenizer_info", tokenizer_info), methods=["GET"]),
         Route("/health", endpoint(COMPONENT, "health", health), methods=["GET"]),
     ]
     return create_app(COMPONENT, routes)

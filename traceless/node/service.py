@@ -30,7 +30,7 @@ from traceless.server.telemetry import Telemetry
 # inner path -> (route name, method): the OpenAI calls, vLLM's tokenizer calls, and the model list
 ROUTES = {b"/v1/chat/completions": ("chat_completions", b"POST"), b"/v1/completions": ("completions", b"POST"),
           b"/tokenize": ("tokenize", b"POST"), b"/detokenize": ("detokenize", b"POST"),
-          b"/v1/models": ("models", b"GET")}
+          b"/v1/models": ("models", b"GET"), b"/tokenizer_info": ("tokenizer_info", b"GET")}
 METERED = ("completions", "chat_completions")
 JSON_HEADERS = ((b"content-type", b"application/json"),)
 END_LEN = 2  # content terminator + empty trailer section
@@ -118,7 +118,7 @@ class NodeService:
                 raise ApiError(405, "method not allowed", code="method_not_allowed")
             if method == b"GET":
                 _wipe(content)
-                result = self.api.models()
+                result = self.api.models() if route == "models" else self.api.tokenizer_info()
             else:
                 result = await self._post(route, content, chunked)
             if metered is not None:

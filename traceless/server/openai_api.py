@@ -77,6 +77,15 @@ class OpenAIService:
                 "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless",
                           "max_model_len": self.max_model_len}]}
 
+    def tokenizer_info(self) -> dict:
+        """vLLM's /tokenizer_info (what lm-evaluation-harness's remote tokenizer reads): the model's
+        special tokens and chat template; operator data, no request content."""
+        tok = self.tokenizer
+        return {"tokenizer_class": "traceless", "model_max_length": self.max_model_len,
+                "bos_token": tok.token_text(tok.bos_id) if tok.bos_id is not None else None,
+                "eos_token": tok.token_text(min(tok.eos_ids)) if tok.eos_ids else None,
+                "pad_token": None, "chat_template": tok.chat_template}
+
     async def tokenize(self, body) -> dict:
         """vLLM's /tokenize: {count, max_model_len, tokens, token_strs}."""
         return await asyncio.get_running_loop().run_in_executor(self._prep, self._tokenize, body)
