@@ -106,3 +106,15 @@ def test_logit_bias_steers_greedy_output(tiny_server, model):
     avoided = post(tiny_server, {**base, "logit_bias": banned})["choices"][0]["text"].split()
     assert not set(avoided) & set(plain)
     tiny_server.check_integrity()
+
+
+def test_the_openai_client_reads_echo_logprobs_and_sends_logit_bias(tiny_server, model):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0)
+    got = client.completions.create(model=model, prompt="w5 w6 w7", echo=True, logprobs=1, max_tokens=1,
+                                    temperature=0, logit_bias={"9": 100})
+    lp = got.choices[0].logprobs
+    assert lp.tokens == ["w5", "w6", "w7", "w9"] and lp.token_logprobs[0] is None
+    assert got.choices[0].text.startswith("w5 w6 w7") and got.choices[0].text.endswith("w9")
+    tiny_server.check_integrity()
