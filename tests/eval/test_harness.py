@@ -114,3 +114,29 @@ def test_the_eval_command_prints_figures_only(server, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "traceless_mc: acc=" in printed and "Question" not in printed and "Paris" not in printed
     assert main(["eval", "--base-url", server.url, "--tasks", "nope"]) == 2
+
+
+@pytest.mark.slow
+def test_default_model_multiple_choice_matches_the_hf_backend(default_model_path, tmp_path):
+    """The real default model (its GGUF, dequantized to float32 by both sides): same answer on every
+    question of the bundled multiple-choice set."""
+    app, engine = make_served_app(EngineConfig(dtype="float32", kv_cache_memory=256 * 2**20, max_model_len=2048))
+    with serve(app, engine) as s:
+        ours = run_eval(EvalConfig(s.url, ("traceless_mc",), log_samples=True))
+        s.check_integrity()
+    from lm_eval.tasks import TaskManager
+
+    _resolved_tasks(tmp_path)
+    ref = lm_eval.simple_evaluate(
+        model="hf", model_args={"pretrained": str(default_model_path.parent), "gguf_file": default_model_path.name,
+                                "dtype": "float32", "device": "cpu"},
+        tasks=["traceless_mc"], task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+        batch_size=1, log_samples=True)
+    got, want = by_doc(ours, "traceless_mc"), by_doc(ref, "traceless_mc")
+    assert sorted(got) == sorted(want) == list(range(30))
+    for doc_id, w in want.items():
+        g = got[doc_id]
+        assert max(abs(a[0] - b[0]) for a, b in zip(g["filtered_resps"], w["filtered_resps"])) < 1e-2
+        assert g["acc"] == w["acc"] and g["acc_norm"] == w["acc_norm"]
+    assert summary(ours)["traceless_mc"]["acc"] == summary(ref)["traceless_mc"]["acc"]
+    print("default model traceless_mc:", summary(ours)["traceless_mc"])
