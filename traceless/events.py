@@ -90,7 +90,8 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "service.stopped": {"component": COMPONENT},
     "http.request": {
         "component": COMPONENT, "route": Choice.of(
-            "models", "completions", "chat_completions", "health", "metrics", "attestation",
+            "models", "completions", "chat_completions", "tokenize", "detokenize", "tokenizer_info",
+            "health", "metrics", "attestation",
             "ohttp_keys", "ohttp", "nodes", "register", "token", "log", "other",
             "challenge", "token_directory", "token_batch", "status",
         ),

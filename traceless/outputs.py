@@ -36,3 +36,5 @@ class RequestOutput:
     prompt_token_ids: tuple[int, ...]
     outputs: tuple[CompletionOutput, ...]
     finished: bool
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (as vLLM).
+    prompt_logprobs: tuple[dict[int, Logprob] | None, ...] | None = None

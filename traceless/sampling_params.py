@@ -15,6 +15,8 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_N = 16
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+LOGIT_BIAS_RANGE = 100.0
 
 
 class OutputKind(Enum):
@@ -51,7 +53,10 @@ class SamplingParams:
     reproducible per request, whatever else shares the batch. `stop` strings end the output
     before the match (the stop string is not included). `logprobs` asks for the top-N
     log-probabilities of the model's distribution at each generated position (plus the sampled
-    token's). presence/frequency penalties follow OpenAI (over generated tokens);
+    token's). `prompt_logprobs` asks for the log-probability of every prompt token after the
+    first (and the top-N at each prompt position) under the raw model. `logit_bias` maps token ids
+    to a bias in [-100, 100] added to the logits before sampling (and before logprobs, as vLLM
+    does). presence/frequency penalties follow OpenAI (over generated tokens);
     repetition_penalty follows Hugging Face (over prompt and generated tokens).
     With n > 1 the request yields n independent completions; with a seed, completion i uses
     seed + i.
@@ -71,6 +76,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted and normalized
     skip_special_tokens: bool = True
     output_kind: OutputKind = field(default=OutputKind.FINAL_ONLY)
 
@@ -105,6 +112,9 @@ class SamplingParams:
             raise InvalidRequestError("repetition_penalty must be in (0, 10]")
         if self.logprobs is not None:
             _in_range("logprobs", _integer("logprobs", self.logprobs), 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _in_range("prompt_logprobs", _integer("prompt_logprobs", self.prompt_logprobs), 0, MAX_LOGPROBS)
+        set_(self, "logit_bias", self._logit_bias(self.logit_bias))
         if not isinstance(self.output_kind, OutputKind):
             raise InvalidRequestError("output_kind must be an OutputKind")
 
@@ -134,6 +144,32 @@ class SamplingParams:
             if _integer("stop_token_ids", t) < 0:
                 raise InvalidRequestError("stop_token_ids must be non-negative")
         return tuple(ids)
+
+    @staticmethod
+    def _logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
+        """A dict or pairs of token id -> bias, as sorted pairs (the vocabulary bound is the
+        engine's check: it knows the model)."""
+        if bias is None:
+            return ()
+        if isinstance(bias, dict):
+            items: list | tuple = list(bias.items())
+        elif isinstance(bias, (list, tuple)):
+            items = bias
+        else:
+            raise InvalidRequestError("logit_bias must map token ids to numbers")
+        out: dict[int, float] = {}
+        for item in items:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise InvalidRequestError("logit_bias must map token ids to numbers")
+            t, b = item
+            if _integer("logit_bias token ids", t) < 0:
+                raise InvalidRequestError("logit_bias token ids must be non-negative")
+            b = _number("logit_bias values", b)
+            _in_range("logit_bias values", b, -LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE)
+            out[t] = b
+        if len(out) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias accepts at most {MAX_LOGIT_BIAS} entries")
+        return tuple(sorted(out.items()))
 
     @property
     def greedy(self) -> bool:

@@ -89,6 +89,28 @@ def test_the_openai_client_through_the_proxy_matches_the_offline_api(deployment,
                                      temperature=0).choices[0].text == want_c.outputs[0].text
 
 
+def test_models_tokenize_and_echo_logprobs_through_the_proxy(deployment, real_llm):
+    e = deployment.endpoints
+    proxy = e["proxy"]
+    entry = httpx.get(proxy + "/v1/models", timeout=60).json()["data"][0]
+    assert entry["id"] == e["model"] and entry["max_model_len"] == 2048  # the node's own answer
+    tok = real_llm.get_tokenizer()
+    text = "The sky is blue"
+    got = httpx.post(proxy + "/tokenize", json={"model": e["model"], "prompt": text}, timeout=60).json()
+    assert got["tokens"] == tok.encode(text) and got["max_model_len"] == 2048
+    assert httpx.post(proxy + "/detokenize", json={"model": e["model"], "tokens": got["tokens"]},
+                      timeout=60).json()["prompt"] == tok.decode(got["tokens"], skip_special_tokens=False)
+    body = httpx.post(proxy + "/v1/completions", json={"model": e["model"], "prompt": got["tokens"], "echo": True,
+                                                       "logprobs": 1, "max_tokens": 1, "temperature": 0},
+                      timeout=60).json()
+    want = real_llm.generate({"prompt_token_ids": got["tokens"]},
+                             SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)[0]
+    lps = body["choices"][0]["logprobs"]["token_logprobs"]
+    assert lps[0] is None and len(lps) == len(got["tokens"]) + 1
+    for k, t in enumerate(got["tokens"][1:], start=1):
+        assert abs(lps[k] - want.prompt_logprobs[k][t].logprob) < 1e-4
+
+
 def test_a_private_stream_ends_cleanly(deployment):
     """Iterate a PrivateClient stream to its very end (the SDK stops at [DONE]; this must not need to)."""
     e = deployment.endpoints

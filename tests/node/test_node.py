@@ -93,11 +93,26 @@ def test_encapsulated_answers_equal_the_offline_engine(node, tiny_llama_dir):
 
 def test_inner_errors_come_back_encrypted(node):
     assert call(node, b"/v1/completions", b"{not json")[0] == 400
-    assert call(node, b"/v1/models", {}, method=b"GET")[0] == 404
+    assert call(node, b"/v1/embeddings", {})[0] == 404
+    assert call(node, b"/v1/models", {})[0] == 405
+    assert call(node, b"/tokenize", {"model": MODEL}, method=b"GET")[0] == 405
+    assert call(node, b"/detokenize", {"model": MODEL, "tokens": [10**6]})[0] == 400
     assert call(node, b"/v1/completions", {"model": MODEL, "prompt": [5], "bogus": 1})[0] == 400
     status, body = call(node, b"/v1/completions", {"model": MODEL, "prompt": [5], "stream": True})
     assert status == 400 and body["error"]["param"] == "stream"  # streaming needs a chunked request
     assert call(node, b"/v1/chat/completions", {"model": MODEL, "messages": []}, stream=True)[0] == 400
+
+
+def test_models_tokenize_and_detokenize_over_ohttp(node):
+    status, models = call(node, b"/v1/models", b"", method=b"GET")
+    assert status == 200 and models["data"][0]["id"] == MODEL and models["data"][0]["max_model_len"] == 128
+    status, tok = call(node, b"/tokenize", {"model": MODEL, "prompt": "w5 w6 w7", "return_token_strs": True})
+    assert status == 200 and tok == {"count": 3, "max_model_len": 128, "tokens": [5, 6, 7],
+                                     "token_strs": ["w5", "w6", "w7"]}
+    status, detok = call(node, b"/detokenize", {"model": MODEL, "tokens": [5, 6, 7]})
+    assert status == 200 and detok == {"prompt": "w5 w6 w7"}
+    status, info = call(node, b"/tokenizer_info", b"", method=b"GET")
+    assert status == 200 and info["eos_token"] == "</s>" and info["model_max_length"] == 128
 
 
 def test_tampered_ciphertext_is_refused_and_nothing_runs(node):

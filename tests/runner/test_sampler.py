@@ -74,3 +74,28 @@ def test_logprobs_report_top_n_and_the_chosen_token():
     assert lp.top_logprobs == pytest.approx([float(ref[1]), float(ref[2])])
     assert lp.token_rank == 1 and lp.token_logprob == pytest.approx(float(ref[1]))
     assert math.isclose(sum(math.exp(v) for v in ref.tolist()), 1.0, rel_tol=1e-6)
+
+
+def test_logit_bias_is_added_per_row_before_sampling_and_logprobs():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 4.9], [1.0, 2.0, 0.0]])
+    rows = [row(temperature=0, logit_bias={2: 2.5}), row(temperature=0, logit_bias={0: -100, 1: 0.5}),
+            row(temperature=0, logprobs=1)]
+    out = Sampler(torch.device("cpu"), seed=0)(logits.clone(), rows)
+    assert out.token_ids == [2, 2, 1]  # rows 0 and 1 flipped by their biases; row 2 has none
+    biased = torch.tensor([[0.0, 3.0, 3.5], [-95.0, 0.5, 4.9]])
+    rows = [row(temperature=1.0, logit_bias={2: 2.5}, logprobs=1), row(temperature=1.0, logit_bias={0: -100, 1: 0.5},
+                                                                       logprobs=1)]
+    lp = Sampler(torch.device("cpu"), seed=0)(logits[:2].clone(), rows).logprobs
+    want = torch.log_softmax(biased, dim=-1)
+    for i in range(2):
+        assert lp[i].top_ids == [int(want[i].argmax())]
+        assert math.isclose(lp[i].top_logprobs[0], float(want[i].max()), rel_tol=1e-6)
+
+
+def test_logit_bias_validation():
+    from traceless.errors import InvalidRequestError
+
+    assert SamplingParams(logit_bias={5: 1, 2: -3.5}).logit_bias == ((2, -3.5), (5, 1.0))
+    for bad in ({1: 101}, {-1: 0}, {"1": 1.0}, {1: float("nan")}, [1, 2], "x", {i: 0 for i in range(1025)}):
+        with pytest.raises(InvalidRequestError):
+            SamplingParams(logit_bias=bad)

@@ -45,7 +45,8 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
          "--kv-cache-memory", "256MiB", "--max-model-len", "512"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    canaries = {kind: f"CANARY-{kind}-{uuid.uuid4().hex[:12]}" for kind in ("plain", "stream", "fail", "abort", "chat")}
+    canaries = {kind: f"CANARY-{kind}-{uuid.uuid4().hex[:12]}" for kind in ("plain", "stream", "fail", "abort", "chat",
+                                                                          "echo", "tok")}
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -63,13 +64,21 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
         r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 16, "messages": [
             {"role": "user", "content": f"Say {canaries['chat']} twice"}]})
         assert r.status_code == 200
+        # echo with logprobs, vLLM's prompt_logprobs and a logit_bias; tokenize and detokenize
+        r = c.post("/v1/completions", json={"model": model, "prompt": f"Echo back {canaries['echo']}", "echo": True,
+                                            "logprobs": 2, "prompt_logprobs": 1, "max_tokens": 4,
+                                            "logit_bias": {"42": 5}})
+        assert r.status_code == 200 and canaries["echo"] in r.json()["choices"][0]["text"]
+        ids = c.post("/tokenize", json={"model": model, "prompt": canaries["tok"]}).json()["tokens"]
+        assert canaries["tok"] in c.post("/detokenize", json={"model": model, "tokens": ids}).json()["prompt"]
         with c.stream("POST", "/v1/completions", json={"model": model, "prompt": f"Echo {canaries['stream']}",
                                                        "max_tokens": 16, "stream": True}) as s:
             assert sum(1 for line in s.iter_lines() if line.startswith("data: ")) > 1
         # failing: an unsupported field, a context overflow and an unknown model, each carrying the canary
         for body in ({"prompt": canaries["fail"], "frobnicate": canaries["fail"]},
                      {"prompt": (canaries["fail"] + " ") * 200},
-                     {"prompt": canaries["fail"], "model": canaries["fail"]}):
+                     {"prompt": canaries["fail"], "model": canaries["fail"]},
+                     {"prompt": canaries["fail"], "logit_bias": {canaries["fail"]: 1}}):
             r = c.post("/v1/completions", json={"model": model, **body})
             assert r.status_code in (400, 404)
             assert canaries["fail"] not in r.text  # error bodies do not echo what was sent
@@ -93,7 +102,7 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
     logs = out + err
     assert b'"event":"http.request"' in logs and b'"route":"completions"' in logs  # the logs did record events
     assert b'"event":"request.finished"' not in logs  # no per-request record by default
-    assert b'"event":"metrics.window"' not in logs  # 8 requests: fewer than a window needs
+    assert b'"event":"metrics.window"' not in logs  # 10 requests: fewer than a window needs
     tok = real_llm.get_tokenizer()
     needles = []
     for canary in canaries.values():

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "traceless.cli.audit",
     "traceless.cli.cluster",
     "traceless.cli.attest",
+    "traceless.cli.eval",
 )
 
 

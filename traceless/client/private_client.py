@@ -176,20 +176,25 @@ class AsyncPrivateClient:
                 "attestation_kinds": sorted({n.attestation_kind for n in self._verified}), "nodes": nodes,
                 "refused": dict(self.verifier.last_refused)}
 
-    def _encapsulate(self, node: VerifiedNode, path: bytes, body: bytes, stream: bool):
-        inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
-                                                   ((b"content-type", b"application/json"),), body))
+    def _encapsulate(self, node: VerifiedNode, path: bytes, body: bytes | None, stream: bool):
+        """body None: a GET (the model list)."""
+        if body is None:
+            inner = bhttp.encode_request(bhttp.Request(b"GET", b"https", b"traceless", path, (), b""))
+        else:
+            inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
+                                                       ((b"content-type", b"application/json"),), body))
         if stream:
             enc, chunked_ctx = encapsulate_chunked_request(node.key_config, split_chunks(inner))
             return enc, chunked_ctx, "message/ohttp-chunked-req"
         enc, ctx = encapsulate_request(node.key_config, inner)
         return enc, ctx, "message/ohttp-req"
 
-    async def request(self, path: str, body: dict) -> dict | AsyncIterator[bytes]:
-        """POST an OpenAI call (`/v1/chat/completions` or `/v1/completions`) through the private
-        path: the response dict, or an async iterator of SSE event bytes when body asks to stream."""
-        stream = body.get("stream") is True
-        payload = json.dumps(body).encode()
+    async def request(self, path: str, body: dict | None) -> dict | AsyncIterator[bytes]:
+        """POST an OpenAI call (`/v1/chat/completions`, `/v1/completions`, `/tokenize`,
+        `/detokenize`) through the private path: the response dict, or an async iterator of SSE
+        event bytes when body asks to stream. body None: GET (`/v1/models`)."""
+        stream = body is not None and body.get("stream") is True
+        payload = json.dumps(body).encode() if body is not None else None
         candidates = asyncio.create_task(self._verified_candidates())  # overlaps with taking a token
         try:
             token = await self.wallet.take()
@@ -247,7 +252,7 @@ class AsyncPrivateClient:
         if warning:
             warnings.warn(warning, RuntimeWarning, stacklevel=4)
 
-    async def _send(self, node: VerifiedNode, path: bytes, payload: bytes, stream: bool, token):
+    async def _send(self, node: VerifiedNode, path: bytes, payload: bytes | None, stream: bool, token):
         enc, ctx, kind = self._encapsulate(node, path, payload, stream)
         headers = {"content-type": kind, "authorization": format_authorization(token)}
         url = f"{self._relay}/pcc/v1/ohttp/{node.node_id}"

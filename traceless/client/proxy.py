@@ -58,12 +58,13 @@ def local_only(handler: Handler) -> Handler:
 
 
 def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20) -> Starlette:
-    model = client.config.model
 
     async def call(request: Request, path: str) -> Response:
-        body = await read_json(request, max_body_bytes)
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+        body = None
+        if request.method == "POST":
+            body = await read_json(request, max_body_bytes)
+            if not isinstance(body, dict):
+                raise ApiError(400, "the request body must be a JSON object")
         try:
             result = await client.request(path, body)
         except UpstreamError as exc:  # the node's own (decrypted) error: pass it on unchanged
@@ -82,8 +83,16 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         return await call(request, "/v1/completions")
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": 0,
-                                                          "owned_by": "traceless"}]})
+        return await call(request, "/v1/models")  # the node's own list: it knows max_model_len
+
+    async def tokenize(request: Request) -> Response:
+        return await call(request, "/tokenize")
+
+    async def detokenize(request: Request) -> Response:
+        return await call(request, "/detokenize")
+
+    async def tokenizer_info(request: Request) -> Response:
+        return await call(request, "/tokenizer_info")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -103,6 +112,9 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         Route("/v1/models", endpoint(COMPONENT, "models", local_only(models)), methods=["GET"]),
         Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", local_only(chat)), methods=["POST"]),
         Route("/v1/completions", endpoint(COMPONENT, "completions", local_only(completions)), methods=["POST"]),
+        Route("/tokenize", endpoint(COMPONENT, "tokenize", local_only(tokenize)), methods=["POST"]),
+        Route("/detokenize", endpoint(COMPONENT, "detokenize", local_only(detokenize)), methods=["POST"]),
+        Route("/tokenizer_info", endpoint(COMPONENT, "tokenizer_info", local_only(tokenizer_info)), methods=["GET"]),
         Route("/health", endpoint(COMPONENT, "health", local_only(health)), methods=["GET"]),
         Route("/status", endpoint(COMPONENT, "status", local_only(status)), methods=["GET"]),
     ]

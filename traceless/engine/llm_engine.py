@@ -42,6 +42,9 @@ class StepOutput:
     stop_reason: str | int | None
     num_prompt_tokens: int
     num_output_tokens: int
+    # With the request's first tokens, when it asked for them: prompt token k + 1 scored at position
+    # k (P - 1 entries; the first prompt token has none).
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
     @property
     def finished(self) -> bool:
@@ -142,6 +145,8 @@ class LLMEngine:
         vocab = self.model.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise InvalidRequestError(f"stop_token_ids must be below the vocabulary size {vocab}")
+        if any(t >= vocab for t, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias token ids must be below the vocabulary size {vocab}")
         domain = domain_of(self._cache_config, cache_salt)
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
         request = Request(request_id, ids, params, eos, domain=domain)
@@ -283,7 +288,7 @@ class LLMEngine:
     def _output(u: TokenUpdate) -> StepOutput:
         r = u.request
         return StepOutput(r.request_id, u.token_ids, u.text, u.logprobs, None, None, r.num_prompt_tokens,
-                          r.num_output_tokens)
+                          r.num_output_tokens, r.take_prompt_logprobs())
 
     def _finish(self, u: TokenUpdate) -> StepOutput:
         request, status = u.request, u.status
@@ -292,7 +297,8 @@ class LLMEngine:
         detok = self._detok.get(request.request_id)
         tail = detok.flush() if detok is not None else ""  # empty after a stop-string match
         out = StepOutput(request.request_id, u.token_ids, u.text + tail, u.logprobs, status.finish_reason,
-                         request.stop_reason, request.num_prompt_tokens, request.num_output_tokens)
+                         request.stop_reason, request.num_prompt_tokens, request.num_output_tokens,
+                         request.take_prompt_logprobs() if u.token_ids else None)
         self._release(request, status)
         return out
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 
+from traceless.engine.step_io import TokenLogprobs
 from traceless.sampling_params import SamplingParams
 
 
@@ -54,12 +55,16 @@ class Request:
     decode alike: a decode step computes the one token sampled last. With speculative decoding a
     decoding request may also carry draft tokens proposed from its own tokens (`draft_token_ids`):
     they live for one step, in which they are verified along with the last sampled token.
+
+    A request that asks for prompt logprobs collects them here as its prefill chunks compute them
+    (`num_prompt_logprobs` positions so far; a recompute after preemption does not repeat them) and
+    hands them over once, complete, with its first output (`take_prompt_logprobs`).
     """
 
     __slots__ = (
         "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
         "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens", "domain",
-        "_drafts",
+        "_drafts", "_prompt_lps", "_prompt_lps_taken",
     )
 
     def __init__(
@@ -84,6 +89,8 @@ class Request:
         self.num_prompt_tokens = len(self._prompt)
         self.domain = domain  # prefix-cache isolation domain (derived from the client's salt), or None
         self._drafts: list[int] = []  # proposed continuation, verified in the next step only
+        self._prompt_lps: list[TokenLogprobs] = []  # position k scores prompt token k + 1
+        self._prompt_lps_taken = False
 
     # --- read-only views -------------------------------------------------------------------
     @property
@@ -118,6 +125,11 @@ class Request:
         return len(self._drafts)
 
     @property
+    def num_prompt_logprobs(self) -> int:
+        """Prompt positions whose logprobs are computed (all P - 1 once handed over)."""
+        return self.num_prompt_tokens - 1 if self._prompt_lps_taken else len(self._prompt_lps)
+
+    @property
     def last_token_id(self) -> int:
         return self._output[-1] if self._output else self._prompt[-1]
 
@@ -132,6 +144,20 @@ class Request:
             self.first_token_time = time.monotonic()
         self._output.append(token_id)
 
+    def add_prompt_logprobs(self, lps: list[TokenLogprobs]) -> None:
+        self._prompt_lps.extend(lps)
+        if len(self._prompt_lps) > self.num_prompt_tokens - 1:
+            raise RuntimeError(f"request {self.request_id}: more prompt logprobs than prompt positions")
+
+    def take_prompt_logprobs(self) -> list[TokenLogprobs] | None:
+        """The prompt's logprobs, once, when the request asked for them and all are computed."""
+        if (self.params.prompt_logprobs is None or self._prompt_lps_taken
+                or len(self._prompt_lps) != self.num_prompt_tokens - 1):
+            return None
+        self._prompt_lps_taken = True
+        out, self._prompt_lps = self._prompt_lps, []
+        return out
+
     def set_drafts(self, token_ids: list[int]) -> None:
         """Replace the draft tokens (the old ones are overwritten first)."""
         self.clear_drafts()
@@ -144,6 +170,9 @@ class Request:
         """Overwrite and drop every token id this request held (the release path calls this)."""
         for buf in (self._prompt, self._output, self._drafts):
             _overwrite(buf)
+        for lp in self._prompt_lps:
+            lp.wipe()
+        self._prompt_lps.clear()
         self.stop_reason = None
         self.domain = None
 

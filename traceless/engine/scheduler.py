@@ -122,8 +122,10 @@ class Scheduler:
             swapped = self.kv.is_swapped(request)
             # A request starting from scratch (new, or preempted by recompute) first takes the
             # cached blocks of its own domain that hold its leading tokens; a swapped-out one gets
-            # its own KV back instead.
-            computed = self.kv.computed_blocks(request) if request.num_computed_tokens == 0 and not swapped else []
+            # its own KV back instead. A request asking for prompt logprobs takes no cached blocks:
+            # it needs the logits of every prompt position, so it computes them all.
+            fresh = request.num_computed_tokens == 0 and not swapped and request.params.prompt_logprobs is None
+            computed = self.kv.computed_blocks(request) if fresh else []
             cached = len(computed) * self.kv.block_size
             n = min(request.num_tokens - request.num_computed_tokens - cached, budget)
             if not self.kv.allocate_slots(request, n, computed):
@@ -167,6 +169,11 @@ class Scheduler:
         model_drafts = chunk.num_draft_tokens if self.config.model_drafts else 0
         own = list(r.draft_token_ids[: chunk.num_draft_tokens]) if not model_drafts else []
         needs_out = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+        # Prompt logprobs: the rows of this chunk's prompt positions not scored yet (a recompute
+        # after preemption does not score them twice); the last prompt position scores no prompt token.
+        lp_start = max(start, r.num_prompt_logprobs)
+        lp_end = min(start + n_known, r.num_prompt_tokens - 1)
+        targets = r.token_ids(lp_start + 1, lp_end + 1) if p.prompt_logprobs is not None and lp_end > lp_start else None
         return ScheduledSeq(
             request_id=r.request_id,
             block_table=tuple(self.kv.block_ids(r.request_id)),
@@ -178,6 +185,8 @@ class Scheduler:
             params=p,
             prompt_ids=r.prompt_token_ids() if p.repetition_penalty != 1.0 else None,
             output_ids=r.output_token_ids() if needs_out else None,
+            prompt_logprobs_start=lp_start,
+            prompt_targets=targets,
         )
 
     def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],
@@ -196,7 +205,9 @@ class Scheduler:
             # lies past num_computed_tokens, so nothing reads it before it is overwritten.
             request.num_computed_tokens += chunk.num_new_tokens - chunk.num_draft_tokens
             s = sampled.get(seq.request_id)
-            if s is None:
+            if s is not None and s.prompt_logprobs:
+                request.add_prompt_logprobs(s.prompt_logprobs)
+            if s is None or not s.token_ids:
                 self.kv.cache_full_blocks(request)
                 continue
             self.spec_stats.record(chunk.num_draft_tokens, len(s.token_ids) - 1)

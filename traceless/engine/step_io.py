@@ -30,6 +30,9 @@ class ScheduledSeq:
                      model_drafts > 0, that many positions the runner's draft model fills in the step
         sample       the chunk reaches the end of the known tokens: the step samples after the last
                      known token and after every draft (1 + num_drafts logit rows)
+        prompt_targets  (requests asking for prompt logprobs) the prompt tokens that positions
+                     [prompt_logprobs_start, prompt_logprobs_start + len(prompt_targets)) predict:
+                     the row at position k scores prompt token k + 1
     """
 
     request_id: str
@@ -42,6 +45,8 @@ class ScheduledSeq:
     params: SamplingParams
     prompt_ids: list[int] | None = None  # only when a repetition penalty needs them
     output_ids: list[int] | None = None  # only when a penalty needs them
+    prompt_logprobs_start: int = 0
+    prompt_targets: list[int] | None = None
 
     @property
     def num_drafts(self) -> int:
@@ -52,7 +57,7 @@ class ScheduledSeq:
         return len(self.token_ids) + self.num_drafts
 
     def wipe(self) -> None:
-        for buf in (self.token_ids, self.draft_token_ids, self.prompt_ids, self.output_ids):
+        for buf in (self.token_ids, self.draft_token_ids, self.prompt_ids, self.output_ids, self.prompt_targets):
             if buf is not None:
                 buf[:] = [0] * len(buf)
                 buf.clear()
@@ -79,13 +84,22 @@ class TokenLogprobs:
     top_ids: list[int]
     top_logprobs: list[float]
 
+    def wipe(self) -> None:
+        """Overwrite the top-N lists (the caller drops the object)."""
+        for buf in (self.top_ids, self.top_logprobs):
+            buf[:] = [0] * len(buf)
+            buf.clear()
+
 
 @dataclass(frozen=True, slots=True)
 class SampledTokens:
-    """What a step emits for one request: one token, or accepted drafts and one more."""
+    """What a step emits for one request: one token, or accepted drafts and one more; and, for
+    a request that asks for prompt logprobs, those of the prompt positions it computed (then
+    token_ids is empty while the prompt is not complete)."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None  # one per token, when the request asked for logprobs
+    prompt_logprobs: list[TokenLogprobs] | None = None  # one per ScheduledSeq.prompt_targets
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ class _Accumulated:
     logprobs: list | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: list | None = None  # TokenLogprobs per prompt position after the first
 
 
 class LLM:
@@ -140,6 +141,8 @@ class LLM:
         if out.new_logprobs is not None:
             a.logprobs = (a.logprobs or []) + [self._logprob_dict(lp, t)
                                                for lp, t in zip(out.new_logprobs, out.new_token_ids)]
+        if out.prompt_logprobs is not None:
+            a.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             a.finish_reason, a.stop_reason = out.finish_reason, out.stop_reason
 
@@ -152,14 +155,18 @@ class LLM:
             d[token_id] = Logprob(lp.token_logprob, lp.token_rank, tok.decode([token_id], skip_special_tokens=False))
         return d
 
-    @staticmethod
-    def _collect(prompts, params, prompt_ids, children, acc) -> list[RequestOutput]:
+    def _collect(self, prompts, params, prompt_ids, children, acc) -> list[RequestOutput]:
         per_prompt: list[list[CompletionOutput]] = [[] for _ in prompts]
+        prompt_lps: list[tuple[dict[int, Logprob] | None, ...] | None] = [None] * len(prompts)
         for rid, (i, j) in children.items():
             a = acc[rid]
+            if j == 0 and a.prompt_logprobs is not None:
+                prompt_lps[i] = (None, *(self._logprob_dict(lp, t) for lp, t in zip(a.prompt_logprobs,
+                                                                                   prompt_ids[i][1:])))
             cum = sum(d[t].logprob for d, t in zip(a.logprobs, a.token_ids) if t in d) if a.logprobs else None
             per_prompt[i].append(CompletionOutput(j, "".join(a.text), tuple(a.token_ids), a.finish_reason,
                                                   a.stop_reason, tuple(a.logprobs) if a.logprobs is not None else None,
                                                   cum))
-        return [RequestOutput(f"{i}", prompts[i][0], prompt_ids[i], tuple(sorted(outs, key=lambda c: c.index)), True)
+        return [RequestOutput(f"{i}", prompts[i][0], prompt_ids[i], tuple(sorted(outs, key=lambda c: c.index)), True,
+                              prompt_lps[i])
                 for i, outs in enumerate(per_prompt)]

@@ -27,7 +27,11 @@ from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import padding_event
 from traceless.server.telemetry import Telemetry
 
-ROUTES = {b"/v1/chat/completions": "chat_completions", b"/v1/completions": "completions"}
+# inner path -> (route name, method): the OpenAI calls, vLLM's tokenizer calls, and the model list
+ROUTES = {b"/v1/chat/completions": ("chat_completions", b"POST"), b"/v1/completions": ("completions", b"POST"),
+          b"/tokenize": ("tokenize", b"POST"), b"/detokenize": ("detokenize", b"POST"),
+          b"/v1/models": ("models", b"GET"), b"/tokenizer_info": ("tokenizer_info", b"GET")}
+METERED = ("completions", "chat_completions")
 JSON_HEADERS = ((b"content-type", b"application/json"),)
 END_LEN = 2  # content terminator + empty trailer section
 SSE_HEADERS = ((b"content-type", b"text/event-stream"),)
@@ -99,42 +103,53 @@ class NodeService:
 
     async def _run_inner(self, buf: bytearray, chunked: bool):
         """(status, JSON bytes) or (200, async iterator of SSE events)."""
-        content, route = None, None
+        content, route, metered = None, None, None
         try:
             try:
                 head, content = bhttp.decode_request_buffer(buf)
             except OHTTP_ERRORS:
                 raise ApiError(400, "the inner request is not valid binary HTTP", code="invalid_bhttp") from None
-            route = ROUTES.get(head.path)
-            if route is None:
+            found = ROUTES.get(head.path)
+            if found is None:
                 raise ApiError(404, "no such route", code="not_found")
-            if head.method != b"POST":
+            route, method = found
+            metered = route if route in METERED else None  # the telemetry counts generation calls only
+            if head.method != method:
                 raise ApiError(405, "method not allowed", code="method_not_allowed")
-            try:
-                parsed = parse_json(content)
-            finally:
+            if method == b"GET":
                 _wipe(content)
-            if isinstance(parsed, dict) and parsed.get("stream") is True and not chunked:
-                raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)",
-                               param="stream")
-            handler = self.api.chat if route == "chat_completions" else self.api.completions
-            result = await handler(parsed)
-            self.telemetry.request(route, "ok")
+                result = self.api.models() if route == "models" else self.api.tokenizer_info()
+            else:
+                result = await self._post(route, content, chunked)
+            if metered is not None:
+                self.telemetry.request(metered, "ok")
             if isinstance(result, dict):
                 return 200, json.dumps(result, ensure_ascii=False).encode()
             return 200, result
         except ApiError as exc:
             emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
-            if route is not None:
-                self.telemetry.request(route, "rejected" if exc.status < 500 else "error")
+            if metered is not None:
+                self.telemetry.request(metered, "rejected" if exc.status < 500 else "error")
             return _inner_error(exc)
         except Exception:
             emit("http.error", component="node", status_code=500, error_kind="internal")
-            if route is not None:
-                self.telemetry.request(route, "error")
+            if metered is not None:
+                self.telemetry.request(metered, "error")
             return _inner_error(internal_error())
         finally:
             _wipe(content)
+
+    async def _post(self, route: str, content: bytearray, chunked: bool):
+        try:
+            parsed = parse_json(content)
+        finally:
+            _wipe(content)
+        if isinstance(parsed, dict) and parsed.get("stream") is True and not chunked:
+            raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)",
+                           param="stream")
+        handler = {"chat_completions": self.api.chat, "completions": self.api.completions,
+                   "tokenize": self.api.tokenize, "detokenize": self.api.detokenize}[route]
+        return await handler(parsed)
 
     def _chunked(self, ctx: ChunkedServerResponse, status: int, headers,
                  events: AsyncGenerator[bytes, None]) -> StreamingResponse:

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 
 import torch
 
-from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput
+from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import BatchBuilder, SeqInput
 from traceless.runner.cuda_graphs import DecodeGraphs
 from traceless.runner.draft import Drafted, DraftProposer, DraftSeq
+from traceless.runner.prompt_logprobs import score_prompt
 from traceless.runner.rejection import RejectionSampler, SpecRow
 from traceless.runner.sampler import Sampler, SampleRow
 
@@ -58,16 +59,20 @@ class ModelRunner:
         with torch.inference_mode():
             drafts = self._drafts(seqs)
             inputs = [_seq_input(s, d) for s, d in zip(seqs, drafts)]
-            replay = self.graphs is not None and self.graphs.fits(inputs)
+            scoring = [i for i, s in enumerate(seqs) if s.prompt_targets]
+            replay = self.graphs is not None and not scoring and self.graphs.fits(inputs)
+            prompt_lps: dict[int, list[TokenLogprobs]] = {}
             if self.graphs is not None and replay:
                 order, logits = list(range(len(inputs))), self.graphs.run(inputs)  # a replayed decode step
             else:
                 batch = self.batcher.build(inputs)
                 hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta)
+                if scoring:
+                    prompt_lps = self._score_prompts(seqs, inputs, batch.order, hidden, scoring)
                 order = [i for i in batch.order if inputs[i].num_logits]
                 if not order:
                     self._scrub_step_metadata(False)
-                    return {}
+                    return {seqs[i].request_id: SampledTokens([], None, lps) for i, lps in prompt_lps.items()}
                 logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
             rows = [self._sample_row(seqs[i]) for i in order]
             if any(d is not None for d in drafts):
@@ -85,7 +90,29 @@ class ModelRunner:
                            for t, lp in zip(out.token_ids, out.logprobs)]
             logits.zero_()  # derived from user content: wipe before the allocator reuses it
             self._scrub_step_metadata(replay)
-        return {seqs[i].request_id: s for i, s in zip(order, results)}
+        by_id = {seqs[i].request_id: s for i, s in zip(order, results)}
+        for i, lps in prompt_lps.items():
+            rid = seqs[i].request_id
+            got = by_id.get(rid)
+            by_id[rid] = SampledTokens(got.token_ids, got.logprobs, lps) if got else SampledTokens([], None, lps)
+        return by_id
+
+    def _score_prompts(self, seqs: Sequence[ScheduledSeq], inputs: list[SeqInput], packed: list[int],
+                       hidden: torch.Tensor, scoring: list[int]) -> dict[int, list[TokenLogprobs]]:
+        """Prompt logprobs of the sequences in `scoring` (indices into seqs), from the pass's
+        hidden states [T, H]; `packed` is the order the batch packed the sequences' rows in."""
+        first_row, row = {}, 0
+        for i in packed:
+            first_row[i] = row
+            row += len(inputs[i].token_ids)
+        out = {}
+        for i in scoring:
+            s = seqs[i]
+            targets = s.prompt_targets or []
+            lo = first_row[i] + s.prompt_logprobs_start - s.start
+            out[i] = score_prompt(self.model.logits, hidden[lo:lo + len(targets)], targets,
+                                  s.params.prompt_logprobs or 0)
+        return out
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)

@@ -1,6 +1,6 @@
-"""Batched sampling: penalties, temperature, min-p / top-k / top-p, seeds, logprobs.
+"""Batched sampling: penalties, logit bias, temperature, min-p / top-k / top-p, seeds, logprobs.
 
-Order (as vLLM): penalties on the raw logits -> logprobs of the model's distribution (raw logits)
+Order (as vLLM): penalties and logit bias on the raw logits -> logprobs of the model's distribution (raw logits)
 -> temperature -> min_p, top_k, top_p -> sample. Sampling is an exponential race,
 argmax(p / E) with E ~ Exp(1), which draws exactly from p. Each seeded request has its own
 generator and draws its own noise row, so its tokens do not depend on what shares the batch.
@@ -55,9 +55,26 @@ class Sampler:
         return SamplerOutput(ids, self.finish_logprobs(logprobs, ids, rows))
 
     def penalize(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
-        """Penalties of the rows that ask for them, in place on logits [S, V]."""
+        """Penalties and logit biases of the rows that ask for them, in place on logits [S, V]."""
         if any(r.params.needs_penalties for r in rows):
             self._apply_penalties(logits, rows)
+        if any(r.params.logit_bias for r in rows):
+            self._apply_bias(logits, rows)
+
+    @staticmethod
+    def _apply_bias(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+        """Every row's (token id, bias) pairs in one scatter-add; the index tensors name tokens the
+        client chose, so they are zeroed after use."""
+        row_idx = [i for i, r in enumerate(rows) for _ in r.params.logit_bias]
+        cols = [t for r in rows for t, _ in r.params.logit_bias]
+        vals = [b for r in rows for _, b in r.params.logit_bias]
+        dev = logits.device
+        ri = torch.tensor(row_idx, dtype=torch.long, device=dev)
+        ci = torch.tensor(cols, dtype=torch.long, device=dev)
+        vi = torch.tensor(vals, dtype=logits.dtype, device=dev)
+        logits.index_put_((ri, ci), vi, accumulate=True)
+        for t in (ri, ci, vi):
+            t.zero_()
 
     def _apply_penalties(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
         V = logits.shape[1]

@@ -1,5 +1,6 @@
 """The plaintext OpenAI-compatible HTTP server (Starlette), for local use and as the
-privacy-off baseline. Routes: /v1/models, /v1/completions, /v1/chat/completions, /health. Metrics
+privacy-off baseline. Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize,
+/detokenize, /tokenizer_info (vLLM's), /health. Metrics
 are served only by the operator's listener (operator_app.py), from the same Telemetry.
 
 Bodies are read through a size cap (413 beyond it). A client that disconnects aborts its
@@ -72,6 +73,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
     async def models(request: Request) -> Response:
         return JSONResponse(service.models())
 
+    async def tokenizer_info(request: Request) -> Response:
+        return JSONResponse(service.tokenizer_info())
+
+    def tokens(work: Callable[[object], Awaitable[dict]]):
+        async def handle(request: Request) -> Response:
+            return JSONResponse(await work(await read_json(request, settings.max_body_bytes)))
+
+        return handle
+
     @asynccontextmanager
     async def lifespan(app):
         engine.start(asyncio.get_running_loop())
@@ -85,6 +95,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
         Route("/v1/models", endpoint(settings.component, "models", models), methods=["GET"]),
         Route("/v1/completions", generation(service.completions, "completions"), methods=["POST"]),
         Route("/v1/chat/completions", generation(service.chat, "chat_completions"), methods=["POST"]),
+        Route("/tokenize", endpoint(settings.component, "tokenize", tokens(service.tokenize)), methods=["POST"]),
+        Route("/detokenize", endpoint(settings.component, "detokenize", tokens(service.detokenize)), methods=["POST"]),
+        Route("/tokenizer_info", endpoint(settings.component, "tokenizer_info", tokenizer_info), methods=["GET"]),
         *engine_routes(engine),
     ]
     return create_http_app(settings.component, routes, lifespan)

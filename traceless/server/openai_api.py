@@ -23,7 +23,13 @@ from traceless.engine.llm_engine import StepOutput
 from traceless.errors import TracelessError
 from traceless.http.errors import ApiError, from_traceless_error
 from traceless.server.async_engine import AsyncEngine
-from traceless.server.protocol import ParsedRequest, parse_chat, parse_completion
+from traceless.server.protocol import (
+    ParsedRequest,
+    parse_chat,
+    parse_completion,
+    parse_detokenize,
+    parse_tokenize,
+)
 from traceless.server.responses import ChoiceState, Formatter
 from traceless.server.stream_shape import StreamShape
 from traceless.server.telemetry import Telemetry
@@ -68,7 +74,47 @@ class OpenAIService:
 
     def models(self) -> dict:
         return {"object": "list",
-                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless"}]}
+                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless",
+                          "max_model_len": self.max_model_len}]}
+
+    def tokenizer_info(self) -> dict:
+        """vLLM's /tokenizer_info (what lm-evaluation-harness's remote tokenizer reads): the model's
+        special tokens and chat template; operator data, no request content."""
+        tok = self.tokenizer
+        return {"tokenizer_class": "traceless", "model_max_length": self.max_model_len,
+                "bos_token": tok.token_text(tok.bos_id) if tok.bos_id is not None else None,
+                "eos_token": tok.token_text(min(tok.eos_ids)) if tok.eos_ids else None,
+                "pad_token": None, "chat_template": tok.chat_template}
+
+    async def tokenize(self, body) -> dict:
+        """vLLM's /tokenize: {count, max_model_len, tokens, token_strs}."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, self._tokenize, body)
+
+    async def detokenize(self, body) -> dict:
+        """vLLM's /detokenize: {prompt}."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, self._detokenize, body)
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ApiError(404, "the model does not exist on this server", param="model", code="model_not_found")
+
+    def _tokenize(self, body) -> dict:
+        req = parse_tokenize(body)
+        self._check_model(req.model)
+        text = req.prompt
+        if req.messages is not None:
+            try:
+                text = self.tokenizer.apply_chat_template(req.messages, req.add_generation_prompt)
+            except TracelessError as exc:
+                raise from_traceless_error(exc) from None
+        ids = self.tokenizer.encode(text or "", add_special_tokens=req.add_special_tokens)
+        strs = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
+
+    def _detokenize(self, body) -> dict:
+        model, ids = parse_detokenize(body, self.engine.model.vocab_size)
+        self._check_model(model)
+        return {"prompt": self.tokenizer.decode(ids, skip_special_tokens=False)}
 
     async def completions(self, body) -> dict | AsyncGenerator[bytes, None]:
         try:

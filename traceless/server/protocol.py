@@ -2,7 +2,7 @@
 
 Every field a body may carry is declared here; anything else gets a 400 that counts the unknown
 fields but never names them (a key a client chose is text it wrote: content). Fields the server
-understands but does not implement (tools, logit_bias, echo, ...) are accepted only with their
+understands but does not implement (tools, ...) are accepted only with their
 "off" value, so nothing is ever accepted and ignored. `user` is validated and dropped: it is never
 stored or used.
 
@@ -91,14 +91,14 @@ SAMPLING_FIELDS: dict[str, Validator] = {
     "max_tokens": integer, "temperature": number, "top_p": number, "n": integer, "stream": boolean,
     "stream_options": stream_options, "stop": stop, "presence_penalty": number, "frequency_penalty": number,
     "seed": integer, "user": string,
-    "logit_bias": only(lambda v: not v, "only an empty logit_bias"),
+    "logit_bias": lambda name, v: _logit_bias(name, v),
     # vLLM extensions
     "cache_salt": lambda name, v: _salt(name, v),
     "top_k": integer, "min_p": number, "repetition_penalty": number, "ignore_eos": boolean, "stop_token_ids": int_list,
 }
 COMPLETION_FIELDS: dict[str, Validator] = {
     **SAMPLING_FIELDS, "model": string, "prompt": lambda n, v: v, "logprobs": integer,
-    "echo": only(lambda v: v is False, "echo must be false"),
+    "echo": boolean, "prompt_logprobs": integer,  # prompt_logprobs: a vLLM extension
     "best_of": only(lambda v: v in (1,), "best_of must be 1"),
     "suffix": only(lambda v: v in ("",), "suffix must be empty"),
 }
@@ -110,6 +110,19 @@ CHAT_FIELDS: dict[str, Validator] = {
     "tool_choice": only(lambda v: v == "none", "tool calls are not supported"),
     "parallel_tool_calls": only(lambda v: False, "tool calls are not supported"),
 }
+
+
+def _logit_bias(name, v) -> dict[int, float]:
+    """JSON object keys are strings: each must spell a token id (the vocabulary bound and the
+    bias range are checked by SamplingParams and the engine)."""
+    if not isinstance(v, dict):
+        raise bad_request(f"'{name}' must be an object mapping token ids to numbers", name)
+    out = {}
+    for key, bias in v.items():
+        if not isinstance(key, str) or not key.isascii() or not key.isdigit() or len(key) > 12:
+            raise bad_request(f"'{name}' keys must be token ids (non-negative integers)", name)
+        out[int(key)] = number(name, bias)
+    return out
 
 
 def _salt(name, v):
@@ -130,6 +143,8 @@ class ParsedRequest:
     include_usage: bool
     logprobs: int | None  # completions: top-N; chat: top_logprobs when logprobs is true
     cache_salt: str | None = None  # prefix-cache isolation domain (a client secret)
+    echo: bool = False  # completions: the prompt (and, with logprobs, its logprobs) leads each choice
+    prompt_logprobs: int | None = None  # completions (vLLM): top-N of every prompt position, per choice
 
 
 def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) -> dict[str, Any]:
@@ -144,13 +159,15 @@ def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) ->
     return {k: spec[k](k, v) for k, v in body.items() if v is not None}
 
 
-def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None,
+              prompt_logprobs: int | None = None) -> SamplingParams:
     if f.get("stream_options") is not None and not f.get("stream", False):
         raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     kw = {k: f[k] for k in ("temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "seed",
-                            "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids") if k in f}
+                            "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "logit_bias")
+          if k in f}
     try:
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                               output_kind=OutputKind.DELTA, **kw)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None
@@ -185,10 +202,18 @@ def parse_completion(body: Any) -> ParsedRequest:
     logprobs = f.get("logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
         raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}", "logprobs")
-    params = _sampling(f, f.get("max_tokens", 16), logprobs)
+    echo = f.get("echo", False)
+    prompt_logprobs = f.get("prompt_logprobs")
+    if prompt_logprobs is not None and not 0 <= prompt_logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise bad_request(f"'prompt_logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}", "prompt_logprobs")
+    # echo with logprobs needs the prompt's logprobs too, with as many alternatives as the output's
+    engine_prompt_lps = prompt_logprobs
+    if echo and logprobs is not None:
+        engine_prompt_lps = max(logprobs, prompt_logprobs or 0)
+    params = _sampling(f, f.get("max_tokens", 16), logprobs, engine_prompt_lps)
     _check_choices(len(prompts), params.n)
     return ParsedRequest(f["model"], prompts, params, f.get("stream", False), f.get("stream_options", False), logprobs,
-                         f.get("cache_salt"))
+                         f.get("cache_salt"), echo, prompt_logprobs)
 
 
 def parse_chat(body: Any, render: Callable[[list[dict]], str]) -> ParsedRequest:
@@ -240,3 +265,42 @@ def _content(content: Any, where: str) -> str:
             parts.append(part["text"])
         return "".join(parts)
     raise bad_request(f"'{where}.content' must be a string or a list of text parts", where)
+
+
+# --- /tokenize and /detokenize (vLLM's shape) --------------------------------------------------
+TOKENIZE_FIELDS: dict[str, Validator] = {
+    "model": string, "prompt": string, "add_special_tokens": boolean, "return_token_strs": boolean,
+    "messages": lambda n, v: v, "add_generation_prompt": boolean,
+}
+DETOKENIZE_FIELDS: dict[str, Validator] = {"model": string, "tokens": int_list}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    model: str | None
+    prompt: str | None  # a completion prompt, or None for a conversation
+    messages: list[dict] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    return_token_strs: bool
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    """vLLM's two forms: {"prompt": ...} (add_special_tokens defaults to true) or {"messages": ...}
+    (rendered by the chat template, add_special_tokens defaults to false)."""
+    f = _fields(body, TOKENIZE_FIELDS, ())
+    if ("prompt" in f) == ("messages" in f):
+        raise bad_request("give exactly one of 'prompt' and 'messages'", "prompt")
+    chat = "messages" in f
+    if not chat and "add_generation_prompt" in f:
+        raise bad_request("'add_generation_prompt' applies to 'messages' only", "add_generation_prompt")
+    return TokenizeRequest(f.get("model"), f.get("prompt"), messages(f["messages"]) if chat else None,
+                           f.get("add_special_tokens", not chat), f.get("add_generation_prompt", True),
+                           f.get("return_token_strs", False))
+
+
+def parse_detokenize(body: Any, vocab_size: int) -> tuple[str | None, list[int]]:
+    f = _fields(body, DETOKENIZE_FIELDS, ("tokens",))
+    if any(t < 0 or t >= vocab_size for t in f["tokens"]):
+        raise bad_request(f"'tokens' must be token ids in [0, {vocab_size})", "tokens")
+    return f.get("model"), f["tokens"]

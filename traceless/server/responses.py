@@ -16,8 +16,12 @@ class ChoiceState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)  # TokenLogprobs per generated token
     finish_reason: str | None = None
+    prompt_logprobs: list | None = None  # TokenLogprobs per prompt position after the first
+    echoed: bool = False  # streaming: the prompt went out with the choice's first chunk
 
     def add(self, out: StepOutput) -> None:
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         self.text.append(out.new_text)
         self.token_ids.extend(out.new_token_ids)
         if out.new_logprobs:
@@ -39,8 +43,10 @@ def merge(outs: list[StepOutput]) -> StepOutput:
         return outs[0]
     last = outs[-1]
     lps = [lp for o in outs for lp in (o.new_logprobs or [])]
+    prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
     return StepOutput(last.request_id, [t for o in outs for t in o.new_token_ids], "".join(o.new_text for o in outs),
-                      lps or None, last.finish_reason, last.stop_reason, last.num_prompt_tokens, last.num_output_tokens)
+                      lps or None, last.finish_reason, last.stop_reason, last.num_prompt_tokens, last.num_output_tokens,
+                      prompt_lps)
 
 
 class Formatter:
@@ -83,6 +89,64 @@ class Formatter:
             "text_offset": offsets,
         }
 
+    # --- echo and prompt logprobs (completions) ---------------------------------------------------
+    def _prompt_text(self, c: int) -> str:
+        p = self.job.request.prompts[c // self.job.request.params.n]
+        return p if isinstance(p, str) else self.tokenizer.decode(list(p), skip_special_tokens=False)
+
+    def _echo(self, c: int, prompt_lps: list | None, out_lp: dict | None) -> tuple[str, dict | None]:
+        """The prompt's text and, with logprobs, its tokens and logprobs (the first token's null)
+        followed by the output's (whose text offsets start past the prompt: _echo_offset)."""
+        text = self._prompt_text(c)
+        if self.job.request.logprobs is None:
+            return text, out_lp
+        ids = self.job.prompt_ids[c // self.job.request.params.n]
+        if prompt_lps is None or len(prompt_lps) != len(ids) - 1:
+            raise RuntimeError("the engine returned no prompt logprobs for an echo request")
+        tokens = [self._tok(t) for t in ids]
+        offsets, offset = [], 0
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t)
+        lp = {"tokens": tokens, "token_logprobs": [None] + [x.token_logprob for x in prompt_lps],
+              "top_logprobs": [None] + [{self._tok(i): v for i, v in zip(x.top_ids, x.top_logprobs)}
+                                        for x in prompt_lps],
+              "text_offset": offsets}
+        if out_lp is not None:
+            for key in ("tokens", "token_logprobs", "top_logprobs"):
+                lp[key] += out_lp[key]
+            lp["text_offset"] += out_lp["text_offset"]
+        return text, lp
+
+    def _echo_offset(self, c: int) -> int:
+        """Where the output's text starts in an echoed choice's text."""
+        echo = self.job.request.echo and not self.chat and self.job.request.logprobs is not None
+        return len(self._prompt_text(c)) if echo else 0
+
+    def _vllm_prompt_logprobs(self, c: int, prompt_lps: list | None) -> list | None:
+        """vLLM's choice field: per prompt token {token id: {logprob, rank, decoded_token}}, None first."""
+        ids = self.job.prompt_ids[c // self.job.request.params.n]
+        if prompt_lps is None or len(prompt_lps) != len(ids) - 1:
+            raise RuntimeError("the engine returned no prompt logprobs for a prompt_logprobs request")
+        n = self.job.request.prompt_logprobs or 0
+        out: list = [None]
+        for t, x in zip(ids[1:], prompt_lps):
+            entry = {str(i): {"logprob": v, "rank": r, "decoded_token": self._tok(i)}
+                     for r, (i, v) in enumerate(zip(x.top_ids[:n], x.top_logprobs[:n]), start=1)}
+            entry[str(t)] = {"logprob": x.token_logprob, "rank": x.token_rank, "decoded_token": self._tok(t)}
+            out.append(entry)
+        return out
+
+    def _completion_choice(self, c: int, text: str, lp: dict | None, finish: str | None, prompt_lps: list | None,
+                           first: bool) -> dict:
+        if self.job.request.echo and first:
+            prefix, lp = self._echo(c, prompt_lps, lp)
+            text = prefix + text
+        choice = {"index": c, "text": text, "logprobs": lp, "finish_reason": finish}
+        if self.job.request.prompt_logprobs is not None and first:
+            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(c, prompt_lps)
+        return choice
+
     def _usage(self, states: list[ChoiceState]) -> dict:
         prompt = sum(len(ids) for ids in self.job.prompt_ids)
         completion = sum(len(s.token_ids) for s in states)
@@ -96,12 +160,13 @@ class Formatter:
     def response(self, states: list[ChoiceState]) -> dict:
         choices = []
         for i, s in enumerate(states):
-            lp = self._logprobs(s.token_ids, s.logprobs)
+            lp = self._logprobs(s.token_ids, s.logprobs, self._echo_offset(i))
             if self.chat:
                 choices.append({"index": i, "message": {"role": "assistant", "content": "".join(s.text)},
                                 "logprobs": lp, "finish_reason": s.finish_reason})
             else:
-                choices.append({"index": i, "text": "".join(s.text), "logprobs": lp, "finish_reason": s.finish_reason})
+                choices.append(self._completion_choice(i, "".join(s.text), lp, s.finish_reason, s.prompt_logprobs,
+                                                       True))
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         body["usage"] = self._usage(states)
         return body
@@ -110,13 +175,18 @@ class Formatter:
     def _chunk(self, c: int, out: StepOutput | None, state: ChoiceState) -> dict:
         text = out.new_text if out else ""
         ids = out.new_token_ids if out else []
-        lp = self._logprobs(ids, out.new_logprobs or [], sum(len(t) for t in state.text)) if out and ids else None
+        base = sum(len(t) for t in state.text) + self._echo_offset(c)
+        lp = self._logprobs(ids, out.new_logprobs or [], base) if out and ids else None
         finish = out.finish_reason if out else None
         if self.chat:
             delta = {"role": "assistant", "content": ""} if out is None else ({"content": text} if text else {})
             choice = {"index": c, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice])
-        return self._envelope("text_completion", [{"index": c, "text": text, "logprobs": lp, "finish_reason": finish}])
+        first = out is not None and not state.echoed
+        if first:
+            state.echoed = True
+        prompt_lps = out.prompt_logprobs if out else None
+        return self._envelope("text_completion", [self._completion_choice(c, text, lp, finish, prompt_lps, first)])
 
     async def sse(self, first, stream: AsyncGenerator, observer) -> AsyncGenerator[bytes, None]:
         states = [ChoiceState() for _ in range(len(self.job.prompt_ids) * self.job.request.params.n)]
@@ -141,7 +211,8 @@ class Formatter:
                 group.clear()
                 chunk = self._chunk(c, merged, states[c])
                 states[c].add(merged)
-                if merged.new_text or merged.finished or chunk["choices"][0]["logprobs"] is not None:
+                ch = chunk["choices"][0]
+                if merged.new_text or merged.finished or ch["logprobs"] is not None or ch.get("text"):
                     yield self._event(chunk)
             if self.job.request.include_usage:
                 usage = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
