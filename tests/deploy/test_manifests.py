@@ -211,3 +211,23 @@ def test_checkov_passes_with_every_skip_justified(render, overlay, tmp_path):
     for skipped in report["results"].get("skipped_checks", []):
         assert len(skipped.get("suppress_comment", "")) > 30, f"{skipped['check_id']} skipped without a reason"
     assert result.returncode == 0, result.stderr[-1000:]
+
+
+@pytest.mark.parametrize("overlay", ("dev", "confidential"))
+def test_the_log_runs_with_its_witness_and_nodes_with_their_metrics_port(render, overlay):
+    """The witness runs the real command (no listener, nothing may connect), the log takes its
+    cosignatures, and the node's metrics are on their own port: clients refuse an unwitnessed log."""
+    objs = render(overlay)
+    witness = _pod_spec(_one(objs, "StatefulSet", "traceless-witness"))["containers"][0]
+    assert witness["args"][:2] == ["witness", "--dir=/var/lib/traceless/witness"]
+    env = {e["name"]: e for e in witness["env"]}
+    assert env["TRACELESS_LOG_URL"]["value"] == "http://traceless-log:8090"
+    assert env["TRACELESS_LOG_PUBLIC_KEY"]["valueFrom"]["configMapKeyRef"]["name"] == "traceless-log-keys"
+    assert "ports" not in witness and "readinessProbe" not in witness
+    assert not [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "traceless-witness"]
+    policy = _one(objs, "NetworkPolicy", "traceless-witness")["spec"]
+    assert "Ingress" in policy["policyTypes"] and not policy.get("ingress")
+    log = _pod_spec(_one(objs, "StatefulSet", "traceless-log"))["containers"][0]
+    assert "--witness-key=$(TRACELESS_WITNESS_KEY)" in log["args"]
+    node = _pod_spec(_one(objs, "StatefulSet", "traceless-node"))["containers"][0]
+    assert "--metrics-port=9100" in node["args"]

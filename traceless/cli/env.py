@@ -21,8 +21,9 @@ VARIABLES: Mapping[str, tuple[str, str]] = MappingProxyType({
     "TRACELESS_REGISTER_SECRET": ("gateway --register-secret", "secret nodes present to register"),
     "TRACELESS_API_KEYS_FILE": ("issuer --api-keys", "path of the JSON file {api_key: user_id}"),
     "TRACELESS_RELAY_URL": ("proxy --relay", "base URL of the OHTTP relay"),
-    "TRACELESS_LOG_URL": ("proxy --log", "base URL of the transparency log"),
-    "TRACELESS_LOG_PUBLIC_KEY": ("proxy --log-public-key", "the log's Ed25519 public key, base64"),
+    "TRACELESS_LOG_URL": ("proxy --log, log witness --log", "base URL of the transparency log"),
+    "TRACELESS_LOG_PUBLIC_KEY": ("proxy --log-public-key, log witness --log-public-key",
+                                 "the log's Ed25519 public key, base64"),
     "TRACELESS_LOG_DIR": ("log serve --dir, log append --dir", "directory of the transparency log"),
 })
 
