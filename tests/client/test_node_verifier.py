@@ -116,3 +116,24 @@ def test_an_unreadable_log_refuses_the_node():
         assert _reason(v, entry(attester, OhttpServer()), expected_nonce=NONCE) == "log_error"
     finally:
         v.close()
+
+
+def test_a_release_without_shape_hiding_is_refused_unless_the_client_allows_it():
+    from dataclasses import replace
+
+    from traceless.privacy.translog.manifest import ReleaseManifest
+
+    attester = SoftwareAttester()
+    plain = ReleaseManifest(RELEASE.code, RELEASE.model, {**RELEASE.config, "shape_padding": "off"},
+                            RELEASE.capacities)
+    for config, want in ((_config(attester), "shape_hiding_off"),
+                         (replace(_config(attester), require_shape_hiding=False), None)):
+        v = NodeVerifier(config, releases=StubReleases(plain))
+        try:
+            e = entry(attester, OhttpServer(), measurement=plain.measurement)
+            if want is None:
+                assert v.verify(e, expected_nonce=NONCE).measurement == plain.combined
+            else:
+                assert _reason(v, e, expected_nonce=NONCE) == want
+        finally:
+            v.close()

@@ -26,7 +26,8 @@ from traceless.privacy.translog.release_index import ReleaseNotLoggedError
 STREAM_CHUNKS = 4
 STREAM_DELAY_S = 0.15
 # The release the fake nodes run: the capacities it allows are what a node may claim.
-RELEASE = ReleaseManifest(b"\x01" * 32, b"\x02" * 32, {"component": "node", "prefix_cache": "isolated"},
+RELEASE = ReleaseManifest(b"\x01" * 32, b"\x02" * 32,
+                          {"component": "node", "prefix_cache": "isolated", "shape_padding": "buckets"},
                           (1, 2, 3, 4, 5))
 
 

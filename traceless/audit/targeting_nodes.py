@@ -31,7 +31,7 @@ from traceless.privacy.translog.release_index import ReleaseNotLoggedError
 
 MAX_AUDIT_CAPACITY = 100
 # What the audit's nodes run: a release that allows capacities 1..MAX_AUDIT_CAPACITY, and no more.
-AUDIT_RELEASE = ReleaseManifest(b"\xa1" * 32, b"\xa2" * 32, {"component": "audit-node"},
+AUDIT_RELEASE = ReleaseManifest(b"\xa1" * 32, b"\xa2" * 32, {"component": "audit-node", "shape_padding": "buckets"},
                                 tuple(range(1, MAX_AUDIT_CAPACITY + 1)))
 
 

@@ -72,6 +72,7 @@ class NodeVerifier:
         self._attester_keys = trusted_by_kid(config.attester_keys)
         self._policy = config.attester_policy
         self._leeway_s = config.clock_leeway_s
+        self._require_shape = config.require_shape_hiding
         self._log = LogClient(config.log_url, config.log_public_key)
         self._releases = releases if releases is not None else ReleaseIndex(self._log)
 
@@ -111,5 +112,7 @@ class NodeVerifier:
             raise NodeRefused("log_error") from None
         if not release.allows_capacity(claims.capacity):
             raise NodeRefused("capacity_not_allowed")
+        if self._require_shape and release.config.get("shape_padding") != "buckets":
+            raise NodeRefused("shape_hiding_off")  # its release sends lengths and timings as they are
         return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now)
 

@@ -76,6 +76,9 @@ class ClientConfig:
     clock_leeway_s: int = CLOCK_LEEWAY_S
     # Pad every request to its size bucket (docs/shape-hiding.md). Off only to measure what it hides.
     pad_requests: bool = True
+    # Refuse nodes whose logged release does not pad responses and pace streams (its measured
+    # configuration's shape_padding is not "buckets").
+    require_shape_hiding: bool = True
 
     def __post_init__(self) -> None:
         if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:
