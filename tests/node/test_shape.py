@@ -68,3 +68,20 @@ def test_an_error_in_a_chunked_response_is_shaped_and_readable(node):
     status, err = call(node, b"/v1/completions", {"model": "tiny", "prompt": [5], "max_tokens": -1, "stream": True},
                        stream=True)
     assert status == 400 and err["error"]["type"] == "invalid_request_error"
+
+
+def test_without_a_timer_each_event_is_its_own_bucket_sized_chunk(tiny_llama_dir):
+    from traceless.privacy.shape import ShapePolicy
+
+    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+                                                max_model_len=256)))
+    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
+    with serve(create_node_app(engine, identity, NodeSettings("tiny", shape=ShapePolicy(tick_ms=0))), engine) as n:
+        n.identity = identity
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                "logprobs": 5, "stream": True}
+        sizes = chunked_ciphertexts(raw(n, body, stream=True))
+        # head, six token events (with logprobs: some above 1 KiB), [DONE], final
+        assert len(sizes) == 9 and all(s - TAG in BUCKETS for s in sizes), sizes
+        status, events = call(n, b"/v1/completions", body, stream=True)
+        assert status == 200 and len(events) == 7 and events[-1] == b"data: [DONE]\n\n"

@@ -30,8 +30,11 @@ MIN_BUCKET = 1 << 10
 MAX_BUCKET = 1 << 24
 BUCKETS: tuple[int, ...] = tuple(MIN_BUCKET << k for k in range((MAX_BUCKET // MIN_BUCKET).bit_length()))
 BUCKET_TABLE = "pow2:1KiB-16MiB"  # the table's name in a node's measured configuration
-STREAM_CHUNK = MIN_BUCKET  # plaintext bytes of every streamed chunk
-DEFAULT_TICK_MS = 50  # one streamed chunk every this many milliseconds (docs/shape-hiding.md: the cost)
+# One streamed chunk of STREAM_CHUNK plaintext bytes every DEFAULT_TICK_MS: 40 KiB/s, ~170 SSE token
+# events a second per stream. Fewer, larger chunks cost the hops less than one chunk per token
+# (docs/shape-hiding.md: the cost).
+STREAM_CHUNK = 4 * MIN_BUCKET
+DEFAULT_TICK_MS = 100
 
 
 class ShapeError(ValueError):
