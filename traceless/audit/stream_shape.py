@@ -290,7 +290,7 @@ def run(cfg: StreamAttackConfig, json_path: str | None, plot_path: str | None) -
         for mode in MODES:
             shape = ["--shape", "off"] if mode == "off" else []
             with spawn_node(*model_args, *shape, "--served-model-name", SERVED_NAME, "--kv-cache-memory", "256MiB",
-                            "--dtype", "float32", name=f"node-{mode}") as svc:
+                            "--max-model-len", "2048", "--dtype", "float32", name=f"node-{mode}") as svc:
                 results.append(collect(svc.url, SERVED_NAME, mode, cfg, rng, bar))
     return finish(report_for(results, cfg), print_report, json_path, plot, plot_path)
 
@@ -317,10 +317,10 @@ def plot(report: dict, path: str) -> None:
         res = report["results"]
         for i, r in enumerate(res):
             lo, hi = r["accuracy_95ci"]
-            ax.bar(i, r["accuracy"], yerr=[[r["accuracy"] - lo], [hi - r["accuracy"]]], capsize=6,
+            ax.bar(i, r["accuracy"], yerr=[[r["accuracy"] - lo], [hi - r["accuracy"]]], capsize=6, zorder=2,
                    color="tab:red" if r["above_chance"] else "tab:green")
         clo, chi = res[0]["chance_95_range"]
-        ax.axhspan(clo, chi, color="0.85", label="chance (95% range)")
+        ax.axhspan(clo, chi, color="0.85", label="chance (95% range)", zorder=0)
         ax.axhline(res[0]["chance"], color="k", ls=":")
         ax.set_xticks(range(len(res)), [f"shape {r['mode']}" for r in res])
         ax.set_ylim(0, 1.05)
@@ -329,7 +329,7 @@ def plot(report: dict, path: str) -> None:
         ax.legend(loc="upper right")
         for ax, mode in zip(axes[1:], MODES):
             for ex in report["examples"].get(mode, []):
-                ax.step(ex["times"], ex["sizes"], where="post", label=f"topic {ex['topic']}")
+                ax.plot(ex["times"], ex["sizes"], "o-", ms=3, alpha=0.7, label=f"topic {ex['topic']}")
             ax.set_xlabel("arrival (s since the request)")
             ax.set_ylabel("encrypted chunk (bytes)")
             ax.set_title(f"the relay's view, shape {mode}")
