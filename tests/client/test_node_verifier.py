@@ -120,11 +120,11 @@ def test_an_unreadable_log_refuses_the_node():
 
 @pytest.mark.parametrize("change, reason", [
     ({"prefix_cache": "global"}, "release_prefix_cache"),
-    ({"stream_padding": 0}, "release_unpadded"),
+    ({"shape_padding": "off"}, "release_unpadded"),
     ({"scrub_freed_memory": False}, "release_unscrubbed"),
     ({"load_format": "dummy"}, "release_dummy_weights"),
     ({"request_events": True}, "release_request_events"),
-    ({"stream_padding": None}, "release_unpadded"),  # not stated counts as off
+    ({"shape_padding": None}, "release_unpadded"),  # not stated counts as off
 ])
 def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, reason):
     from tests.cluster._services import PRIVATE_SETTINGS
@@ -142,7 +142,7 @@ def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, 
 
 
 @pytest.mark.parametrize("waiver, change", [
-    ("unpadded", {"stream_padding": 0}), ("request_events", {"request_events": True}),
+    ("unpadded", {"shape_padding": "off"}), ("request_events", {"request_events": True}),
     ("dummy_weights", {"load_format": "dummy"}),
 ])
 def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):

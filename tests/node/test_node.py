@@ -22,6 +22,7 @@ from traceless.privacy.bhttp.stream import ResponseStreamDecoder
 from traceless.privacy.ohttp.chunked import split_chunks
 from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
+from traceless.privacy.shape import split_sse
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.telemetry import Telemetry, WindowPolicy
 
@@ -52,12 +53,11 @@ def call(node, path: bytes, body, stream=False, method=b"POST"):
         r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-chunked-req"})
         assert r.status_code == 200 and r.headers["content-type"] == "message/ohttp-chunked-res"
         dec, parser = ctx.decryptor(), ResponseStreamDecoder()
-        items = [i for plain in dec.feed(r.content) for i in parser.feed(plain)]
-        dec.finish()
+        items = [i for plain in [*dec.feed(r.content), dec.finish()] for i in parser.feed(plain)]
         head, chunks = items[0], items[1:]
         if head.status != 200:
             return head.status, json.loads(b"".join(chunks))
-        return 200, chunks
+        return 200, split_sse(b"".join(chunks))  # as a client reads it: whole events, padding dropped
     enc, ctx = encapsulate_request(config, inner)
     r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
     assert r.status_code == 200 and r.headers["content-type"] == "message/ohttp-res"

@@ -92,7 +92,10 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
     engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
                                                 max_model_len=128)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
-    app = create_node_app(engine, identity, NodeSettings("tiny", stream_shape=StreamShape(PAD, 2)))
+    from traceless.privacy.shape import OFF
+
+    # the per-event padding knob on its own (size buckets and the cadence off: tests/node/test_shape.py)
+    app = create_node_app(engine, identity, NodeSettings("tiny", stream_shape=StreamShape(PAD, 2), shape=OFF))
     with serve(app, engine) as node:
         node.identity = identity
         body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 15, "temperature": 0, "ignore_eos": True,

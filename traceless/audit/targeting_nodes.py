@@ -33,7 +33,7 @@ MAX_AUDIT_CAPACITY = 100
 # What the audit's nodes run: a release that allows capacities 1..MAX_AUDIT_CAPACITY, and no more, with
 # the settings the client's release policy requires.
 AUDIT_RELEASE = ReleaseManifest(b"\xa1" * 32, b"\xa2" * 32, {
-    "component": "audit-node", "prefix_cache": "isolated", "stream_padding": 256, "scrub_freed_memory": True,
+    "component": "audit-node", "prefix_cache": "isolated", "shape_padding": "buckets", "scrub_freed_memory": True,
     "load_format": "auto", "request_events": False}, tuple(range(1, MAX_AUDIT_CAPACITY + 1)))
 
 

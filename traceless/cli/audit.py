@@ -20,6 +20,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--json", metavar="FILE")
     pt.add_argument("--plot", metavar="PNG")
     pt.set_defaults(handler=_prefix_timing)
+    ss = attack_sub.add_parser("stream-shape", help="classify prompts from the relay's view of encrypted streams "
+                                                    "(Whisper Leak): shape hiding off vs the node's defaults")
+    ss.add_argument("--topics", type=int, default=4, help="how many of the built-in topic prompts (2 to 6)")
+    ss.add_argument("--trials", type=int, default=12, help="traces per topic and mode")
+    ss.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer")
+    ss.add_argument("--temperature", type=float, default=0.7)
+    ss.add_argument("--natural-length", action="store_true",
+                    help="let EOS end answers (their length then shows as the stream's duration)")
+    ss.add_argument("--folds", type=int, default=4, help="cross-validation folds")
+    ss.add_argument("--model", default=None)
+    ss.add_argument("--seed", type=int, default=0)
+    ss.add_argument("--json", metavar="FILE")
+    ss.add_argument("--plot", metavar="PNG")
+    ss.set_defaults(handler=_stream_shape)
 
     audit = sub.add_parser("audit", help="measure the privacy properties of the real code")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="AUDIT", required=True)
@@ -60,6 +74,20 @@ def _prefix_timing(args: argparse.Namespace) -> int:
     if args.trials < 4 or args.prefix_tokens < 16:
         raise SystemExit("traceless attack prefix-timing: use at least 4 trials and a 16-token prefix")
     run(AttackConfig(args.trials, args.prefix_tokens, args.model, args.seed), args.json, args.plot)
+    return 0
+
+
+def _stream_shape(args: argparse.Namespace) -> int:
+    from traceless.audit.stream_shape import TOPICS, StreamAttackConfig, run
+
+    if not 2 <= args.topics <= len(TOPICS):
+        raise SystemExit(f"traceless attack stream-shape: --topics must be 2 to {len(TOPICS)}")
+    try:
+        cfg = StreamAttackConfig(TOPICS[: args.topics], args.trials, args.max_tokens, args.temperature,
+                                 args.natural_length, args.folds, args.model, args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"traceless attack stream-shape: {exc}") from None
+    run(cfg, args.json, args.plot)
     return 0
 
 

@@ -11,6 +11,7 @@ from traceless.cli.env import add_env_argument
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 from traceless.cli.serve import add_http_args
+from traceless.privacy.shape import DEFAULT_TICK_MS
 
 if TYPE_CHECKING:
     from traceless.privacy.attestation.software import Attester
@@ -42,7 +43,23 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-evidence", type=int, default=0, metavar="N",
                    help=f"with --attestation hardware: NVIDIA confidential-computing evidence of GPUs 0..N-1 "
                         f"(0 to {MAX_GPUS})")
+    g = p.add_argument_group("shape hiding (docs/shape-hiding.md)")
+    g.add_argument("--shape", choices=("buckets", "off"), default="buckets",
+                   help="pad responses to size buckets and stream on a steady cadence (default), or send "
+                        "lengths and timings as they are (off: measurements only)")
+    g.add_argument("--stream-tick", type=int, default=DEFAULT_TICK_MS, metavar="MS",
+                   help=f"with --shape buckets: one fixed-size stream chunk every MS milliseconds (default "
+                        f"{DEFAULT_TICK_MS}; 0 = a bucket-padded chunk per event, timings visible)")
     add_scrub_arg(p)
+
+
+def shape_policy(args: argparse.Namespace):
+    from traceless.privacy.shape import ShapePolicy
+
+    try:
+        return ShapePolicy(args.shape, args.stream_tick)
+    except ValueError as exc:
+        raise SystemExit(f"traceless node: {exc}") from None
 
 
 def node_measured_config(args: argparse.Namespace) -> dict:
@@ -62,7 +79,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "metrics_min_requests": args.metrics_min_requests,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
-        "load_format": args.load_format,
+        "load_format": args.load_format, **shape_policy(args).measured(),
         # What a client may conclude from a document depends on who signs it and with which evidence.
         "attestation": args.attestation, "gpu_evidence": args.gpu_evidence,
     }
@@ -134,7 +151,8 @@ def _node(args: argparse.Namespace) -> int:
 
     if args.capacity < 1:
         raise SystemExit("traceless node: --capacity must be at least 1")
-    window_policy(args, "node")  # a bad telemetry setting fails before the model loads
+    window_policy(args, "node")  # a bad telemetry or shape setting fails before the model loads
+    shape_policy(args)
     if bool(args.log) != bool(args.log_public_key):
         raise SystemExit("traceless node: --log and --log-public-key go together")
     attester = build_attester(args)  # before the model loads: no device, no start
@@ -156,7 +174,7 @@ def _node(args: argparse.Namespace) -> int:
         model_name=args.served_model_name or engine.model_name, capacity=args.capacity,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, attestation_ttl_s=args.attestation_ttl,
         gateway_url=args.gateway, public_url=public_url,
-        register_interval_s=args.register_interval, stream_shape=stream_shape(args),
+        register_interval_s=args.register_interval, stream_shape=stream_shape(args), shape=shape_policy(args),
     )
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
                             keys=KeyRing(args.key_rotation, args.key_overlap))

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     waive = p.add_argument_group("benchmark-only waivers of the release policy (each weakens privacy; printed "
                                  "at start)")
     waive.add_argument("--allow-unpadded-releases", action="store_true",
-                       help="accept releases that do not pad responses (stream_padding 0)")
+                       help="accept releases that do not hide shapes (--shape off)")
     waive.add_argument("--allow-request-events-releases", action="store_true",
                        help="accept releases that log per-request events (request_events on)")
     waive.add_argument("--allow-dummy-weights-releases", action="store_true",

@@ -11,7 +11,9 @@
                 pass the release policy and that allows the attested capacity
                                                             -> refuse anything else, before sending
     draw        the client itself, by attested capacity    (node_choice.py; never the gateway's order)
-    request     OHTTP (chunked when streaming) via relay -> gateway -> node, PrivateToken header
+    request     OHTTP (chunked when streaming) via relay -> gateway -> node, PrivateToken header;
+                the request padded to its size bucket (privacy/shape.py), a stream handed on as
+                whole SSE events without the node's padding
     resend      only if the first send provably never left: the connection to the relay could not
                 be opened (nothing was sent), then to another verified node; after a 5xx, a
                 broken or truncated response the error is surfaced and nothing is resent (the
@@ -51,6 +53,7 @@ from traceless.privacy.ohttp.chunked import split_chunks
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.privacypass.http import format_authorization
+from traceless.privacy.shape import bucket_padding, sse_event
 from traceless.privacy.translog.release_policy import ReleasePolicy
 
 
@@ -95,6 +98,8 @@ class ClientConfig:
     state_dir: str | None = None
     # What a logged release must say to be used (release_policy.py); waivers are benchmark-only.
     release_policy: ReleasePolicy = ReleasePolicy()
+    # Pad every request to its size bucket (docs/shape-hiding.md). Off only to measure what it hides.
+    pad_requests: bool = True
 
     def __post_init__(self) -> None:
         if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:
@@ -183,6 +188,8 @@ class AsyncPrivateClient:
         else:
             inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
                                                        ((b"content-type", b"application/json"),), body))
+        if self.config.pad_requests:
+            inner += bytes(bucket_padding(len(inner)))  # RFC 9292 §3.8 zero padding: the prompt's length hidden
         if stream:
             enc, chunked_ctx = encapsulate_chunked_request(node.key_config, split_chunks(inner))
             return enc, chunked_ctx, "message/ohttp-chunked-req"
@@ -283,7 +290,7 @@ class AsyncPrivateClient:
         if head.status != 200:
             rest = first + b"".join([c async for c in _events(it, decryptor, parser, r)])
             raise UpstreamError(head.status, json.loads(rest or b"{}"))
-        return _stream_with(first, _events(it, decryptor, parser, r))
+        return _sse_events(_stream_with(first, _events(it, decryptor, parser, r)))
 
 
 class _NodeFailed(Exception):
@@ -356,6 +363,26 @@ async def _stream_with(first: bytes, rest: AsyncGenerator[bytes, None]) -> Async
             yield chunk
     finally:
         await rest.aclose()
+
+
+async def _sse_events(pieces: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """One whole SSE event per item, without the comment and blank lines that pad a stream (a node
+    packs events into fixed-size chunks, so one chunk may end inside an event)."""
+    buf = bytearray()
+    try:
+        async for piece in pieces:
+            buf += piece
+            while (end := buf.find(b"\n\n")) >= 0:
+                event = sse_event(bytes(buf[:end]))
+                buf[: end + 2] = bytes(end + 2)
+                del buf[: end + 2]
+                if event is not None:
+                    yield event
+        if (event := sse_event(bytes(buf))) is not None:  # a last event without its blank line
+            yield event
+    finally:
+        buf[:] = bytes(len(buf))
+        await pieces.aclose()
 
 
 class PrivateClient:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from traceless.local.processes import free_port, stop, wait_ready
 
-__all__ = ["Service", "free_port", "spawn_serve", "stop", "wait_ready"]
+__all__ = ["Service", "free_port", "spawn_node", "spawn_serve", "stop", "wait_ready"]
 
 
 @dataclass
@@ -32,12 +32,25 @@ def spawn_serve(*args: str, name: str = "serve", workdir: Path | None = None):
     """`traceless serve ARGS` on a free port (its operator listener on another); yields a Service;
     stops it (SIGINT) on exit. Without a `workdir`, the service runs in a temporary one that is
     removed with it."""
+    with _spawn("serve", args, name, workdir) as service:
+        yield service
+
+
+@contextmanager
+def spawn_node(*args: str, name: str = "node", workdir: Path | None = None):
+    """`traceless node ARGS` (no gateway: reached directly over OHTTP), as spawn_serve."""
+    with _spawn("node", args, name, workdir) as service:
+        yield service
+
+
+@contextmanager
+def _spawn(command: str, args: tuple[str, ...], name: str, workdir: Path | None):
     owned = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="traceless-audit-"))
     port, metrics_port = free_port(), free_port()
     log_path = workdir / f"{name}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", "serve", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", command, "--port", str(port),
                                  "--metrics-port", str(metrics_port), *args],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -36,7 +36,7 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
                     telemetry: Telemetry | None = None) -> Starlette:
     telemetry = telemetry or Telemetry(engine=engine)
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
-    service = NodeService(identity, api, telemetry)
+    service = NodeService(identity, api, telemetry, settings.shape)
 
     async def attestation(request: Request) -> Response:
         raw = request.query_params.get("nonce")

@@ -3,11 +3,17 @@
 A request's decrypted bytes live only in bytearrays this module owns (the binary HTTP message and
 its JSON content), zeroed when the request ends, however it ends. Errors that happen inside the
 encryption (bad JSON, bad parameters, capacity) go back encrypted, as the inner HTTP response.
+
+Shape (privacy/shape.py, on by default): a whole response is padded to its size bucket; a chunked
+one leaves on a timer that starts when the request arrives, one STREAM_CHUNK-byte chunk per tick,
+the first once the response head is known, token or not until the end.
 """
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncGenerator
+import math
+from collections.abc import AsyncGenerator, Callable
 
 from starlette.responses import Response, StreamingResponse
 
@@ -22,6 +28,16 @@ from traceless.privacy.ohttp.chunked import ChunkedServerResponse
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.gateway import ServerResponse
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES, OHTTP_RES
+from traceless.privacy.shape import (
+    STREAM_CHUNK,
+    ShapePolicy,
+    bucket_for,
+    bucket_padding,
+    content_room,
+    json_filler,
+    pack,
+    sse_filler,
+)
 from traceless.privacy.wire import encode_varint
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import padding_event
@@ -51,11 +67,13 @@ def _inner_error(exc: ApiError) -> tuple[int, bytes]:
 class NodeService:
     """Decapsulate, run the OpenAI call, encapsulate."""
 
-    def __init__(self, identity: NodeIdentity, api: OpenAIService, telemetry: Telemetry):
-        self.identity, self.api, self.telemetry = identity, api, telemetry
+    def __init__(self, identity: NodeIdentity, api: OpenAIService, telemetry: Telemetry,
+                 shape: ShapePolicy = ShapePolicy()):
+        self.identity, self.api, self.telemetry, self.shape = identity, api, telemetry, shape
         self.padding = api.shape.padding
 
     async def handle(self, body: bytes, chunked: bool) -> Response:
+        arrived = asyncio.get_running_loop().time()  # the stream's timer starts here, not at the first token
         buf, ctx = self._open(body, chunked)
         try:
             status, result = await self._run_inner(buf, chunked)
@@ -63,15 +81,17 @@ class NodeService:
             _wipe(buf)
         if isinstance(result, (bytes, bytearray)):
             if isinstance(ctx, ChunkedServerResponse):  # a chunked request always gets a chunked response
-                return self._chunked(ctx, status, JSON_HEADERS, _once(bytes(result)))
+                return self._chunked(ctx, status, JSON_HEADERS, _once(bytes(result)), arrived, json_filler)
             inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)))
-            if self.padding:  # whole responses too: their length would tell the output's length
+            if self.shape.on:  # whole responses too: their length would tell the output's length
+                inner += bytes(bucket_padding(len(inner)))  # RFC 9292 §3.8 zero padding
+            elif self.padding:  # whole responses too: their length would tell the output's length
                 inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)),
                                               padding=-len(inner) % self.padding)
             return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
         if not isinstance(ctx, ChunkedServerResponse):  # _run_inner refuses to stream an unchunked request
             raise RuntimeError("a streamed response for a request that is not chunked")
-        return self._chunked(ctx, 200, SSE_HEADERS, result)
+        return self._chunked(ctx, 200, SSE_HEADERS, result, arrived, sse_filler)
 
     def _open(self, body: bytes, chunked: bool) -> tuple[bytearray, ServerResponse | ChunkedServerResponse]:
         """Decapsulate under the live key the request names, then admit it to the replay cache (after
@@ -151,8 +171,11 @@ class NodeService:
                    "tokenize": self.api.tokenize, "detokenize": self.api.detokenize}[route]
         return await handler(parsed)
 
-    def _chunked(self, ctx: ChunkedServerResponse, status: int, headers,
-                 events: AsyncGenerator[bytes, None]) -> StreamingResponse:
+    def _chunked(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
+                 arrived: float, filler: Callable[[int], bytes]) -> StreamingResponse:
+        if self.shape.on:
+            paced = self._paced if self.shape.tick_ms else self._bucketed
+            return StreamingResponse(paced(ctx, status, headers, events, arrived, filler), media_type=OHTTP_CHUNKED_RES)
         padding = self.padding
 
         async def gen():
@@ -170,6 +193,65 @@ class NodeService:
                 await events.aclose()
 
         return StreamingResponse(gen(), media_type=OHTTP_CHUNKED_RES)
+
+    async def _paced(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
+                     arrived: float, filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
+        """One STREAM_CHUNK-byte chunk per tick: what arrived since the last tick, filled out."""
+        loop, tick = asyncio.get_running_loop(), self.shape.tick_ms / 1000
+        enc, msg = ctx.encryptor(), ResponseStreamEncoder()
+        pending = bytearray()
+
+        async def pump() -> None:
+            async for event in events:
+                pending.extend(event)
+
+        task = asyncio.create_task(pump())
+        try:
+            # the first tick after the head is known, counted from the request's arrival
+            due = arrived + tick * max(1, math.ceil((loop.time() - arrived) / tick))
+            await asyncio.sleep(due - loop.time())
+            head = msg.head(status, headers)
+            chunk, took = pack(pending, STREAM_CHUNK - len(head), filler)
+            del pending[:took]
+            yield enc.seal_chunk(head + chunk)
+            last = content_room(STREAM_CHUNK - END_LEN)
+            while True:
+                due += tick
+                await asyncio.sleep(due - loop.time())
+                if task.done() and task.exception() is not None:
+                    raise RuntimeError("the response stream failed")  # the client sees a truncated stream
+                if task.done() and len(pending) <= last:
+                    chunk, _ = pack(pending, STREAM_CHUNK - END_LEN, filler)
+                    yield enc.seal_final(chunk + msg.end())
+                    return
+                chunk, took = pack(pending, STREAM_CHUNK, filler)
+                del pending[:took]
+                yield enc.seal_chunk(chunk)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await events.aclose()
+            pending[:] = bytes(len(pending))
+
+    async def _bucketed(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
+                        arrived: float, filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
+        """No timer (tick 0): one chunk per event as it comes, each padded to its size bucket."""
+        enc, msg = ctx.encryptor(), ResponseStreamEncoder()
+        pending = bytearray()
+        try:
+            head = msg.head(status, headers)
+            yield enc.seal_chunk(head + pack(pending, STREAM_CHUNK - len(head), filler)[0])
+            async for event in events:
+                pending.extend(event)
+                while pending:
+                    size = bucket_for(len(pending) + 8)
+                    chunk, took = pack(pending, size, filler)
+                    del pending[:took]
+                    yield enc.seal_chunk(chunk)
+            yield enc.seal_final(pack(pending, STREAM_CHUNK - END_LEN, filler)[0] + msg.end())
+        finally:
+            await events.aclose()
+            pending[:] = bytes(len(pending))
 
 
 def _fill(prefix: bytes, size: int, msg: ResponseStreamEncoder) -> bytes:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traceless.privacy.shape import ShapePolicy
 from traceless.server.stream_shape import StreamShape
 
 
@@ -16,3 +17,4 @@ class NodeSettings:
     public_url: str | None = None
     register_interval_s: float = 60.0
     stream_shape: StreamShape = StreamShape()
+    shape: ShapePolicy = ShapePolicy()  # size buckets and a steady stream cadence (docs/shape-hiding.md)

@@ -11,7 +11,7 @@ from traceless.privacy.translog.manifest import (
     decode_leaf,
 )
 
-CONFIG = {"component": "node", "prefix_cache": "isolated", "stream_padding": 1024, "scrub_freed_memory": True}
+CONFIG = {"component": "node", "prefix_cache": "isolated", "shape_padding": "buckets", "scrub_freed_memory": True}
 
 
 def release(**kw):

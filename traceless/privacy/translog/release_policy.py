@@ -6,7 +6,8 @@ public; this policy decides whether it is one the client will use. A release is 
 reason, unless it says:
 
     prefix_cache        "isolated" or "off"   (never "global": that shares KV across users)
-    stream_padding      > 0                   (response chunks padded to hide their sizes)
+    shape_padding       "buckets"             (requests, responses and stream chunks padded to size
+                                               buckets, streams paced: docs/shape-hiding.md)
     scrub_freed_memory  true                  (freed host memory is zeroed)
     load_format         not "dummy"           (real, measured weights)
     request_events      false                 (no per-request figures in the node's event log)
@@ -37,14 +38,14 @@ class ReleaseRefusedError(TracelessError):
 
 @dataclass(frozen=True, slots=True)
 class ReleasePolicy:
-    allow_unpadded: bool = False  # benchmark-only waiver: stream_padding 0
+    allow_unpadded: bool = False  # benchmark-only waiver: shape_padding not "buckets"
     allow_request_events: bool = False  # benchmark-only waiver: request_events true
     allow_dummy_weights: bool = False  # benchmark-only waiver: load_format "dummy"
 
     @classmethod
     def waiving_for(cls, config: Mapping[str, Any]) -> ReleasePolicy:
         """The policy with exactly the waivers a release of this configuration needs."""
-        return cls(allow_unpadded=config.get("stream_padding") == 0,
+        return cls(allow_unpadded=config.get("shape_padding") != "buckets",
                    allow_request_events=config.get("request_events") is True,
                    allow_dummy_weights=config.get("load_format") == "dummy")
 
@@ -67,8 +68,7 @@ def check_release(policy: ReleasePolicy, config: Mapping[str, Any]) -> None:
     """Raise ReleaseRefusedError (reason: release_<setting>) unless `config` passes the policy."""
     if config.get("prefix_cache") not in ("isolated", "off"):
         raise ReleaseRefusedError("release_prefix_cache", "the release does not isolate its prefix cache")
-    padding = config.get("stream_padding")
-    if not policy.allow_unpadded and (isinstance(padding, bool) or not isinstance(padding, int) or padding <= 0):
+    if not policy.allow_unpadded and config.get("shape_padding") != "buckets":
         raise ReleaseRefusedError("release_unpadded", "the release does not pad its responses")
     if config.get("scrub_freed_memory") is not True:
         raise ReleaseRefusedError("release_unscrubbed", "the release does not scrub freed memory")

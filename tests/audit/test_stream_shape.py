@@ -1,0 +1,71 @@
+"""The stream-shape attack (Whisper Leak style) against a real node: far above chance with shape
+hiding off, within chance with the node's defaults. Tiny model, a few topics."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from tests.server.serving import serve
+from traceless.audit.stream_shape import (
+    ModeResult,
+    StreamAttackConfig,
+    Trace,
+    chance_interval,
+    collect,
+    cross_validate,
+    features,
+    plot,
+    report_for,
+)
+from traceless.config import EngineConfig
+from traceless.entrypoints.build import build_engine
+from traceless.node.app import create_node_app
+from traceless.node.identity import NodeIdentity
+from traceless.node.settings import NodeSettings
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.shape import OFF, STREAM_CHUNK, ShapePolicy
+from traceless.server.async_engine import AsyncEngine
+
+TOPICS = ("w5 w6 w7", "w9 w10 w11 w12 w13 w14", "w20", "w30 w31 w32 w33 w34 w35 w36 w37 w38")
+
+
+def attack(model_dir, shape: ShapePolicy, mode: str, cfg: StreamAttackConfig) -> ModeResult:
+    from traceless.privacy.attestation.software import SoftwareAttester
+
+    engine = AsyncEngine(build_engine(EngineConfig(model=str(model_dir), dtype="float32", kv_cache_memory=2**20,
+                                                   max_model_len=128)))  # a fresh one: a stopped engine stays stopped
+    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
+    with serve(create_node_app(engine, identity, NodeSettings("tiny", shape=shape)), engine) as node:
+        return collect(node.url, "tiny", mode, cfg, random.Random(1))
+
+
+def test_padding_off_leaks_the_topic_and_the_defaults_do_not(tiny_llama_dir, tmp_path):
+    cfg = StreamAttackConfig(TOPICS, trials=8, max_tokens=10, temperature=0.0, folds=4)
+    results = [attack(tiny_llama_dir, OFF, "off", cfg), attack(tiny_llama_dir, ShapePolicy(), "defaults", cfg)]
+    report = report_for(results, cfg)
+    off, on = report["results"]
+    print({k: off[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range")},
+          {k: on[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range", "chunks_per_response")})
+    lo, hi = off["chance_95_range"]
+    assert off["above_chance"] and off["accuracy"] >= 0.9 and off["accuracy_95ci"][0] > hi
+    assert len(off["request_sizes"]) >= len(TOPICS) and off["distinct_chunk_sizes"] > 3  # what it read
+    assert on["chance_95_range"][0] <= on["accuracy"] <= on["chance_95_range"][1], on
+    assert on["chunk_sizes"] == [STREAM_CHUNK + 16] and len(on["request_sizes"]) == 1
+    plot(report, str(tmp_path / "attack.png"))
+    assert (tmp_path / "attack.png").stat().st_size > 10_000
+
+
+def test_the_classifier_finds_a_signal_and_none_where_there_is_none():
+    rng = np.random.default_rng(0)
+    # a signal: each class's chunk sizes around its own mean
+    traces = [Trace(1079, tuple(int(s) for s in rng.normal(100 + 5 * c, 3, 12)), tuple(np.arange(1, 13) / 20))
+              for c in range(4) for _ in range(20)]
+    y = np.repeat(np.arange(4), 20)
+    x = np.array([features(t) for t in traces])
+    assert (cross_validate(x, y, 4, 4, 0) == y).mean() > 0.9
+    # no signal: labels drawn independently of the traces
+    y_random = rng.integers(0, 4, len(y))
+    lo, hi = chance_interval(len(y), 0.25)
+    assert 0.1 < lo < 0.25 < hi < 0.4
+    assert (cross_validate(x, y_random, 4, 4, 0) == y_random).mean() <= hi
