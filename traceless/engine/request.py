@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import time
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from traceless.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from traceless.structured.grammar import Guide
 
 
 class RequestStatus(Enum):
@@ -59,7 +63,7 @@ class Request:
     __slots__ = (
         "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
         "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens", "domain",
-        "_drafts",
+        "_drafts", "guide",
     )
 
     def __init__(
@@ -70,6 +74,7 @@ class Request:
         eos_token_ids: frozenset[int],
         arrival_time: float | None = None,
         domain: bytes | None = None,
+        guide: Guide | None = None,
     ):
         self.request_id = request_id
         self.params = params
@@ -84,6 +89,7 @@ class Request:
         self.num_prompt_tokens = len(self._prompt)
         self.domain = domain  # prefix-cache isolation domain (derived from the client's salt), or None
         self._drafts: list[int] = []  # proposed continuation, verified in the next step only
+        self.guide = guide  # structured output: the grammar matcher, advanced with every output token
 
     # --- read-only views -------------------------------------------------------------------
     @property
@@ -146,6 +152,9 @@ class Request:
             _overwrite(buf)
         self.stop_reason = None
         self.domain = None
+        if self.guide is not None:
+            self.guide.release()
+            self.guide = None
 
     def __repr__(self) -> str:  # never the tokens themselves
         return (

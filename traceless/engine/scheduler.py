@@ -178,6 +178,7 @@ class Scheduler:
             params=p,
             prompt_ids=r.prompt_token_ids() if p.repetition_penalty != 1.0 else None,
             output_ids=r.output_token_ids() if needs_out else None,
+            guide=r.guide if chunk.completes_sequence else None,
         )
 
     def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],

@@ -17,6 +17,7 @@ from traceless.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from traceless.model.tokenizer import Tokenizer
+    from traceless.structured.grammar import Guide
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class ScheduledSeq:
     params: SamplingParams
     prompt_ids: list[int] | None = None  # only when a repetition penalty needs them
     output_ids: list[int] | None = None  # only when a penalty needs them
+    guide: Guide | None = None  # structured output, when the step samples: the request's matcher (not a copy)
 
     @property
     def num_drafts(self) -> int:
