@@ -40,6 +40,6 @@ def write_byte_tokenizer(path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def byte_model_dir(tmp_path_factory) -> Path:
-    path = make_tiny_model(tmp_path_factory.mktemp("tiny-bytes"), "llama", seed=3)
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny-bytes"), "llama", seed=3, max_position_embeddings=1024)
     write_byte_tokenizer(path)
     return path
