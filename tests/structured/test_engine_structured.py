@@ -103,3 +103,23 @@ def test_guide_accepts_only_the_grammar(llm):
     bad = compiler.guide(compiler.compile(StructuredOutput(StructuredKind.JSON_OBJECT)))
     assert bad.valid_prefix(tok.encode('{"a" 1}', add_special_tokens=False)) == 4
     assert bad.valid_prefix(tok.encode("[1]", add_special_tokens=False)) == 0
+
+
+@pytest.mark.parametrize("mode", ["ngram", "draft"])
+def test_speculative_decoding_keeps_the_grammar(llm, byte_model_dir, mode):
+    """Drafts are checked against the grammar: greedy output equals plain decoding's, and is valid."""
+    spec = LLM(str(byte_model_dir), dtype="float32", kv_cache_memory=2**21, max_model_len=256, speculative=mode,
+               num_speculative_tokens=3, draft_layers=1 if mode == "draft" else None, ngram_min=1)
+    prompts = ["hello", '{"name":"w","age":1', "[[["]
+    params = _params(StructuredKind.JSON_SCHEMA, json.dumps(SCHEMA), temperature=0.0)
+    plain = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+    fast = [o.outputs[0].text for o in spec.generate(prompts, params, use_tqdm=False)]
+    assert fast == plain
+    for text in fast:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    sampled = spec.generate(prompts, _params(StructuredKind.JSON_SCHEMA, json.dumps(SCHEMA), temperature=1.0,
+                                             seed=3), use_tqdm=False)
+    for o in sampled:
+        jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
+    assert spec.engine.spec_stats.proposed > 0
+    spec.engine.check_integrity()
