@@ -49,3 +49,23 @@ def test_forced_grammars():
     one = forced_call_grammar(parse_tools(tools, "required", False))
     many = forced_call_grammar(parse_tools(tools, "required", True))
     assert one is not None and many is not None and "call)*" in many.source and "call)*" not in one.source
+
+
+def test_templates_without_tools():
+    import pytest
+
+    from traceless.http.errors import ApiError
+    from traceless.server.tools import check_template, for_template
+
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ApiError):
+        check_template(parse_tools(tools, "auto", None), plain)
+    check_template(parse_tools(tools, "required", None), plain)  # enforced by the grammar
+    check_template(parse_tools(tools, "auto", None), "{{ tools }}")
+    msgs = [{"role": "assistant", "content": "ok", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]
+    (m,) = for_template(msgs, plain)
+    assert m == {"role": "assistant", "content": 'ok<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'}
+    assert parse_all(m["content"])[1][0].arguments == '{"x":1}'
+    assert for_template(msgs, "{{ m.tool_calls }}") is msgs

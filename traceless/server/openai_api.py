@@ -28,6 +28,7 @@ from traceless.server.responses import ChoiceState, Formatter
 from traceless.server.stream_shape import StreamShape
 from traceless.server.telemetry import Telemetry
 from traceless.server.thread_cache import flush_pool_threads, flush_thread_cache
+from traceless.server.tools import check_template, for_template
 from traceless.structured.grammar import Guide
 
 PREP_THREADS = 2  # request preparation (templating, tokenization) runs here, off the event loop
@@ -105,13 +106,17 @@ class OpenAIService:
             raise from_traceless_error(exc) from None
 
     def _chat_job(self, body) -> Job:
+        template = self.tokenizer.chat_template
+
         def render(messages, tools):
             try:
-                return self.tokenizer.apply_chat_template(messages, tools=tools)
+                return self.tokenizer.apply_chat_template(for_template(messages, template), tools=tools)
             except TracelessError as exc:
                 raise from_traceless_error(exc) from None
 
         req = parse_chat(body, render)
+        if req.tools is not None:
+            check_template(req.tools, template)
         prompt = req.prompts[0]
         if not isinstance(prompt, str):  # parse_chat renders the conversation to text
             raise RuntimeError("a chat request's prompt is not rendered text")

@@ -193,3 +193,26 @@ def parse_all(text: str) -> tuple[str, list[ToolCall]]:
     content, calls = p.feed(text)
     content += p.finish()
     return content, calls
+
+
+def for_template(messages: list[dict], template: str | None) -> list[dict]:
+    """A template that does not read `tool_calls` gets each assistant call written into the
+    message's content the way the model wrote it (a Hermes block), so the conversation keeps it."""
+    if template is None or "tool_calls" in template:
+        return messages
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            blocks = "".join(f"{START}\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"][
+                "arguments"]}, ensure_ascii=False) + f"\n{END}" for c in m["tool_calls"])
+            m = {"role": m["role"], "content": m["content"] + blocks}
+        out.append(m)
+    return out
+
+
+def check_template(req: ToolRequest, template: str | None) -> None:
+    """`auto` needs a template that shows the model its tools (required and named choices are
+    enforced by a grammar, whatever the template shows)."""
+    if req.choice == "auto" and (template is None or "tools" not in template):
+        raise bad_request("this model's chat template does not render tools: use tool_choice 'required' or a "
+                          "named function (enforced by a grammar), or 'none'", "tool_choice")
