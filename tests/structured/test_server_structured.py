@@ -80,7 +80,7 @@ def captured_logs():
 def test_parse_returns_a_validated_object(client, model, server):
     for seed in (0, 1):
         done = client.chat.completions.parse(model=model, messages=[{"role": "user", "content": "who?"}],
-                                             response_format=Person, max_tokens=120, temperature=1.0, seed=seed)
+                                             response_format=Person, max_tokens=400, temperature=1.0, seed=seed)
         choice = done.choices[0]
         assert choice.finish_reason == "stop"
         assert isinstance(choice.message.parsed, Person)
@@ -105,7 +105,7 @@ def test_completions_structured_outputs(client, model):
 def test_streamed_structured_output_validates(client, model):
     schema = Person.model_json_schema()
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "x"}], max_tokens=120, stream=True,
+        model=model, messages=[{"role": "user", "content": "x"}], max_tokens=400, stream=True, seed=2,
         response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}})
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     jsonschema.validate(json.loads(text), schema)

@@ -69,3 +69,54 @@ def test_templates_without_tools():
     assert m == {"role": "assistant", "content": 'ok<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'}
     assert parse_all(m["content"])[1][0].arguments == '{"x":1}'
     assert for_template(msgs, "{{ m.tool_calls }}") is msgs
+
+
+def test_llama3_json_calls():
+    from traceless.server.tools import ToolFormat, tool_format
+
+    llama = ToolFormat.LLAMA3_JSON
+    assert tool_format("{{ '<|python_tag|>' }} ipython") is llama
+    assert tool_format("<tool_call> ipython") is ToolFormat.HERMES and tool_format(None) is ToolFormat.HERMES
+    content, calls = parse_all(' {"name": "f", "parameters": {"x": 1}}; {"name": "g", "parameters": {}}', llama)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("f", '{"x":1}'), ("g", "{}")]
+    assert parse_all('<|python_tag|>{"name": "f", "parameters": {}}', llama)[1][0].name == "f"
+    assert parse_all("Hello {there}", llama) == ("Hello {there}", [])
+    cut = '{"name": "f", "parameters": {}} trailing'
+    assert parse_all(cut, llama) == (cut, [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(cuts=st.lists(st.integers(0, 80), max_size=6), lead=st.sampled_from(["", " ", "\n"]))
+def test_llama3_pieces_reassemble(cuts, lead):
+    from traceless.server.tools import ToolFormat, finish_parser, new_parser
+
+    for text in (lead + '{"name": "f", "parameters": {"a": [1, 2]}}', lead + "plain words, no call"):
+        points = sorted({min(c, len(text)) for c in cuts})
+        p = new_parser(ToolFormat.LLAMA3_JSON)
+        content, calls = "", []
+        for a, b in zip([0, *points], [*points, len(text)]):
+            c, found = p.feed(text[a:b])
+            content, calls = content + c, calls + found
+        rest, more = finish_parser(p)
+        whole = parse_all(text, ToolFormat.LLAMA3_JSON)
+        assert (content + rest, [(c.name, c.arguments) for c in calls + more]) == (
+            whole[0], [(c.name, c.arguments) for c in whole[1]])
+
+
+def test_llama3_forced_grammar_accepts_its_calls(byte_model_dir):
+    from traceless.model.tokenizer import Tokenizer
+    from traceless.server.tools import ToolFormat
+    from traceless.structured.grammar import GrammarCompiler
+
+    tok = Tokenizer.from_hf_dir(byte_model_dir)
+    compiler = GrammarCompiler(tok, 384)
+    tools = [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}} for n in ("a", "b")]
+    spec = forced_call_grammar(parse_tools(tools, "required", True, ToolFormat.LLAMA3_JSON))
+    guide = compiler.guide(compiler.compile(spec))
+    text = '{"name":"b","parameters":{"x":3}}; {"name":"a","parameters":{"x":-1}}'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert guide.advance(ids) == len(ids)
+    assert [c.name for c in parse_all(text, ToolFormat.LLAMA3_JSON)[1]] == ["b", "a"]
+    bad = compiler.guide(compiler.compile(spec))
+    assert bad.valid_prefix(tok.encode('{"name":"c"', add_special_tokens=False)) < len('{"name":"c"')

@@ -28,7 +28,7 @@ from traceless.server.responses import ChoiceState, Formatter
 from traceless.server.stream_shape import StreamShape
 from traceless.server.telemetry import Telemetry
 from traceless.server.thread_cache import flush_pool_threads, flush_thread_cache
-from traceless.server.tools import check_template, for_template
+from traceless.server.tools import check_template, for_template, tool_format
 from traceless.structured.grammar import Guide
 
 PREP_THREADS = 2  # request preparation (templating, tokenization) runs here, off the event loop
@@ -114,7 +114,7 @@ class OpenAIService:
             except TracelessError as exc:
                 raise from_traceless_error(exc) from None
 
-        req = parse_chat(body, render)
+        req = parse_chat(body, render, tool_format(template))
         if req.tools is not None:
             check_template(req.tools, template)
         prompt = req.prompts[0]

@@ -21,7 +21,7 @@ from traceless.errors import InvalidRequestError
 from traceless.http.errors import ApiError, bad_request
 from traceless.sampling_params import OutputKind, SamplingParams
 from traceless.server.structured_request import response_format, structured_outputs
-from traceless.server.tools import ToolRequest, forced_call_grammar, parse_tools
+from traceless.server.tools import ToolFormat, ToolRequest, forced_call_grammar, parse_tools
 from traceless.structured.spec import StructuredOutput
 
 Validator = Callable[[str, Any], Any]
@@ -203,9 +203,10 @@ def parse_completion(body: Any) -> ParsedRequest:
                          f.get("cache_salt"))
 
 
-def parse_chat(body: Any, render: Callable[[list[dict], list[dict] | None], str]) -> ParsedRequest:
+def parse_chat(body: Any, render: Callable[[list[dict], list[dict] | None], str],
+               tool_format: ToolFormat = ToolFormat.HERMES) -> ParsedRequest:
     f = _fields(body, CHAT_FIELDS, ("model", "messages"))
-    tools = parse_tools(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"))
+    tools = parse_tools(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"), tool_format)
     structured = _structured(f)
     forced = forced_call_grammar(tools) if tools is not None else None
     if forced is not None and structured is not None:

@@ -1,8 +1,8 @@
 """OpenAI response bodies and SSE chunks for completions and chat completions.
 
-With tools (tool_choice other than none) a chat choice's text goes through a HermesParser
-(tools.py): calls become `message.tool_calls` (streamed: one `tool_calls` delta per call, with its
-id, name and whole arguments, once the call closes), the rest stays content, and a choice that
+With tools (tool_choice other than none) a chat choice's text goes through the parser of the
+model's call format (tools.py): calls become `message.tool_calls` (streamed: one `tool_calls` delta
+per call, with its id, name and whole arguments, once the call is complete), the rest stays content, and a choice that
 called a tool and stopped reports finish_reason "tool_calls".
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from traceless.engine.llm_engine import StepOutput
 from traceless.http.errors import ApiError, internal_error
 from traceless.server.stream_shape import StreamShape, pad_event
-from traceless.server.tools import HermesParser, parse_all
+from traceless.server.tools import ToolFormat, ToolParser, finish_parser, new_parser, parse_all
 
 
 @dataclass(slots=True)
@@ -23,7 +23,7 @@ class ChoiceState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)  # TokenLogprobs per generated token
     finish_reason: str | None = None
-    parser: HermesParser | None = None  # streamed chat with tools
+    parser: ToolParser | None = None  # streamed chat with tools
     num_calls: int = 0  # tool calls streamed so far
 
     def add(self, out: StepOutput) -> None:
@@ -61,6 +61,7 @@ class Formatter:
         self.shape = shape
         tools = job.request.tools if self.chat else None
         self.tools = tools is not None and tools.parses_calls
+        self.tool_format = tools.format if tools is not None else ToolFormat.HERMES
 
     def _event(self, obj: dict) -> bytes:
         return pad_event(_sse(obj), self.shape.padding)
@@ -120,7 +121,7 @@ class Formatter:
     def _message(self, text: str, finish: str | None) -> tuple[dict, str | None]:
         if not self.tools:
             return {"role": "assistant", "content": text}, finish
-        content, calls = parse_all(text)
+        content, calls = parse_all(text, self.tool_format)
         if not calls:
             return {"role": "assistant", "content": content}, finish
         message = {"role": "assistant", "content": content if content.strip() else None,
@@ -132,10 +133,11 @@ class Formatter:
         if not self.tools:
             return {"content": text} if text else {}
         if state.parser is None:
-            state.parser = HermesParser()
+            state.parser = new_parser(self.tool_format)
         content, calls = state.parser.feed(text)
         if finished:
-            content += state.parser.finish()
+            rest, more = finish_parser(state.parser)
+            content, calls = content + rest, calls + more
         delta: dict = {"content": content} if content else {}
         if calls:
             delta["tool_calls"] = [call.as_dict(state.num_calls + k) for k, call in enumerate(calls)]

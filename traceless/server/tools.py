@@ -18,6 +18,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from traceless.http.errors import bad_request
@@ -28,12 +29,26 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule for function nam
 START, END = "<tool_call>", "</tool_call>"
 
 
+class ToolFormat(Enum):
+    HERMES = "hermes"
+    LLAMA3_JSON = "llama3_json"
+
+
+def tool_format(template: str | None) -> ToolFormat:
+    """The call format of the model whose chat template this is (Hermes unless it is Llama 3's)."""
+    if template is not None and "<tool_call>" not in template and (
+            "<|python_tag|>" in template or "ipython" in template):
+        return ToolFormat.LLAMA3_JSON
+    return ToolFormat.HERMES
+
+
 @dataclass(frozen=True, slots=True)
 class ToolRequest:
     tools: list[dict]  # OpenAI tool objects as given (rendered by the chat template)
     choice: str  # "none" | "auto" | "required" | "named"
     named: str | None = None
     parallel: bool = True
+    format: ToolFormat = ToolFormat.HERMES
 
     @property
     def parses_calls(self) -> bool:
@@ -43,7 +58,7 @@ class ToolRequest:
         return f"ToolRequest(tools={len(self.tools)}, choice={self.choice})"
 
 
-def parse_tools(tools: Any, choice: Any, parallel: Any) -> ToolRequest | None:
+def parse_tools(tools: Any, choice: Any, parallel: Any, fmt: ToolFormat = ToolFormat.HERMES) -> ToolRequest | None:
     if tools is None or tools == []:
         if choice not in (None, "none") or parallel is not None:
             raise bad_request("'tool_choice' and 'parallel_tool_calls' need 'tools'", "tool_choice")
@@ -57,15 +72,15 @@ def parse_tools(tools: Any, choice: Any, parallel: Any) -> ToolRequest | None:
         raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     par = True if parallel is None else parallel
     if choice is None:
-        return ToolRequest(tools, "auto", None, par)
+        return ToolRequest(tools, "auto", None, par, fmt)
     if choice in ("none", "auto", "required"):
-        return ToolRequest(tools, choice, None, par)
+        return ToolRequest(tools, choice, None, par, fmt)
     if (isinstance(choice, dict) and set(choice) == {"type", "function"} and choice["type"] == "function"
             and isinstance(choice["function"], dict) and set(choice["function"]) == {"name"}):
         name = choice["function"]["name"]
         if name not in names:
             raise bad_request("'tool_choice' names a function that is not in 'tools'", "tool_choice")
-        return ToolRequest(tools, "named", name, par)
+        return ToolRequest(tools, "named", name, par, fmt)
     raise bad_request("'tool_choice' must be 'none', 'auto', 'required' or "
                       "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
 
@@ -88,10 +103,10 @@ def _tool(i: int, t: Any) -> str:
     return f["name"]
 
 
-def _call_schema(function: dict) -> dict:
+def _call_schema(function: dict, args_key: str) -> dict:
     params = function.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {"type": "object", "properties": {"name": {"const": function["name"]}, args_key: params},
+            "required": ["name", args_key], "additionalProperties": False}
 
 
 def forced_call_grammar(req: ToolRequest) -> StructuredOutput | None:
@@ -99,12 +114,17 @@ def forced_call_grammar(req: ToolRequest) -> StructuredOutput | None:
     if req.choice not in ("required", "named"):
         return None
     functions = [t["function"] for t in req.tools if req.choice == "required" or t["function"]["name"] == req.named]
-    schemas = [_call_schema(f) for f in functions]
+    llama = req.format is ToolFormat.LLAMA3_JSON
+    schemas = [_call_schema(f, "parameters" if llama else "arguments") for f in functions]
     schema: dict = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     schema["x-guidance"] = {"whitespace_flexible": False}
     body = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    repeat = ' ("\\n" call)*' if req.choice == "required" and req.parallel else ""
-    lark = f'start: call{repeat}\ncall: "{START}\\n" %json {body} "\\n{END}"\n'
+    many = req.choice == "required" and req.parallel
+    if llama:
+        lark = "start: call" + (' ("; " call)*' if many else "") + f"\ncall: %json {body}\n"
+    else:
+        lark = ("start: call" + (' ("\\n" call)*' if many else "")
+                + f'\ncall: "{START}\\n" %json {body} "\\n{END}"\n')
     return StructuredOutput(StructuredKind.GRAMMAR, lark)
 
 
@@ -187,12 +207,91 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def parse_all(text: str) -> tuple[str, list[ToolCall]]:
+@dataclass(slots=True)
+class Llama3JsonParser:
+    """Llama 3.1 JSON calls: an output whose first non-blank text is "{" (or the python tag) is
+    held until it ends, then read as calls joined by ";"; anything else is content, streamed.
+    An output that starts like a call but does not parse as calls is content, as written."""
+
+    buffer: str = ""
+    holding: bool | None = None  # None: undecided (only blanks so far)
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self.holding is False:
+            return text, []
+        self.buffer += text
+        head = self.buffer.lstrip()
+        if not head or _PYTHON_TAG.startswith(head):
+            return "", []
+        self.holding = head.startswith("{") or head.startswith(_PYTHON_TAG)
+        if self.holding:
+            return "", []
+        out, self.buffer = self.buffer, ""
+        return out, []
+
+    def finish(self) -> str:
+        """Held text that is not calls (the calls, if it is, are in `finish_calls`)."""
+        return self._end()[0]
+
+    def finish_calls(self) -> tuple[str, list[ToolCall]]:
+        return self._end()
+
+    def _end(self) -> tuple[str, list[ToolCall]]:
+        text, self.buffer = self.buffer, ""
+        if not self.holding:
+            return text, []
+        calls = _llama_calls(text.strip().removeprefix(_PYTHON_TAG))
+        if calls is None:
+            return text, []
+        self.calls.extend(calls)
+        return "", calls
+
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def _llama_calls(text: str) -> list[ToolCall] | None:
+    decoder, calls, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            return None
+        call = _call(json.dumps(obj)) if isinstance(obj, dict) else None
+        if call is None:
+            return None
+        calls.append(call)
+        rest = text[i:].lstrip()
+        if not rest:
+            return calls
+        if not rest.startswith(";"):
+            return None
+        i = len(text) - len(rest) + 1
+
+
+ToolParser = HermesParser | Llama3JsonParser
+
+
+def new_parser(fmt: ToolFormat) -> ToolParser:
+    return Llama3JsonParser() if fmt is ToolFormat.LLAMA3_JSON else HermesParser()
+
+
+def finish_parser(parser: ToolParser) -> tuple[str, list[ToolCall]]:
+    """The text held back at the end of the output, and any calls it completes."""
+    if isinstance(parser, Llama3JsonParser):
+        return parser.finish_calls()
+    return parser.finish(), []
+
+
+def parse_all(text: str, fmt: ToolFormat = ToolFormat.HERMES) -> tuple[str, list[ToolCall]]:
     """A whole output: its content (None-able by the caller when empty) and its calls."""
-    p = HermesParser()
+    p = new_parser(fmt)
     content, calls = p.feed(text)
-    content += p.finish()
-    return content, calls
+    rest, more = finish_parser(p)
+    return content + rest, calls + more
 
 
 def for_template(messages: list[dict], template: str | None) -> list[dict]:
