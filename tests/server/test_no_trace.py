@@ -82,8 +82,8 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
         assert r.status_code == 200 and canaries["schema"] in r.text
         tool = {"type": "function", "function": {"name": "f", "description": canaries["tool"], "parameters": {
             "type": "object", "properties": {"v": {"const": canaries["tool"]}}, "required": ["v"]}}}
-        r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 64, "tools": [tool],
-                                                  "tool_choice": "required", "messages": [
+        r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 128, "tools": [tool],
+                                                  "tool_choice": "required", "parallel_tool_calls": False, "messages": [
                                                       {"role": "user", "content": "call"}]})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
         bad = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"not": {"const": canaries["badschema"]}}}}

@@ -106,7 +106,7 @@ def send_workload(client: OhttpTestClient | PlainTestClient, canaries: dict[str,
     tool = {"type": "function", "function": {"name": "f", "description": c["tool"], "parameters": {
         "type": "object", "properties": {"v": {"const": c["tool"]}}, "required": ["v"]}}}
     client.chat({"model": model, "messages": [{"role": "user", "content": "call"}], "max_tokens": 128,
-                 "tools": [tool], "tool_choice": "required"})
+                 "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False})
     salt = secrets.token_urlsafe(24)
     prefix = f"System notes {c['prefix']}. " * 20
     for q in ("first", "second", "third"):
