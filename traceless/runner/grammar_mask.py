@@ -48,5 +48,9 @@ def apply_grammar_masks(logits: torch.Tensor, seqs: list[GuidedSeq]) -> None:
     allowed = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :V]
     blocked = torch.from_numpy(allowed == 0).to(logits.device)
     index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    logits[index] = logits[index].masked_fill(blocked, float("-inf"))
-    bitmask.zero_()
+    guided = logits.index_select(0, index).masked_fill_(blocked, float("-inf"))
+    logits.index_copy_(0, index, guided)
+    # the masks say what the request's grammar allows next, the rows are its logits: wipe both
+    for t in (guided, blocked, bitmask):
+        t.zero_()
+    allowed.fill(0)
