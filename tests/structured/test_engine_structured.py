@@ -123,3 +123,13 @@ def test_speculative_decoding_keeps_the_grammar(llm, byte_model_dir, mode):
         jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
     assert spec.engine.spec_stats.proposed > 0
     spec.engine.check_integrity()
+
+
+def test_guided_and_free_rows_share_a_batch(llm):
+    free = SamplingParams(max_tokens=12, temperature=0.0)
+    guided = _params(StructuredKind.REGEX, "[a-c]{5}", temperature=0.0)
+    alone = llm.generate(["p", "q"], free, use_tqdm=False)
+    mixed = llm.generate(["p", "x", "q", "y"], [free, guided, free, guided], use_tqdm=False)
+    assert [mixed[0].outputs[0].text, mixed[2].outputs[0].text] == [o.outputs[0].text for o in alone]
+    assert all(len(mixed[i].outputs[0].text) == 5 and set(mixed[i].outputs[0].text) <= set("abc") for i in (1, 3))
+    llm.engine.check_integrity()

@@ -47,10 +47,15 @@ def apply_grammar_masks(logits: torch.Tensor, seqs: list[GuidedSeq]) -> None:
     # little-endian int32 words: byte b holds tokens 8b .. 8b+7, lowest bit first
     allowed = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :V]
     blocked = torch.from_numpy(allowed == 0).to(logits.device)
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-    guided = logits.index_select(0, index).masked_fill_(blocked, float("-inf"))
-    logits.index_copy_(0, index, guided)
-    # the masks say what the request's grammar allows next, the rows are its logits: wipe both
-    for t in (guided, blocked, bitmask):
+    if rows == list(range(rows[0], rows[0] + len(rows))):  # the usual case: in place on a view, no copies
+        logits[rows[0]: rows[0] + len(rows)].masked_fill_(blocked, float("-inf"))
+        wipe = [blocked, bitmask]
+    else:
+        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        guided = logits.index_select(0, index).masked_fill_(blocked, float("-inf"))
+        logits.index_copy_(0, index, guided)
+        wipe = [guided, blocked, bitmask]
+    # the masks say what the request's grammar allows next, the copies are its logits: wipe them
+    for t in wipe:
         t.zero_()
     allowed.fill(0)
