@@ -130,10 +130,10 @@ def test_refusals_name_the_feature_and_echo_nothing(server, model, captured_logs
         if feature:
             assert feature in r.json()["error"]["message"]
     ok = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
-        "model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 150,
+        "model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 200,
         "tools": [{"type": "function", "function": {"name": "f", "description": canary, "parameters": {
             "type": "object", "properties": {"v": {"const": canary}}, "required": ["v"]}}}],
-        "tool_choice": "required"})
+        "tool_choice": "required", "parallel_tool_calls": False, "seed": 0})
     assert ok.status_code == 200, ok.text
     args = json.loads(ok.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
     assert args == {"v": canary}
