@@ -34,6 +34,8 @@ RULES = [
                           "traceless.node", "traceless.cluster", "torch"), ()),
     ("traceless.audit", ("traceless.bench",), ()),
     ("traceless.bench", ("traceless.audit",), ()),
+    # structured outputs: a library under the engine and the server (no torch, nothing that serves)
+    ("traceless.structured", ("torch",) + SERVING, ("traceless.model.tokenizer",)),
 ]
 
 

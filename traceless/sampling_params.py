@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from traceless.errors import InvalidRequestError
+from traceless.structured.spec import StructuredOutput
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -59,7 +60,8 @@ class SamplingParams:
     does). presence/frequency penalties follow OpenAI (over generated tokens);
     repetition_penalty follows Hugging Face (over prompt and generated tokens).
     With n > 1 the request yields n independent completions; with a seed, completion i uses
-    seed + i.
+    seed + i. `structured` constrains the output to a JSON schema, regex, choice or grammar
+    (traceless/structured/); the output then ends when the grammar is complete.
     """
 
     n: int = 1
@@ -80,6 +82,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); a dict is accepted and normalized
     skip_special_tokens: bool = True
     output_kind: OutputKind = field(default=OutputKind.FINAL_ONLY)
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -117,6 +120,8 @@ class SamplingParams:
         set_(self, "logit_bias", self._logit_bias(self.logit_bias))
         if not isinstance(self.output_kind, OutputKind):
             raise InvalidRequestError("output_kind must be an OutputKind")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise InvalidRequestError("structured must be a StructuredOutput")
 
     @staticmethod
     def _stop_strings(stop: object) -> tuple[str, ...]:

@@ -45,8 +45,8 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
          "--kv-cache-memory", "256MiB", "--max-model-len", "512"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    canaries = {kind: f"CANARY-{kind}-{uuid.uuid4().hex[:12]}" for kind in ("plain", "stream", "fail", "abort", "chat",
-                                                                          "echo", "tok")}
+    canaries = {kind: f"CANARY-{kind}-{uuid.uuid4().hex[:12]}"
+                 for kind in ("plain", "stream", "fail", "abort", "chat", "echo", "tok", "schema", "tool", "badschema")}
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -82,6 +82,22 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
             r = c.post("/v1/completions", json={"model": model, **body})
             assert r.status_code in (400, 404)
             assert canaries["fail"] not in r.text  # error bodies do not echo what was sent
+        # structured outputs and tools: the canary in a schema, a tool's description and its forced arguments
+        schema = {"type": "object", "properties": {"k": {"const": canaries["schema"]}}, "required": ["k"]}
+        r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 64, "messages": [
+            {"role": "user", "content": "json"}], "response_format": {"type": "json_schema", "json_schema": {
+                "name": "s", "schema": schema}}})
+        assert r.status_code == 200 and canaries["schema"] in r.text
+        tool = {"type": "function", "function": {"name": "f", "description": canaries["tool"], "parameters": {
+            "type": "object", "properties": {"v": {"const": canaries["tool"]}}, "required": ["v"]}}}
+        r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 128, "tools": [tool],
+                                                  "tool_choice": "required", "parallel_tool_calls": False, "messages": [
+                                                      {"role": "user", "content": "call"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
+        bad = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"not": {"const": canaries["badschema"]}}}}
+        r = c.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "x"}],
+                                                  "response_format": bad})
+        assert r.status_code == 400 and canaries["badschema"] not in r.text
         # aborted mid-stream
         with c.stream("POST", "/v1/completions", json={"model": model, "prompt": f"Story {canaries['abort']}",
                                                        "max_tokens": 200, "ignore_eos": True, "stream": True}) as s:
@@ -102,7 +118,7 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
     logs = out + err
     assert b'"event":"http.request"' in logs and b'"route":"completions"' in logs  # the logs did record events
     assert b'"event":"request.finished"' not in logs  # no per-request record by default
-    assert b'"event":"metrics.window"' not in logs  # 10 requests: fewer than a window needs
+    assert b'"event":"metrics.window"' not in logs  # fewer requests than a window needs
     tok = real_llm.get_tokenizer()
     needles = []
     for canary in canaries.values():

@@ -2,7 +2,8 @@
 TTLs, then look everywhere a trace could hide: on a private node, then on the plaintext server.
 
 Paths: plain and chat completions, a chunked stream, a stream the client aborts, failing requests
-(an unsupported parameter, a context overflow), requests preempted under memory pressure with
+(an unsupported parameter, a context overflow), a JSON-schema constrained chat and a forced tool
+call (the canary in the schema, the tool's description and its arguments), requests preempted under memory pressure with
 encrypted KV offload to disk, and prefix-cached requests in one cache_salt domain. They go to a
 real `traceless node` over OHTTP, as a client would send them, and then, as plain HTTP, to a real
 `traceless serve` with the same engine settings.
@@ -37,7 +38,7 @@ from traceless.audit.residue_client import OhttpTestClient, PlainTestClient
 from traceless.local.services import free_port, stop, wait_ready
 from traceless.report.output import finish
 
-PATHS = ("plain", "chat", "stream", "abort", "fail_param", "fail_context", "preempt", "prefix")
+PATHS = ("plain", "chat", "stream", "abort", "fail_param", "fail_context", "preempt", "prefix", "schema", "tool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,14 @@ def send_workload(client: OhttpTestClient | PlainTestClient, canaries: dict[str,
                   abort_after=2)
     client.completion({"model": model, "prompt": c["fail_param"], "frobnicate": c["fail_param"]})
     client.completion({"model": model, "prompt": (c["fail_context"] + " ") * 150})
+    # structured outputs and tools: the canary in a JSON schema, and in a tool's description and forced arguments
+    schema = {"type": "object", "properties": {"k": {"const": c["schema"]}}, "required": ["k"]}
+    client.chat({"model": model, "messages": [{"role": "user", "content": "json"}], "max_tokens": 96,
+                 "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    tool = {"type": "function", "function": {"name": "f", "description": c["tool"], "parameters": {
+        "type": "object", "properties": {"v": {"const": c["tool"]}}, "required": ["v"]}}}
+    client.chat({"model": model, "messages": [{"role": "user", "content": "call"}], "max_tokens": 128,
+                 "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False})
     salt = secrets.token_urlsafe(24)
     prefix = f"System notes {c['prefix']}. " * 20
     for q in ("first", "second", "third"):

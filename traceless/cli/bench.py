@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     offline.add_argument("--peer", choices=("hf",), default=None,
                          help="also run transformers generate on the same dummy weights and prompts (needs "
                               "--load-format dummy)")
+    offline.add_argument("--json-schema", metavar="FILE", default=None,
+                         help="structured decoding: each workload free and constrained by this JSON schema")
     offline.add_argument("--json", metavar="FILE", help="write the report as JSON")
     offline.set_defaults(handler=_offline)
 
@@ -80,6 +82,14 @@ def _offline(args: argparse.Namespace) -> int:
     if unknown or args.repeats < 1:
         raise SystemExit(f"traceless bench offline: unknown workloads {sorted(unknown)} or repeats < 1")
     try:
+        if args.json_schema is not None:
+            from traceless.bench import structured
+
+            if args.peer is not None or engine_options(args).get("speculative", "off") != "off":
+                raise ValueError("--json-schema runs alone (no --peer, no --speculative)")
+            structured.run(args.model, args.dtype, args.repeats, names, args.json, engine_options(args),
+                           args.json_schema)
+            return 0
         offline.run(args.model, args.dtype, args.repeats, names, args.json, engine_options(args), args.peer)
     except ValueError as exc:
         raise SystemExit(f"traceless bench offline: {exc}") from None

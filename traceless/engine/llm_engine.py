@@ -28,6 +28,7 @@ from traceless.engine.step_io import EngineParts, ModelInfo, TokenLogprobs
 from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
+from traceless.structured.grammar import GrammarCompiler, Guide
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class LLMEngine:
         )
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.grammar = GrammarCompiler(self.tokenizer, self.model.vocab_size)  # structured outputs
 
     @property
     def model_name(self) -> str:
@@ -127,9 +129,13 @@ class LLMEngine:
 
     # --- admission ----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    cache_salt: str | None = None) -> list[int]:
+                    cache_salt: str | None = None, guide: Guide | None = None) -> list[int]:
         """Validate, tokenize and queue a request; returns (a copy of) its prompt token ids.
-        `cache_salt` names the request's prefix-cache isolation domain (a client secret)."""
+        `cache_salt` names the request's prefix-cache isolation domain (a client secret).
+        With `params.structured`, `guide` is the request's matcher, compiled beforehand (the server
+        does it on its preparation threads); without one it is compiled here."""
+        if guide is not None and params.structured is None:
+            raise InvalidRequestError("a grammar guide needs params.structured")
         if request_id in self._requests:
             raise InvalidRequestError("request id is already in use")
         if params.n != 1:
@@ -149,7 +155,9 @@ class LLMEngine:
             raise InvalidRequestError(f"logit_bias token ids must be below the vocabulary size {vocab}")
         domain = domain_of(self._cache_config, cache_salt)
         eos = frozenset() if params.ignore_eos else self.tokenizer.eos_ids
-        request = Request(request_id, ids, params, eos, domain=domain)
+        if params.structured is not None and guide is None:
+            guide = self.grammar.guide(self.grammar.compile(params.structured))
+        request = Request(request_id, ids, params, eos, domain=domain, guide=guide)
         self._requests[request_id] = request
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         self._scheduler.add(request)
@@ -267,17 +275,26 @@ class LLMEngine:
             return
         for request in self._scheduler.running:
             if request.num_tokens - request.num_computed_tokens == 1:
-                request.set_drafts(self._ngram.propose(request))
+                drafts = self._ngram.propose(request)
+                if request.guide is not None and drafts:  # only drafts the grammar allows are verified
+                    del drafts[request.guide.valid_prefix(drafts):]
+                request.set_drafts(drafts)
 
     def _stop(self, request: Request, token_id: int) -> tuple[RequestStatus | None, str]:
         """Whether token_id (just appended) ends the request, and the text it adds."""
         p = request.params
+        guide = request.guide
+        if guide is not None and not guide.accept(token_id):  # the runner's mask makes this unreachable
+            emit("engine.grammar_rejected_token")
+            return RequestStatus.FINISHED_ERROR, ""
         if token_id in request.eos_token_ids or token_id in p.stop_token_ids:
             request.stop_reason = None if token_id in request.eos_token_ids else token_id
             return RequestStatus.FINISHED_STOPPED, ""
         text, stop = self._detok[request.request_id].add(token_id)
         if stop is not None:
             request.stop_reason = stop
+            return RequestStatus.FINISHED_STOPPED, text
+        if guide is not None and guide.is_stopped:  # the grammar is complete: nothing may follow
             return RequestStatus.FINISHED_STOPPED, text
         if ((p.max_tokens is not None and request.num_output_tokens >= p.max_tokens)
                 or request.num_tokens >= self.max_model_len):

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import time
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from traceless.engine.step_io import TokenLogprobs
 from traceless.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from traceless.structured.grammar import Guide
 
 
 class RequestStatus(Enum):
@@ -64,7 +68,7 @@ class Request:
     __slots__ = (
         "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
         "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens", "domain",
-        "_drafts", "_prompt_lps", "_prompt_lps_taken",
+        "_drafts", "_prompt_lps", "_prompt_lps_taken", "guide",
     )
 
     def __init__(
@@ -75,6 +79,7 @@ class Request:
         eos_token_ids: frozenset[int],
         arrival_time: float | None = None,
         domain: bytes | None = None,
+        guide: Guide | None = None,
     ):
         self.request_id = request_id
         self.params = params
@@ -91,6 +96,7 @@ class Request:
         self._drafts: list[int] = []  # proposed continuation, verified in the next step only
         self._prompt_lps: list[TokenLogprobs] = []  # position k scores prompt token k + 1
         self._prompt_lps_taken = False
+        self.guide = guide  # structured output: the grammar matcher, advanced with every output token
 
     # --- read-only views -------------------------------------------------------------------
     @property
@@ -175,6 +181,9 @@ class Request:
         self._prompt_lps.clear()
         self.stop_reason = None
         self.domain = None
+        if self.guide is not None:
+            self.guide.release()
+            self.guide = None
 
     def __repr__(self) -> str:  # never the tokens themselves
         return (

@@ -187,6 +187,7 @@ class Scheduler:
             output_ids=r.output_token_ids() if needs_out else None,
             prompt_logprobs_start=lp_start,
             prompt_targets=targets,
+            guide=r.guide if chunk.completes_sequence else None,
         )
 
     def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],

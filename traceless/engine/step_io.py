@@ -17,6 +17,7 @@ from traceless.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from traceless.model.tokenizer import Tokenizer
+    from traceless.structured.grammar import Guide
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,7 @@ class ScheduledSeq:
     output_ids: list[int] | None = None  # only when a penalty needs them
     prompt_logprobs_start: int = 0
     prompt_targets: list[int] | None = None
+    guide: Guide | None = None  # structured output, when the step samples: the request's matcher (not a copy)
 
     @property
     def num_drafts(self) -> int:

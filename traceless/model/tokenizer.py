@@ -165,7 +165,10 @@ class Tokenizer:
     def decode_stream(self, skip_special_tokens: bool = True) -> decoders.DecodeStream:
         return decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """The conversation as the model's template writes it; `tools` (OpenAI tool objects) is the
+        template's `tools` variable."""
         if self.chat_template is None:
             raise InvalidRequestError("this model has no chat template; use a plain completion instead")
         for m in messages:
@@ -181,7 +184,8 @@ class Tokenizer:
             "eos_token": self.token_text(min(self.eos_ids)) if self.eos_ids else "",
         }
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                         **special)
         except InvalidRequestError:
             raise
         except Exception as exc:

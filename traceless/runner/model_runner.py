@@ -22,6 +22,7 @@ from traceless.model.llama import LlamaModel
 from traceless.runner.batch import BatchBuilder, SeqInput
 from traceless.runner.cuda_graphs import DecodeGraphs
 from traceless.runner.draft import Drafted, DraftProposer, DraftSeq
+from traceless.runner.grammar_mask import GuidedSeq, apply_grammar_masks
 from traceless.runner.prompt_logprobs import score_prompt
 from traceless.runner.rejection import RejectionSampler, SpecRow
 from traceless.runner.sampler import Sampler, SampleRow
@@ -74,6 +75,7 @@ class ModelRunner:
                     self._scrub_step_metadata(False)
                     return {seqs[i].request_id: SampledTokens([], None, lps) for i, lps in prompt_lps.items()}
                 logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
+            _mask_guided(logits, [seqs[i] for i in order], [drafts[i] for i in order])
             rows = [self._sample_row(seqs[i]) for i in order]
             if any(d is not None for d in drafts):
                 spec = []
@@ -153,6 +155,18 @@ class ModelRunner:
                 gen.manual_seed(p.seed % 2**64)
                 self._generators[seq.request_id] = gen
         return SampleRow(params=p, generator=gen, prompt_ids=seq.prompt_ids, output_ids=seq.output_ids)
+
+
+def _mask_guided(logits: torch.Tensor, seqs: list[ScheduledSeq], drafts: list[Drafted | None]) -> None:
+    """Structured outputs: mask the logit rows of sequences with a grammar (rows in `seqs` order,
+    1 + drafts each)."""
+    guided, row = [], 0
+    for s, d in zip(seqs, drafts):
+        if s.guide is not None:
+            guided.append(GuidedSeq(row, s.guide, list(d.token_ids) if d is not None else []))
+        row += 1 + (len(d.token_ids) if d is not None else 0)
+    if guided:
+        apply_grammar_masks(logits, guided)
 
 
 def _seq_input(seq: ScheduledSeq, drafts: Drafted | None) -> SeqInput:

@@ -14,6 +14,8 @@ import torch
 from traceless.engine.step_io import TokenLogprobs
 from traceless.sampling_params import SamplingParams
 
+MIN_LOGPROB = -9999.0  # what a token that cannot be sampled reports (as OpenAI does)
+
 
 @dataclass(frozen=True, slots=True)
 class SampleRow:
@@ -144,6 +146,7 @@ class Sampler:
         out: list[TokenLogprobs | None] = []
         n_max = max(r.params.logprobs or 0 for r in rows)
         top_vals, top_idx = lp.topk(max(n_max, 1), dim=-1)
+        top_vals = top_vals.clamp(min=MIN_LOGPROB)  # a grammar's masked tokens: -inf is not JSON
         chosen = lp.gather(1, torch.tensor(ids, device=lp.device)[:, None])
         ranks = (lp > chosen).sum(dim=-1) + 1
         for i, r in enumerate(rows):

@@ -24,6 +24,7 @@ from traceless.errors import EngineDeadError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
 from traceless.server.thread_cache import flush_thread_cache
+from traceless.structured.grammar import GrammarCompiler, Guide
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +79,13 @@ class AsyncEngine:
             self._thread.join(timeout=30)
 
     # --- event-loop side ----------------------------------------------------------------------
+    @property
+    def grammar(self) -> GrammarCompiler:
+        """The engine's grammar compiler (thread-safe: the server compiles on its own threads)."""
+        return self._engine.grammar
+
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
-                       cache_salt: str | None = None) -> AsyncIterator[StepOutput]:
+                       cache_salt: str | None = None, guide: Guide | None = None) -> AsyncIterator[StepOutput]:
         """Stream a request's StepOutputs. Validation errors raise before the first output;
         closing or cancelling the iterator aborts the request."""
         if self.dead:
@@ -88,7 +94,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         finished = False
         try:
-            await asyncio.wrap_future(self._submit("add", request_id, prompt, params, cache_salt))
+            await asyncio.wrap_future(self._submit("add", request_id, prompt, params, cache_salt, guide))
             while True:
                 out = await stream.get()
                 if isinstance(out, BaseException):

@@ -34,6 +34,8 @@ from traceless.server.responses import ChoiceState, Formatter
 from traceless.server.stream_shape import StreamShape
 from traceless.server.telemetry import Telemetry
 from traceless.server.thread_cache import flush_pool_threads, flush_thread_cache
+from traceless.server.tools import check_template, for_template, tool_format
+from traceless.structured.grammar import Guide
 
 PREP_THREADS = 2  # request preparation (templating, tokenization) runs here, off the event loop
 
@@ -45,6 +47,7 @@ class Job:
     prompt_ids: list[list[int]]
     response_id: str
     created: int
+    guides: list[Guide] | None = None  # structured outputs: one matcher per choice, compiled off the loop
 
 
 class OpenAIService:
@@ -134,21 +137,37 @@ class OpenAIService:
     def _completion_job(self, body) -> Job:
         req = parse_completion(body)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
-        return Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+        return Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time()),
+                   self._guides(req, len(ids)))
+
+    def _guides(self, req: ParsedRequest, num_prompts: int) -> list[Guide] | None:
+        """Compile the request's grammar (bounded; a refusal is a 400) and make each choice's matcher."""
+        spec = req.params.structured
+        if spec is None:
+            return None
+        try:
+            compiled = self.engine.grammar.compile(spec)
+            return [self.engine.grammar.guide(compiled) for _ in range(num_prompts * req.params.n)]
+        except TracelessError as exc:
+            raise from_traceless_error(exc) from None
 
     def _chat_job(self, body) -> Job:
-        def render(messages):
+        template = self.tokenizer.chat_template
+
+        def render(messages, tools):
             try:
-                return self.tokenizer.apply_chat_template(messages)
+                return self.tokenizer.apply_chat_template(for_template(messages, template), tools=tools)
             except TracelessError as exc:
                 raise from_traceless_error(exc) from None
 
-        req = parse_chat(body, render)
+        req = parse_chat(body, render, tool_format(template))
+        if req.tools is not None:
+            check_template(req.tools, template)
         prompt = req.prompts[0]
         if not isinstance(prompt, str):  # parse_chat renders the conversation to text
             raise RuntimeError("a chat request's prompt is not rendered text")
         ids = [self.tokenizer.encode(prompt, add_special_tokens=False)]
-        return Job("chat_completions", req, ids, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+        return Job("chat_completions", req, ids, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self._guides(req, 1))
 
     # -------------------------------------------------------------------------------------------
     def _check(self, job: Job) -> None:
@@ -173,7 +192,8 @@ class OpenAIService:
             params = job.request.params.with_seed_offset(c % n) if n > 1 else job.request.params
             if params.max_tokens is None:
                 params = _replace_max_tokens(params, self.max_model_len - len(ids))
-            children.append((f"{job.response_id}-{c}", ids, params, job.request.cache_salt))
+            guide = job.guides[c] if job.guides is not None else None
+            children.append((f"{job.response_id}-{c}", ids, params, job.request.cache_salt, guide))
         stream = self._merged(job, children)
         fmt = Formatter(job, self.model_name, self.tokenizer, self.shape)
         if job.request.stream:
@@ -189,9 +209,9 @@ class OpenAIService:
         """(choice index, output) pairs of all children as they come; closing it aborts them all."""
         q: asyncio.Queue = asyncio.Queue()
 
-        async def pump(c, rid, ids, params, salt):
+        async def pump(c, rid, ids, params, salt, guide):
             try:
-                async for out in self.engine.generate(rid, ids, params, salt):
+                async for out in self.engine.generate(rid, ids, params, salt, guide):
                     q.put_nowait((c, out))
             except BaseException as exc:  # includes validation errors from the engine
                 q.put_nowait((c, exc))

@@ -2,15 +2,16 @@
 
 Every field a body may carry is declared here; anything else gets a 400 that counts the unknown
 fields but never names them (a key a client chose is text it wrote: content). Fields the server
-understands but does not implement (tools, ...) are accepted only with their
-"off" value, so nothing is ever accepted and ignored. `user` is validated and dropped: it is never
-stored or used.
+understands but does not implement are accepted only with their "off" value, so nothing is ever
+accepted and ignored. Structured outputs (`response_format`, `structured_outputs`) are parsed in
+structured_request.py, tools in tools.py. `user` is validated and dropped: it is never stored or used.
 
 One request buys at most MAX_CHOICES engine requests: n completions of each of its prompts,
 n * len(prompts) <= MAX_CHOICES (so n <= 8 with one prompt, 8 prompts with n = 1).
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 from traceless.errors import InvalidRequestError
 from traceless.http.errors import ApiError, bad_request
 from traceless.sampling_params import OutputKind, SamplingParams
+from traceless.server.structured_request import response_format, structured_outputs
+from traceless.server.tools import ToolFormat, ToolRequest, forced_call_grammar, parse_tools
+from traceless.structured.spec import StructuredOutput
 
 Validator = Callable[[str, Any], Any]
 MAX_COMPLETION_LOGPROBS = 5
@@ -101,14 +105,13 @@ COMPLETION_FIELDS: dict[str, Validator] = {
     "echo": boolean, "prompt_logprobs": integer,  # prompt_logprobs: a vLLM extension
     "best_of": only(lambda v: v in (1,), "best_of must be 1"),
     "suffix": only(lambda v: v in ("",), "suffix must be empty"),
+    "response_format": response_format, "structured_outputs": structured_outputs,
 }
 CHAT_FIELDS: dict[str, Validator] = {
     **SAMPLING_FIELDS, "model": string, "messages": lambda n, v: v, "max_completion_tokens": integer,
     "logprobs": boolean, "top_logprobs": integer,
-    "response_format": only(lambda v: v == {"type": "text"}, 'only {"type": "text"}'),
-    "tools": only(lambda v: v == [], "tool calls are not supported"),
-    "tool_choice": only(lambda v: v == "none", "tool calls are not supported"),
-    "parallel_tool_calls": only(lambda v: False, "tool calls are not supported"),
+    "response_format": response_format, "structured_outputs": structured_outputs,
+    "tools": lambda n, v: v, "tool_choice": lambda n, v: v, "parallel_tool_calls": lambda n, v: v,  # tools.py
 }
 
 
@@ -145,6 +148,7 @@ class ParsedRequest:
     cache_salt: str | None = None  # prefix-cache isolation domain (a client secret)
     echo: bool = False  # completions: the prompt (and, with logprobs, its logprobs) leads each choice
     prompt_logprobs: int | None = None  # completions (vLLM): top-N of every prompt position, per choice
+    tools: ToolRequest | None = None  # chat: the tools offered and how a call is chosen
 
 
 def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) -> dict[str, Any]:
@@ -159,8 +163,14 @@ def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) ->
     return {k: spec[k](k, v) for k, v in body.items() if v is not None}
 
 
+def _structured(f: dict[str, Any]) -> StructuredOutput | None:
+    if f.get("response_format") is not None and f.get("structured_outputs") is not None:
+        raise bad_request("give 'response_format' or 'structured_outputs', not both", "structured_outputs")
+    return f.get("response_format") or f.get("structured_outputs")
+
+
 def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None,
-              prompt_logprobs: int | None = None) -> SamplingParams:
+              prompt_logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
     if f.get("stream_options") is not None and not f.get("stream", False):
         raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     kw = {k: f[k] for k in ("temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "seed",
@@ -168,7 +178,7 @@ def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None,
           if k in f}
     try:
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                              output_kind=OutputKind.DELTA, **kw)
+                              output_kind=OutputKind.DELTA, structured=structured, **kw)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None
 
@@ -210,28 +220,36 @@ def parse_completion(body: Any) -> ParsedRequest:
     engine_prompt_lps = prompt_logprobs
     if echo and logprobs is not None:
         engine_prompt_lps = max(logprobs, prompt_logprobs or 0)
-    params = _sampling(f, f.get("max_tokens", 16), logprobs, engine_prompt_lps)
+    params = _sampling(f, f.get("max_tokens", 16), logprobs, engine_prompt_lps, _structured(f))
     _check_choices(len(prompts), params.n)
     return ParsedRequest(f["model"], prompts, params, f.get("stream", False), f.get("stream_options", False), logprobs,
                          f.get("cache_salt"), echo, prompt_logprobs)
 
 
-def parse_chat(body: Any, render: Callable[[list[dict]], str]) -> ParsedRequest:
+def parse_chat(body: Any, render: Callable[[list[dict], list[dict] | None], str],
+               tool_format: ToolFormat = ToolFormat.HERMES) -> ParsedRequest:
     f = _fields(body, CHAT_FIELDS, ("model", "messages"))
+    tools = parse_tools(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"), tool_format)
+    structured = _structured(f)
+    forced = forced_call_grammar(tools) if tools is not None else None
+    if forced is not None and structured is not None:
+        raise bad_request("a required or named 'tool_choice' cannot be combined with 'response_format'",
+                          "tool_choice")
     if "max_tokens" in f and "max_completion_tokens" in f:
         raise bad_request("give 'max_tokens' or 'max_completion_tokens', not both", "max_completion_tokens")
     top = f.get("top_logprobs")
     if top is not None and not f.get("logprobs"):
         raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if f.get("logprobs") else None
-    params = _sampling(f, f.get("max_completion_tokens", f.get("max_tokens")), logprobs)
+    params = _sampling(f, f.get("max_completion_tokens", f.get("max_tokens")), logprobs,
+                       structured=forced or structured)
     _check_choices(1, params.n)
-    prompt = render(messages(f["messages"]))
+    prompt = render(messages(f["messages"]), tools.tools if tools is not None else None)
     return ParsedRequest(f["model"], [prompt], params, f.get("stream", False), f.get("stream_options", False), logprobs,
-                         f.get("cache_salt"))
+                         f.get("cache_salt"), tools=tools)
 
 
-_ROLES = ("system", "developer", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def messages(raw: Any) -> list[dict]:
@@ -242,7 +260,7 @@ def messages(raw: Any) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad_request(f"'{where}' must be an object", where)
-        extra = set(m) - {"role", "content", "name"}
+        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
             raise _unknown(len(extra), where)
         if m.get("name") is not None:
@@ -250,7 +268,40 @@ def messages(raw: Any) -> list[dict]:
         role = m.get("role")
         if role not in _ROLES:
             raise bad_request(f"'{where}.role' must be one of {', '.join(_ROLES)}", where)
-        out.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)})
+        if m.get("tool_calls") is not None and role != "assistant":
+            raise bad_request(f"'{where}.tool_calls' is only allowed on assistant messages", where)
+        if (m.get("tool_call_id") is not None) != (role == "tool") or (role == "tool" and not isinstance(
+                m["tool_call_id"], str)):
+            raise bad_request(f"'{where}.tool_call_id' (a string) is required on tool messages, and only there", where)
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], where)
+            msg["content"] = _content(m["content"], where) if m.get("content") is not None else ""
+        else:
+            msg["content"] = _content(m.get("content"), where)
+        if role == "tool":
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict]:
+    """An assistant message's calls, with their arguments parsed (chat templates render them as JSON)."""
+    if not isinstance(calls, list):
+        raise bad_request(f"'{where}.tool_calls' must be a list", where)
+    out = []
+    for c in calls:
+        f = c.get("function") if isinstance(c, dict) else None
+        if (not isinstance(c, dict) or set(c) - {"id", "type", "function"} or c.get("type") != "function"
+                or not isinstance(f, dict) or set(f) != {"name", "arguments"} or not isinstance(f["name"], str)
+                or not isinstance(f["arguments"], str) or not isinstance(c.get("id"), str)):
+            raise bad_request(f"'{where}.tool_calls' entries must be {{\"id\", \"type\": \"function\", "
+                              "\"function\": {\"name\", \"arguments\"}}", where)
+        try:
+            args = json.loads(f["arguments"])
+        except (ValueError, RecursionError):
+            raise bad_request(f"'{where}.tool_calls' arguments must be JSON text", where) from None
+        out.append({"id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": args}})
     return out
 
 

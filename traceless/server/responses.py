@@ -1,4 +1,10 @@
-"""OpenAI response bodies and SSE chunks for completions and chat completions."""
+"""OpenAI response bodies and SSE chunks for completions and chat completions.
+
+With tools (tool_choice other than none) a chat choice's text goes through the parser of the
+model's call format (tools.py): calls become `message.tool_calls` (streamed: one `tool_calls` delta
+per call, with its id, name and whole arguments, once the call is complete), the rest stays content, and a choice that
+called a tool and stopped reports finish_reason "tool_calls".
+"""
 from __future__ import annotations
 
 import json
@@ -8,6 +14,7 @@ from dataclasses import dataclass, field
 from traceless.engine.llm_engine import StepOutput
 from traceless.http.errors import ApiError, internal_error
 from traceless.server.stream_shape import StreamShape, pad_event
+from traceless.server.tools import ToolFormat, ToolParser, finish_parser, new_parser, parse_all
 
 
 @dataclass(slots=True)
@@ -18,6 +25,8 @@ class ChoiceState:
     finish_reason: str | None = None
     prompt_logprobs: list | None = None  # TokenLogprobs per prompt position after the first
     echoed: bool = False  # streaming: the prompt went out with the choice's first chunk
+    parser: ToolParser | None = None  # streamed chat with tools
+    num_calls: int = 0  # tool calls streamed so far
 
     def add(self, out: StepOutput) -> None:
         if out.prompt_logprobs is not None:
@@ -56,6 +65,9 @@ class Formatter:
         self.model = model_name
         self.tokenizer = tokenizer
         self.shape = shape
+        tools = job.request.tools if self.chat else None
+        self.tools = tools is not None and tools.parses_calls
+        self.tool_format = tools.format if tools is not None else ToolFormat.HERMES
 
     def _event(self, obj: dict) -> bytes:
         return pad_event(_sse(obj), self.shape.padding)
@@ -162,8 +174,8 @@ class Formatter:
         for i, s in enumerate(states):
             lp = self._logprobs(s.token_ids, s.logprobs, self._echo_offset(i))
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": "".join(s.text)},
-                                "logprobs": lp, "finish_reason": s.finish_reason})
+                message, finish = self._message("".join(s.text), s.finish_reason)
+                choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
             else:
                 choices.append(self._completion_choice(i, "".join(s.text), lp, s.finish_reason, s.prompt_logprobs,
                                                        True))
@@ -171,7 +183,32 @@ class Formatter:
         body["usage"] = self._usage(states)
         return body
 
+    def _message(self, text: str, finish: str | None) -> tuple[dict, str | None]:
+        if not self.tools:
+            return {"role": "assistant", "content": text}, finish
+        content, calls = parse_all(text, self.tool_format)
+        if not calls:
+            return {"role": "assistant", "content": content}, finish
+        message = {"role": "assistant", "content": content if content.strip() else None,
+                   "tool_calls": [call.as_dict() for call in calls]}
+        return message, _call_finish(finish)
+
     # --- streaming ----------------------------------------------------------------------------
+    def _delta(self, text: str, finished: bool, state: ChoiceState) -> dict:
+        if not self.tools:
+            return {"content": text} if text else {}
+        if state.parser is None:
+            state.parser = new_parser(self.tool_format)
+        content, calls = state.parser.feed(text)
+        if finished:
+            rest, more = finish_parser(state.parser)
+            content, calls = content + rest, calls + more
+        delta: dict = {"content": content} if content else {}
+        if calls:
+            delta["tool_calls"] = [call.as_dict(state.num_calls + k) for k, call in enumerate(calls)]
+            state.num_calls += len(calls)
+        return delta
+
     def _chunk(self, c: int, out: StepOutput | None, state: ChoiceState) -> dict:
         text = out.new_text if out else ""
         ids = out.new_token_ids if out else []
@@ -179,7 +216,12 @@ class Formatter:
         lp = self._logprobs(ids, out.new_logprobs or [], base) if out and ids else None
         finish = out.finish_reason if out else None
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if out is None else ({"content": text} if text else {})
+            if out is None:
+                delta: dict = {"role": "assistant", "content": ""}
+            else:
+                delta = self._delta(text, out.finished, state)
+                if state.num_calls:
+                    finish = _call_finish(finish)
             choice = {"index": c, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice])
         first = out is not None and not state.echoed
@@ -212,7 +254,9 @@ class Formatter:
                 chunk = self._chunk(c, merged, states[c])
                 states[c].add(merged)
                 ch = chunk["choices"][0]
-                if merged.new_text or merged.finished or ch["logprobs"] is not None or ch.get("text"):
+                # a chat delta may carry only a tool call; an echoed completion chunk only the prompt
+                if (ch.get("delta", merged.new_text) or merged.finished or ch["logprobs"] is not None
+                        or ch.get("text")):
                     yield self._event(chunk)
             if self.job.request.include_usage:
                 usage = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
@@ -226,3 +270,9 @@ class Formatter:
             await stream.aclose()
             observer.done(states)
         yield pad_event(DONE, self.shape.padding)
+
+
+def _call_finish(finish: str | None) -> str | None:
+    """A choice that called a tool and stopped finishes with "tool_calls" (cut by length: "length")."""
+    return "tool_calls" if finish == "stop" else finish
+
