@@ -89,8 +89,9 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
                 "name": "s", "schema": schema}}})
         assert r.status_code == 200 and canaries["schema"] in r.text
         tool = {"type": "function", "function": {"name": "f", "description": canaries["tool"], "parameters": {
-            "type": "object", "properties": {"v": {"const": canaries["tool"]}}, "required": ["v"]}}}
-        r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 128, "tools": [tool],
+            "type": "object", "properties": {"v": {"const": canaries["tool"]}}, "required": ["v"],
+            "additionalProperties": False}}}  # bounded: greedy decoding may not add keys until max_tokens
+        r = c.post("/v1/chat/completions", json={"model": model, "max_tokens": 128, "tools": [tool], "temperature": 0,
                                                   "tool_choice": "required", "parallel_tool_calls": False, "messages": [
                                                       {"role": "user", "content": "call"}]})
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
