@@ -27,13 +27,14 @@ from traceless.structured.spec import StructuredKind, StructuredOutput
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer
+    from llguidance._lib import JsonCompileOptions
 
     from traceless.model.tokenizer import Tokenizer
 
 MAX_SCHEMA_DEPTH = 32
 MAX_CHOICES = 256
 # JSON output is compact and strict: a schema's own "x-guidance" options cannot loosen it.
-_JSON_OVERRIDES: dict[str, Any] = {"whitespace_flexible": False, "lenient": False}
+_JSON_OVERRIDES: JsonCompileOptions = {"whitespace_flexible": False, "lenient": False}
 _SCHEMA_WORDS = frozenset({
     "$ref", "$defs", "definitions", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
     "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependentRequired",
@@ -165,8 +166,10 @@ def _grammar(spec: StructuredOutput) -> str:
         schema = _json(spec.source, "the JSON schema")
         if not isinstance(schema, (dict, bool)):
             raise InvalidRequestError("the JSON schema must be an object")
+        if schema is False:
+            raise InvalidRequestError("the JSON schema false admits no output")
         _check_depth(schema)
-        return LLMatcher.grammar_from_json_schema({"type": "object"} if schema is True else schema,
+        return LLMatcher.grammar_from_json_schema(schema if isinstance(schema, dict) else {"type": "object"},
                                                   overrides=_JSON_OVERRIDES)
     if kind is StructuredKind.REGEX:
         return LLMatcher.grammar_from_regex(spec.source)
