@@ -140,6 +140,34 @@ def test_a_new_challenge_drops_the_old_tokens():
     assert second >= 8  # from the second batch: the first batch's tokens were dropped
 
 
+class _Copy:
+    """The same challenge as fetched again on a later wake: an equal, new object."""
+
+    def __init__(self, of):
+        self.of = of
+
+    def encode(self) -> bytes:
+        return self.of.encode()
+
+
+def test_every_refill_of_the_same_epoch_is_kept():
+    """Each wake fetches the challenge anew (an equal object, not the same one): the batches of the
+    second and later wakes must be kept, not dropped as if the epoch had changed."""
+    async def run():
+        w = FakeIssuerWallet()
+        epoch = w.challenge
+        w._checked_challenge = lambda key: asyncio.sleep(0, _Copy(epoch))
+        await w.refill_once()
+        taken = [w._tokens.pop() for _ in range(len(w._tokens))]
+        await w.refill_once()
+        left = len(w._tokens)
+        await w.aclose()
+        return taken, left, w.issuer_calls
+
+    taken, left, calls = asyncio.run(run())
+    assert len(taken) == 8 and left == 8 and calls == 2
+
+
 # --- the real key and challenge checks, over a mock transport ---------------------------------------
 class World:
     """An issuer directory, a gateway challenge (relay and direct copies) and the log's issuer keys."""

@@ -110,7 +110,10 @@ class TokenWallet:
             self._challenge = challenge
         if len(self._tokens) < self._config.token_low_water:
             tokens = await self._fetch(challenge, key)
-            if self._challenge is challenge:
+            # kept unless the challenge changed meanwhile (invalidate(), a new epoch): compared by its
+            # bytes, since every wake fetches a new, equal object
+            current = self._challenge
+            if current is not None and current.encode() == challenge.encode():
                 self._tokens.extend(tokens)
                 emit("client.tokens_refilled", tokens=len(tokens))
 
