@@ -111,8 +111,8 @@ def _openai(d):
 def test_every_component_has_a_host_of_its_own_and_the_openai_client_works(deployment):
     e = deployment.endpoints
     spaces = e["namespaces"]
-    assert set(spaces) == {"log", "issuer", "gateway", "relay", "node0", "node1", "proxy"}
-    assert len({s["address"] for s in spaces.values()}) == 7 and set(deployment.namespaces()) == \
+    assert set(spaces) == {"log", "witness", "issuer", "gateway", "relay", "node0", "node1", "proxy"}
+    assert len({s["address"] for s in spaces.values()}) == 8 and set(deployment.namespaces()) == \
         {s["namespace"] for s in spaces.values()} | {e["bridge"]}
     for role in ("relay", "gateway", "node0"):
         assert f"//{spaces[role]['address']}:" in (e[role] if role != "node0" else e["nodes"][0])
@@ -230,7 +230,7 @@ def test_killing_a_nodes_namespace_mid_stream_fails_cleanly_and_the_other_node_s
 
 
 def test_zz_stopping_up_removes_every_namespace(deployment):
-    assert deployment.proc.poll() is None and len(deployment.namespaces()) == 7  # one host is gone
+    assert deployment.proc.poll() is None and len(deployment.namespaces()) == 8  # one host is gone
     deployment.proc.send_signal(signal.SIGTERM)
     assert deployment.proc.wait(timeout=60) == 0
     assert deployment.namespaces() == []

@@ -10,6 +10,7 @@ from traceless.audit.stats import chi_square_p, wilson_interval
 BEATS = "BEATS its share"
 BELOW = "below its share"
 AT = "at its share"
+VERDICT_Z = 3.89  # two-sided 99.99% (see Estimate.verdict_ci)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +72,15 @@ class Estimate:
         return self.p_hat / self.share
 
     @property
+    def verdict_ci(self) -> tuple[float, float]:
+        """The interval the verdict reads: 99.99% per row, so that over the dozen rows of one run an
+        honest router is called BEATS less than once in a thousand runs (a 95% interval per row would
+        misjudge some row of an honest run about every second run)."""
+        return wilson_interval(self.hits, self.n, z=VERDICT_Z)
+
+    @property
     def verdict(self) -> str:
-        lo, hi = self.ci
+        lo, hi = self.verdict_ci
         return BEATS if lo > self.share else BELOW if hi < self.share else AT
 
     @property
@@ -87,7 +95,8 @@ class Estimate:
         lo, hi = self.ci
         return {"policy": self.policy, "strategy": self.strategy, "simulated": self.simulated,
                 "requests": self.n, "hits": self.hits, "attacker_capacity_share": self.share,
-                "p_target_in_T": self.p_hat, "p_95ci": [lo, hi], "advantage": self.advantage,
+                "p_target_in_T": self.p_hat, "p_95ci": [lo, hi], "p_verdict_ci": list(self.verdict_ci),
+                "advantage": self.advantage,
                 "verdict": self.verdict, "chi_square_p_capacity_fit": self.chi_square_p,
                 "landed": dict(sorted(self.landed.items())), "capacity": dict(sorted(self.capacity.items())),
                 "attacker_nodes": sorted(self.attacker), "notes": self.notes}
