@@ -145,25 +145,3 @@ def record_mkdtemp(tmp_path, monkeypatch):
         return made
     return patch
 
-
-@pytest.fixture(autouse=True)
-def _logging_restored():
-    """A test that runs a command in-process (`cli.main`) runs its `configure_logging()`, which turns
-    the event logger's propagation off and silences third-party loggers for the rest of the process:
-    put them back after every test, so a later test that reads the records still sees them."""
-    import logging
-
-    from traceless.events import LOGGER_NAME
-
-    names = (LOGGER_NAME, "uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore", "asyncio")
-    root = logging.getLogger()
-    saved_level = root.level
-    saved = {name: (list(lg.handlers), lg.propagate, lg.disabled, lg.level)
-             for name in names for lg in (logging.getLogger(name),)}
-    yield
-    root.setLevel(saved_level)
-    for name, (handlers, propagate, disabled, level) in saved.items():
-        lg = logging.getLogger(name)
-        lg.handlers[:] = handlers
-        lg.propagate, lg.disabled = propagate, disabled
-        lg.setLevel(level)

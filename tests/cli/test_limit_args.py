@@ -10,7 +10,8 @@ COMMANDS = [
     ["gateway", "--issuer", "http://i"],
     ["issuer", "--api-keys", "keys.json"],
     ["proxy", "--issuer", "http://i", "--api-key", "k", "--relay", "http://r", "--log", "http://l",
-     "--log-public-key", "AA==", "--attester-key", "AA==", "--model", "m", "--gateway", "http://g", "--witness-key", "AA=="],
+     "--log-public-key", "AA==", "--attester-key", "AA==", "--model", "m", "--gateway", "http://g",
+     "--witness-key", "AA=="],
     ["serve"],
     ["node"],
 ]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from tests.server.serving import make_served_app, serve
 from traceless.config import EngineConfig
+from traceless.events import LOGGER_NAME
 
 openai = pytest.importorskip("openai")
 
@@ -67,7 +68,11 @@ def captured_logs():
             records.append(record.getMessage())
 
     handler, root = Keep(level=logging.DEBUG), logging.getLogger()
-    old = root.level
+    # an in-process command run by an earlier test (cli.main -> configure_logging) may have turned the
+    # event logger's propagation off for the rest of the process: on for this test, then as it was
+    events = logging.getLogger(LOGGER_NAME)
+    old, old_propagate, old_disabled = root.level, events.propagate, events.disabled
+    events.propagate, events.disabled = True, False
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     try:
@@ -75,6 +80,7 @@ def captured_logs():
     finally:
         root.removeHandler(handler)
         root.setLevel(old)
+        events.propagate, events.disabled = old_propagate, old_disabled
 
 
 def test_parse_returns_a_validated_object(client, model, server):

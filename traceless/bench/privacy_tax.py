@@ -111,6 +111,8 @@ def order(rep: int) -> tuple[str, str]:
 
 
 # --- one measured segment ---------------------------------------------------------------------------
+_MODEL_NAMES: dict[str, str] = {}  # base URL -> the model it serves (the warm-up asks; segments reuse it)
+
 async def _closed_loop(url: str, prompts: list[list[int]], output_len: int, concurrency: int):
     import httpx
 
@@ -119,7 +121,9 @@ async def _closed_loop(url: str, prompts: list[list[int]], output_len: int, conc
     cfg = BenchConfig(url, float("inf"), len(prompts), 0, output_len)
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        if url not in _MODEL_NAMES:  # asked once per URL: through the proxy it is a private-path call too
+            _MODEL_NAMES[url] = (await client.get("/v1/models")).json()["data"][0]["id"]
+        model = _MODEL_NAMES[url]
         pending, results = iter(prompts), []
 
         async def worker() -> None:
