@@ -50,10 +50,24 @@ def test_padding_off_leaks_the_topic_and_the_defaults_do_not(tiny_llama_dir, tmp
     lo, hi = off["chance_95_range"]
     assert off["above_chance"] and off["accuracy"] >= 0.9 and off["accuracy_95ci"][0] > hi
     assert len(off["request_sizes"]) >= len(TOPICS) and off["distinct_chunk_sizes"] > 3  # what it read
-    assert on["chance_95_range"][0] <= on["accuracy"] <= on["chance_95_range"][1], on
+    # at chance: no better than a guesser does in 999 runs of 1000 (the 95% range alone would fail one
+    # honest run in 40; the report still gives it)
+    assert on["accuracy"] <= _guesser_upper(len(TOPICS) * cfg.trials, 1 / len(TOPICS), 0.999), on
     assert on["chunk_sizes"] == [STREAM_CHUNK + 16] and len(on["request_sizes"]) == 1
     plot(report, str(tmp_path / "attack.png"))
     assert (tmp_path / "attack.png").stat().st_size > 10_000
+
+
+def _guesser_upper(n: int, p: float, q: float) -> float:
+    """The q-quantile of a guessing classifier's accuracy (Binomial(n, p) / n)."""
+    import math
+
+    cdf = 0.0
+    for i in range(n + 1):
+        cdf += math.comb(n, i) * p**i * (1 - p) ** (n - i)
+        if cdf >= q:
+            return i / n
+    return 1.0
 
 
 def test_the_classifier_finds_a_signal_and_none_where_there_is_none():
