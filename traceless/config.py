@@ -28,7 +28,10 @@ class EngineConfig:
     up to num_speculative_tokens drafts. Drafts never come from anything shared across requests.
     request_events: log a `request.finished` event with each request's exact token counts and
     timings. Off by default (a per-request record); the "off" switch of windowed telemetry, for
-    benchmarks that break a request's time down, never for a production node."""
+    benchmarks that break a request's time down, never for a production node.
+    chat_template: a Jinja chat template (its text) used instead of the model's own; None: the
+    model's own, except the built-in model, which uses templates/smollm2-tools.jinja (its GGUF's
+    template plus SmolLM2's tool-call format, identical without tools)."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -55,6 +58,7 @@ class EngineConfig:
     request_events: bool = False
     load_format: str = "auto"
     enforce_eager: bool = False
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:

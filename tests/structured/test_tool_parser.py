@@ -120,3 +120,28 @@ def test_llama3_forced_grammar_accepts_its_calls(byte_model_dir):
     assert [c.name for c in parse_all(text, ToolFormat.LLAMA3_JSON)[1]] == ["b", "a"]
     bad = compiler.guide(compiler.compile(spec))
     assert bad.valid_prefix(tok.encode('{"name":"c"', add_special_tokens=False)) < len('{"name":"c"')
+
+
+SMOL = ('<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris"}},\n'
+        '{"name": "get_time", "arguments": {"tz": "CET"}}\n]</tool_call>')
+
+
+def test_smollm2_lists():
+    content, calls = parse_all("Sure." + SMOL)
+    assert content == "Sure."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}),
+                                                                   ("get_time", {"tz": "CET"})]
+    assert parse_all("<tool_call>[]</tool_call>") == ("", [])  # SmolLM2's "no call needed"
+    mixed = '<tool_call>[{"name": "f", "arguments": {}}, 3]</tool_call>'
+    assert parse_all(mixed) == (mixed, [])  # not all calls: the model's text, as written
+
+
+def test_smollm2_forced_grammar_matches_its_format():
+    from traceless.server.tools import ToolFormat
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    for parallel, many in ((None, True), (False, False)):
+        g = forced_call_grammar(parse_tools(tools, "required", parallel, ToolFormat.SMOLLM2)).source
+        assert g.startswith('start: "<tool_call>[\\n" call') and g.split("\n")[0].endswith('"\\n]</tool_call>"')
+        assert ('(",\\n" call)*' in g) is many

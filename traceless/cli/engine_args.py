@@ -55,6 +55,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-max", type=int, default=4, help="longest suffix prompt lookup matches (tried first)")
     g.add_argument("--draft-layers", type=int, default=None,
                    help="layers of the self-speculation draft (default: a quarter of the model's)")
+    g.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template to use instead of the model's own (the built-in model uses "
+                        "traceless/model/templates/smollm2-tools.jinja, which adds its tool-call format)")
     g.add_argument("--request-events", action="store_true",
                    help="log each request's exact token counts and timings (request.finished): for benchmarks "
                         "only, never on a production node (off by default; see docs/telemetry.md)")
@@ -74,4 +77,14 @@ def engine_options(args: argparse.Namespace) -> dict:
         ngram_min=args.ngram_min, ngram_max=args.ngram_max, draft_layers=args.draft_layers,
         request_events=args.request_events,
         load_format=args.load_format, enforce_eager=args.enforce_eager,
+        chat_template=read_chat_template(args.chat_template),
     )
+
+
+def read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"--chat-template: cannot read {path} ({type(exc).__name__})") from None

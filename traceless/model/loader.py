@@ -31,6 +31,16 @@ def default_model_path() -> Path:
                              f"reinstall it with: {INSTALL_HINT}")
 
 
+BUILTIN_TEMPLATES = ("smollm2-tools",)
+
+
+def builtin_chat_template(name: str) -> str:
+    """A chat template shipped in traceless/model/templates (see --chat-template)."""
+    if name not in BUILTIN_TEMPLATES:
+        raise ModelLoadError(f"no built-in chat template named {name!r}")
+    return (Path(__file__).parent / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     config: ModelConfig

@@ -150,6 +150,14 @@ class Tokenizer:
         return cls(backend, bos_id=bos, eos_ids=frozenset(int(e) for e in eos_list), add_bos=False,
                    chat_template=template if isinstance(template, str) else None)
 
+    def set_chat_template(self, template: str) -> None:
+        """Use this template instead of the model's own; an invalid one fails here, not on a request."""
+        try:
+            compiled = _compile_template(template)
+        except Exception as exc:
+            raise ModelLoadError(f"the chat template is not valid Jinja ({type(exc).__name__})") from None
+        self.chat_template, self._template = template, compiled
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:

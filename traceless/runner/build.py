@@ -13,7 +13,7 @@ from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
 from traceless.model.layers.kv_cache import KVCache, block_bytes
 from traceless.model.layers.ops import DecoderOps, NativeOps, TorchOps
 from traceless.model.llama import LlamaModel
-from traceless.model.loader import load_model
+from traceless.model.loader import builtin_chat_template, load_model
 from traceless.model.rope import Rope
 from traceless.runner.model_runner import ModelRunner
 
@@ -172,6 +172,11 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
                      attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s)
+    template = cfg.chat_template
+    if template is None and cfg.model is None and cfg.load_format == "auto":
+        template = builtin_chat_template("smollm2-tools")
+    if template is not None:
+        loaded.tokenizer.set_chat_template(template)
     return EngineParts(runner, cache, loaded.tokenizer, info, offload)
 
 

@@ -8,6 +8,9 @@ a call, and the parser that finds calls in the model's output.
 
 Calls are written the Hermes way (Qwen2.5 and most open chat models):
     <tool_call>\\n{"name": "...", "arguments": {...}}\\n</tool_call>
+SmolLM2's way (its template, templates/smollm2-tools.jinja), a list in one block:
+    <tool_call>[\\n{"name": "...", "arguments": {...}},\\n...\\n]</tool_call>
+or Llama 3.1's (a bare JSON object, several joined by "; ").
 `required` and named choices are enforced by a grammar (structured outputs), so the name is one of
 the tools and the arguments validate against its `parameters` schema. Messages name fields, never
 values: a tool's name, description and schema are content.
@@ -19,7 +22,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from traceless.http.errors import bad_request
 from traceless.structured.spec import StructuredKind, StructuredOutput
@@ -31,11 +34,15 @@ START, END = "<tool_call>", "</tool_call>"
 
 class ToolFormat(Enum):
     HERMES = "hermes"
+    SMOLLM2 = "smollm2"
     LLAMA3_JSON = "llama3_json"
 
 
 def tool_format(template: str | None) -> ToolFormat:
-    """The call format of the model whose chat template this is (Hermes unless it is Llama 3's)."""
+    """The call format of the model whose chat template this is (Hermes unless it is SmolLM2's list
+    or Llama 3's)."""
+    if template is not None and "<tool_call>[" in template:
+        return ToolFormat.SMOLLM2
     if template is not None and "<tool_call>" not in template and (
             "<|python_tag|>" in template or "ipython" in template):
         return ToolFormat.LLAMA3_JSON
@@ -122,6 +129,9 @@ def forced_call_grammar(req: ToolRequest) -> StructuredOutput | None:
     many = req.choice == "required" and req.parallel
     if llama:
         lark = "start: call" + (' ("; " call)*' if many else "") + f"\ncall: %json {body}\n"
+    elif req.format is ToolFormat.SMOLLM2:
+        lark = (f'start: "{START}[\\n" call' + (' (",\\n" call)*' if many else "")
+                + f' "\\n]{END}"\ncall: %json {body}\n')
     else:
         lark = ("start: call" + (' ("\\n" call)*' if many else "")
                 + f'\ncall: "{START}\\n" %json {body} "\\n{END}"\n')
@@ -142,11 +152,18 @@ class ToolCall:
         return d
 
 
-def _call(body: str) -> ToolCall | None:
+def _calls(body: str) -> list[ToolCall] | None:
+    """A block's calls: one object (Hermes) or a list of them (SmolLM2; [] is no call)."""
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         return None
+    objs = obj if isinstance(obj, list) else [obj]
+    calls = [_one(o) for o in objs]
+    return None if any(c is None for c in calls) else cast(list[ToolCall], calls)
+
+
+def _one(obj: Any) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -182,11 +199,11 @@ class HermesParser:
                 break
             block = self.buffer[start: end + len(END)]
             self.buffer = self.buffer[end + len(END):]
-            call = _call(block[len(START): -len(END)])
-            if call is None:
+            calls = _calls(block[len(START): -len(END)])
+            if calls is None:
                 content.append(block)
             else:
-                found.append(call)
+                found.extend(calls)
         self.calls.extend(found)
         text_out = "".join(content)
         if self.calls and not text_out.strip():
@@ -260,7 +277,7 @@ def _llama_calls(text: str) -> list[ToolCall] | None:
             obj, i = decoder.raw_decode(text, i)
         except (ValueError, RecursionError):
             return None
-        call = _call(json.dumps(obj)) if isinstance(obj, dict) else None
+        call = _one(obj)
         if call is None:
             return None
         calls.append(call)
