@@ -28,7 +28,9 @@ lint: $(STAMP)
 
 test: lint
 	# pytest exits 5 when it collects no tests: that is a failure of the suite, not a pass.
-	$(PY) -m pytest -q
+	# One pytest-xdist worker per CPU, a test file per worker at a time (module fixtures load once);
+	# tests/conftest.py gives each worker one compute thread.
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 clean:
 	rm -rf $(VENV) build *.egg-info

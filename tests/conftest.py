@@ -3,10 +3,24 @@ default model (loaded once per session)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest-xdist workers on this 2-core machine: each worker, and every service
+    # it starts (they inherit the variable), computes on one thread. Two OpenMP pools of two threads
+    # each, spinning on two cores, would slow both workers down more than the second worker gains.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TINY_VOCAB = 384
 

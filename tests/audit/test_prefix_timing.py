@@ -7,7 +7,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_attack_works_on_a_shared_cache_and_not_on_the_isolated_one(tmp_path):
-    rep = run(AttackConfig(trials=12, prefix_tokens=384, seed=1), str(tmp_path / "r.json"), str(tmp_path / "r.png"))
+    rep = run(AttackConfig(trials=12, prefix_tokens=192, seed=1), str(tmp_path / "r.json"), str(tmp_path / "r.png"))
     by_mode = {r["mode"]: r for r in rep["results"]}
     # the harness can see a leak: on the shared cache the secret prefix is a cache hit
     assert by_mode["global"]["auc"] > 0.9

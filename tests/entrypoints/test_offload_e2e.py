@@ -48,13 +48,13 @@ def test_spill_files_hold_no_canary_and_no_plaintext_kv(tmp_path, monkeypatch):
 
     monkeypatch.setattr(KVOffloader, "_gather", gather)
     monkeypatch.setattr(KVOffloader, "save", save)
-    # float32 on every CPU (auto is bfloat16 only on AVX-512): 96 MiB hold ~2180 tokens, fewer than the ~2800
-    # the 16 requests reach, so it must swap
-    llm = LLM(dtype="float32", kv_cache_memory=96 * 2**20, max_model_len=1024, kv_offload="disk",
-              kv_offload_dir=str(spill), max_num_seqs=16)
+    # float32 on every CPU (auto is bfloat16 only on AVX-512): 32 MiB hold ~720 tokens, fewer than the ~900
+    # the 8 requests reach, so it must swap
+    llm = LLM(dtype="float32", kv_cache_memory=32 * 2**20, max_model_len=512, kv_offload="disk",
+              kv_offload_dir=str(spill), max_num_seqs=8)
     canary = "CANARY-7f3e2a9b41d0"
-    ps = [f"Write a long story about {canary} number {i}." for i in range(16)]
-    llm.generate(ps, SamplingParams(temperature=0, max_tokens=160, ignore_eos=True), use_tqdm=False)
+    ps = [f"Write a long story about {canary} number {i}." for i in range(8)]
+    llm.generate(ps, SamplingParams(temperature=0, max_tokens=96, ignore_eos=True), use_tqdm=False)
     assert seen, "the workload was meant to run out of KV blocks and swap"
     for item in seen:
         data, plain = item["file"], item["plain"].numpy().tobytes()

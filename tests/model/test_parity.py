@@ -109,9 +109,9 @@ def test_default_model_matches_transformers(real_llm, default_model_path):
                                               dtype=torch.float32).eval()
     tok = real_llm.get_tokenizer()
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-               for p in PROMPTS]
+               for p in PROMPTS[::2]]  # five chat prompts of ten (every one costs a transformers generate)
     prompts += [tok.encode("The history of the printing press"), tok.encode("def fibonacci(n):")]
-    want = [hf_greedy(hf, p, 64) for p in prompts]
-    assert ours(real_llm, prompts, 64, batched=True) == want
-    assert ours(real_llm, prompts, 64, batched=False) == want
+    want = [hf_greedy(hf, p, 48) for p in prompts]
+    assert ours(real_llm, prompts, 48, batched=True) == want
+    assert ours(real_llm, prompts[:3], 48, batched=False) == want[:3]  # alone, as well as in the batch
     real_llm.engine.check_integrity()

@@ -64,7 +64,7 @@ class ProcessUnderAudit:
         args = [command, "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
                 "--metrics-port", str(metrics_port), "--metrics-min-requests", "0", "--metrics-window", "0.2",
                 "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
-                "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", _kv_budget(), "--max-model-len", "1024",
+                "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", _kv_budget(), "--max-model-len", "512",
                 "--max-num-seqs", "8"] + (["--model", cfg.model] if cfg.model else [])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", *args], cwd=workdir / "cwd", env=env,
@@ -133,7 +133,7 @@ def _preempt(client: OhttpTestClient | PlainTestClient, model: str, canary: str,
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     threads = [threading.Thread(target=client.completion, args=(
-        {"model": model, "prompt": f"Chapter {i} about {canary}.", "max_tokens": 200, "ignore_eos": True},))
+        {"model": model, "prompt": f"Chapter {i} about {canary}.", "max_tokens": 100, "ignore_eos": True},))
         for i in range(8)]
     for t in threads:
         t.start()
@@ -226,8 +226,9 @@ def print_report(rep: dict) -> None:
 
 
 def _kv_budget() -> str:
-    """The audited server's KV cache: the same ~1800 tokens of the default model whatever dtype `auto`
-    picks on this CPU (bfloat16 on AVX-512/AMX, float32 elsewhere), so it runs out and spills alike."""
+    """The audited server's KV cache: the same ~540 tokens of the default model whatever dtype `auto`
+    picks on this CPU (bfloat16 on AVX-512/AMX, float32 elsewhere), so the eight ~110-token requests
+    of the preemption path run out and spill alike."""
     from traceless.runner.build import cpu_runs_bf16
 
-    return "40MiB" if cpu_runs_bf16() else "80MiB"
+    return "12MiB" if cpu_runs_bf16() else "24MiB"
