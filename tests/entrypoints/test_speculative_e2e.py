@@ -10,6 +10,7 @@ import torch
 
 from tests.conftest import ExecutorSpy, llm_with_executor, make_tiny_model
 from tests.entrypoints.test_llm import mixed_params
+from tests.support.logprobs import assert_same_logprobs
 from traceless import LLM, SamplingParams
 from traceless.config import EngineConfig
 
@@ -90,8 +91,7 @@ def test_greedy_with_penalties_and_logprobs_is_identical(tiny_llama_dir):
         for a, b in zip(off, got):
             assert b.outputs[0].token_ids == a.outputs[0].token_ids
             for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-                assert la.keys() == lb.keys()
-                assert all(abs(la[t].logprob - lb[t].logprob) < 1e-4 and la[t].rank == lb[t].rank for t in la)
+                assert_same_logprobs(la, lb)
 
 
 def emissions(llm, ps, params):

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from tests.support.logprobs import assert_rank, assert_top
 from traceless import LLM, SamplingParams
 
 
@@ -25,19 +26,19 @@ def hf_prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
 
 
 def check(out, ids: list[int], want: torch.Tensor, top_n: int) -> None:
+    """Values within 1e-4 of the reference's, ranks within its tie band (support/logprobs.py): the
+    last bits of a matmul differ between our kernels and transformers, and between CPU kinds."""
     got = out.prompt_logprobs
     assert got is not None and len(got) == len(ids) and got[0] is None
     for k, (entry, token) in enumerate(zip(got[1:], ids[1:])):
         assert entry is not None
         row = want[k]
         assert abs(entry[token].logprob - float(row[token])) < 1e-4
-        assert entry[token].rank == int((row > row[token]).sum()) + 1
-        top_vals, top_ids = row.topk(top_n)
-        for rank, (tid, v) in enumerate(zip(top_ids.tolist(), top_vals.tolist()), start=1):
-            assert abs(entry[tid].logprob - v) < 1e-4
-            if tid != token:
-                assert entry[tid].rank == rank
-        assert set(entry) <= set(top_ids.tolist()) | {token}
+        assert_rank(entry[token].rank, row, token)
+        top = sorted((t for t in entry if entry[t].rank <= top_n), key=lambda t: entry[t].rank)
+        assert [entry[t].rank for t in top] == list(range(1, top_n + 1))
+        assert_top(top, [entry[t].logprob for t in top], row)
+        assert set(entry) == set(top) | {token}
 
 
 def prompts(seed: str) -> list[list[int]]:
