@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
@@ -102,6 +102,10 @@ class NativeKernels:
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in _SUFFIX
+
+    def uses_avx512(self) -> bool:
+        """Whether the AVX-512 paths run: this CPU has them and TRACELESS_CPU_ISA=avx2 does not cap them."""
+        return bool(self._fn("tl_uses_avx512", [], _I)())
 
     def paged_attention(self, a: PagedAttentionArgs) -> None:
         num_seqs, max_blocks = a.block_tables.shape

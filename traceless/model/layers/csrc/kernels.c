@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
@@ -218,11 +219,18 @@ static inline void prefetch_block(const void *p, long bytes) {
 DEFINE_ROW16(row16_bf16, uint16_t, load16_bf16, LOAD_BF16)
 DEFINE_ROW16(row16_f32, float, load16_f32, LOAD_F32)
 
+/* TRACELESS_CPU_ISA=avx2 (or "portable") makes an AVX-512 machine run the code an AVX2-only machine
+ * runs, so that tests can check both paths on one machine (tests/model/layers/test_isa.py). */
+static int cpu_isa_capped(void) {
+    const char *cap = getenv("TRACELESS_CPU_ISA");
+    return cap && (strcmp(cap, "avx2") == 0 || strcmp(cap, "portable") == 0);
+}
+
 static int cpu_has_avx512(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
-        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        cached = !cpu_isa_capped() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     }
     return cached;
@@ -390,4 +398,13 @@ DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, LOAD_F32, STORE_F32)
 
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 2; }
+int tl_abi_version(void) { return 3; }
+
+/* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
+int tl_uses_avx512(void) {
+#ifdef TL_HAVE_AVX512_PATH
+    return cpu_has_avx512();
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,32 @@
+"""The tests that compare our logprobs and ranks with transformers pass on both machine kinds: here
+on the code path an AVX2-only machine runs (TRACELESS_CPU_ISA caps the native kernels, oneDNN and MKL
+are capped by their own variables), whatever this machine has. The suite itself covers this
+machine's own path."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+CAPPED = {"TRACELESS_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+RANK_TESTS = ["tests/runner/test_prompt_logprobs.py", "tests/server/test_echo_logprobs.py"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return {**env, **CAPPED, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def test_the_cap_turns_the_avx512_paths_off():
+    code = "from traceless.model.layers.kernels import NativeKernels as K; print(int(K.load().uses_avx512()))"
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
+
+
+def test_rank_and_logprob_tests_pass_on_the_avx2_path():
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          *RANK_TESTS], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout
