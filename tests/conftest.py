@@ -159,3 +159,28 @@ def record_mkdtemp(tmp_path, monkeypatch):
         return made
     return patch
 
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """A test that runs a command in-process (`cli.main`) runs its `configure_logging()`, which puts a
+    handler on the event logger writing to the sys.stderr of that moment (pytest's capture file,
+    closed after the test), turns the logger's propagation off and silences third-party loggers. Put
+    all of it back after every test: a later event must not be written into a closed stream, and a
+    later test that reads records must still see them."""
+    import logging
+
+    from traceless.events import LOGGER_NAME
+
+    names = (LOGGER_NAME, "uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore", "asyncio")
+    root = logging.getLogger()
+    saved_level = root.level
+    saved = {name: (list(lg.handlers), lg.propagate, lg.disabled, lg.level)
+             for name in names for lg in (logging.getLogger(name),)}
+    yield
+    root.setLevel(saved_level)
+    for name, (handlers, propagate, disabled, level) in saved.items():
+        lg = logging.getLogger(name)
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
+        lg.setLevel(level)
