@@ -148,6 +148,18 @@ class AsyncEngine:
             loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
         finally:
             self._engine.abort_all()
+            self._refuse_queued()
+
+    def _refuse_queued(self) -> None:
+        """The thread is ending: commands still queued will never run, so their callers get an error
+        instead of waiting forever."""
+        while True:
+            try:
+                _kind, _args, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineDeadError("the engine has stopped"))
 
     def _drain(self) -> None:
         while True:
@@ -155,6 +167,11 @@ class AsyncEngine:
                 kind, args, fut = self._commands.get_nowait()
             except queue.Empty:
                 return
+            if not fut.set_running_or_notify_cancel():
+                # The caller went away while its command was queued (a client that disconnected):
+                # nothing waits for the result, and for an "add" the caller's abort follows in the
+                # queue. A running future can no longer be cancelled, so the result below is safe.
+                continue
             try:
                 if kind == "add":
                     fut.set_result(self._engine.add_request(*args))

@@ -1,0 +1,81 @@
+"""The engine thread survives any client cancellation: a request cancelled while its "add" is still
+queued (a client that disconnects at the right moment) must neither kill the engine nor leave the
+request behind."""
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import pytest
+
+from traceless import SamplingParams
+from traceless.config import EngineConfig
+from traceless.entrypoints.build import build_engine
+from traceless.server.async_engine import AsyncEngine
+
+
+@pytest.fixture
+def engine(tiny_llama_dir):
+    return AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32",
+                                                 kv_cache_memory=4 * 2**20)))
+
+
+async def _collect(engine: AsyncEngine, rid: str, n: int = 4) -> list[int]:
+    ids: list[int] = []
+    async for out in engine.generate(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)):
+        ids += out.new_token_ids
+    return ids
+
+
+def test_a_request_cancelled_while_its_add_is_queued_leaves_the_engine_alive(engine):
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        hold, held = threading.Event(), threading.Event()
+
+        def block(_engine):  # keeps the engine thread busy so the adds below stay queued
+            held.set()
+            hold.wait(10)
+
+        blocker = asyncio.ensure_future(engine.call(block))
+        await asyncio.to_thread(held.wait, 10)
+        tasks = [asyncio.ensure_future(_collect(engine, f"r{i}")) for i in range(8)]
+        await asyncio.sleep(0.05)  # every task has queued its "add" and awaits it
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        hold.set()
+        await blocker
+        assert not engine.dead
+        assert len(await _collect(engine, "after")) == 4
+        assert not engine.dead
+        await engine.call(lambda e: e.check_integrity())
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        engine.stop()
+
+
+def test_cancellation_at_random_moments_never_kills_the_engine(engine):
+    rng = random.Random(7)
+
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        for wave in range(30):
+            tasks = [asyncio.ensure_future(_collect(engine, f"w{wave}-{i}", n=rng.randrange(1, 8))) for i in range(8)]
+            await asyncio.sleep(rng.random() * 0.01)
+            for t in tasks:
+                if rng.random() < 0.7:
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            assert not engine.dead, f"engine died in wave {wave}"
+        assert len(await _collect(engine, "after")) == 4
+        while await engine.call(lambda e: e.has_unfinished()):
+            await asyncio.sleep(0.01)
+        await engine.call(lambda e: e.check_integrity())
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        engine.stop()
