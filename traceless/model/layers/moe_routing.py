@@ -105,7 +105,8 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedPai
     pairs = flat.numel()
     device = flat.device
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)  # [E]
+    # (a scatter-add, not bincount: bincount on CUDA reads the largest id back to the host)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)
     run_start = torch.cumsum(counts, 0) - counts
