@@ -37,6 +37,8 @@ class Fp8Linear:
         if input_scale is not None and input_scale.numel() != 1:
             raise ModelLoadError(f"Fp8Linear static input scale of shape {tuple(input_scale.shape)}, "
                                  "expected one value")
+        if weight.is_cuda and out_dtype != torch.bfloat16:
+            raise ModelLoadError(f"Fp8Linear on CUDA computes in bfloat16 (row-wise scaled FP8), not {out_dtype}")
         self.weight = weight.contiguous()  # [N, K] row-major: weight.t() is the column-major B of _scaled_mm
         self.weight_scale = weight_scale.float().reshape(1, N)
         self.bias = None if bias is None else bias.to(out_dtype)
@@ -59,9 +61,11 @@ class Fp8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         q, scale = self.quantize_input(x)
         if x.is_cuda:
-            # row-wise scaling: scale_a [T, 1], scale_b [1, N], both float32
-            return torch._scaled_mm(q, self.weight.t(), scale_a=scale.contiguous(), scale_b=self.weight_scale,
-                                    bias=self.bias, out_dtype=self.out_dtype)
+            # row-wise scaling: scale_a [T, 1], scale_b [1, N], both float32, bfloat16 out; the bias
+            # is added after (not every torch version takes a bias with row-wise scales)
+            y = torch._scaled_mm(q, self.weight.t(), scale_a=scale.contiguous(), scale_b=self.weight_scale,
+                                 out_dtype=self.out_dtype)
+            return y if self.bias is None else y.add_(self.bias)
         return self.emulate(q, scale)
 
     def emulate(self, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
