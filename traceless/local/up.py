@@ -261,7 +261,7 @@ class Deployment:
         nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
         proxy_args = [*waivers, "--issuer", issuer, "--api-key-file", str(key_file),
-                      "--relay", self.link("relay", relay), "--gateway", gateway,
+                      "--relay", self.link("relay", relay),
                       "--log", log_url,
                       "--log-public-key", log_key, "--model", model,
                       "--witness-key", self.witness_key, "--state-dir", str(self.state / "proxy"),
