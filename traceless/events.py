@@ -107,7 +107,8 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error",
         "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence", "evidence_refused",
         "evidence_without_policy", "log_unwitnessed", "log_stale", "log_inconsistent", "release_prefix_cache",
-        "release_unpadded", "release_unscrubbed", "release_dummy_weights", "release_request_events")},
+        "release_unpadded", "release_unscrubbed", "release_dummy_weights", "release_request_events",
+        "duplicate_listing")},
     # `reason` is the policy's fixed refusal code; for a report that failed, `kind` and `check` name it
     "client.evidence_refused": {"reason": EVIDENCE_REFUSAL, "kind": Choice.of("snp", "tdx", "nvidia", "none"),
                                 "check": EVIDENCE_CHECK},
@@ -117,7 +118,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "client.tokens_refilled": {"tokens": INT},
     "client.tokens_refused": {"reason": Choice.of(
         "issuer_error", "unreachable", "timeout", "challenge_mismatch", "issuer_key_not_logged",
-        "too_many_issuer_keys")},
+        "issuer_key_not_newest", "quota_exhausted", "api_key_refused")},
     # cluster: issuer, gateway, relay (counts only: no node ids, urls, users or addresses)
     "gateway.configured": {
         "token_check": BOOL, "issuer_keys": INT, "health_interval_s": FLOAT, "unhealthy_after": INT,

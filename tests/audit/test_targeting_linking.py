@@ -26,17 +26,18 @@ def test_every_linking_attack_fails_and_the_honest_baseline_passes(rows, strateg
 def test_the_attacks_succeed_against_a_client_without_the_checks(monkeypatch):
     """Disable each check the rows rely on: the same attacks then succeed (the harness can see them)."""
     from traceless.client.tokens import TokenWallet
+    from traceless.privacy.privacypass.http import b64url_decode
+    from traceless.privacy.privacypass.keys import IssuerPublicKey
 
-    async def unchecked_challenge(self, key):  # relay copy only, no comparison with the direct one
+    async def unchecked_challenge(self, key):  # the relayed copy, not compared with the public one
         return await self._challenge_from(self._config.relay_url, key)
 
-    def anything_logged(self, issuer, refresh):  # accept whatever key the directory shows
-        raise_if_called.append(issuer)
-        return _AnyKey()
+    async def any_offered_key(self):  # accept whatever key the directory shows
+        r = await self._http.get(self._config.issuer_url.rstrip("/") + "/token-issuer-directory")
+        return IssuerPublicKey.from_spki(b64url_decode(r.json()["token-keys"][0]["token-key"], "token-key"))
 
-    raise_if_called: list = []
     monkeypatch.setattr(TokenWallet, "_checked_challenge", unchecked_challenge)
-    monkeypatch.setattr(TokenWallet, "_live_logged", anything_logged)
+    monkeypatch.setattr(TokenWallet, "_issuer_key", any_offered_key)
     with tl.world() as w:
         assert tl.unique_challenge(w, 2).attack_successes == 2
         assert tl.issuer_key_tagging(w, 2).attack_successes == 2
@@ -50,8 +51,3 @@ def test_a_client_without_a_witness_or_saved_head_accepts_the_fork(tmp_path):
             before.update()
         with tl.forked_log(w.dir / "log"), LogClient(w.log_url, w.log_key) as naive:
             assert naive.update().root_hash != before.last_sth.root_hash  # accepted: nothing to compare with
-
-
-class _AnyKey:
-    def __contains__(self, item):
-        return True

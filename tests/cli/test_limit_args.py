@@ -10,7 +10,7 @@ COMMANDS = [
     ["gateway", "--issuer", "http://i"],
     ["issuer", "--api-keys", "keys.json"],
     ["proxy", "--issuer", "http://i", "--api-key", "k", "--relay", "http://r", "--log", "http://l",
-     "--log-public-key", "AA==", "--attester-key", "AA==", "--model", "m", "--gateway", "http://g",
+     "--log-public-key", "AA==", "--attester-key", "AA==", "--model", "m",
      "--witness-key", "AA=="],
     ["serve"],
     ["node"],

@@ -17,7 +17,7 @@ from traceless.privacy.ohttp.gateway import OhttpServer
 
 BASE = ["proxy", "--issuer", "http://issuer.invalid", "--api-key", "k" * 32, "--relay", "http://relay.invalid",
         "--log", "http://log.invalid", "--log-public-key", base64.b64encode(bytes(32)).decode(), "--model", "m",
-        "--gateway", "http://gateway.invalid", "--witness-key", base64.b64encode(bytes(32)).decode(),
+        "--witness-key", base64.b64encode(bytes(32)).decode(),
         "--port", "0"]
 
 
@@ -54,8 +54,9 @@ def test_status_reports_the_policy_and_the_kinds_of_the_verified_nodes(served, t
     assert "traceless proxy: evidence policy 'prod': CPU SNP" in capsys.readouterr().out
     (app,) = served
     with running_app(app) as url:
-        assert httpx.get(url + "/status").json() == {"model": "m", "policy": "prod", "attestation_kinds": [],
-                                                     "nodes": [], "refused": {}}
+        assert httpx.get(url + "/status").json() == {
+            "model": "m", "policy": "prod", "attestation_kinds": [], "nodes": [], "refused": {},
+            "routing": {"answered": 0, "concentrated": False, "nodes_flagged": 0, "kept_draws": 0}}
         client = app.state.private_client
         key = OhttpServer(key_id=1).key_config
         client._verified = [VerifiedNode("n1", 2, key, b"\x07" * 32, "kid1", 5.0, "snp+nvidia"),

@@ -166,3 +166,28 @@ def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):
         v.close()
     with pytest.raises(ValueError):
         ReleasePolicy.from_waivers(["global_prefix_cache"])
+
+
+def test_one_node_listed_under_many_ids_refuses_the_round():
+    """Node aliases: the gateway lists the attacker's node under 9 node ids next to one honest node;
+    verifying every copy and drawing by their summed capacity gave the attacker 9/10 of the draws."""
+    from traceless.client.node_choice import draw_node
+
+    honest, evil = SoftwareAttester(), SoftwareAttester()
+    v = NodeVerifier(ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32,
+                                  (honest.public_key.public_bytes_raw(), evil.public_key.public_bytes_raw()), "m",
+                                  attester_policy=AttesterPolicy.DEVELOPMENT), releases=StubReleases(RELEASE))
+    try:
+        evil_server = OhttpServer(key_id=4)
+        listing = [{**entry(honest, OhttpServer(key_id=3)), "node_id": "honest"}]
+        listing += [{**entry(evil, evil_server), "node_id": f"alias{i}"} for i in range(9)]
+        refused = False
+        try:
+            nodes = v.verify_all(listing, NONCE)
+        except Exception as exc:  # DuplicateListingError
+            refused = "more than once" in str(exc)
+            nodes = []
+        draws = [draw_node(nodes).node_id for _ in range(200)] if nodes else []
+    finally:
+        v.close()
+    assert refused, f"the aliases were drawn {sum(d.startswith('alias') for d in draws)} of {len(draws)} times"

@@ -1,13 +1,16 @@
-"""The client's resend rule (issue 12, finding 5): a prompt is sent again, to another node, only when
-the first send provably never left (the connection failed before the body was sent); after a 5xx or a
-truncated stream the error is surfaced and nothing is resent."""
+"""The client's failure rule: a failed request is never resent onto a fresh draw; its draw is kept for
+the next request, so a gateway that fails requests (and a caller that retries them) cannot re-roll the
+client's draw. After a 5xx, a refused token or a truncated stream the error is surfaced with its cause
+and nothing is resent; the one resend is to the same node under a new id after a gateway restart."""
 import asyncio
+import random
 
 import httpx
 import pytest
 
 from traceless.client.node_verifier import VerifiedNode
 from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClientError
+from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import OhttpServer
 from traceless.privacy.privacypass.wire import Token
 
@@ -15,9 +18,9 @@ SERVERS = [OhttpServer(key_id=1), OhttpServer(key_id=2)]
 NODES = [VerifiedNode(f"node{i}", 1, s.key_config, b"\x00" * 32, f"kid{i}", 0.0) for i, s in enumerate(SERVERS)]
 
 
-def _client(handler):
+def _client(handler, rng=None):
     config = ClientConfig("http://issuer", "k", "http://relay", "http://log", b"\x00" * 32, (), "m")
-    client = AsyncPrivateClient(config, http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    client = AsyncPrivateClient(config, http=httpx.AsyncClient(transport=httpx.MockTransport(handler)), rng=rng)
 
     async def candidates():
         return list(NODES)
@@ -63,13 +66,91 @@ def test_no_resend_after_a_broken_response():
     assert len(posts) == 1
 
 
-def test_a_connection_that_never_opened_is_retried_on_another_node():
+def _answer(request: httpx.Request, server: OhttpServer) -> httpx.Response:
+    """What a node answers: the request decrypted, a 200 JSON reply encrypted to it."""
+    _, context = server.decapsulate_request(request.content)
+    reply = bhttp.encode_response(bhttp.Response(200, content=b'{"object": "chat.completion"}'))
+    return httpx.Response(200, content=context.encapsulate(reply), headers={"content-type": "message/ohttp-res"})
+
+
+def _cause(error: PrivateClientError) -> str | None:
+    cause = getattr(error, "cause", None)
+    return getattr(cause, "value", None)
+
+
+def test_a_refused_token_fails_the_request_and_causes_no_refill():
+    """Forced refill: a 401 made the client drop its tokens, wait for the next batch and resend the
+    instant it landed; issuer and gateway then line the two up. Now the request fails, nothing is
+    resent and the wallet keeps its tokens."""
+    posts, go = _run(lambda request, n: httpx.Response(401, json={"error": {"message": "x"}}))
+    with pytest.raises(PrivateClientError) as e:
+        asyncio.run(go())
+    assert len(posts) == 1 and _cause(e.value) == "token_refused"
+
+
+def test_a_gateway_failing_requests_bound_for_honest_nodes_gains_nothing_from_retries():
+    """Retry steering: the gateway answers 502 to every request not bound for its own node, and the
+    caller (the openai SDK) retries each failure twice. Each retry used to draw afresh, so the
+    attacker's node answered almost every request; the failed request's draw is now kept."""
+    evil = NODES[1].node_id
+
+    def gateway(request):
+        if request.url.path.endswith("/" + evil):
+            return _answer(request, SERVERS[1])
+        return httpx.Response(502, json={"error": {"message": "bad gateway"}})
+
+    client = _client(gateway, random.Random(7))
+
+    async def go():
+        answered = 0
+        for _ in range(100):
+            for _attempt in range(3):  # the SDK's default: the call and two retries
+                try:
+                    await client.request("/v1/completions", {"model": "m", "prompt": "p", "max_tokens": 1})
+                    answered += 1
+                    break
+                except PrivateClientError:
+                    continue
+        await client.aclose()
+        return answered
+
+    # The honest node's draw is kept: every later request goes there (and fails); the attacker answers
+    # only the requests drawn for it before the first honest draw, about one.
+    assert asyncio.run(go()) <= 10
+
+
+def test_a_renamed_node_is_followed_to_its_new_id_and_nothing_else():
+    """After a gateway restart the cached node ids are unknown (404): the round is fetched again and the
+    request goes to the same node (by attester key) under its new id, never to a fresh draw."""
+    renamed = [VerifiedNode(f"new{i}", 1, s.key_config, b"\x00" * 32, f"kid{i}", 0.0) for i, s in enumerate(SERVERS)]
+    sent_to: list[str] = []
+
+    def gateway(request):
+        node_id = request.url.path.rsplit("/", 1)[1]
+        sent_to.append(node_id)
+        if node_id.startswith("node"):
+            return httpx.Response(404, json={"error": {"message": "no such node", "code": "node_not_found"}})
+        return _answer(request, SERVERS[int(node_id[-1])])
+
+    client = _client(gateway)
+    rounds = iter([list(NODES), renamed])
+    client._verified_candidates = lambda: asyncio.sleep(0, next(rounds))
+
+    async def go():
+        try:
+            return await client.request("/v1/completions", {"model": "m", "prompt": "p", "max_tokens": 1})
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()) == {"object": "chat.completion"}
+    assert len(sent_to) == 2 and sent_to[1] == "new" + sent_to[0][-1]
+
+
+def test_a_relay_that_cannot_be_reached_names_its_cause():
     def handler(request, n):
-        if n == 1:
-            raise httpx.ConnectError("connection refused", request=request)
-        return httpx.Response(503, json={"error": {"message": "busy"}})
+        raise httpx.ConnectError("connection refused", request=request)
 
     posts, go = _run(handler)
-    with pytest.raises(PrivateClientError):
+    with pytest.raises(PrivateClientError) as e:
         asyncio.run(go())
-    assert len(posts) == 2 and posts[0] != posts[1]  # the second send went to the other node
+    assert len(posts) == 1 and _cause(e.value) == "relay_unreachable"

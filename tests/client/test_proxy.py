@@ -7,6 +7,7 @@ import pytest
 
 from tests.cluster._services import running_app
 from traceless.client.proxy import create_proxy_app
+from traceless.client.routing_watch import RoutingWatch
 
 
 @dataclass
@@ -19,6 +20,7 @@ class StubPrivateClient:
 
     def __init__(self) -> None:
         self.config = _Config()
+        self.routing = RoutingWatch()
         self.sent: list[tuple[str, dict]] = []
 
     def start(self) -> None:  # the proxy starts the token wallet's schedule with its lifespan

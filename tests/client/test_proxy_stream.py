@@ -8,6 +8,7 @@ import pytest
 
 from traceless.client.private_client import PrivateClientError
 from traceless.client.proxy import create_proxy_app
+from traceless.client.routing_watch import RoutingWatch
 from traceless.http.serve import serve_in_thread
 
 
@@ -16,6 +17,7 @@ class BreakingClient:
 
     def __init__(self) -> None:
         self.config = SimpleNamespace(model="m")
+        self.routing = RoutingWatch()
         self.closed = threading.Event()
 
     def start(self) -> None:  # the proxy starts the token wallet's schedule with its lifespan

@@ -25,3 +25,22 @@ def test_a_node_answering_far_beyond_its_attested_share_is_flagged():
         if w := watch.observe(node, caps):
             warnings.append(w)
     assert len(warnings) == 1 and "concentrated" in warnings[0] and "attested" in warnings[0]
+
+
+def test_a_node_that_dies_raises_no_warning():
+    """Plain faults, no attacker: node "a" (3/4 of the capacity) dies after 40 requests and later rounds
+    list only "b", which then answers everything, as it should. Judged against the round each request
+    was drawn from, nothing is concentrated."""
+    rng, watch = random.Random(2), RoutingWatch()
+    both, alone = {"a": 3, "b": 1}, {"b": 1}
+    warnings = [w for i in range(400) if (w := watch.observe(answered(rng, both if i < 40 else alone),
+                                                             both if i < 40 else alone))]
+    assert warnings == [] and not watch.concentrated
+
+
+def test_the_status_counts_without_naming_nodes():
+    watch = RoutingWatch()
+    for _ in range(40):
+        watch.observe("evil", {"evil": 1, "honest": 9})
+    status = watch.status()
+    assert status == {"answered": 40, "concentrated": True, "nodes_flagged": 1} and "evil" not in str(status)

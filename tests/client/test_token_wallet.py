@@ -1,6 +1,8 @@
-"""TokenWallet (issue 12, finding 4): refills on its own random schedule in fixed batches, never
-because of a request; every token handed out once; one challenge for everyone (relay copy == direct
-copy); only issuer keys that are in the transparency log; a new issuer key picked up without a restart."""
+"""TokenWallet: refills on its own random schedule in fixed batches, never because of a request or an
+error, and the schedule survives anything a hop answers; a waiting request leaves on its own clock,
+not when a batch lands; every token handed out once; one challenge for everyone (the epoch's public
+one, fetched through the relay only: the gateway never sees the client's address); only the newest
+issuer key in the transparency log, picked up without a restart."""
 import asyncio
 import itertools
 import random
@@ -9,13 +11,18 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from traceless.client.tokens import MAX_LIVE_ISSUER_KEYS, TokenError, TokenWallet
+from traceless.client.tokens import TokenError, TokenWallet
 from traceless.privacy.privacypass.http import b64url_encode
+from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
 from traceless.privacy.translog.manifest import IssuerKeyEntry
+
+EPOCH_S = 3600.0
 
 
 def _config(**kw):
+    # gateway_url: where a wallet that checked challenges directly would go (this one must never)
     base = dict(token_batch=8, token_low_water=4, token_refill_delay_s=(0.02, 0.05), token_wait_s=5.0,
+                token_release_delay_s=(0.01, 0.02), challenge_epoch_s=EPOCH_S, clock_leeway_s=60,
                 issuer_url="http://issuer.test:1", relay_url="http://relay.test", gateway_url="http://gw.test",
                 origin_name="traceless", api_key="k")
     return SimpleNamespace(**(base | kw))
@@ -87,6 +94,36 @@ def test_requests_never_trigger_a_fetch():
 
     before, during, served = asyncio.run(run())
     assert before == 1 and during == 1 and served == 3
+
+
+def test_a_waiting_request_leaves_on_its_own_clock_not_when_the_batch_lands():
+    """Forced refill, burst drain: a request that waits on an empty wallet must not be sent the instant
+    the next batch lands (the issuer sees the batch, the gateway the spend: lock-step links them). It
+    leaves at a time drawn when it began waiting."""
+    async def run():
+        loop = asyncio.get_running_loop()
+        w = FakeIssuerWallet(token_refill_delay_s=(0.05, 0.05), token_release_delay_s=(0.3, 0.3))
+        landed = []
+        fetch = w._fetch
+
+        async def recording_fetch(challenge, key):
+            tokens = await fetch(challenge, key)
+            landed.append(loop.time())
+            return tokens
+
+        w._fetch = recording_fetch
+        w.start()
+        await asyncio.sleep(0.02)  # the first wake has filled the wallet
+        for _ in range(8):
+            await w.take()
+        start = loop.time()
+        await w.take()  # waits for the next wake (~0.03 s from now)
+        left = loop.time()
+        await w.aclose()
+        return start, landed[1], left
+
+    start, landed, left = asyncio.run(run())
+    assert landed - start < 0.1 and left - landed > 0.2
 
 
 def test_the_refill_delays_are_random_within_the_configured_range():
@@ -170,20 +207,27 @@ def test_every_refill_of_the_same_epoch_is_kept():
 
 # --- the real key and challenge checks, over a mock transport ---------------------------------------
 class World:
-    """An issuer directory, a gateway challenge (relay and direct copies) and the log's issuer keys."""
+    """An issuer directory, a gateway challenge (as the relay forwards it, and as the gateway would
+    answer a direct fetch) and the log's issuer keys. `hosts` records every host the wallet contacted."""
 
     def __init__(self, keys):
-        self.keys, self.directory_key = keys, keys[0]
+        self.keys, self.directory_keys = keys, [keys[0]]
         self.logged = [IssuerKeyEntry("issuer.test:1", keys[0].spki, 0, 2**40)]
-        self.direct_context, self.log_calls = b"\x00" * 32, []
+        self.relayed_context: bytes | None = None  # None: the epoch's public challenge
+        self.direct_context: bytes | None = None
+        self.malformed_challenge = False
+        self.log_calls, self.hosts = [], []
 
     def handler(self, request: httpx.Request) -> httpx.Response:
+        self.hosts.append(request.url.host)
         if request.url.path == "/token-issuer-directory":
             return httpx.Response(200, json={"token-keys": [
-                {"token-type": 2, "token-key": b64url_encode(self.directory_key.spki)}]})
+                {"token-type": 2, "token-key": b64url_encode(k.spki)} for k in self.directory_keys]})
         if request.url.path == "/pcc/v1/challenge":
-            context = b"\x00" * 32 if request.url.host == "relay.test" else self.direct_context
-            return httpx.Response(401, headers={"www-authenticate": _header(context, self.directory_key)})
+            if self.malformed_challenge:
+                return httpx.Response(200, headers={"www-authenticate": 'PrivateToken challenge="'})
+            context = self.relayed_context if request.url.host == "relay.test" else self.direct_context
+            return httpx.Response(200, headers={"www-authenticate": _header(context, self.directory_keys[0])})
         return httpx.Response(500)
 
     def logged_keys(self, issuer, refresh):
@@ -191,10 +235,16 @@ class World:
         return list(self.logged)
 
 
+def public_context() -> bytes:
+    import time
+
+    return RedemptionSchedule("issuer.test:1", "", EPOCH_S, 0.0).current(time.time()).challenge.redemption_context
+
+
 def _header(context, key) -> str:
     from traceless.privacy.privacypass.wire import TokenChallenge
 
-    c = TokenChallenge(2, "issuer.test:1", context, "traceless")
+    c = TokenChallenge(2, "issuer.test:1", public_context() if context is None else context, "")
     return f'PrivateToken challenge="{b64url_encode(c.encode())}", token-key="{b64url_encode(key.spki)}"'
 
 
@@ -226,15 +276,28 @@ def _check(world, fetch: str):
     return asyncio.run(run())
 
 
-def test_a_logged_issuer_key_and_an_agreeing_challenge_are_used(world_keys):
+def test_the_logged_issuer_key_and_the_public_challenge_are_used(world_keys):
     world = _world(world_keys)
     assert _check(world, "key") == world_keys[0]
-    assert _check(world, "challenge").redemption_context == b"\x00" * 32
+    assert _check(world, "challenge").redemption_context == public_context()
 
 
-def test_a_unique_challenge_for_this_client_is_detected(world_keys):
+def test_the_wallet_never_contacts_the_gateway_directly(world_keys):
+    """A direct fetch shows the gateway the client's address next to the relayed one: the gateway
+    pairs the two by time and tags both (a pairing tagger)."""
     world = _world(world_keys)
-    world.direct_context = b"\x01" * 32  # the gateway tags this fetch
+    try:
+        _check(world, "challenge")
+    except TokenError:
+        pass
+    assert "gw.test" not in world.hosts and "relay.test" in world.hosts
+
+
+def test_a_challenge_tagged_alike_on_both_paths_is_refused(world_keys):
+    """The pairing tagger answers the relayed and the direct fetch with the same tag: comparing the
+    two copies cannot catch it; comparing with the epoch's public challenge does."""
+    world = _world(world_keys)
+    world.relayed_context = world.direct_context = b"\x01" * 32
     with pytest.raises(TokenError) as e:
         _check(world, "challenge")
     assert e.value.reason == "challenge_mismatch"
@@ -242,25 +305,35 @@ def test_a_unique_challenge_for_this_client_is_detected(world_keys):
 
 def test_an_issuer_key_that_is_not_logged_is_refused(world_keys):
     world = _world(world_keys)
-    world.directory_key = world_keys[1]  # a key for this user only, never logged
+    world.directory_keys = [world_keys[1]]  # a key for this user only, never logged
     with pytest.raises(TokenError) as e:
         _check(world, "key")
     assert e.value.reason == "issuer_key_not_logged"
     assert ("issuer.test:1", True) in world.log_calls  # it looked at a fresh tree head before refusing
 
 
-def test_more_live_logged_keys_than_a_rotation_needs_are_refused(world_keys):
+def test_an_older_logged_key_shown_to_one_user_is_refused(world_keys):
+    """Key partition: two live logged keys (a rotation's overlap); the issuer shows this user the older
+    one while everyone else uses the newer, and the gateway reads the key id back at redemption."""
     world = _world(world_keys)
-    world.logged = [IssuerKeyEntry("issuer.test:1", k.spki, 0, 2**40) for k in world_keys[:MAX_LIVE_ISSUER_KEYS + 1]]
+    world.logged = [IssuerKeyEntry("issuer.test:1", k.spki, 0, 2**40) for k in world_keys[:2]]
+    world.directory_keys = [world_keys[0]]
     with pytest.raises(TokenError) as e:
         _check(world, "key")
-    assert e.value.reason == "too_many_issuer_keys"
-    world.logged[0] = IssuerKeyEntry("issuer.test:1", world_keys[0].spki, 0, 10)  # expired: not live
-    world.logged[1] = IssuerKeyEntry("issuer.test:1", world_keys[1].spki, 0, 10)
-    with pytest.raises(TokenError):
-        _check(world, "key")  # the directory's key 0 has expired in the log: only key 2 is live ...
-    world.directory_key = world_keys[2]
+    assert e.value.reason == "issuer_key_not_newest"
+    world.directory_keys = [world_keys[1], world_keys[0]]  # both offered: the newest is the one used
+    assert _check(world, "key") == world_keys[1]
+
+
+def test_issuer_restarts_that_log_new_keys_keep_issuance_working(world_keys):
+    """Every restart logs a new key: three live logged keys; the newest, which the issuer offers, is used."""
+    world = _world(world_keys)
+    world.logged = [IssuerKeyEntry("issuer.test:1", k.spki, 0, 2**40) for k in world_keys[:3]]
+    world.directory_keys = [world_keys[2]]
     assert _check(world, "key") == world_keys[2]
+    world.logged[2] = IssuerKeyEntry("issuer.test:1", world_keys[2].spki, 0, 10)  # expired: not live
+    world.directory_keys = [world_keys[1]]
+    assert _check(world, "key") == world_keys[1]
 
 
 def test_a_rotated_issuer_key_is_used_once_logged_without_a_restart(world_keys):
@@ -269,7 +342,7 @@ def test_a_rotated_issuer_key_is_used_once_logged_without_a_restart(world_keys):
         wallet = TokenWallet(_config(), http, world.logged_keys)
         try:
             first = await wallet._issuer_key()
-            world.directory_key = world_keys[3]  # the issuer rotated (or restarted)
+            world.directory_keys = [world_keys[3]]  # the issuer rotated (or restarted)
             with pytest.raises(TokenError):
                 await wallet._issuer_key()  # not logged yet
             world.logged.append(IssuerKeyEntry("issuer.test:1", world_keys[3].spki, 0, 2**40))
@@ -280,3 +353,25 @@ def test_a_rotated_issuer_key_is_used_once_logged_without_a_restart(world_keys):
 
     first, second = asyncio.run(run(_world(world_keys)))
     assert first == world_keys[0] and second == world_keys[3]
+
+
+def test_a_malformed_challenge_header_does_not_stop_the_schedule(world_keys):
+    """One malformed WWW-Authenticate must not kill the schedule (and a request must not restart it)."""
+    async def run(world):
+        http = httpx.AsyncClient(transport=httpx.MockTransport(world.handler))
+        wallet = TokenWallet(_config(), http, world.logged_keys)
+        world.malformed_challenge = True
+        wallet.start()
+        try:
+            await asyncio.sleep(0.15)  # a few wakes, each refused
+            task = wallet._task
+            alive = task is not None and not task.done()
+            world.malformed_challenge = False
+            await asyncio.sleep(0.15)
+            return alive, wallet._task is task, len(wallet._tokens)
+        finally:
+            await wallet.aclose()
+            await http.aclose()
+
+    alive, same_task, _ = asyncio.run(run(_world(world_keys)))
+    assert alive and same_task

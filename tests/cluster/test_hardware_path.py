@@ -117,7 +117,7 @@ def private_path(services, engine, attester: Attester, gateway_policy: Attestati
 def client_config(services, gateway_url: str, relay_url: str, policy: AttestationPolicy,
                   attester_keys=()) -> ClientConfig:
     return ClientConfig(issuer_url=services["issuer_url"], api_key=API_KEY, relay_url=relay_url,
-                        gateway_url=gateway_url, witness_keys=services["witness_keys"], max_tree_head_age_s=3600,
+                        witness_keys=services["witness_keys"], max_tree_head_age_s=3600,
                         log_url=services["log_url"], log_public_key=services["log_key"],
                         attester_keys=tuple(attester_keys), model=MODEL, evidence_policy=policy)
 

@@ -58,7 +58,7 @@ def _free_port():
 
 
 def client_config(e: dict, relay: str, **changes) -> ClientConfig:
-    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay, gateway_url=e["gateway"],
+    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay,
                log_url=e["log"],
                log_public_key=base64.b64decode(e["log_public_key"]),
                attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"],

@@ -11,12 +11,18 @@ Ours (`capacity_random`) runs on the real gateway under every strategy (targetin
 The linking and log attacks (unique challenges, issuer key tagging, log fork) run against the real
 issuer, gateway, log and witness with the client's own checks (targeting_linking.py): each row is
 the attack's success rate next to the honest baseline's acceptance rate.
+The attacks of colluding hops (pairing tagger, issuer key partition, forced refill, node aliases,
+retry steering: targeting_collusion*.py, targeting_refill.py) are each measured three times: the
+honest baseline, the attack on our client, and the attack on a deliberately weakened client, each
+with a 99.99% interval against the fair level (1/users for linking, T's share for routing).
 The production-style routers (least-loaded, user affinity, prefix-aware, priority class) are
 SIMULATIONS (targeting_policies.py, targeting_sim.py), each under no attack and under the
 strategy that fits it, to show the harness detects targeting where it exists.
 """
 from __future__ import annotations
 
+from traceless.audit.targeting_collusion import CollusionRow, measure_collusion_linking
+from traceless.audit.targeting_collusion_routing import measure_collusion_routing
 from traceless.audit.targeting_estimate import AT, BEATS, Estimate, Scenario
 from traceless.audit.targeting_gateway import GATEWAY_STRATEGIES, GatewayAttackConfig, measure_gateway
 from traceless.audit.targeting_linking import LinkingEstimate, measure_linking
@@ -39,7 +45,8 @@ def measure_all(scenario: Scenario, gateway_cfg: GatewayAttackConfig = GatewayAt
     return results
 
 
-def build_report(scenario: Scenario, results: list[Estimate], linking: list[LinkingEstimate] | None = None) -> dict:
+def build_report(scenario: Scenario, results: list[Estimate], linking: list[LinkingEstimate] | None = None,
+                 collusion: list[CollusionRow] | None = None) -> dict:
     ours = [r for r in results if not r.simulated]
     sims = [r for r in results if r.simulated]
     beaten = sorted({r.policy for r in sims if r.strategy != "none" and r.verdict == BEATS})
@@ -50,8 +57,10 @@ def build_report(scenario: Scenario, results: list[Estimate], linking: list[Link
             "summary": {"ours_beaten": any(r.verdict == BEATS for r in ours),
                         "simulated_policies_beaten": beaten,
                         "simulated_policies_off_share_without_attack": biased,
-                        "linking_attacks_succeeded": sorted(r.strategy for r in linking or () if not r.detected)},
-            "linking": [r.to_json() for r in linking or ()]}
+                        "linking_attacks_succeeded": sorted(r.strategy for r in linking or () if not r.detected),
+                        "collusion_rows_failed": sorted(r.strategy for r in collusion or () if not r.passed)},
+            "linking": [r.to_json() for r in linking or ()],
+            "collusion": [r.to_json() for r in collusion or ()]}
 
 
 def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None = None,
@@ -61,7 +70,10 @@ def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None 
     with tqdm(total=len(GATEWAY_STRATEGIES) + len(SIM_PLAN), desc="policy x strategy", unit="row") as bar:
         results = measure_all(scenario, gateway_cfg, progress=bar)
     linking = measure_linking(linking_trials) if linking_trials > 0 else []
-    report = build_report(scenario, results, linking)
+    collusion = measure_collusion_routing(scenario, scenario.requests)
+    if linking_trials > 0:
+        collusion += measure_collusion_linking(linking_trials, scenario.seed)
+    report = build_report(scenario, results, linking, collusion)
     return finish(report, print_report, json_path, plot, plot_path)
 
 
@@ -95,6 +107,26 @@ def print_report(report: dict) -> None:
             print(f"{r['strategy']:<20}{r['trials']:>7}{r['attack_success_rate']:>16.3f}{f'[{alo:.3f}, {ahi:.3f}]':>17}"
                   f"{r['honest_accept_rate']:>17.3f}{f'[{hlo:.3f}, {hhi:.3f}]':>17}  "
                   f"{'detected / failed' if r['detected'] else 'ATTACK SUCCEEDED or honest refused'}")
+
+
+    if report.get("collusion"):
+        print_collusion(report["collusion"])
+
+
+def print_collusion(rows: list[dict]) -> None:
+    print(f"\n{'colluding hops':<16}{'fair':>7}{'honest baseline':>24}{'attack on ours':>24}"
+          f"{'attack on weakened':>24}  verdict")
+    for r in rows:
+        cells = "".join(_cell(r[k]) for k in ("honest", "attacked", "weakened"))
+        print(f"{r['strategy']:<16}{r['fair']:>7.3f}{cells}  {'ok' if r['passed'] else 'FAILED'}")
+    print("Each cell: success rate, verdict against the fair level (99.99% Wilson interval). A row is ok when the "
+          "honest\nbaseline is AT the fair level, the attack does not BEAT it on our client, and BEATS it on the "
+          "weakened client.")
+
+
+def _cell(c: dict) -> str:
+    lo, hi = c["interval_99_99"]
+    return f"{c['rate']:>8.3f} {c['verdict'][:5]:<5}{f'[{lo:.2f},{hi:.2f}]':>11}"
 
 
 def plot(report: dict, path: str) -> None:

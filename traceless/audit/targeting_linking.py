@@ -128,6 +128,7 @@ def _log_client(w: World, state: Path | None):
 
 def _wallet_config(w: World, relay_url: str, gateway_url: str, issuer_url: str) -> SimpleNamespace:
     return SimpleNamespace(token_batch=4, token_low_water=2, token_refill_delay_s=(1.0, 1.0), token_wait_s=5.0,
+                           token_release_delay_s=(0.01, 0.02), challenge_epoch_s=3600.0, clock_leeway_s=60,
                            issuer_url=issuer_url, relay_url=relay_url, gateway_url=gateway_url,
                            origin_name="traceless", api_key=w.api_key)
 

@@ -42,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     issuer.add_argument("--tokens-per-window", type=_positive_int, default=1000, help="per-user quota (default 1000)")
     issuer.add_argument("--window-seconds", type=_positive_float, default=3600.0, help="quota window (default 3600)")
     issuer.add_argument("--max-batch", type=_positive_int, default=100, help="token requests per call (default 100)")
+    issuer.add_argument("--key-file", metavar="FILE", default=None,
+                        help="the token signing key, kept across restarts (created 0600 with a fresh key if "
+                             "missing); log its key once. Default: a fresh key at every start, which must be "
+                             "logged again before wallets take tokens")
     issuer.add_argument("--directory-port", type=int, default=None,
                         help="also serve the key directory, and nothing else, on this port (a network policy "
                              "can then let the gateway fetch the key without reaching the signing routes)")
@@ -112,7 +116,15 @@ def _issuer(args: argparse.Namespace) -> int:
     if args.directory_port is not None and args.directory_port == args.port:
         raise CommandError("--directory-port must differ from --port")
     configure_logging()
-    app = create_issuer_app(config, api_keys)
+    issuer = None
+    if args.key_file is not None:
+        from traceless.cluster.issuer_key import IssuerKeyFileError, load_or_create_issuer
+
+        try:
+            issuer = load_or_create_issuer(args.key_file)
+        except (IssuerKeyFileError, OSError) as exc:
+            raise CommandError(f"--key-file: {exc}") from None
+    app = create_issuer_app(config, api_keys, issuer=issuer)
     if args.directory_port is None:
         run_uvicorn(app, args.host, args.port, "issuer", limits=connection_limits(args))
     else:

@@ -15,9 +15,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     key.add_argument("--api-key-file", help="file holding your issuer API key")
     key.add_argument("--api-key", help="your issuer API key (visible to other local users via ps; prefer the file)")
     add_env_argument(p, "--relay", "TRACELESS_RELAY_URL", required=True, help="OHTTP relay URL")
-    add_env_argument(p, "--gateway", "TRACELESS_GATEWAY_URL", required=True,
-                     help="the gateway's own URL: the token challenge fetched through the relay must equal the "
-                          "one fetched here (one challenge for everyone)")
     add_env_argument(p, "--log", "TRACELESS_LOG_URL", required=True, help="transparency log URL")
     add_env_argument(p, "--log-public-key", "TRACELESS_LOG_PUBLIC_KEY", required=True,
                      help="the log's Ed25519 public key (base64), pinned")
@@ -87,7 +84,7 @@ def _proxy(args: argparse.Namespace) -> int:
     configure_logging()
     api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else args.api_key
     config = ClientConfig(
-        issuer_url=args.issuer, api_key=api_key, relay_url=args.relay, gateway_url=args.gateway, log_url=args.log,
+        issuer_url=args.issuer, api_key=api_key, relay_url=args.relay, log_url=args.log,
         log_public_key=base64.b64decode(args.log_public_key),
         attester_keys=tuple(base64.b64decode(k) for k in args.attester_key), model=args.model,
         origin_name=args.origin_name, candidates=args.candidates,

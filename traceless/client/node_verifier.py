@@ -67,6 +67,12 @@ class VerifiedNode:
     attester_kid: str
     verified_at: float
     attestation_kind: str = "software"  # "software", or the verified evidence kinds, e.g. "snp+nvidia"
+    node_url: str = ""  # where the attestation says the node serves
+
+
+class DuplicateListingError(Exception):
+    """One node was listed more than once (under several node ids, or two listings share an
+    attester key, an OHTTP key configuration or a URL): the whole round is refused."""
 
 
 class NodeRefused(Exception):
@@ -117,7 +123,9 @@ class NodeVerifier:
         self._log.close()
 
     def verify_all(self, offered: list, expected_nonce: bytes) -> list[VerifiedNode]:
-        """The offered nodes that pass; `last_refused` counts the others of this round by reason."""
+        """The offered nodes that pass; `last_refused` counts the others of this round by reason.
+        DuplicateListingError when two verified entries are one node (a gateway listing one node
+        under many ids would multiply its share of the client's draw)."""
         out: list[VerifiedNode] = []
         refused_by: dict[str, int] = {}
         for entry in offered:
@@ -127,6 +135,10 @@ class NodeVerifier:
                 emit("client.refused_node", reason=refused.reason)
                 refused_by[refused.reason] = refused_by.get(refused.reason, 0) + 1
         self.last_refused = refused_by
+        if _has_duplicates(out):
+            emit("client.refused_node", reason="duplicate_listing")
+            self.last_refused = {**refused_by, "duplicate_listing": len(out)}
+            raise DuplicateListingError("the gateway listed one node more than once; the round is refused")
         return out
 
     def verify(self, entry: dict, *, expected_nonce: bytes, now: float | None = None) -> VerifiedNode:
@@ -163,7 +175,7 @@ class NodeVerifier:
             raise NodeRefused("capacity_not_allowed")
         emit("client.attestation_kind", kind=kind)
         return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now,
-                            kind)
+                            kind, claims.node_url)
 
     def _trusted_keys(self, document: str, evidence: tuple[Evidence, ...]) -> tuple[list[Ed25519PublicKey], str]:
         """The keys to authenticate `document` with, and the attestation kind they stand for: under an
@@ -179,6 +191,16 @@ class NodeVerifier:
             kind, check, code = _split_reason(exc.reason)
             _evidence_refused(code, kind, check)
         return list(verdict.keys), verdict.kind
+
+
+def _has_duplicates(nodes: list[VerifiedNode]) -> bool:
+    """Whether two entries share a node id, an attester key, an OHTTP key configuration or a URL."""
+    for identity in (lambda n: n.node_id, lambda n: n.attester_kid, lambda n: n.key_config.encode(),
+                     lambda n: n.node_url):
+        seen = [identity(n) for n in nodes if identity(n) != ""]
+        if len(set(seen)) != len(seen):
+            return True
+    return False
 
 
 def _attester_type(kind: str) -> str:

@@ -1,8 +1,8 @@
 """PrivateClient: an OpenAI call over the private path (docs/private-path.md).
 
     tokens      issuer /token-request-batch (API key)      -> Privacy Pass type-2 tokens, unlinkable:
-                fetched on the wallet's own random schedule in fixed batches, for a challenge checked
-                through two paths, under an issuer key that is in the log (tokens.py)
+                fetched on the wallet's own random schedule in fixed batches, for the epoch's public
+                challenge (fetched through the relay only), under the newest logged issuer key (tokens.py)
     candidates  relay -> gateway /pcc/v1/nodes?nonce=N      -> the model's nodes, each with a document
                                                               its node made now for the client's nonce
     verify      attestation (trusted attester key, attester type allowed by policy, nonce, validity
@@ -14,11 +14,11 @@
     request     OHTTP (chunked when streaming) via relay -> gateway -> node, PrivateToken header;
                 the request padded to its size bucket (privacy/shape.py), a stream handed on as
                 whole SSE events without the node's padding
-    resend      only if the first send provably never left: the connection to the relay could not
-                be opened (nothing was sent), then to another verified node; after a 5xx, a
-                broken or truncated response the error is surfaced and nothing is resent (the
-                node may have run it, and a gateway that could trigger resends could re-roll the
-                client's draw until it lands on a node of its choosing)
+    failure     nothing is resent onto a fresh draw: the failed request's draw is kept and serves
+                the next request (node_choice.Draws), so a gateway that fails requests bound for
+                honest nodes (and a caller that retries each failure) gains nothing. The one resend:
+                a gateway that no longer knows the node id (404: it restarted), to the same node
+                under its new id. Every failure has a fixed cause (errors.py).
 
 Verified candidates are kept for `attestation_max_age_s` and then fetched again with a new nonce
 (0: a new nonce for every request). audit/attestation_freshness.py measures both; the default is
@@ -40,10 +40,11 @@ from typing import NoReturn
 
 import httpx
 
-from traceless.client.node_choice import draw_node
-from traceless.client.node_verifier import NodeVerifier, VerifiedNode
+from traceless.client.errors import FailureCause, PrivateClientError, UpstreamError
+from traceless.client.node_choice import Draws
+from traceless.client.node_verifier import DuplicateListingError, NodeVerifier, VerifiedNode
 from traceless.client.routing_watch import RoutingWatch
-from traceless.client.tokens import TokenWallet
+from traceless.client.tokens import TokenError, TokenWallet
 from traceless.events import emit
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy
 from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
@@ -72,8 +73,12 @@ class ClientConfig:
     token_low_water: int = 8  # a scheduled wake refills when the wallet holds fewer than this
     token_refill_delay_s: tuple[float, float] = (1.0, 5.0)  # wakes at uniformly random delays in this range
     token_wait_s: float = 30.0  # how long a request waits for a scheduled refill of an empty wallet
-    # The gateway's own URL: the challenge fetched through the relay must equal the one fetched here.
-    gateway_url: str | None = None
+    # A request waiting on an empty wallet looks again after random delays in this range, drawn when it
+    # starts waiting: it leaves on a clock of its own, not when a batch lands (tokens.py).
+    token_release_delay_s: tuple[float, float] = (0.5, 3.0)
+    # The gateway's challenge epoch (GatewayConfig.challenge_epoch_s): the client derives each epoch's public
+    # challenge and refuses any other.
+    challenge_epoch_s: float = 3600.0
     timeout_s: float = 300.0
     # PRODUCTION refuses the software attester; only a deployment that says so (traceless up) uses
     # DEVELOPMENT.
@@ -107,6 +112,9 @@ class ClientConfig:
         if self.max_tree_head_age_s <= 0 or any(len(k) != 32 for k in self.witness_keys):
             raise ValueError("max_tree_head_age_s must be > 0 and witness keys 32-byte Ed25519 keys")
         low, high = self.token_refill_delay_s
+        release_low, release_high = self.token_release_delay_s
+        if not (0 < release_low <= release_high and self.challenge_epoch_s > 0):
+            raise ValueError("token_release_delay_s must be 0 < low <= high and challenge_epoch_s > 0")
         if not (1 <= self.token_low_water <= self.token_batch and 0 < low <= high and self.token_wait_s > 0):
             raise ValueError("need 1 <= token_low_water <= token_batch, 0 < refill delays (low <= high) and "
                              "token_wait_s > 0")
@@ -117,16 +125,7 @@ class ClientConfig:
         return self.evidence_policy.name if self.evidence_policy is not None else self.attester_policy.value
 
 
-class PrivateClientError(Exception):
-    """The private path could not complete the call (no verifiable node, transport failure)."""
-
-
-class UpstreamError(PrivateClientError):
-    """The node answered with an OpenAI-style error (status and JSON body, already decrypted)."""
-
-    def __init__(self, status: int, body: dict):
-        super().__init__(f"node answered HTTP {status}")
-        self.status, self.body = status, body
+__all__ = ["AsyncPrivateClient", "ClientConfig", "PrivateClient", "PrivateClientError", "UpstreamError"]
 
 
 class AsyncPrivateClient:
@@ -139,6 +138,7 @@ class AsyncPrivateClient:
         self.wallet = TokenWallet(config, self._http, self.verifier.logged_issuer_keys)
         self.routing = RoutingWatch()
         self._rng = rng if rng is not None else secrets.SystemRandom()
+        self.draws = Draws(self._rng)
         self._verified: list[VerifiedNode] = []
         self._verified_at = -float("inf")
 
@@ -157,17 +157,32 @@ class AsyncPrivateClient:
         if self._verified and now - self._verified_at < self.config.attestation_max_age_s:
             return self._verified
         nonce = os.urandom(32)
-        r = await self._http.get(self._relay + "/pcc/v1/nodes", params={
-            "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()})
+        try:
+            r = await self._http.get(self._relay + "/pcc/v1/nodes", params={
+                "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()})
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            raise PrivateClientError("the relay could not be reached", FailureCause.RELAY_UNREACHABLE) from None
+        except httpx.HTTPError:
+            raise PrivateClientError("the candidate list could not be fetched") from None
+        if r.status_code in (404, 503):
+            raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {r.status_code})",
+                                     FailureCause.NO_HEALTHY_NODE)
         if r.status_code != 200:
             raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {r.status_code})")
-        offered = r.json().get("nodes", [])
+        try:
+            offered = r.json().get("nodes", [])
+        except (ValueError, AttributeError):
+            offered = None
         if not isinstance(offered, list):
             raise PrivateClientError("the gateway's candidate list is malformed")
-        verified = await asyncio.to_thread(self.verifier.verify_all, offered, nonce)
+        try:
+            verified = await asyncio.to_thread(self.verifier.verify_all, offered, nonce)
+        except DuplicateListingError as exc:
+            raise PrivateClientError(str(exc), FailureCause.DUPLICATE_LISTING) from None
         emit("client.candidates", offered=len(offered), verified=len(verified), fresh=True)
         if not verified:
-            raise PrivateClientError("no offered node could be verified; nothing was sent")
+            raise PrivateClientError("no offered node could be verified; nothing was sent",
+                                     FailureCause.NO_HEALTHY_NODE)
         self._verified, self._verified_at = verified, now
         return verified
 
@@ -179,7 +194,8 @@ class AsyncPrivateClient:
                   "measurement": n.measurement.hex(), "verified_at": n.verified_at} for n in self._verified]
         return {"model": self.config.model, "policy": self.config.policy_name,
                 "attestation_kinds": sorted({n.attestation_kind for n in self._verified}), "nodes": nodes,
-                "refused": dict(self.verifier.last_refused)}
+                "refused": dict(self.verifier.last_refused),
+                "routing": {**self.routing.status(), "kept_draws": len(self.draws)}}
 
     def _encapsulate(self, node: VerifiedNode, path: bytes, body: bytes | None, stream: bool):
         """body None: a GET (the model list)."""
@@ -205,44 +221,67 @@ class AsyncPrivateClient:
         candidates = asyncio.create_task(self._verified_candidates())  # overlaps with taking a token
         try:
             token = await self.wallet.take()
-        finally:
-            nodes = await candidates
-        node = draw_node(nodes, self._rng)
-        attempts, resent, token_renewed = 0, False, False
-        while True:
-            attempts += 1
+        except TokenError as exc:
+            # The round's own failure (no verifiable node ...) is the more specific one, if any.
+            (listed,) = await asyncio.gather(candidates, return_exceptions=True)
+            if isinstance(listed, PrivateClientError):
+                return self._failed(1, stream, listed)
+            cause = FailureCause.QUOTA_EXHAUSTED if exc.reason == "quota_exhausted" else FailureCause.TOKENS_UNAVAILABLE
+            return self._failed(1, stream, PrivateClientError(f"{exc}; nothing was sent", cause))
+        except BaseException:
+            await _settle(candidates)
+            raise
+        nodes = await candidates
+        node = self.draws.take(nodes)
+        for attempts in (1, 2):
             try:
                 result = await self._send(node, path.encode(), payload, stream, token)
-            except _TokenRejected:  # refused by the gateway's token check, before any forwarding
-                if token_renewed:
-                    return self._failed(attempts, stream, PrivateClientError("the gateway refused fresh tokens"))
-                token_renewed = True
-                self.wallet.invalidate()
-                token = await self.wallet.take()
+            except _OuterRefusal:  # refused by a hop (413, 403 ...): no node answered; the draw is kept
+                self.draws.keep(node)
+                raise
+            except UpstreamError:
+                self._answered(node, nodes)  # the node answered, with an error of its own
+                raise
+            except _NodeUnknown:
+                # The gateway no longer knows this node id (it restarted and renamed its nodes):
+                # nothing reached a node and the token was not spent. Resent once, only to the
+                # same node (by attester key) under its new id, never to a fresh draw.
+                self._verified = []
+                nodes = await self._verified_candidates()
+                same = next((n for n in nodes if n.attester_kid == node.attester_kid), None)
+                if same is None or attempts == 2:
+                    self.draws.keep(node)
+                    return self._failed(attempts, stream, PrivateClientError(
+                        "the drawn node is no longer listed; nothing was sent", FailureCause.NO_HEALTHY_NODE))
+                node = same
                 continue
+            except _TokenRejected:  # a token of this epoch refused: fail; fetch nothing because of it
+                self.draws.keep(node)
+                return self._failed(attempts, stream, PrivateClientError(
+                    "the gateway refused this epoch's token", FailureCause.TOKEN_REFUSED))
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                # The connection to the relay never opened: nothing was sent, so the prompt may go,
-                # once, to another node of the client's own draw (the token was not spent either).
-                others = [n for n in nodes if n.node_id != node.node_id]
-                if resent or not others:
-                    return self._failed(attempts, stream, PrivateClientError("the relay could not be reached"), exc)
-                resent, node = True, draw_node(others, self._rng)
-                continue
+                self.draws.keep(node)  # nothing was sent: the draw serves the next request
+                return self._failed(attempts, stream, PrivateClientError(
+                    "the relay could not be reached", FailureCause.RELAY_UNREACHABLE), exc)
             except (httpx.TransportError, _NodeFailed) as exc:
                 self._verified = []  # the next request starts from a fresh round (a dead node is not offered)
+                self.draws.keep(node)
                 return self._failed(attempts, stream, PrivateClientError(
                     "the node or a hop failed after the request was sent; it was not resent"), exc)
             emit("client.request", ok=True, attempts=attempts, stream=stream)
-            self._watch(node, nodes)
-            return result if isinstance(result, dict) else self._forget_on_failure(result)
+            self._answered(node, nodes)
+            return result if isinstance(result, dict) else self._forget_on_failure(result, node)
+        raise AssertionError("unreachable: the loop returns or raises")
 
-    async def _forget_on_failure(self, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-        """Pass a stream through; if it breaks off, the next request starts from a fresh round."""
+    async def _forget_on_failure(self, events: AsyncIterator[bytes], node: VerifiedNode) -> AsyncGenerator[bytes, None]:
+        """Pass a stream through; if it breaks off, the next request starts from a fresh round and
+        is sent on this request's draw."""
         try:
             async for event in events:
                 yield event
         except PrivateClientError:
             self._verified = []
+            self.draws.keep(node)
             raise
         finally:
             aclose = getattr(events, "aclose", None)
@@ -254,8 +293,11 @@ class AsyncPrivateClient:
         emit("client.request", ok=False, attempts=attempts, stream=stream)
         raise error from cause
 
-    def _watch(self, node: VerifiedNode, nodes: list[VerifiedNode]) -> None:
-        warning = self.routing.observe(node.node_id, {n.node_id: n.capacity for n in nodes})
+    def _answered(self, node: VerifiedNode, nodes: list[VerifiedNode]) -> None:
+        """Count where a request was answered, by attester key, against the round it was drawn from."""
+        capacities = {n.attester_kid: n.capacity for n in nodes}
+        capacities.setdefault(node.attester_kid, node.capacity)
+        warning = self.routing.observe(node.attester_kid, capacities)
         if warning:
             warnings.warn(warning, RuntimeWarning, stacklevel=4)
 
@@ -297,6 +339,14 @@ class _NodeFailed(Exception):
     pass
 
 
+class _OuterRefusal(UpstreamError):
+    """A hop (gateway or relay) refused the request outside the encryption, with a 4xx."""
+
+
+class _NodeUnknown(Exception):
+    """The gateway answered 404 outside the encryption: it lists no node under this id."""
+
+
 class _TokenRejected(Exception):
     pass
 
@@ -305,13 +355,21 @@ def _raise_outer(status: int, body: bytes) -> None:
     """An error outside the encryption (gateway, relay, or a node that could not decrypt)."""
     if status >= 500:
         raise _NodeFailed(f"upstream answered HTTP {status}")
-    if status == 401:  # the gateway's challenge rotated under the wallet's tokens
+    if status == 404:
+        raise _NodeUnknown()
+    if status == 401:  # a token for the epoch's public challenge refused
         raise _TokenRejected()
     try:
         data = json.loads(body)
     except ValueError:
         data = {"error": {"message": f"upstream answered HTTP {status}", "type": "upstream_error"}}
-    raise UpstreamError(status, data)
+    raise _OuterRefusal(status, data)
+
+
+async def _settle(task: asyncio.Task) -> None:
+    """Cancel a task whose result is no longer wanted, and wait for it (its errors included)."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _read_head(it, decryptor, parser, response):

@@ -1,15 +1,18 @@
-"""A client-side check of non-targetability: do my requests end up on one node implausibly often?
+"""A client-side check of non-targetability: are my requests answered by one node implausibly often?
 
 The client draws its node itself, by the capacities the nodes' attestations claim (node_choice.py),
-so its requests should land on node i with probability C_i / sum(C) over the verified candidates.
-What the watch counts is where requests were *answered*: a gateway that lets requests to honest
-nodes fail (a 502, a dropped stream) so that only the attacker's answer, or a candidate list cut
-down to the attacker's nodes, shows up as one node answering more than its attested share. It
-judges shares by attested capacities only (never a number the gateway announces); a count more
-than 5 standard deviations above its binomial expectation triggers one warning per node.
+so a request drawn from a round of verified candidates lands on node i with probability
+C_i / sum(C) of *that* round. The watch judges every answer against the round it was drawn from
+(an expected count and variance summed per node, so a node that dropped out of later rounds, as
+a dead node does, shifts no expectation), and counts nodes by attester key, not by the gateway's
+node ids (which a gateway restart renames, and which aliases would multiply). A count more than
+Z_LIMIT standard deviations above its expectation raises one warning per node.
 
-What it cannot see: a gateway that lists only the attacker's nodes to this client from the start,
-with every answer succeeding, looks like a small honest cluster (see docs/private-path.md).
+A failed request keeps its draw (private_client.py): what is answered is what was drawn, so a
+gateway that fails requests bound for honest nodes does not shift the answers, and plain faults
+raise no warning. What it cannot see: a gateway that lists only the attacker's nodes to this
+client from the start, with every answer succeeding, looks like a small honest cluster
+(docs/private-path.md).
 """
 from __future__ import annotations
 
@@ -23,28 +26,40 @@ Z_LIMIT = 5.0
 class RoutingWatch:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
-        self.capacities: dict[str, int] = {}
+        self.expected: dict[str, float] = {}
+        self.variance: dict[str, float] = {}
         self.total = 0
         self._warned: set[str] = set()
 
+    @property
+    def concentrated(self) -> bool:
+        """Whether some node has answered implausibly often (the proxy's header and /status say so)."""
+        return bool(self._warned)
+
     def observe(self, answered: str, capacities: Mapping[str, int]) -> str | None:
-        """Count one answered request: the node that answered and the attested capacities of the
-        candidates it was drawn from."""
-        self.capacities.update(capacities)
+        """Count one answered request: the node (attester key) that answered, and the attested
+        capacities of the round it was drawn from, by attester key."""
+        total = math.fsum(capacities.values())
+        if answered not in capacities or total <= 0:
+            raise ValueError("the answering node must be one of the round's candidates")
+        for node, capacity in capacities.items():
+            p = capacity / total
+            self.expected[node] = self.expected.get(node, 0.0) + p
+            self.variance[node] = self.variance.get(node, 0.0) + p * (1 - p)
         self.counts[answered] = self.counts.get(answered, 0) + 1
         self.total += 1
         return self.check(answered)
 
     def check(self, node: str) -> str | None:
-        n = self.total
-        cap_sum = sum(self.capacities.values())
-        if n < MIN_OBSERVATIONS or node in self._warned or cap_sum == 0:
+        if self.total < MIN_OBSERVATIONS or node in self._warned:
             return None
-        p = self.capacities.get(node, 1) / cap_sum
-        expected, sd = n * p, math.sqrt(n * p * (1 - p)) or 1.0
-        z = (self.counts[node] - expected) / sd
-        if z > Z_LIMIT:
+        expected, sd = self.expected.get(node, 0.0), math.sqrt(self.variance.get(node, 0.0)) or 1.0
+        if (self.counts.get(node, 0) - expected) / sd > Z_LIMIT:
             self._warned.add(node)
-            return (f"routing looks concentrated: one node answered {self.counts[node]} of {n} requests "
+            return (f"routing looks concentrated: one node answered {self.counts[node]} of {self.total} requests "
                     f"(its attested capacity share predicts about {expected:.0f})")
         return None
+
+    def status(self) -> dict:
+        """For the proxy's /status: counts only (no node identities)."""
+        return {"answered": self.total, "concentrated": self.concentrated, "nodes_flagged": len(self._warned)}

@@ -116,9 +116,11 @@ def build_verifier(
 ) -> Verifier:
     """One verifier serves both the challenge route and the token check, so the challenge a
     client is given is by construction one the check accepts. origin_info is empty: the
-    per-process redemption context already ties tokens to this gateway."""
+    epoch's public challenge is the same for every client, who derives it and compares (one
+    challenge for everyone); a client clock up to CLOCK_LEEWAY_S ahead is accepted early."""
     name = issuer_name(config.issuer_url) if config.issuer_url else "traceless-issuer"
-    schedule = RedemptionSchedule(name, "", config.challenge_epoch_s, config.challenge_grace_s)
+    schedule = RedemptionSchedule(name, "", config.challenge_epoch_s, config.challenge_grace_s,
+                                  min(float(CLOCK_LEEWAY_S), config.challenge_epoch_s))
     return Verifier(issuer_keys, schedule, max_spent_entries=config.max_spent_entries, clock=clock)
 
 

@@ -250,7 +250,8 @@ class Deployment:
         keys_file, key_file = self.state / "api-keys.json", self.state / "api-key"
         for path, text in ((keys_file, json.dumps({api_key: "demo-user"})), (key_file, api_key)):
             write_private(path, text)
-        issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file))
+        issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file),
+                               "--key-file", str(self.state / "issuer-key.pem"))
         self._log_issuer_key(issuer, log_url)
         print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
               "a node runs; production refuses it)", file=sys.stderr, flush=True)
@@ -261,7 +262,7 @@ class Deployment:
         nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
         proxy_args = [*waivers, "--issuer", issuer, "--api-key-file", str(key_file),
-                      "--relay", self.link("relay", relay), "--gateway", gateway,
+                      "--relay", self.link("relay", relay),
                       "--log", log_url,
                       "--log-public-key", log_key, "--model", model,
                       "--witness-key", self.witness_key, "--state-dir", str(self.state / "proxy"),

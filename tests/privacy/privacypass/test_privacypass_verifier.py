@@ -27,7 +27,7 @@ from traceless.privacy.privacypass.verifier import Verifier
 from traceless.privacy.privacypass.wire import Token, TokenChallenge
 
 ORIGIN = "gateway.example"
-SCHEDULE = RedemptionSchedule("issuer.example", ORIGIN, 100.0, 50.0, b"c" * 32)
+SCHEDULE = RedemptionSchedule("issuer.example", ORIGIN, 100.0, 50.0)
 T0 = 1_000_000.0  # start of epoch 10000; epoch 9999's grace runs until T0 + 50
 
 
@@ -119,7 +119,7 @@ def test_wrong_issuer_and_wrong_challenge_are_rejected(issuers, current_token):
     with pytest.raises(TokenKeyError):
         _verifier(second, clock).redeem(current_token)
     Verifier([second.public_key, first.public_key], SCHEDULE, clock=clock).redeem(current_token)
-    other_context = RedemptionSchedule("issuer.example", ORIGIN, 100.0, 50.0, b"d" * 32)
+    other_context = RedemptionSchedule("other.example", ORIGIN, 100.0, 50.0)
     foreign = _token(first, other_context.current(T0).challenge)
     with pytest.raises(ChallengeMismatchError):
         _verifier(first, clock).redeem(foreign)

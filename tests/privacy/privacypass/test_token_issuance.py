@@ -26,7 +26,7 @@ from traceless.privacy.privacypass.wire import TokenRequest, TokenResponse
 ALICE_KEY = "alice-key-0123456789abcdef"
 BOB_KEY = "bob-key-0123456789abcdefgh"
 KEYS = {"alice": ALICE_KEY, "bob": BOB_KEY}
-SCHEDULE = RedemptionSchedule("issuer.example", "gateway.example", 3600.0, 600.0, b"s" * 32)
+SCHEDULE = RedemptionSchedule("issuer.example", "gateway.example", 3600.0, 600.0)
 T0 = 7200.0
 
 

@@ -70,6 +70,13 @@ class Issuer:
     def public_key(self) -> IssuerPublicKey:
         return self._public_key
 
+    def private_key_pem(self) -> bytes:
+        """The signing key as unencrypted PKCS#8 PEM, for the issuer's own key file (0600)."""
+        from cryptography.hazmat.primitives import serialization
+
+        return self._private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption())
+
     def issue(self, token_request: TokenRequest) -> TokenResponse:
         """BlindSign the request after the RFC's checks (type, key id, size); 400s on failure.
 
