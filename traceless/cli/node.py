@@ -118,7 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_node_args(node)
     node.set_defaults(handler=_node)
     up = sub.add_parser("up", help="all-in-one local deployment of the private path on loopback")
-    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--nodes", type=int, default=2, help="how many nodes to start")
     up.add_argument("--capacities", default=None, help="comma-separated node capacities, e.g. 1,2")
     up.add_argument("--port", type=int, default=8000, help="port of the OpenAI-compatible proxy")
     up.add_argument("--state-dir", default=None,
@@ -213,6 +213,10 @@ def _up(args: argparse.Namespace) -> int:
     caps = [int(c) for c in args.capacities.split(",")] if args.capacities else [1] * args.nodes
     if len(caps) != args.nodes or min(caps) < 1 or args.nodes < 1:
         raise SystemExit("traceless up: --capacities must list one positive capacity per node")
+    if args.state_dir is not None:
+        from traceless.cli.paths import writable_dir
+
+        writable_dir(args.state_dir, "--state-dir")
     opts = UpOptions(caps, args.port, args.state_dir, args.node_args.split(), tuple(args.gateway_args.split()))
     if args.netns:
         from traceless.local.netns import available

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import argparse
 
-from traceless.cli.engine_args import add_engine_args, engine_options, parse_size
+from traceless.cli.engine_args import add_engine_args, config_errors, engine_options, parse_size
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 
 
 def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=port, help="port of the public listener")
     g = p.add_argument_group("operator telemetry (docs/telemetry.md)")
     g.add_argument("--metrics-host", default="127.0.0.1",
                    help="host of the operator's metrics listener (default loopback only)")
@@ -51,7 +51,7 @@ def window_policy(args: argparse.Namespace, component: str):
     """The telemetry window from the arguments, checked (call it before the engine loads)."""
     from traceless.server.telemetry import WindowPolicy
 
-    if args.metrics_port == args.port:
+    if args.metrics_port and args.metrics_port == args.port:
         raise SystemExit(f"traceless {component}: --metrics-port must differ from --port (metrics are never "
                          "served on the public port)")
     try:
@@ -78,7 +78,8 @@ def build_async_engine(args: argparse.Namespace):
     from traceless.entrypoints.build import build_engine
     from traceless.server.async_engine import AsyncEngine
 
-    return AsyncEngine(build_engine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
+    with config_errors():
+        return AsyncEngine(build_engine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
 
 
 def _serve(args: argparse.Namespace) -> int:
