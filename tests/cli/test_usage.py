@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 
@@ -83,3 +84,28 @@ def test_a_state_dir_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
     blocker.write_text("")
     r = _run("up", "--state-dir", str(blocker / "state"), timeout=60)
     _one_line_error(r, "traceless up:", "--state-dir", str(blocker / "state"))
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("option", ["--port", "--metrics-port"])
+def test_a_port_in_use_is_named_before_the_model_loads(taken_port, option, tmp_path):
+    """Once: `service.started` was logged, then status 3 and no message. The missing model shows
+    that the ports are bound before the model loads."""
+    other = "--metrics-port" if option == "--port" else "--port"
+    r = _run("serve", "--model", str(tmp_path / "no-model-here"), "--no-scrub-freed-memory", option, str(taken_port),
+             other, "0")
+    _one_line_error(r, "traceless serve:", f"127.0.0.1:{taken_port}", "already in use", option)
+    assert "service.started" not in r.stderr
+
+
+def test_up_refuses_a_proxy_port_in_use_before_starting_anything(taken_port):
+    r = _run("up", "--port", str(taken_port), timeout=60)
+    _one_line_error(r, "traceless up:", f"127.0.0.1:{taken_port}", "already in use", "--port")
+    assert "running" not in r.stdout

@@ -60,8 +60,20 @@ def window_policy(args: argparse.Namespace, component: str):
         raise SystemExit(f"traceless {component}: {exc}") from None
 
 
-def telemetry_for(args: argparse.Namespace, engine, component: str):
-    """The windowed telemetry and, unless --metrics-port is 0, the operator's listener serving it."""
+def reserve_ports(args: argparse.Namespace, component: str):
+    """(public socket, operator socket or None): both addresses bound before the model loads, so a
+    port in use stops the command at once with a message naming it."""
+    from traceless.http.serve import reserve
+
+    public = reserve(args.host, args.port, component)
+    if args.metrics_port == 0:
+        return public, None
+    return public, reserve(args.metrics_host, args.metrics_port, component, "--metrics-port")
+
+
+def telemetry_for(args: argparse.Namespace, engine, component: str, operator_sock=None):
+    """The windowed telemetry and, unless --metrics-port is 0, the operator's listener serving it
+    (on `operator_sock` when reserve_ports bound it)."""
     from traceless.http.serve import OperatorListener
     from traceless.server.operator_app import create_operator_app
     from traceless.server.telemetry import Telemetry
@@ -70,7 +82,7 @@ def telemetry_for(args: argparse.Namespace, engine, component: str):
     if args.metrics_port == 0:
         return telemetry, None
     return telemetry, OperatorListener(create_operator_app(telemetry, component), args.metrics_host,
-                                       args.metrics_port)
+                                       args.metrics_port, operator_sock)
 
 
 def build_async_engine(args: argparse.Namespace):
@@ -91,15 +103,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
     configure_logging()
+    public, operator_sock = reserve_ports(args, "server")
     engine = build_async_engine(args)
     settings = ServerSettings(args.served_model_name or engine.model_name,
                               args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
                               stream_shape=stream_shape(args))
-    telemetry, operator = telemetry_for(args, engine, "server")
+    telemetry, operator = telemetry_for(args, engine, "server", operator_sock)
     # uvloop reads every connection's bytes into one long-lived buffer, which would keep the last
     # plaintext request until a later read overwrites it: a scrubbing server uses asyncio's loop,
     # which reads into fresh (freed, hence scrubbed) buffers. (A node reads only ciphertext.)
     loop = "asyncio" if args.scrub_freed_memory else "auto"
     run_uvicorn(create_app(engine, settings, telemetry), args.host, args.port, "server", loop=loop,
-                operator=operator, limits=connection_limits(args))
+                operator=operator, limits=connection_limits(args), sock=public)
     return 0
