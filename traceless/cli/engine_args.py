@@ -29,7 +29,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="weights and KV cache dtype (auto: bfloat16 where the hardware runs it, else float32)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
-    g.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache size, e.g. 2GiB")
+    g.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
+                   help="KV cache size, e.g. 2GiB (default: on CUDA what --gpu-memory-utilization leaves after a "
+                        "profiling pass; on the CPU --max-num-seqs sequences of 1/32 of --max-model-len each, at "
+                        "least one --max-model-len sequence, at most 2GiB; the engine.ready event says what it "
+                        "chose)")
     g.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="FRACTION",
                    help="CUDA: the fraction of the device's memory for weights and KV cache (default 0.9). Not "
                         "for the CPU (refused there): the CPU's KV cache is sized from --max-model-len and "
