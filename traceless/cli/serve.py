@@ -33,9 +33,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (plaintext: local use, privacy-off baseline)")
     add_engine_args(serve)
     add_http_args(serve, 8000, 9000)
+    add_access_args(serve)
     add_limit_args(serve)
     add_scrub_arg(serve)
     serve.set_defaults(handler=_serve)
+
+
+def add_access_args(p: argparse.ArgumentParser) -> None:
+    from traceless.cli.env import env_value
+
+    g = p.add_argument_group("access")
+    g.add_argument("--api-key", default=env_value("TRACELESS_API_KEY") or env_value("VLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health (env TRACELESS_API_KEY or "
+                        "VLLM_API_KEY: a variable keeps the key out of the process list)")
+    g.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin (e.g. https://app.example) allowed to call the server, with CORS headers; "
+                        "repeatable or comma-separated (default: none, requests with another Origin get 403)")
+
+
+def access_settings(args: argparse.Namespace) -> dict:
+    origins = tuple(o.strip() for value in args.allowed_origins for o in value.split(",") if o.strip())
+    if args.api_key is not None and not args.api_key.strip():
+        raise SystemExit("traceless serve: --api-key must not be empty")
+    return {"api_key": args.api_key, "allowed_origins": origins}
 
 
 def stream_shape(args: argparse.Namespace):
@@ -99,7 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
     from traceless.http.serve import run_uvicorn
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 
-    window_policy(args, "server")  # a bad telemetry setting fails before the model loads
+    window_policy(args, "server")  # a bad telemetry or access setting fails before the model loads
+    access_settings(args)
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
     configure_logging()
@@ -107,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
     engine = build_async_engine(args)
     settings = ServerSettings(args.served_model_name or engine.model_name,
                               args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                              stream_shape=stream_shape(args))
+                              stream_shape=stream_shape(args), **access_settings(args))
     telemetry, operator = telemetry_for(args, engine, "server", operator_sock)
     # uvloop reads every connection's bytes into one long-lived buffer, which would keep the last
     # plaintext request until a later read overwrites it: a scrubbing server uses asyncio's loop,
