@@ -16,8 +16,8 @@ MAX_SPECULATIVE_TOKENS = 16
 class EngineConfig:
     """model: GGUF file or HF directory (None = the built-in default model).
     kv_cache_memory: bytes for the KV cache; or gpu_memory_utilization: on CUDA the fraction of
-    device memory for weights + KV cache, on CPU the fraction of system memory for the KV cache.
-    Neither: 2 GiB on CPU, 0.9 on CUDA.
+    device memory for weights + KV cache (refused on the CPU). Neither: on CUDA 0.9; on the CPU
+    what max_num_seqs sequences can use of max_model_len (runner/kv_budget.py), at most 2 GiB.
     prefix_cache: "isolated" (default: sharing only between requests with the same cache_salt, plus
     `public_prefixes`, exact operator system prompts), "global" (vLLM-style shared cache: the
     insecure baseline for benchmarks and attack demos) or "off"; cached blocks expire after

@@ -11,6 +11,11 @@ class TracelessError(Exception):
     """Base class of every error traceless raises on purpose."""
 
 
+class ConfigError(TracelessError, ValueError):
+    """A command's configuration cannot be used: an option's value, the model, a port, a directory.
+    The command line prints it as one line and exits with status 2."""
+
+
 class InvalidRequestError(TracelessError, ValueError):
     """A request or parameter is malformed or out of range (HTTP 400)."""
 

@@ -71,6 +71,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "num_blocks": INT, "block_size": INT, "max_model_len": INT, "load_s": FLOAT,
         "attention": Choice.of("native", "torch", "triton"),
         "load_format": Choice.of("auto", "dummy"), "cuda_graphs": INT, "capture_s": FLOAT,
+        "kv_cache_bytes": INT, "kv_sized_by": Choice.of("kv_cache_memory", "max_model_len", "gpu_memory_utilization"),
     },
     "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},
     "engine.preempted": {"num_requests": INT},

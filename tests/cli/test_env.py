@@ -50,3 +50,14 @@ def test_unknown_variables_are_refused_and_every_variable_is_documented():
         env_value("TRACELESS_NOT_A_VARIABLE")
     table = describe()
     assert all(name in table for name in VARIABLES)
+
+
+def test_the_api_key_comes_from_traceless_or_vllm_variables(monkeypatch):
+    monkeypatch.delenv("TRACELESS_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert build_parser().parse_args(["serve"]).api_key is None
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    assert build_parser().parse_args(["serve"]).api_key == "from-vllm"
+    monkeypatch.setenv("TRACELESS_API_KEY", "from-traceless")
+    assert build_parser().parse_args(["serve"]).api_key == "from-traceless"
+    assert build_parser().parse_args(["serve", "--api-key", "flag"]).api_key == "flag"

@@ -2,10 +2,12 @@
 is told to stop (Ctrl-C, `kill`, a closed terminal), stops every service it started."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -58,3 +60,19 @@ def test_up_stops_every_service_it_started_on_kill(tmp_path, tiny_llama_dir, sig
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_node_that_fails_at_start_fails_up_and_its_log_is_kept(tiny_llama_dir):
+    """Once: the message pointed at a log in a temporary directory `up` had already deleted, and the
+    status was 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "traceless.cli", "up", "--nodes", "1", "--port", str(free_port()),
+         "--node-args", f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB --max-model-len 100000"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = next(li for li in proc.stderr.splitlines() if "node0 exited during startup" in li)
+    log = Path(line.split("(see ")[1].rstrip(")"))
+    assert log.is_file() and "max_model_len 100000 exceeds" in log.read_text()
+    state = log.parent.parent
+    assert sorted(p.name for p in state.iterdir()) == ["logs"]  # keys and the log's state are gone
+    shutil.rmtree(state)

@@ -29,6 +29,7 @@ from tests.model.gguf_helpers import (
 from traceless import LLM, SamplingParams
 from traceless.errors import ModelLoadError, ModelNotFoundError, UnsupportedModelError
 from traceless.model.gguf_loader import load_gguf
+from traceless.model.loader import resolve_model_path
 
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
 # Largest |loaded - original| relative to the tensor's largest |value|, per type: half a step for
@@ -298,6 +299,18 @@ def test_nonexistent_path_is_model_not_found(good, tmp_path):
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         LLM(str(missing), dtype="float32")
     assert_good_model_still_generates(good)
+
+
+def test_a_hugging_face_model_id_is_told_how_to_get_a_local_copy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # "Qwen/Qwen3-0.6B" is not a path here
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model_path("Qwen/Qwen3-0.6B")
+    message = str(info.value)
+    assert "Hugging Face model id" in message and "local directory or a GGUF file" in message
+    assert "download Qwen/Qwen3-0.6B --local-dir" in message
+    with pytest.raises(ModelNotFoundError) as info:  # a path that is plainly a path gets no such advice
+        resolve_model_path(str(tmp_path / "nowhere" / "model.gguf"))
+    assert "Hugging Face" not in str(info.value)
 
 
 def test_gguf_without_suffix_is_recognized_by_magic(good, tmp_path):

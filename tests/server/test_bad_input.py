@@ -164,6 +164,39 @@ def test_errors_never_name_a_client_chosen_key(url, model, path, body):
     assert f"{unknown} unknown field" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path, body, named", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "metadata": {"a": "b"}}, "metadata"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "store": True}, "store"),
+    ("/v1/completions", {"prompt": "w5", "min_tokens": 3}, "min_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],
+                              "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "guided_json": {}}, "guided_json"),
+], ids=["metadata", "store", "min_tokens", "chat_template_kwargs", "guided_json"])
+def test_a_known_openai_or_vllm_field_is_named(url, model, path, body, named):
+    """Fields of OpenAI's or vLLM's API come from a fixed list in the server: naming them echoes
+    nothing a client chose. The error points at the reference of supported fields."""
+    r = post(url, path, {"model": model, **body})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "unsupported_parameter" and error["param"] == named
+    assert f"'{named}'" in error["message"] and "not supported" in error["message"]
+    assert "docs/api.md" in error["message"]
+
+
+def test_known_fields_are_named_and_unknown_ones_only_counted(url, model):
+    r = post(url, "/v1/completions", {"model": model, "prompt": "w5", "store": False, SECRET_KEY: 1})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "'store'" in message and "1 other unknown field" in message
+    assert SECRET_KEY not in r.text
+
+
+def test_every_field_named_in_errors_comes_from_the_fixed_list():
+    from traceless.server.known_fields import KNOWN_UNSUPPORTED
+    from traceless.server.protocol import CHAT_FIELDS, COMPLETION_FIELDS
+
+    assert not set(KNOWN_UNSUPPORTED) & (set(CHAT_FIELDS) | set(COMPLETION_FIELDS))  # supported ones are not "known"
+    assert {"metadata", "store", "min_tokens", "chat_template_kwargs"} <= set(KNOWN_UNSUPPORTED)
+
+
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "w5", "n": 9}, "n"),
     ({"prompt": ["w5"] * 9}, "prompt"),

@@ -63,13 +63,13 @@ def test_nothing_is_published_before_a_window_has_k_requests_and_its_time(captur
     published = values(t.render())
     assert published['traceless_requests_total{endpoint="completions",status="ok"}'] == 3
     assert published['traceless_finished_total{finish_reason="length"}'] == 1
-    assert published["traceless_prompt_tokens_total"] == 2048  # 2100, rounded down to 1024s
-    assert published["traceless_generation_tokens_total"] == 0  # 48, rounded down
+    assert published["traceless_prompt_tokens_total"] == 3072  # 2100, rounded up to 1024s
+    assert published["traceless_generation_tokens_total"] == 1024  # 48, rounded up
     assert published["traceless_window_requests"] == 3
     assert published['traceless_window_time_to_first_token_seconds{quantile="0.5"}'] == 0.05  # bucket bound
     record = json.loads(captured.getvalue().strip().splitlines()[-1])
     assert record["event"] == "metrics.window" and record["requests"] == 3 and record["ok"] == 3
-    assert record["prompt_tokens"] == 2048 and "ts" in record
+    assert record["prompt_tokens"] == 3072 and record["output_tokens"] == 1024 and "ts" in record
     after = t.render()
     t.request("completions", "ok")  # the next window starts empty: again nothing moves
     clock.now += 61
@@ -85,7 +85,25 @@ def test_token_totals_move_only_by_whole_units():
         clock.now += 2
         t.request("chat_completions", "ok")
         seen.append(values(t.render())["traceless_prompt_tokens_total"])
-    assert seen == [0, 1024, 1024] and all(v % TOKEN_UNIT == 0 for v in seen)
+    assert seen == [1024, 2048, 2048] and all(v % TOKEN_UNIT == 0 for v in seen)
+
+
+def test_a_few_short_generations_never_read_as_zero_tokens():
+    """77 requests of ~10 tokens each once published 0 generated tokens: totals below one unit were
+    rounded down to nothing. They are rounded up: 0 means nothing was generated, and a total is
+    still known only to within one unit."""
+    clock = Clock()
+    t = Telemetry(WindowPolicy(60.0, 20), clock=clock)
+    for _ in range(77):
+        t.finished(["stop"], 40, 10)
+        t.request("chat_completions", "ok")
+        clock.now += 2
+    published = values(t.render())
+    assert published["traceless_generation_tokens_total"] == 1024  # 600 generated
+    assert published["traceless_prompt_tokens_total"] == 3072  # the 60 requests of two closed windows: 2400
+    empty = Telemetry(WindowPolicy(1.0, 0), clock=clock)
+    clock.now += 2
+    assert values(empty.render())["traceless_generation_tokens_total"] == 0
 
 
 def test_min_requests_zero_publishes_every_window():

@@ -6,7 +6,7 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="run the benchmarks, attacks and audits (quick) into one HTML page")
-    report.add_argument("--output", "-o", default="traceless-report.html")
+    report.add_argument("--output", "-o", default="traceless-report.html", help="the HTML page to write")
     report.add_argument("--only", default=None, help="comma-separated sections: offline, privacy_tax, prefix_timing, "
                                                      "targeting, residue, prefix_cache, kv_offload")
     report.set_defaults(handler=_report)
@@ -15,24 +15,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt = attack_sub.add_parser("prefix-timing", help="prefix-cache timing attack: global vs isolated cache")
     pt.add_argument("--trials", type=int, default=40, help="probes per cache mode")
     pt.add_argument("--prefix-tokens", type=int, default=512, help="length of the victim's secret prefix")
-    pt.add_argument("--model", default=None)
-    pt.add_argument("--seed", type=int, default=0)
-    pt.add_argument("--json", metavar="FILE")
-    pt.add_argument("--plot", metavar="PNG")
+    pt.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: the built-in model)")
+    pt.add_argument("--seed", type=int, default=0, help="seed of the prompts and probes")
+    pt.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    pt.add_argument("--plot", metavar="PNG", help="plot the result to this PNG file")
     pt.set_defaults(handler=_prefix_timing)
     ss = attack_sub.add_parser("stream-shape", help="classify prompts from the relay's view of encrypted streams "
                                                     "(Whisper Leak): shape hiding off vs the node's defaults")
     ss.add_argument("--topics", type=int, default=4, help="how many of the built-in topic prompts (2 to 6)")
     ss.add_argument("--trials", type=int, default=12, help="traces per topic and mode")
     ss.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer")
-    ss.add_argument("--temperature", type=float, default=0.7)
+    ss.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the answers")
     ss.add_argument("--natural-length", action="store_true",
                     help="let EOS end answers (their length then shows as the stream's duration)")
     ss.add_argument("--folds", type=int, default=4, help="cross-validation folds")
-    ss.add_argument("--model", default=None)
-    ss.add_argument("--seed", type=int, default=0)
-    ss.add_argument("--json", metavar="FILE")
-    ss.add_argument("--plot", metavar="PNG")
+    ss.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: the built-in model)")
+    ss.add_argument("--seed", type=int, default=0, help="seed of the sampling and the classifier")
+    ss.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    ss.add_argument("--plot", metavar="PNG", help="plot the result to this PNG file")
     ss.set_defaults(handler=_stream_shape)
 
     audit = sub.add_parser("audit", help="measure the privacy properties of the real code")
@@ -49,11 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     tg.add_argument("--linking-trials", type=int, default=30,
                     help="attack and honest trials per linking/log attack (unique challenge, issuer key tagging, "
                          "log fork; default 30, 0 = skip them)")
-    tg.add_argument("--json", metavar="FILE")
-    tg.add_argument("--plot", metavar="PNG")
+    tg.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    tg.add_argument("--plot", metavar="PNG", help="plot the result to this PNG file")
     tg.set_defaults(handler=_targeting)
     rs = audit_sub.add_parser("residue", help="send canaries through every path, then look for traces everywhere")
-    rs.add_argument("--model", default=None)
+    rs.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: the built-in model)")
     rs.add_argument("--ttl", type=float, default=3.0, help="the node's prefix-cache TTL (seconds) during the audit")
     rs.add_argument("--scrub", action=argparse.BooleanOptionalAction, default=True,
                     help="run the node with freed-memory scrubbing, its default (--no-scrub to see what it removes)")
@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rs.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
                     help="--device cuda/cpu: dummy = random weights of --model's config.json shapes")
     rs.add_argument("--dtype", default="auto", help="--device cuda/cpu: the engine's dtype")
-    rs.add_argument("--json", metavar="FILE")
+    rs.add_argument("--json", metavar="FILE", help="write the report as JSON")
     rs.set_defaults(handler=_residue)
 
 

@@ -27,12 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     serve.add_argument("--rate", type=float, default=float("inf"),
                        help="requests per second (Poisson); inf = all at once")
-    serve.add_argument("--num-prompts", type=int, default=64)
+    serve.add_argument("--num-prompts", type=int, default=64, help="requests to send")
     serve.add_argument("--input-len", type=int, default=128, help="prompt length in tokens")
     serve.add_argument("--output-len", type=int, default=128, help="output tokens per request (EOS ignored)")
     serve.add_argument("--model", default=None, help="model name (default: the server's first model)")
-    serve.add_argument("--api-key", default=None)
-    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--api-key", default=None, help="bearer token the server asks for (its --api-key)")
+    serve.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times")
     serve.add_argument("--no-ignore-eos", action="store_true", help="for servers without the ignore_eos extension")
     serve.add_argument("--json", metavar="FILE", help="write the report as JSON")
     serve.set_defaults(handler=_serve)
@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pc = bench_sub.add_parser("prefix-cache", help="TTFT with prefix caching off / isolated / isolated+public / global")
     pc.add_argument("--repeat-system", type=int, default=12,
                     help="length of the long system prompt, in repeats of a paragraph")
-    pc.add_argument("--model", default=None)
-    pc.add_argument("--json", metavar="FILE")
+    pc.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: the built-in model)")
+    pc.add_argument("--json", metavar="FILE", help="write the report as JSON")
     pc.set_defaults(handler=_prefix_cache)
 
     tax = bench_sub.add_parser("privacy-tax", help="the private path (traceless up, one node) vs the plaintext server: "
@@ -65,12 +65,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     tax.set_defaults(handler=_privacy_tax)
 
     ko = bench_sub.add_parser("kv-offload", help="throughput under memory pressure: KV offload vs recompute")
-    ko.add_argument("--num-prompts", type=int, default=24)
-    ko.add_argument("--prompt-len", type=int, default=384)
-    ko.add_argument("--output-len", type=int, default=192)
+    ko.add_argument("--num-prompts", type=int, default=24, help="requests in the batch")
+    ko.add_argument("--prompt-len", type=int, default=384, help="prompt length in tokens")
+    ko.add_argument("--output-len", type=int, default=192, help="output tokens per request")
     ko.add_argument("--kv-cache-mib", type=int, default=48, help="KV cache size: small, to force preemption")
-    ko.add_argument("--model", default=None)
-    ko.add_argument("--json", metavar="FILE")
+    ko.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: the built-in model)")
+    ko.add_argument("--json", metavar="FILE", help="write the report as JSON")
     ko.set_defaults(handler=_kv_offload)
 
 

@@ -30,8 +30,8 @@ def _positive_int(text: str) -> int:
 
 
 def _listen_args(p: argparse.ArgumentParser, port: int) -> None:
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=port, help="port to listen on")
     add_limit_args(p)
 
 

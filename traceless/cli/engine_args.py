@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from traceless.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS, PREFIX_CACHE_MODES, SPECULATIVE_MODES
@@ -23,16 +25,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None,
                    help="GGUF file or Hugging Face directory (default: built-in SmolLM2-135M-Instruct)")
-    g.add_argument("--dtype", default="auto", choices=DTYPES)
+    g.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weights and KV cache dtype (auto: bfloat16 where the hardware runs it, else float32)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory", type=parse_size, default=None, help="KV cache size, e.g. 2GiB")
-    g.add_argument("--gpu-memory-utilization", type=float, default=None)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=128)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--max-queued-requests", type=int, default=1024)
-    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    g.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
+                   help="KV cache size, e.g. 2GiB (default: on CUDA what --gpu-memory-utilization leaves after a "
+                        "profiling pass; on the CPU --max-num-seqs sequences of 1/32 of --max-model-len each, at "
+                        "least one --max-model-len sequence, at most 2GiB; the engine.ready event says what it "
+                        "chose)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="FRACTION",
+                   help="CUDA: the fraction of the device's memory for weights and KV cache (default 0.9). Not "
+                        "for the CPU (refused there): the CPU's KV cache is sized from --max-model-len and "
+                        "--max-num-seqs, or set with --kv-cache-memory")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence (prompt + output) in tokens (default: the model's context)")
+    g.add_argument("--max-num-seqs", type=int, default=128, help="most requests in one running batch")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="most tokens one engine step computes (longer prompts are prefilled in chunks)")
+    g.add_argument("--max-queued-requests", type=int, default=1024,
+                   help="requests the engine holds at most; beyond them a 503 with Retry-After")
+    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                   help="native: the CPU C kernel; triton: the CUDA kernels; torch: SDPA (auto: the device's own)")
     g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                    help="dummy: random weights of the shapes in --model's config.json (benchmarks only)")
     g.add_argument("--enforce-eager", action="store_true",
@@ -88,3 +102,18 @@ def read_chat_template(path: str | None) -> str | None:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SystemExit(f"--chat-template: cannot read {path} ({type(exc).__name__})") from None
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Building an engine from the options: a value the engine refuses (EngineConfig's checks, a
+    --max-model-len beyond the model's context, a KV budget too small) or a model that cannot be
+    found or loaded is the user's configuration, reported as ConfigError (one line, status 2)."""
+    from traceless.errors import ConfigError, TracelessError
+
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (ValueError, TracelessError) as exc:
+        raise ConfigError(str(exc)) from exc

@@ -25,6 +25,8 @@ VARIABLES: Mapping[str, tuple[str, str]] = MappingProxyType({
     "TRACELESS_LOG_PUBLIC_KEY": ("proxy --log-public-key, log witness --log-public-key",
                                  "the log's Ed25519 public key, base64"),
     "TRACELESS_LOG_DIR": ("log serve --dir, log append --dir", "directory of the transparency log"),
+    "TRACELESS_API_KEY": ("serve --api-key", "bearer token every request but /health must carry"),
+    "VLLM_API_KEY": ("serve --api-key", "vLLM's name for it (TRACELESS_API_KEY wins)"),
 })
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from traceless.cli.engine_args import add_engine_args, engine_options
+from traceless.cli.engine_args import add_engine_args, config_errors, engine_options
 
 DEMO_QUESTIONS = (
     "What is the capital of France?",
@@ -15,8 +15,8 @@ DEMO_QUESTIONS = (
 def register(sub: argparse._SubParsersAction) -> None:
     chat = sub.add_parser("chat", help="chat with a model in the terminal (offline engine)")
     add_engine_args(chat)
-    chat.add_argument("--max-tokens", type=int, default=256)
-    chat.add_argument("--temperature", type=float, default=0.0)
+    chat.add_argument("--max-tokens", type=int, default=256, help="longest answer, in tokens")
+    chat.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     chat.set_defaults(handler=_chat)
     run = sub.add_parser("run", help="the main job: a short demo chat on the default model")
     add_engine_args(run)
@@ -27,7 +27,8 @@ def _load(args):
     from traceless.entrypoints.llm import LLM
 
     print("loading model ...", file=sys.stderr)
-    return LLM(args.model, dtype=args.dtype, **engine_options(args))
+    with config_errors():
+        return LLM(args.model, dtype=args.dtype, **engine_options(args))
 
 
 def _answer(llm, history: list[dict], params) -> str:

@@ -37,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions = log.add_subparsers(dest="log_command", metavar="ACTION", required=True)
     serve = actions.add_parser("serve", help="serve a log directory over HTTP (read only)")
     add_env_argument(serve, "--dir", "TRACELESS_LOG_DIR", type=Path, required=True)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8090)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8090, help="port to listen on")
     serve.add_argument("--witness-key", action="append", default=[],
                        help="Ed25519 public key (base64) of a witness whose cosignatures the log takes and "
                             "serves; repeatable")

@@ -118,7 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_node_args(node)
     node.set_defaults(handler=_node)
     up = sub.add_parser("up", help="all-in-one local deployment of the private path on loopback")
-    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--nodes", type=int, default=2, help="how many nodes to start")
     up.add_argument("--capacities", default=None, help="comma-separated node capacities, e.g. 1,2")
     up.add_argument("--port", type=int, default=8000, help="port of the OpenAI-compatible proxy")
     up.add_argument("--state-dir", default=None,
@@ -141,7 +141,7 @@ def node_parser() -> argparse.ArgumentParser:
 def _node(args: argparse.Namespace) -> int:
     import base64
 
-    from traceless.cli.serve import build_async_engine, stream_shape, telemetry_for, window_policy
+    from traceless.cli.serve import build_async_engine, reserve_ports, stream_shape, telemetry_for, window_policy
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
     from traceless.node.app import create_node_app
@@ -161,6 +161,7 @@ def _node(args: argparse.Namespace) -> int:
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
     configure_logging()
+    public, operator_sock = reserve_ports(args, "node")
     engine = build_async_engine(args)
     measurement = measure(engine.model.path, node_measured_config(args))
     if args.log:
@@ -180,9 +181,9 @@ def _node(args: argparse.Namespace) -> int:
     )
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
                             keys=KeyRing(args.key_rotation, args.key_overlap))
-    telemetry, operator = telemetry_for(args, engine, "node")
+    telemetry, operator = telemetry_for(args, engine, "node", operator_sock)
     run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator,
-                limits=connection_limits(args))
+                limits=connection_limits(args), sock=public)
     return 0
 
 
@@ -213,6 +214,14 @@ def _up(args: argparse.Namespace) -> int:
     caps = [int(c) for c in args.capacities.split(",")] if args.capacities else [1] * args.nodes
     if len(caps) != args.nodes or min(caps) < 1 or args.nodes < 1:
         raise SystemExit("traceless up: --capacities must list one positive capacity per node")
+    if args.state_dir is not None:
+        from traceless.cli.paths import writable_dir
+
+        writable_dir(args.state_dir, "--state-dir")
+    if not args.netns:  # the proxy's port, checked before anything starts (then freed for the proxy)
+        from traceless.http.serve import reserve
+
+        reserve("127.0.0.1", args.port, "up").close()
     opts = UpOptions(caps, args.port, args.state_dir, args.node_args.split(), tuple(args.gateway_args.split()))
     if args.netns:
         from traceless.local.netns import available
@@ -221,7 +230,5 @@ def _up(args: argparse.Namespace) -> int:
         ok, why = available()
         if not ok:
             raise SystemExit(f"traceless up: --netns: {why}")
-        NetnsDeployment(opts).run()
-    else:
-        Deployment(opts).run()
-    return 0
+        return NetnsDeployment(opts).run()
+    return Deployment(opts).run()

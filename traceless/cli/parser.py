@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 
+from traceless.errors import ConfigError, ModelLoadError, ModelNotFoundError
+
 # Modules exposing `register(subparsers)`; each adds one or more subcommands.
 COMMAND_MODULES = (
     "traceless.cli.generate",
@@ -23,12 +25,39 @@ COMMAND_MODULES = (
 )
 
 
+USAGE_ERROR = 2  # argparse's own status for a bad command line; configuration errors share it
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the help already says it or there is
+    nothing to show (unset, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], (), "") or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="traceless", description="traceless: LLM inference for private cloud compute")
+    from traceless import __version__
+
+    parser = argparse.ArgumentParser(prog="traceless", description="traceless: LLM inference for private cloud compute",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"traceless {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _format_all(parser)
     return parser
+
+
+def _format_all(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.formatter_class = HelpFormatter
+                _format_all(sub)
 
 
 def _interrupt(signum, frame) -> None:
@@ -47,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
             previous[sig] = signal.signal(sig, _interrupt)
     try:
         return int(args.handler(args) or 0)
+    except (ConfigError, ModelNotFoundError, ModelLoadError) as exc:
+        print(f"traceless {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        # the commands' own refusals (`raise SystemExit("traceless node: ...")`): one line, status 2
+        print(exc.code, file=sys.stderr)
+        return USAGE_ERROR
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

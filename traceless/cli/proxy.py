@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", default=None,
                    help="where the last verified tree head is kept (default: $XDG_STATE_HOME/traceless, "
                         "else ~/.local/state/traceless)")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="the model name the nodes serve")
     p.add_argument("--origin-name", default="traceless", help="origin name in the gateway's token challenges")
     p.add_argument("--candidates", type=int, default=1000,
                    help="how many of the model's nodes to ask for (default: all, up to the gateway's cap)")
@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="accept releases that log per-request events (request_events on)")
     waive.add_argument("--allow-dummy-weights-releases", action="store_true",
                        help="accept releases that run random (dummy) weights")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address of the local OpenAI-compatible endpoint")
+    p.add_argument("--port", type=int, default=8000, help="port of the local OpenAI-compatible endpoint")
     add_limit_args(p)
     p.set_defaults(handler=_proxy)
 
@@ -68,6 +68,7 @@ def _proxy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from traceless.cli.cluster import describe_policy, load_evidence_policy
+    from traceless.cli.paths import writable_dir
     from traceless.client.private_client import AsyncPrivateClient, ClientConfig
     from traceless.client.proxy import LOOPBACK, create_proxy_app
     from traceless.events import configure_logging
@@ -81,6 +82,7 @@ def _proxy(args: argparse.Namespace) -> int:
         raise SystemExit("traceless proxy: give an --evidence-policy FILE (hardware-attested nodes) or the "
                          "--attester-key of each node to trust")
     evidence_policy = load_evidence_policy(args.evidence_policy, "proxy") if args.evidence_policy else None
+    state_dir = str(writable_dir(args.state_dir or _default_state_dir(), "--state-dir"))
     configure_logging()
     api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else args.api_key
     config = ClientConfig(
@@ -91,7 +93,7 @@ def _proxy(args: argparse.Namespace) -> int:
         attester_policy=AttesterPolicy(args.attester_policy), attestation_max_age_s=args.attestation_max_age,
         evidence_policy=evidence_policy,
         witness_keys=tuple(base64.b64decode(k) for k in args.witness_key), max_tree_head_age_s=args.max_tree_head_age,
-        state_dir=args.state_dir or _default_state_dir(),
+        state_dir=state_dir,
         release_policy=ReleasePolicy(allow_unpadded=args.allow_unpadded_releases,
                                      allow_request_events=args.allow_request_events_releases,
                                      allow_dummy_weights=args.allow_dummy_weights_releases),

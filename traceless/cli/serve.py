@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import argparse
 
-from traceless.cli.engine_args import add_engine_args, engine_options, parse_size
+from traceless.cli.engine_args import add_engine_args, config_errors, engine_options, parse_size
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 
 
 def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=port, help="port of the public listener")
     g = p.add_argument_group("operator telemetry (docs/telemetry.md)")
     g.add_argument("--metrics-host", default="127.0.0.1",
                    help="host of the operator's metrics listener (default loopback only)")
@@ -33,9 +33,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (plaintext: local use, privacy-off baseline)")
     add_engine_args(serve)
     add_http_args(serve, 8000, 9000)
+    add_access_args(serve)
     add_limit_args(serve)
     add_scrub_arg(serve)
     serve.set_defaults(handler=_serve)
+
+
+def add_access_args(p: argparse.ArgumentParser) -> None:
+    from traceless.cli.env import env_value
+
+    g = p.add_argument_group("access")
+    g.add_argument("--api-key", default=env_value("TRACELESS_API_KEY") or env_value("VLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health (env TRACELESS_API_KEY or "
+                        "VLLM_API_KEY: a variable keeps the key out of the process list)")
+    g.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin (e.g. https://app.example) allowed to call the server, with CORS headers; "
+                        "repeatable or comma-separated (default: none, requests with another Origin get 403)")
+
+
+def access_settings(args: argparse.Namespace) -> dict:
+    origins = tuple(o.strip() for value in args.allowed_origins for o in value.split(",") if o.strip())
+    if args.api_key is not None and not args.api_key.strip():
+        raise SystemExit("traceless serve: --api-key must not be empty")
+    return {"api_key": args.api_key, "allowed_origins": origins}
 
 
 def stream_shape(args: argparse.Namespace):
@@ -51,7 +71,7 @@ def window_policy(args: argparse.Namespace, component: str):
     """The telemetry window from the arguments, checked (call it before the engine loads)."""
     from traceless.server.telemetry import WindowPolicy
 
-    if args.metrics_port == args.port:
+    if args.metrics_port and args.metrics_port == args.port:
         raise SystemExit(f"traceless {component}: --metrics-port must differ from --port (metrics are never "
                          "served on the public port)")
     try:
@@ -60,8 +80,20 @@ def window_policy(args: argparse.Namespace, component: str):
         raise SystemExit(f"traceless {component}: {exc}") from None
 
 
-def telemetry_for(args: argparse.Namespace, engine, component: str):
-    """The windowed telemetry and, unless --metrics-port is 0, the operator's listener serving it."""
+def reserve_ports(args: argparse.Namespace, component: str):
+    """(public socket, operator socket or None): both addresses bound before the model loads, so a
+    port in use stops the command at once with a message naming it."""
+    from traceless.http.serve import reserve
+
+    public = reserve(args.host, args.port, component)
+    if args.metrics_port == 0:
+        return public, None
+    return public, reserve(args.metrics_host, args.metrics_port, component, "--metrics-port")
+
+
+def telemetry_for(args: argparse.Namespace, engine, component: str, operator_sock=None):
+    """The windowed telemetry and, unless --metrics-port is 0, the operator's listener serving it
+    (on `operator_sock` when reserve_ports bound it)."""
     from traceless.http.serve import OperatorListener
     from traceless.server.operator_app import create_operator_app
     from traceless.server.telemetry import Telemetry
@@ -70,7 +102,7 @@ def telemetry_for(args: argparse.Namespace, engine, component: str):
     if args.metrics_port == 0:
         return telemetry, None
     return telemetry, OperatorListener(create_operator_app(telemetry, component), args.metrics_host,
-                                       args.metrics_port)
+                                       args.metrics_port, operator_sock)
 
 
 def build_async_engine(args: argparse.Namespace):
@@ -78,7 +110,8 @@ def build_async_engine(args: argparse.Namespace):
     from traceless.entrypoints.build import build_engine
     from traceless.server.async_engine import AsyncEngine
 
-    return AsyncEngine(build_engine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
+    with config_errors():
+        return AsyncEngine(build_engine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -86,19 +119,21 @@ def _serve(args: argparse.Namespace) -> int:
     from traceless.http.serve import run_uvicorn
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 
-    window_policy(args, "server")  # a bad telemetry setting fails before the model loads
+    window_policy(args, "server")  # a bad telemetry or access setting fails before the model loads
+    access_settings(args)
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
     configure_logging()
+    public, operator_sock = reserve_ports(args, "server")
     engine = build_async_engine(args)
     settings = ServerSettings(args.served_model_name or engine.model_name,
                               args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                              stream_shape=stream_shape(args))
-    telemetry, operator = telemetry_for(args, engine, "server")
+                              stream_shape=stream_shape(args), **access_settings(args))
+    telemetry, operator = telemetry_for(args, engine, "server", operator_sock)
     # uvloop reads every connection's bytes into one long-lived buffer, which would keep the last
     # plaintext request until a later read overwrites it: a scrubbing server uses asyncio's loop,
     # which reads into fresh (freed, hence scrubbed) buffers. (A node reads only ciphertext.)
     loop = "asyncio" if args.scrub_freed_memory else "auto"
     run_uvicorn(create_app(engine, settings, telemetry), args.host, args.port, "server", loop=loop,
-                operator=operator, limits=connection_limits(args))
+                operator=operator, limits=connection_limits(args), sock=public)
     return 0

@@ -119,6 +119,8 @@ class ModelInfo:
     load_format: str = "auto"  # "dummy": random weights of a real shape (benchmarks only)
     cuda_graphs: int = 0  # decode batch sizes captured as CUDA graphs (0: eager)
     capture_s: float = 0.0  # seconds spent capturing them at start
+    kv_cache_bytes: int = 0  # the KV cache's K and V, all blocks
+    kv_sizing: str = "kv_cache_memory"  # what sized it: runner/kv_budget.py KVSizing's values
 
 
 class ModelExecutor(Protocol):

@@ -23,6 +23,7 @@ _KIND_BY_CODE = {
     "upstream_unreachable": "upstream", "upstream_timeout": "timeout",
     "unsupported_media_type": "invalid_request", "method_not_allowed": "invalid_request",
     "decapsulation_failed": "decrypt_failed", "queue_full": "queue_full",
+    "unsupported_endpoint": "not_found",
 }
 _KIND_BY_STATUS = {400: "invalid_request", 401: "unauthorized", 403: "unauthorized", 404: "not_found",
                    413: "too_large", 415: "invalid_request", 429: "rate_limited", 503: "unavailable"}

@@ -3,6 +3,7 @@ port in a thread (`serve_in_thread`: audits, benchmarks, tests). Access logs, th
 the date header are off everywhere: only schema events are logged."""
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from traceless.errors import ConfigError
 from traceless.events import emit
 from traceless.http.limits import ConnectionLimits, uvicorn_options
 
@@ -26,48 +28,67 @@ def uvicorn_config(app: Any, limits: ConnectionLimits | None = None, **options: 
 
 @dataclass(frozen=True, slots=True)
 class OperatorListener:
-    """A second listener, for the operator only (metrics): its own host and port, never the public one."""
+    """A second listener, for the operator only (metrics): its own host and port, never the public one.
+    `sock`: the address already reserved (`reserve`), or None to bind it when it starts."""
 
     app: Any
     host: str
     port: int
+    sock: socket.socket | None = None
+
+
+def reserve(host: str, port: int, component: str, option: str = "--port") -> socket.socket:
+    """Bind host:port now, without listening yet (a client is refused until the server runs), so a
+    port in use stops the command at once, before a model loads, with a message that names it
+    (ConfigError). Hand the socket to `run_uvicorn` / `OperatorListener`."""
+    try:
+        return _listen(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"cannot listen on {host}:{port}: the port is already in use (is another server "
+                              f"running there?); choose another {option}") from None
+        raise ConfigError(f"cannot listen on {host}:{port} ({option}): {exc.strerror or type(exc).__name__}") \
+            from None
 
 
 def run_uvicorn(app: Any, host: str, port: int, component: str, loop: str = "auto",
                 operator: OperatorListener | None = None, extra_ports: tuple[int, ...] = (),
-                limits: ConnectionLimits | None = None) -> None:
+                limits: ConnectionLimits | None = None, sock: socket.socket | None = None) -> None:
     """`loop`: uvicorn's event loop ("auto": uvloop where installed; "asyncio": the standard one,
     which reads every packet into a fresh buffer instead of uvloop's long-lived receive buffer).
     `operator`: served from a thread of its own, started first; the public app runs here.
     `extra_ports`: the same server and app also listen on host:P for each P (the app can tell the
     ports apart by the ASGI scope's `server`). `limits`: connections, timeouts, lingering close
-    (http/limits.py; its defaults when None)."""
+    (http/limits.py; its defaults when None). `sock`: host:port already reserved (`reserve`).
+    A port in use is a ConfigError naming it; a server that does not start raises SystemExit."""
     import uvicorn
 
-    if operator is not None:
-        _start_operator(operator, component)
-    server = uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, loop=loop))
-    sockets = [_listen(host, p) for p in extra_ports]
-    emit("service.started", component=component, port=port, listener="public")
+    sockets = [sock or reserve(host, port, component), *(reserve(host, p, component, "port") for p in extra_ports)]
     try:
-        if sockets:
-            server.run(sockets=[_listen(host, port), *sockets])
-        else:
-            server.run()
-    except KeyboardInterrupt:
-        pass
+        if operator is not None:
+            _start_operator(operator, component)
+        server = uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, loop=loop))
+        emit("service.started", component=component, port=sockets[0].getsockname()[1], listener="public")
+        interrupted = False
+        try:
+            server.run(sockets=sockets)
+        except KeyboardInterrupt:
+            interrupted = True
     finally:
-        for sock in sockets:
-            sock.close()
+        for s in sockets:
+            s.close()
+    if not server.started and not interrupted:
+        raise SystemExit(f"traceless {component}: the server did not start (see the errors above)")
     emit("service.stopped", component=component)
 
 
 def _start_operator(listener: OperatorListener, component: str) -> None:
     import uvicorn
 
+    sock = listener.sock or reserve(listener.host, listener.port, component, "--metrics-port")
     server = uvicorn.Server(uvicorn_config(listener.app, host=listener.host, port=listener.port, lifespan="off",
                                            loop="asyncio"))
-    thread = threading.Thread(target=server.run, name="traceless-operator", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="traceless-operator", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
@@ -75,7 +96,7 @@ def _start_operator(listener: OperatorListener, component: str) -> None:
             raise SystemExit(f"traceless {component}: the operator listener could not listen on "
                              f"{listener.host}:{listener.port}")
         time.sleep(0.01)
-    emit("service.started", component=component, port=listener.port, listener="operator")
+    emit("service.started", component=component, port=sock.getsockname()[1], listener="operator")
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -282,16 +282,20 @@ class Deployment:
         write_private(self.state / "endpoints.json", json.dumps(endpoints, indent=2) + "\n")  # holds the API key
         return endpoints
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Serve until Ctrl-C (status 0) or until a service fails to start or stops (status 1: the
+        logs are kept, also in a temporary state directory, where the message says)."""
+        status = 1
         try:
             endpoints = self.start()
             _print_endpoints(endpoints, self.state, self.where)
             while self.running():
                 time.sleep(0.5)
             dead = [n for n, p in self.procs if p.poll() is not None]
-            print(f"traceless up: {', '.join(dead)} stopped; shutting down", file=sys.stderr)
+            print(f"traceless up: {', '.join(dead)} stopped; shutting down (logs: {self.logs})", file=sys.stderr)
         except KeyboardInterrupt:
             print("\ntraceless up: stopping", file=sys.stderr)
+            status = 0
         except StartupError as exc:
             print(f"traceless up: {exc}", file=sys.stderr)
         finally:
@@ -299,7 +303,22 @@ class Deployment:
                 signal.signal(sig, signal.SIG_IGN)
             self.stop()
             if self.temporary:
-                shutil.rmtree(self.state, ignore_errors=True)
+                self._remove_state(keep_logs=status != 0)
+        return status
+
+    def _remove_state(self, keep_logs: bool) -> None:
+        """Remove the temporary state directory; after a failure keep its logs/ (event logs,
+        content-free by construction) for the messages that point there, and drop the rest (keys)."""
+        if not keep_logs:
+            shutil.rmtree(self.state, ignore_errors=True)
+            return
+        for entry in self.state.iterdir():
+            if entry == self.logs:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def _leaf_hash(leaf: bytes) -> bytes:

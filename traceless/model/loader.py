@@ -55,8 +55,22 @@ def resolve_model_path(model: str | Path | None) -> Path:
         return default_model_path()
     path = Path(model).expanduser()
     if not path.exists():
-        raise ModelNotFoundError(f"model path {str(path)!r} does not exist")
+        if _looks_like_hub_id(str(model)):
+            local = f"models/{str(model).split('/')[1]}"
+            raise ModelNotFoundError(
+                f"{str(model)!r} looks like a Hugging Face model id, and there is no such local path: traceless "
+                "loads a model from a local directory or a GGUF file and downloads nothing. Get a copy with "
+                f"`hf download {model} --local-dir {local}` (older huggingface_hub: `huggingface-cli download`), "
+                f"then pass --model {local}")
+        raise ModelNotFoundError(f"model path {str(path)!r} does not exist (a local directory or a GGUF file)")
     return path
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """'org/name' with no other path syntax: how models are named on the Hugging Face Hub."""
+    parts = name.split("/")
+    return (len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+            and not name.endswith(".gguf") and all(c.isalnum() or c in "-_." for c in name.replace("/", "")))
 
 
 def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = "auto",

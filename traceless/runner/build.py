@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from traceless.config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from traceless.config import EngineConfig
 from traceless.engine.step_io import EngineParts, ModelInfo
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
@@ -15,6 +15,7 @@ from traceless.model.layers.ops import DecoderOps, NativeOps, TorchOps
 from traceless.model.llama import LlamaModel
 from traceless.model.loader import builtin_chat_template, load_model
 from traceless.model.rope import Rope
+from traceless.runner.kv_budget import KVSizing, check_blocks, kv_budget
 from traceless.runner.model_runner import ModelRunner
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -43,17 +44,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "float16" and device.type == "cpu":
         raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
     return _DTYPES[name]
-
-
-def _kv_budget(cfg: EngineConfig, device: torch.device, weight_bytes: int) -> int:
-    """Bytes for the KV cache where no profiling pass sizes it (CPU, or an explicit size)."""
-    if cfg.kv_cache_memory is not None:
-        return cfg.kv_cache_memory
-    if cfg.gpu_memory_utilization is not None:
-        import os
-
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * cfg.gpu_memory_utilization)
-    return DEFAULT_CPU_KV_BYTES
 
 
 def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
@@ -114,15 +104,6 @@ def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
     return max_model_len
 
 
-def _check_blocks(num_blocks: int, max_model_len: int, block_size: int) -> None:
-    need = -(-max_model_len // block_size) + 1  # + the null block
-    if num_blocks < need:
-        raise ValueError(
-            f"the KV cache budget holds {max(num_blocks - 1, 0) * block_size} tokens, fewer than "
-            f"max_model_len={max_model_len}; raise kv_cache_memory or lower max_model_len"
-        )
-
-
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
@@ -130,15 +111,16 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     mc = loaded.config
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
-    weight_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
     backend = _attention_backend(cfg, device, dtype)
     profile = device.type == "cuda" and cfg.kv_cache_memory is None
     bb = block_bytes(mc, cfg.block_size, dtype)
     # On CUDA the cache is sized after a profiling pass on a cache just big enough for it.
-    num_blocks = (-(-cfg.max_num_batched_tokens // cfg.block_size) + 1 if profile
-                  else _kv_budget(cfg, device, weight_bytes) // bb)
-    if not profile:
-        _check_blocks(num_blocks, max_model_len, cfg.block_size)
+    if profile:
+        num_blocks, sizing = -(-cfg.max_num_batched_tokens // cfg.block_size) + 1, KVSizing.PROFILED
+    else:
+        budget = kv_budget(cfg, max_model_len, bb)
+        num_blocks, sizing = budget.num_blocks, budget.sizing
+        check_blocks(num_blocks, max_model_len, cfg.block_size)
     cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
     rope = Rope(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
     attention, ops = _layers(backend, cache, rope, mc)
@@ -154,7 +136,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         from traceless.runner.gpu_memory import kv_blocks_after_profile
 
         num_blocks = kv_blocks_after_profile(runner, cache, cfg, bb)
-        _check_blocks(num_blocks, max_model_len, cfg.block_size)
+        check_blocks(num_blocks, max_model_len, cfg.block_size)
         cache.resize(num_blocks)
     capture_s, num_graphs = 0.0, 0
     if device.type == "cuda" and backend == "triton" and not cfg.enforce_eager:
@@ -171,7 +153,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         offload = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
     info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
-                     attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s)
+                     attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
+                     kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value)
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format == "auto":
         template = builtin_chat_template("smollm2-tools")

@@ -1,7 +1,8 @@
 """The plaintext OpenAI-compatible HTTP server (Starlette), for local use and as the
 privacy-off baseline. Routes: /v1/models, /v1/completions, /v1/chat/completions, /tokenize,
-/detokenize, /tokenizer_info (vLLM's), /health. Metrics
-are served only by the operator's listener (operator_app.py), from the same Telemetry.
+/detokenize, /tokenizer_info (vLLM's), /health; /v1/embeddings and /v1/responses answer 501.
+Metrics are served only by the operator's listener (operator_app.py), from the same Telemetry.
+An API key and the browser origins allowed are checked in front of every route (access.py).
 
 Bodies are read through a size cap (413 beyond it). A client that disconnects aborts its
 request: streaming responses are cancelled by Starlette; non-streaming handlers race the
@@ -24,6 +25,7 @@ from traceless.http.app import endpoint
 from traceless.http.body import read_json
 from traceless.http.disconnect import race_disconnect
 from traceless.http.errors import ApiError
+from traceless.server.access import AccessPolicy, protect
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.engine_routes import engine_routes
 from traceless.server.openai_api import OpenAIService
@@ -31,6 +33,7 @@ from traceless.server.stream_shape import StreamShape
 from traceless.server.telemetry import Telemetry
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+UNSUPPORTED_ROUTES = ("/v1/embeddings", "/v1/responses")  # OpenAI's, not implemented here
 Work = Callable[[object], Awaitable[dict | AsyncGenerator[bytes, None]]]
 
 
@@ -40,6 +43,8 @@ class ServerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     component: str = "server"
     stream_shape: StreamShape = StreamShape()
+    api_key: str | None = None  # required as a bearer token on every route but /health
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); others get 403
 
 
 def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemetry | None = None):
@@ -99,8 +104,20 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
         Route("/detokenize", endpoint(settings.component, "detokenize", tokens(service.detokenize)), methods=["POST"]),
         Route("/tokenizer_info", endpoint(settings.component, "tokenizer_info", tokenizer_info), methods=["GET"]),
         *engine_routes(engine),
+        *(Route(path, endpoint(settings.component, "other", _unsupported(path)), methods=["POST"])
+          for path in UNSUPPORTED_ROUTES),
     ]
-    return create_http_app(settings.component, routes, lifespan)
+    app = create_http_app(settings.component, routes, lifespan)
+    protect(app, AccessPolicy(settings.api_key, settings.allowed_origins), settings.component)
+    return app
+
+
+def _unsupported(path: str):
+    async def handle(request: Request) -> Response:
+        raise ApiError(501, f"{path} is not supported by this server: it serves /v1/chat/completions and "
+                       "/v1/completions (docs/api.md)", code="unsupported_endpoint")
+
+    return handle
 
 
 async def _timed(body: AsyncGenerator[bytes, None], telemetry: Telemetry, name: str,

@@ -1,7 +1,8 @@
 """Parse and validate OpenAI request bodies strictly.
 
 Every field a body may carry is declared here; anything else gets a 400 that counts the unknown
-fields but never names them (a key a client chose is text it wrote: content). Fields the server
+fields and names only those on the fixed list of OpenAI's and vLLM's fields in known_fields.py (a
+key a client chose is text it wrote: content, never echoed). Fields the server
 understands but does not implement are accepted only with their "off" value, so nothing is ever
 accepted and ignored. Structured outputs (`response_format`, `structured_outputs`) are parsed in
 structured_request.py, tools in tools.py. `user` is validated and dropped: it is never stored or used.
@@ -19,6 +20,7 @@ from typing import Any
 from traceless.errors import InvalidRequestError
 from traceless.http.errors import ApiError, bad_request
 from traceless.sampling_params import OutputKind, SamplingParams
+from traceless.server.known_fields import KNOWN_MESSAGE_UNSUPPORTED, KNOWN_UNSUPPORTED, unknown_fields_error
 from traceless.server.structured_request import response_format, structured_outputs
 from traceless.server.tools import ToolFormat, ToolRequest, forced_call_grammar, parse_tools
 from traceless.structured.spec import StructuredOutput
@@ -26,12 +28,6 @@ from traceless.structured.spec import StructuredOutput
 Validator = Callable[[str, Any], Any]
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHOICES = 8  # engine requests one HTTP request may start: n * number of prompts
-
-
-def _unknown(count: int, where: str | None = None) -> ApiError:
-    place = f" in '{where}'" if where else ""
-    return bad_request(f"the request has {count} unknown field(s){place}; see the API reference for the "
-                       "supported fields", where, "unsupported_parameter")
 
 
 def _is_int(v) -> bool:
@@ -113,6 +109,8 @@ CHAT_FIELDS: dict[str, Validator] = {
     "response_format": response_format, "structured_outputs": structured_outputs,
     "tools": lambda n, v: v, "tool_choice": lambda n, v: v, "parallel_tool_calls": lambda n, v: v,  # tools.py
 }
+_CHAT_ONLY = {name: "a /v1/chat/completions field" for name in set(CHAT_FIELDS) - set(COMPLETION_FIELDS)}
+_COMPLETION_ONLY = {name: "a /v1/completions field" for name in set(COMPLETION_FIELDS) - set(CHAT_FIELDS)}
 
 
 def _logit_bias(name, v) -> dict[int, float]:
@@ -151,12 +149,14 @@ class ParsedRequest:
     tools: ToolRequest | None = None  # chat: the tools offered and how a call is chosen
 
 
-def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...]) -> dict[str, Any]:
+def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...],
+            elsewhere: dict[str, str] | None = None) -> dict[str, Any]:
+    """`elsewhere`: fields of another endpoint, named (with where they belong) when sent here."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     unknown = set(body) - set(spec)
     if unknown:
-        raise _unknown(len(unknown))
+        raise unknown_fields_error(unknown, known={**KNOWN_UNSUPPORTED, **(elsewhere or {})})
     for name in required:
         if body.get(name) is None:
             raise bad_request(f"'{name}' is required", name, "missing_required_parameter")
@@ -194,7 +194,7 @@ def _check_choices(num_prompts: int, n: int) -> None:
 
 
 def parse_completion(body: Any) -> ParsedRequest:
-    f = _fields(body, COMPLETION_FIELDS, ("model", "prompt"))
+    f = _fields(body, COMPLETION_FIELDS, ("model", "prompt"), _CHAT_ONLY)
     prompt = f["prompt"]
     prompts: list[str | list[int]]
     if isinstance(prompt, str):
@@ -228,7 +228,7 @@ def parse_completion(body: Any) -> ParsedRequest:
 
 def parse_chat(body: Any, render: Callable[[list[dict], list[dict] | None], str],
                tool_format: ToolFormat = ToolFormat.HERMES) -> ParsedRequest:
-    f = _fields(body, CHAT_FIELDS, ("model", "messages"))
+    f = _fields(body, CHAT_FIELDS, ("model", "messages"), _COMPLETION_ONLY)
     tools = parse_tools(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"), tool_format)
     structured = _structured(f)
     forced = forced_call_grammar(tools) if tools is not None else None
@@ -262,7 +262,7 @@ def messages(raw: Any) -> list[dict]:
             raise bad_request(f"'{where}' must be an object", where)
         extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
-            raise _unknown(len(extra), where)
+            raise unknown_fields_error(extra, where, KNOWN_MESSAGE_UNSUPPORTED)
         if m.get("name") is not None:
             raise bad_request(f"'{where}.name' is not supported", where, "unsupported_parameter")
         role = m.get("role")

@@ -5,7 +5,7 @@ A window collects what the requests that end in it did (outcomes, finish reasons
 latencies, the load seen as they ended). It closes at the first check (a request ending, a scrape)
 at least `window_s` seconds after it opened at which it holds at least `min_requests` requests;
 until then it keeps growing, and nothing of it is visible. When it closes, its aggregates are
-published at once: counters advance by the window's totals (tokens rounded down to 1024s),
+published at once: counters advance by the window's totals (tokens rounded up to 1024s),
 latencies become per-quantile bucket bounds, load becomes the window's peaks, and one
 `metrics.window` event is logged. A scrape before and after one request therefore reads the same
 numbers unless a whole window of at least `min_requests` requests closed in between.
@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from traceless.events import emit
 from traceless.server.metrics import FINISH, LATENCY_BUCKETS, QUANTILE, Metrics
 
-TOKEN_UNIT = 1024  # token counters are published rounded down to a multiple of this
+# Token counters are published rounded up to a multiple of this: a total is known only to within a
+# unit either way, and rounding up keeps a few short generations from reading as none at all.
+TOKEN_UNIT = 1024
 KV_USAGE_STEP = 0.05  # the peak KV usage is published rounded up to a multiple of this
 
 
@@ -168,8 +170,8 @@ class Telemetry:
             m.set_total("traceless_requests_total", n, endpoint=endpoint, status=status)
         for reason, n in self._finished.items():
             m.set_total("traceless_finished_total", n, finish_reason=reason)
-        m.set_total("traceless_prompt_tokens_total", _round_down(self._tokens[0]))
-        m.set_total("traceless_generation_tokens_total", _round_down(self._tokens[1]))
+        m.set_total("traceless_prompt_tokens_total", _round_up(self._tokens[0]))
+        m.set_total("traceless_generation_tokens_total", _round_up(self._tokens[1]))
         m.set_total("traceless_telemetry_windows_total", self._windows)
         m.set("traceless_window_requests", w.num_requests)
         for q in QUANTILE:
@@ -183,8 +185,8 @@ class Telemetry:
         self._publish_engine()
         statuses = {s: sum(n for (_, st), n in w.requests.items() if st == s) for s in ("ok", "rejected", "error",
                                                                                       "aborted")}
-        emit("metrics.window", requests=w.num_requests, prompt_tokens=_round_down(w.prompt_tokens),
-             output_tokens=_round_down(w.output_tokens), ttft_p50_s=w.ttft.bound(0.5), e2e_p50_s=w.e2e.bound(0.5),
+        emit("metrics.window", requests=w.num_requests, prompt_tokens=_round_up(w.prompt_tokens),
+             output_tokens=_round_up(w.output_tokens), ttft_p50_s=w.ttft.bound(0.5), e2e_p50_s=w.e2e.bound(0.5),
              **statuses)
 
     def _publish_engine(self) -> None:
@@ -202,5 +204,5 @@ class Telemetry:
             m.set("traceless_kv_offload_swapped_requests", r.swapped_requests)
 
 
-def _round_down(tokens: int) -> int:
-    return tokens // TOKEN_UNIT * TOKEN_UNIT
+def _round_up(tokens: int) -> int:
+    return -(-tokens // TOKEN_UNIT) * TOKEN_UNIT

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from traceless.errors import InvalidRequestError
+from traceless.structured.ecma_regex import ecma_to_ascii
 from traceless.structured.spec import StructuredKind, StructuredOutput
 
 if TYPE_CHECKING:
@@ -172,7 +173,8 @@ def _grammar(spec: StructuredOutput) -> str:
         return LLMatcher.grammar_from_json_schema(schema if isinstance(schema, dict) else {"type": "object"},
                                                   overrides=_JSON_OVERRIDES)
     if kind is StructuredKind.REGEX:
-        return LLMatcher.grammar_from_regex(spec.source)
+        # ECMA-262's \d \w \s, as in JSON Schema patterns (llguidance's regex syntax reads them as Unicode)
+        return LLMatcher.grammar_from_regex(ecma_to_ascii(spec.source))
     if kind is StructuredKind.CHOICE:
         choices = _json(spec.source, "the choice list")
         if (not isinstance(choices, list) or not choices or len(choices) > MAX_CHOICES
