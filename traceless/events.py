@@ -75,6 +75,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},
     "engine.preempted": {"num_requests": INT},
     "engine.kv_restore_failed": {"num_requests": INT},
+    "engine.kv_spill_failed": {"num_requests": INT},
     "engine.grammar_rejected_token": {},
     # only with --request-events (a benchmark's switch, off by default): exact per-request figures
     "request.finished": {

@@ -262,11 +262,8 @@ class LLMEngine:
         return failed + [self._output(u) if u.status is None else self._finish(u) for u in updates]
 
     def _restore_failures(self) -> list[StepOutput]:
-        """End the requests whose sealed KV failed to restore (finish_reason "error")."""
+        """End the requests whose KV failed to spill or restore (finish_reason "error")."""
         failed = self._scheduler.take_failed()
-        if not failed:
-            return []
-        emit("engine.kv_restore_failed", num_requests=len(failed))
         return [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in failed]
 
     def _propose(self) -> None:
