@@ -141,7 +141,14 @@ def node_parser() -> argparse.ArgumentParser:
 def _node(args: argparse.Namespace) -> int:
     import base64
 
-    from traceless.cli.serve import build_async_engine, stream_shape, telemetry_for, window_policy
+    from traceless.cli.serve import (
+        ENGINE_STOPPED_EXIT,
+        build_async_engine,
+        exit_when_engine_stops,
+        stream_shape,
+        telemetry_for,
+        window_policy,
+    )
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
     from traceless.node.app import create_node_app
@@ -181,9 +188,10 @@ def _node(args: argparse.Namespace) -> int:
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
                             keys=KeyRing(args.key_rotation, args.key_overlap))
     telemetry, operator = telemetry_for(args, engine, "node")
+    exit_when_engine_stops(engine, "node")
     run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator,
                 limits=connection_limits(args))
-    return 0
+    return ENGINE_STOPPED_EXIT if engine.dead else 0
 
 
 def check_release_allows(log_url: str, log_public_key: str, combined: bytes, capacity: int) -> None:
