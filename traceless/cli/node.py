@@ -40,6 +40,10 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
                    help="hardware: a key born in this confidential VM, vouched for by SEV-SNP/TDX evidence from "
                         "configfs-tsm (and --gpu-evidence GPUs' NVIDIA reports); software: an in-memory key that "
                         "proves nothing about the code (development only; the default)")
+    p.add_argument("--attester-key-file", default=None, metavar="PATH",
+                   help="with --attestation software: sign with the Ed25519 key kept in PATH (32 raw bytes, "
+                        "0600; created on first start), so clients that pin it accept the node after a restart. "
+                        "OHTTP keys stay in memory and are new at every start. Default: a new key every start")
     p.add_argument("--gpu-evidence", type=int, default=0, metavar="N",
                    help=f"with --attestation hardware: NVIDIA confidential-computing evidence of GPUs 0..N-1 "
                         f"(0 to {MAX_GPUS})")
@@ -102,7 +106,17 @@ def build_attester(args: argparse.Namespace, *, tsm_root: Path | None = None, nv
     if args.attestation == "software":
         if args.gpu_evidence:
             raise SystemExit("traceless node: --gpu-evidence needs --attestation hardware")
-        return SoftwareAttester()
+        if args.attester_key_file is None:
+            return SoftwareAttester()
+        from traceless.node.attester_key import AttesterKeyFileError, load_or_create
+
+        try:
+            return SoftwareAttester(load_or_create(args.attester_key_file))
+        except (AttesterKeyFileError, OSError) as exc:
+            raise SystemExit(f"traceless node: --attester-key-file {args.attester_key_file}: {exc}") from None
+    if args.attester_key_file is not None:
+        raise SystemExit("traceless node: --attester-key-file is for --attestation software: a hardware "
+                         "attester's key is born in the confidential VM at every start and never kept")
     gpus = [NvmlCollector(i, nvml=nvml) for i in range(args.gpu_evidence)]
     attester = HardwareAttester(TsmCollector(tsm_root or TSM_REPORT_ROOT), gpus)
     try:
@@ -229,7 +243,5 @@ def _up(args: argparse.Namespace) -> int:
         ok, why = available()
         if not ok:
             raise SystemExit(f"traceless up: --netns: {why}")
-        NetnsDeployment(opts).run()
-    else:
-        Deployment(opts).run()
-    return 0
+        return NetnsDeployment(opts).run()
+    return Deployment(opts).run()
