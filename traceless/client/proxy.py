@@ -10,7 +10,9 @@ preflight, which this proxy never grants).
 `GET /status` says which policy nodes are verified under and which attestation kind ("software",
 or the hardware evidence kinds such as "snp+nvidia") each node of the last verified round used.
 A stream that breaks off on the way (a node or a hop failed) ends with an OpenAI-style error event
-and `[DONE]`, as the server's own streams do, so the openai SDK raises an APIError for it.
+and `[DONE]`, as the server's own streams do, so the openai SDK raises an APIError for it. A path
+that goes silent past the client's timeouts (a stream's head, the gap between chunks, a whole
+non-streamed answer) is 504 `upstream_timeout`, as a status or as that event.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from traceless.client.private_client import AsyncPrivateClient, PrivateClientError, UpstreamError
+from traceless.client.private_client import AsyncPrivateClient, PathTimeoutError, PrivateClientError, UpstreamError
 from traceless.client.tokens import TokenError
 from traceless.events import emit
 from traceless.http.app import Handler, create_app, endpoint
@@ -69,6 +71,8 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
             result = await client.request(path, body)
         except UpstreamError as exc:  # the node's own (decrypted) error: pass it on unchanged
             return JSONResponse(exc.body, status_code=exc.status)
+        except PathTimeoutError:
+            raise _timed_out() from None
         except (PrivateClientError, TokenError):
             raise _path_failed() from None
         if isinstance(result, dict):
@@ -128,13 +132,18 @@ def _path_failed() -> ApiError:
                     code="private_path_failed")
 
 
+def _timed_out() -> ApiError:
+    return ApiError(504, "the private path went silent past its timeout; the request was abandoned",
+                    type="upstream_error", code="upstream_timeout")
+
+
 async def _ending_cleanly(events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
     """The node's events; if the stream breaks off, an error event and [DONE] instead of a cut."""
     try:
         async for event in events:
             yield event
-    except PrivateClientError:
-        error = _path_failed()
+    except PrivateClientError as exc:
+        error = _timed_out() if isinstance(exc, PathTimeoutError) else _path_failed()
         emit("http.error", component=COMPONENT, status_code=error.status, error_kind="upstream")
         yield b"data: " + json.dumps(error.body(), separators=(",", ":")).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
