@@ -16,6 +16,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true", help="also run the tests marked soak (minutes each)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="a soak test: run with --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch

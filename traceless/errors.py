@@ -51,3 +51,8 @@ class EngineDeadError(TracelessError):
 class KVRestoreError(TracelessError):
     """A preempted request's sealed KV could not be restored (its spill data is missing, truncated
     or fails authentication): that request fails; every other request goes on."""
+
+
+class KVSpillError(TracelessError):
+    """A request being preempted could not have its KV sealed and spilled (the offload directory is
+    full or cannot be written): that request fails; every other request goes on."""

@@ -76,6 +76,9 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},
     "engine.preempted": {"num_requests": INT},
     "engine.kv_restore_failed": {"num_requests": INT},
+    "engine.kv_spill_failed": {"num_requests": INT},
+    "engine.restarted": {"restarts": INT},
+    "engine.stopped": {"restarts": INT},
     "engine.grammar_rejected_token": {},
     # only with --request-events (a benchmark's switch, off by default): exact per-request figures
     "request.finished": {
@@ -127,7 +130,8 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     },
     "gateway.node_registered": {"new": BOOL, "nodes": INT},
     "gateway.issuer_keys": {"ok": BOOL, "changed": BOOL, "keys": INT},
-    "gateway.node_dropped": {"failures": INT, "nodes": INT},
+    "gateway.node_dropped": {"failures": INT, "nodes": INT,
+                             "reason": Choice.of("unhealthy", "engine_dead", "unreachable")},
     "gateway.streams_cut": {"streams": INT},
     "gateway.registration_refused": {"reason": Choice.of(
         "attestation_refused", "release_not_logged", "capacity_not_allowed", "stale_registration",

@@ -28,6 +28,36 @@ def test_software_is_the_default_and_takes_no_gpu_evidence():
     assert MAX_GPUS == hardware.MAX_GPUS and hardware.MAX_EVIDENCE_ITEMS == 1 + MAX_GPUS
 
 
+def test_a_kept_attester_key_survives_a_restart_and_nothing_else_does(tmp_path):
+    """--attester-key-file: the same signing key after a restart (what a client pins), created 0600 on
+    the first start; the OHTTP keys of two starts still differ."""
+    from traceless.node.identity import NodeIdentity
+    from traceless.privacy.attestation.measurement import Measurement
+
+    path = tmp_path / "node0" / "attester.key"
+    first = build_attester(_args("--attester-key-file", str(path)))
+    assert path.stat().st_mode & 0o777 == 0o600 and len(path.read_bytes()) == 32
+    second = build_attester(_args("--attester-key-file", str(path)))
+    raw = [a.public_key.public_bytes_raw() for a in (first, second)]
+    assert raw[0] == raw[1] != build_attester(_args()).public_key.public_bytes_raw()
+    m = Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32)
+    assert NodeIdentity(first, m).ohttp_keys() != NodeIdentity(second, m).ohttp_keys()
+
+
+def test_an_attester_key_file_others_can_read_or_of_the_wrong_size_is_refused(tmp_path):
+    path = tmp_path / "attester.key"
+    path.write_bytes(bytes(32))
+    path.chmod(0o644)
+    with pytest.raises(SystemExit, match="readable or writable by others"):
+        build_attester(_args("--attester-key-file", str(path)))
+    path.chmod(0o600)
+    path.write_bytes(bytes(31))
+    with pytest.raises(SystemExit, match="must hold 32 raw bytes"):
+        build_attester(_args("--attester-key-file", str(path)))
+    with pytest.raises(SystemExit, match="is for --attestation software"):
+        build_attester(_args("--attestation", "hardware", "--attester-key-file", str(path)))
+
+
 @pytest.mark.skipif(TSM_REPORT_ROOT.is_dir(), reason="this machine is a confidential VM with configfs-tsm")
 def test_hardware_on_a_machine_without_the_device_exits_before_the_model_loads(monkeypatch, capsys):
     import traceless.cli.serve as serve

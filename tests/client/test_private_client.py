@@ -154,3 +154,68 @@ def test_a_relay_that_cannot_be_reached_names_its_cause():
     with pytest.raises(PrivateClientError) as e:
         asyncio.run(go())
     assert len(posts) == 1 and _cause(e.value) == "relay_unreachable"
+
+
+class _Silent(httpx.AsyncByteStream):
+    """A node's chunked response that sends `first` (the response head, or nothing) and then goes
+    silent, as a stalled node does."""
+
+    def __init__(self, first: list[bytes]):
+        self.first = first
+
+    async def __aiter__(self):
+        for piece in self.first:
+            yield piece
+        await asyncio.sleep(60)
+
+
+def _stalling(with_head: bool):
+    from traceless.privacy.bhttp.stream import ResponseStreamEncoder
+
+    def handler(request, n):
+        server = SERVERS[int(request.url.path.rsplit("node", 1)[1])]
+        _, context = server.decapsulate_chunked_request(request.content)
+        encryptor = context.encryptor()
+        first = [encryptor.seal_chunk(ResponseStreamEncoder().head(200))] if with_head else []
+        return httpx.Response(200, headers={"content-type": "message/ohttp-chunked-res"},
+                              stream=_Silent(first))
+
+    return handler
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_a_silent_stream_fails_with_a_timeout_error_and_is_not_resent(with_head):
+    """A node that stalls before its response head, or between chunks, does not hold the request
+    forever: PathTimeoutError after the configured silence, and the prompt went out once."""
+    from traceless.client.private_client import PathTimeoutError
+
+    posts = []
+
+    def record(request):
+        posts.append(request.url.path)
+        return _stalling(with_head)(request, len(posts))
+
+    config = ClientConfig("http://issuer", "k", "http://relay", "http://log", b"\x00" * 32, (), "m",
+                          first_byte_timeout_s=0.3, idle_timeout_s=0.3)
+    client = AsyncPrivateClient(config, http=httpx.AsyncClient(transport=httpx.MockTransport(record)))
+
+    async def candidates():
+        return list(NODES)
+
+    async def take():
+        return Token(2, b"\x00" * 32, b"\x01" * 32, b"\x02" * 32, b"\x03" * 256)
+
+    client._verified_candidates, client.wallet.take = candidates, take
+
+    async def go():
+        try:
+            events = await client.request("/v1/completions", {"model": "m", "prompt": "p", "stream": True})
+            async for _ in events:
+                pass
+        finally:
+            await client.aclose()
+
+    with pytest.raises(PathTimeoutError, match="nothing arrived for 0.3s while waiting for the " +
+                       ("next chunk" if with_head else "response head")):
+        asyncio.run(asyncio.wait_for(go(), 10))
+    assert len(posts) == 1

@@ -54,3 +54,29 @@ def test_a_broken_stream_ends_with_an_error_event_the_openai_sdk_raises():
             for chunk in client.completions.create(model="m", prompt="p", stream=True):
                 got.append(chunk.choices[0].text)
         assert got == ["a"] and fake.closed.is_set()
+
+
+class SilentClient(BreakingClient):
+    """A stand-in whose path goes silent: a non-streamed call, and a stream after one event, time out."""
+
+    async def request(self, path: str, body: dict):
+        from traceless.client.private_client import PathTimeoutError
+
+        if not body.get("stream"):
+            raise PathTimeoutError("no answer within 300s; the request was abandoned")
+        return self._silent()
+
+    async def _silent(self):
+        from traceless.client.private_client import PathTimeoutError
+
+        yield b'data: {"id":"x","object":"text_completion","created":0,"model":"m","choices":[]}\n\n'
+        raise PathTimeoutError("nothing arrived for 30s while waiting for the next chunk")
+
+
+def test_a_path_that_went_silent_is_a_504_upstream_timeout():
+    with serve_in_thread(create_proxy_app(SilentClient()), what="proxy") as url:
+        plain = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "p"}, timeout=10)
+        assert plain.status_code == 504 and plain.json()["error"]["code"] == "upstream_timeout"
+        streamed = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "p", "stream": True}, timeout=10)
+        events = [e for e in streamed.text.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]" and '"code":"upstream_timeout"' in events[-2]

@@ -66,6 +66,7 @@ class FakeNode:
         self.url = ""
         self.capacity = 1
         self.healthy = True
+        self.engine_dead = False  # True: attestation answers 503 engine_dead, as a node whose engine stopped
         self.seen_headers: list[dict[str, str]] = []
         self.stream_finished_at: list[float] = []
         self.body_arrivals: list[tuple[float, int]] = []  # (monotonic time, bytes) of each body chunk
@@ -88,6 +89,9 @@ class FakeNode:
         return JSONResponse({"status": "ok"}, status_code=200 if self.healthy else 503)
 
     async def _attestation(self, request: Request) -> Response:
+        if self.engine_dead:
+            return JSONResponse({"error": {"message": "the node's engine has stopped", "type": "server_error",
+                                           "param": None, "code": "engine_dead"}}, status_code=503)
         if not self.healthy:
             return JSONResponse({"status": "down"}, status_code=503)
         nonce = bytes.fromhex(request.query_params["nonce"])

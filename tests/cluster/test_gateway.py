@@ -1,6 +1,7 @@
 """The gateway over real loopback HTTP with fake nodes: registration, candidates, health,
 token checks (missing, replayed, foreign issuer), forwarding and unbuffered streaming."""
 import asyncio
+import dataclasses
 import io
 import json
 import logging
@@ -28,6 +29,7 @@ from traceless.cluster.health import check_all
 from traceless.cluster.issuer import IssuerConfig, create_issuer_app
 from traceless.cluster.issuer_directory import IssuerDirectoryError, fetch_issuer_keys
 from traceless.http.upstream import upstream_client
+from traceless.local.processes import free_port
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
@@ -187,6 +189,30 @@ def test_unhealthy_node_leaves_after_n_failed_checks_and_returns_on_registering(
         new_id = _register(http, node)
         assert new_id != node_id
         assert [n["node_id"] for n in http.get("/pcc/v1/nodes", params={"model": "m"}).json()["nodes"]] == [new_id]
+
+
+@pytest.mark.parametrize("fault", ["engine_dead", "refused"])
+def test_a_node_whose_engine_stopped_or_that_refuses_connections_is_dropped_at_once(issuer, node, fault,
+                                                                                   captured_events):
+    app = _gateway(issuer, unhealthy_after=3)
+    registry = app.state.gateway.registry
+
+    async def check():
+        async with upstream_client(5.0) as client:
+            return await check_all(registry, client, 2.0, app.state.gateway.config.admission)
+
+    with running_app(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        node_id = _register(http, node)
+        if fault == "engine_dead":
+            node.engine_dead = True
+        else:  # nothing listens at the registered URL any more
+            record = registry.get(node_id)
+            registry._nodes[node_id] = dataclasses.replace(record, registration=dataclasses.replace(
+                record.registration, url=f"http://127.0.0.1:{free_port()}"))
+        assert asyncio.run(check()) == 1
+        assert registry.get(node_id) is None and len(registry) == 0
+        assert [e for e in captured_events() if e["event"] == "gateway.node_dropped"][0]["reason"] == \
+            ("engine_dead" if fault == "engine_dead" else "unreachable")
 
 
 def test_background_health_checks_drop_a_dead_node(issuer, node):

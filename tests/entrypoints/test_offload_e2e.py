@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from tests.support.fsize import file_size_limit
 from traceless import LLM, SamplingParams
 from traceless.runner.offload import KVOffloader
 
@@ -128,3 +129,28 @@ def test_a_spill_file_that_fails_to_decrypt_fails_that_request_only(tiny_llama_d
             assert list(o.outputs[0].token_ids) == list(want[i]) and o.outputs[0].finish_reason == "length"
     tight.engine.check_integrity()  # no request, owned block, sealed KV or non-zero block is left
     assert not any(spill.iterdir())
+
+
+def test_a_full_spill_directory_fails_only_the_requests_it_could_not_hold(tiny_llama_dir, tmp_path):
+    """Spill files larger than the room left (a file-size limit: writes past it fail as on a full
+    disk): the requests whose swap-out failed end with finish_reason "error", their blocks zeroed and
+    no partial file left; every other request finishes as without memory pressure, and the engine
+    goes on serving."""
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ps = prompts(12)
+    roomy = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, block_size=4)
+    want = [o.outputs[0].token_ids for o in roomy.generate(ps, greedy, use_tqdm=False)]
+    spill = tmp_path / "spill"
+    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
+                kv_offload="disk", kv_offload_dir=str(spill))
+    with file_size_limit(20 * 1024):  # a block is 2 KiB here: a request holding over 10 blocks does not fit
+        outs = tight.generate(ps, greedy, use_tqdm=False)
+    reasons = [o.outputs[0].finish_reason for o in outs]
+    assert 1 <= reasons.count("error") < len(ps), reasons
+    for i, o in enumerate(outs):
+        if reasons[i] != "error":
+            assert list(o.outputs[0].token_ids) == list(want[i]) and o.outputs[0].finish_reason == "length"
+    tight.engine.check_integrity()
+    assert not any(spill.iterdir())
+    again = tight.generate(ps[:2], greedy, use_tqdm=False)  # the engine still serves
+    assert [list(o.outputs[0].token_ids) for o in again] == [list(w) for w in want[:2]]

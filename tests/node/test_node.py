@@ -77,6 +77,20 @@ def test_attestation_binds_the_served_key(node):
     assert httpx.get(node.url + "/pcc/v1/attestation", params={"nonce": "zz"}).status_code == 400
 
 
+@pytest.mark.parametrize("state, code", [("restarting", "engine_restarting"), ("dead", "engine_dead")])
+def test_a_node_whose_engine_cannot_serve_attests_nothing_and_says_why(node, state, code):
+    setattr(node.engine, state, True)
+    try:
+        for path in ("/pcc/v1/attestation", "/health"):
+            r = httpx.get(node.url + path, params={"nonce": "ab" * 16})
+            assert r.status_code == 503
+        assert r.json() == {"status": state}
+        assert httpx.get(node.url + "/pcc/v1/attestation").json()["error"]["code"] == code
+    finally:
+        setattr(node.engine, state, False)
+    assert httpx.get(node.url + "/pcc/v1/attestation", params={"nonce": "ab" * 16}).status_code == 200
+
+
 def test_encapsulated_answers_equal_the_offline_engine(node, tiny_llama_dir):
     want = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20).generate(
         {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),

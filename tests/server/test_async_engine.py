@@ -79,3 +79,68 @@ def test_cancellation_at_random_moments_never_kills_the_engine(engine):
         asyncio.run(asyncio.wait_for(main(), 60))
     finally:
         engine.stop()
+
+
+def _break_next_step(engine: AsyncEngine, broken: list) -> None:
+    """The engine's next step raises (a bug outside the per-batch error handling), once per call."""
+    def patch(e):
+        real = e.step
+
+        def step():
+            e.step = real  # the instance attribute goes; the class's step is back for the next call
+            del e.step
+            broken.append(e)
+            raise RuntimeError("simulated engine bug")
+
+        e.step = step
+    return patch
+
+
+def test_a_failed_step_fails_the_held_requests_and_a_fresh_engine_serves_on(engine):
+    """The requests in flight fail with EngineDeadError; the old engine holds nothing and every KV
+    block is zero; a fresh engine object serves the next request."""
+    from traceless.errors import EngineDeadError
+
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        broken: list = []
+        await engine.call(_break_next_step(engine, broken))
+        results = await asyncio.gather(*(_collect(engine, f"r{i}", n=6) for i in range(3)), return_exceptions=True)
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert len(await _collect(engine, "after")) == 4
+        assert not engine.dead
+        (old,) = broken
+        assert await engine.call(lambda e: e is not old)
+        assert not old.has_unfinished() and old.num_kv_blocks and not old._kv_memory.nonzero_blocks()
+        while await engine.call(lambda e: e.has_unfinished()):
+            await asyncio.sleep(0.01)
+        await engine.call(lambda e: e.check_integrity())
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        engine.stop()
+
+
+def test_an_engine_that_keeps_failing_stops_for_good_and_says_so(engine):
+    from traceless.errors import EngineDeadError
+
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        stopped = asyncio.Event()
+        engine.on_dead(stopped.set)
+        for i in range(AsyncEngine.MAX_RESTARTS + 1):
+            await engine.call(_break_next_step(engine, []))
+            with pytest.raises(EngineDeadError):
+                await _collect(engine, f"r{i}")
+            while engine.restarting:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(stopped.wait(), 10)
+        assert engine.dead
+        with pytest.raises(EngineDeadError):
+            await _collect(engine, "late")
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        engine.stop()

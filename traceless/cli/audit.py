@@ -66,6 +66,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     rs.add_argument("--dtype", default="auto", help="--device cuda/cpu: the engine's dtype")
     rs.add_argument("--json", metavar="FILE", help="write the report as JSON")
     rs.set_defaults(handler=_residue)
+    fl = audit_sub.add_parser("faults", help="kill and stall each component of `traceless up` under load (8 openai "
+                              "clients through the proxy): failures, statuses, time to recover")
+    fl.add_argument("--faults", default=None,
+                    help="comma-separated: node_kill, node_stop, gateway_restart, issuer_restart, relay_restart, "
+                         "offload_full (default: all; offload_full needs root for its tmpfs)")
+    fl.add_argument("--quick", action="store_true", help="only node_kill (and the final kill -9 of up)")
+    fl.add_argument("--model", default=None, help="the nodes' model (default: the default model)")
+    fl.add_argument("--node-args", default="", help="extra options for every node, e.g. \"--dtype float32\"")
+    fl.add_argument("--stall", type=float, default=20.0, help="seconds a node is stopped (SIGSTOP) in node_stop")
+    fl.add_argument("--recover-bound", type=float, default=90.0,
+                    help="seconds within which a component must serve again and users stop seeing failures")
+    fl.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    fl.set_defaults(handler=_faults)
 
 
 def _prefix_timing(args: argparse.Namespace) -> int:
@@ -133,6 +146,18 @@ def _residue(args: argparse.Namespace) -> int:
 
     report = run(ResidueConfig(args.model, args.ttl, args.scrub), args.json)
     return 1 if report["failed"] else 0
+
+
+def _faults(args: argparse.Namespace) -> int:
+    from traceless.audit.faults import FAULTS, QUICK_FAULTS, FaultConfig, run
+
+    names = tuple(x.strip() for x in args.faults.split(",")) if args.faults else FAULTS
+    try:
+        cfg = FaultConfig(args.model, QUICK_FAULTS if args.quick else names, stall_s=args.stall,
+                          recover_bound_s=args.recover_bound, node_args=tuple(args.node_args.split()))
+    except ValueError as exc:
+        raise SystemExit(f"traceless audit faults: {exc}") from None
+    return 0 if run(cfg, args.json)["passed"] else 1
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -40,6 +40,10 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
                    help="hardware: a key born in this confidential VM, vouched for by SEV-SNP/TDX evidence from "
                         "configfs-tsm (and --gpu-evidence GPUs' NVIDIA reports); software: an in-memory key that "
                         "proves nothing about the code (development only; the default)")
+    p.add_argument("--attester-key-file", default=None, metavar="PATH",
+                   help="with --attestation software: sign with the Ed25519 key kept in PATH (32 raw bytes, "
+                        "0600; created on first start), so clients that pin it accept the node after a restart. "
+                        "OHTTP keys stay in memory and are new at every start. Default: a new key every start")
     p.add_argument("--gpu-evidence", type=int, default=0, metavar="N",
                    help=f"with --attestation hardware: NVIDIA confidential-computing evidence of GPUs 0..N-1 "
                         f"(0 to {MAX_GPUS})")
@@ -102,7 +106,17 @@ def build_attester(args: argparse.Namespace, *, tsm_root: Path | None = None, nv
     if args.attestation == "software":
         if args.gpu_evidence:
             raise SystemExit("traceless node: --gpu-evidence needs --attestation hardware")
-        return SoftwareAttester()
+        if args.attester_key_file is None:
+            return SoftwareAttester()
+        from traceless.node.attester_key import AttesterKeyFileError, load_or_create
+
+        try:
+            return SoftwareAttester(load_or_create(args.attester_key_file))
+        except (AttesterKeyFileError, OSError) as exc:
+            raise SystemExit(f"traceless node: --attester-key-file {args.attester_key_file}: {exc}") from None
+    if args.attester_key_file is not None:
+        raise SystemExit("traceless node: --attester-key-file is for --attestation software: a hardware "
+                         "attester's key is born in the confidential VM at every start and never kept")
     gpus = [NvmlCollector(i, nvml=nvml) for i in range(args.gpu_evidence)]
     attester = HardwareAttester(TsmCollector(tsm_root or TSM_REPORT_ROOT), gpus)
     try:
@@ -141,7 +155,15 @@ def node_parser() -> argparse.ArgumentParser:
 def _node(args: argparse.Namespace) -> int:
     import base64
 
-    from traceless.cli.serve import build_async_engine, reserve_ports, stream_shape, telemetry_for, window_policy
+    from traceless.cli.serve import (
+        ENGINE_STOPPED_EXIT,
+        build_async_engine,
+        exit_when_engine_stops,
+        reserve_ports,
+        stream_shape,
+        telemetry_for,
+        window_policy,
+    )
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
     from traceless.node.app import create_node_app
@@ -182,9 +204,10 @@ def _node(args: argparse.Namespace) -> int:
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
                             keys=KeyRing(args.key_rotation, args.key_overlap))
     telemetry, operator = telemetry_for(args, engine, "node", operator_sock)
+    exit_when_engine_stops(engine, "node")
     run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator,
                 limits=connection_limits(args), sock=public)
-    return 0
+    return ENGINE_STOPPED_EXIT if engine.dead else 0
 
 
 def check_release_allows(log_url: str, log_public_key: str, combined: bytes, capacity: int) -> None:

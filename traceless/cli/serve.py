@@ -105,6 +105,24 @@ def telemetry_for(args: argparse.Namespace, engine, component: str, operator_soc
                                        args.metrics_port, operator_sock)
 
 
+ENGINE_STOPPED_EXIT = 70  # EX_SOFTWARE: the engine failed past its restart budget
+
+
+def exit_when_engine_stops(engine, component: str) -> None:
+    """When the engine stops for good, shut the server down (SIGTERM to this process: uvicorn's
+    graceful path) so the command exits ENGINE_STOPPED_EXIT and its supervisor starts a fresh one."""
+    import os
+    import signal
+    import sys
+
+    def stop() -> None:
+        print(f"traceless {component}: the engine failed repeatedly and stopped; exiting "
+              f"({ENGINE_STOPPED_EXIT}) for a supervisor to restart", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    engine.on_dead(stop)
+
+
 def build_async_engine(args: argparse.Namespace):
     from traceless.config import EngineConfig
     from traceless.entrypoints.build import build_engine
@@ -134,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
     # plaintext request until a later read overwrites it: a scrubbing server uses asyncio's loop,
     # which reads into fresh (freed, hence scrubbed) buffers. (A node reads only ciphertext.)
     loop = "asyncio" if args.scrub_freed_memory else "auto"
+    exit_when_engine_stops(engine, "serve")
     run_uvicorn(create_app(engine, settings, telemetry), args.host, args.port, "server", loop=loop,
                 operator=operator, limits=connection_limits(args), sock=public)
-    return 0
+    return ENGINE_STOPPED_EXIT if engine.dead else 0

@@ -16,6 +16,7 @@ class FailureCause(Enum):
     QUOTA_EXHAUSTED = "quota_exhausted"  # the issuer's per-user quota is used up for now
     TOKEN_REFUSED = "token_refused"  # the gateway refused a token the client holds for this epoch
     NODE_FAILED = "private_path_failed"  # a node or a hop failed after the request was sent
+    TIMED_OUT = "upstream_timeout"  # the node or a hop went silent past a timeout; not resent
 
 
 class PrivateClientError(Exception):
@@ -24,6 +25,13 @@ class PrivateClientError(Exception):
     def __init__(self, message: str, cause: FailureCause = FailureCause.NODE_FAILED) -> None:
         super().__init__(message)
         self.cause = cause
+
+
+class PathTimeoutError(PrivateClientError):
+    """The node or a hop went silent past a timeout; the request was abandoned (not resent)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, FailureCause.TIMED_OUT)
 
 
 class UpstreamError(PrivateClientError):

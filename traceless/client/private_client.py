@@ -40,7 +40,7 @@ from typing import NoReturn
 
 import httpx
 
-from traceless.client.errors import FailureCause, PrivateClientError, UpstreamError
+from traceless.client.errors import FailureCause, PathTimeoutError, PrivateClientError, UpstreamError
 from traceless.client.node_choice import Draws
 from traceless.client.node_verifier import DuplicateListingError, NodeVerifier, VerifiedNode
 from traceless.client.routing_watch import RoutingWatch
@@ -79,7 +79,13 @@ class ClientConfig:
     # The gateway's challenge epoch (GatewayConfig.challenge_epoch_s): the client derives each epoch's public
     # challenge and refuses any other.
     challenge_epoch_s: float = 3600.0
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # the longest a hop may keep silent: for a non-streamed call, the whole answer
+    # A stream fails with PathTimeoutError when its response head takes longer than this (nodes send it
+    # on their cadence as soon as a request is admitted)...
+    first_byte_timeout_s: float = 60.0
+    # ...or when nothing arrives for this long between chunks (a node stalled or a hop hung; a node that
+    # hides shapes sends a chunk every tick, and one that does not, one per token).
+    idle_timeout_s: float = 30.0
     # PRODUCTION refuses the software attester; only a deployment that says so (traceless up) uses
     # DEVELOPMENT.
     attester_policy: AttesterPolicy = AttesterPolicy.PRODUCTION
@@ -107,6 +113,8 @@ class ClientConfig:
     pad_requests: bool = True
 
     def __post_init__(self) -> None:
+        if min(self.timeout_s, self.first_byte_timeout_s, self.idle_timeout_s) <= 0:
+            raise ValueError("timeouts must be positive")
         if self.attestation_max_age_s < 0 or self.clock_leeway_s < 0 or self.candidates < 1:
             raise ValueError("attestation_max_age_s and clock_leeway_s must be >= 0 and candidates >= 1")
         if self.max_tree_head_age_s <= 0 or any(len(k) != 32 for k in self.witness_keys):
@@ -125,7 +133,8 @@ class ClientConfig:
         return self.evidence_policy.name if self.evidence_policy is not None else self.attester_policy.value
 
 
-__all__ = ["AsyncPrivateClient", "ClientConfig", "PrivateClient", "PrivateClientError", "UpstreamError"]
+__all__ = ["AsyncPrivateClient", "ClientConfig", "PathTimeoutError", "PrivateClient", "PrivateClientError",
+           "UpstreamError"]
 
 
 class AsyncPrivateClient:
@@ -263,6 +272,15 @@ class AsyncPrivateClient:
                 self.draws.keep(node)  # nothing was sent: the draw serves the next request
                 return self._failed(attempts, stream, PrivateClientError(
                     "the relay could not be reached", FailureCause.RELAY_UNREACHABLE), exc)
+            except PathTimeoutError as exc:  # a stream's head did not come in time: not resent
+                self._verified = []
+                self.draws.keep(node)
+                return self._failed(attempts, stream, exc)
+            except httpx.TimeoutException as exc:  # after the request was sent: not resent
+                self._verified = []
+                self.draws.keep(node)
+                return self._failed(attempts, stream, PathTimeoutError(
+                    f"no answer within {self.config.timeout_s:.0f}s; the request was abandoned"), exc)
             except (httpx.TransportError, _NodeFailed) as exc:
                 self._verified = []  # the next request starts from a fresh round (a dead node is not offered)
                 self.draws.keep(node)
@@ -327,8 +345,9 @@ class AsyncPrivateClient:
             await r.aclose()
             _raise_outer(r.status_code, body)
         decryptor, parser = ctx.decryptor(), ResponseStreamDecoder()
-        it = r.aiter_raw()
-        head, first = await _read_head(it, decryptor, parser, r)
+        head_it = _silence_limited(r.aiter_raw(), self.config.first_byte_timeout_s, "response head")
+        head, first = await _read_head(head_it, decryptor, parser, r)
+        it = _silence_limited(head_it.source, self.config.idle_timeout_s, "next chunk")
         if head.status != 200:
             rest = first + b"".join([c async for c in _events(it, decryptor, parser, r)])
             raise UpstreamError(head.status, json.loads(rest or b"{}"))
@@ -345,6 +364,24 @@ class _OuterRefusal(UpstreamError):
 
 class _NodeUnknown(Exception):
     """The gateway answered 404 outside the encryption: it lists no node under this id."""
+
+
+class _silence_limited:
+    """An async iterator over `source` whose every step must come within `timeout_s`, else
+    PathTimeoutError. `source` stays usable afterwards (the head and the body have their own limits)."""
+
+    def __init__(self, source: AsyncIterator[bytes], timeout_s: float, waiting_for: str):
+        self.source, self._timeout_s, self._waiting_for = source, timeout_s, waiting_for
+
+    def __aiter__(self) -> _silence_limited:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await asyncio.wait_for(self.source.__anext__(), self._timeout_s)
+        except TimeoutError:
+            raise PathTimeoutError(f"nothing arrived for {self._timeout_s:g}s while waiting for the "
+                                   f"{self._waiting_for}; the request was abandoned") from None
 
 
 class _TokenRejected(Exception):
@@ -388,6 +425,9 @@ async def _read_head(it, decryptor, parser, response):
     except OHTTP_ERRORS:
         await response.aclose()
         raise PrivateClientError("the response stream failed to decrypt") from None
+    except PathTimeoutError:
+        await response.aclose()
+        raise
     except httpx.HTTPError:
         pass  # the node failed before answering: retry elsewhere
     await response.aclose()

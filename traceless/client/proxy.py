@@ -22,7 +22,9 @@ quota_exhausted, 502 private_path_failed / token_refused / duplicate_listing), a
 429 twice by default). A caller that retries anyway gets the same node: the client keeps a failed
 request's draw (node_choice.Draws).
 A stream that breaks off on the way (a node or a hop failed) ends with an OpenAI-style error event
-and `[DONE]`, as the server's own streams do, so the openai SDK raises an APIError for it.
+and `[DONE]`, as the server's own streams do, so the openai SDK raises an APIError for it. A path
+that goes silent past the client's timeouts (a stream's head, the gap between chunks, a whole
+non-streamed answer) is 504 `upstream_timeout`, as a status or as that event.
 """
 from __future__ import annotations
 
@@ -153,7 +155,7 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
 
 NO_RETRY = {"x-should-retry": "false"}
 _STATUS = {FailureCause.RELAY_UNREACHABLE: 503, FailureCause.NO_HEALTHY_NODE: 503,
-           FailureCause.TOKENS_UNAVAILABLE: 503, FailureCause.QUOTA_EXHAUSTED: 429}
+           FailureCause.TOKENS_UNAVAILABLE: 503, FailureCause.QUOTA_EXHAUSTED: 429, FailureCause.TIMED_OUT: 504}
 _MESSAGE = {
     FailureCause.RELAY_UNREACHABLE: "the relay could not be reached; nothing was sent",
     FailureCause.NO_HEALTHY_NODE: "no healthy, verifiable node serves this model now; nothing was sent",
@@ -164,6 +166,7 @@ _MESSAGE = {
     FailureCause.TOKEN_REFUSED: "the gateway refused this epoch's token; the request was not sent",
     FailureCause.NODE_FAILED: "the private path could not complete this request (a node or a hop failed after "
                               "it was sent; it was not resent)",
+    FailureCause.TIMED_OUT: "the private path went silent past its timeout; the request was abandoned",
 }
 
 

@@ -184,6 +184,14 @@ class NodeRegistry:
         self._nodes[node_id] = replace(record, failures=failures)
         return False
 
+    def drop(self, node_id: str) -> bool:
+        """Remove a node now (its check said it cannot serve); returns whether it was there."""
+        record = self._nodes.pop(node_id, None)
+        if record is None:
+            return False
+        del self._by_key[record.attester_key]
+        return True
+
     def __len__(self) -> int:
         return len(self._nodes)
 

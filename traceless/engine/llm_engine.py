@@ -83,6 +83,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, parts: EngineParts):
         self.config = config
+        self._parts = parts
         self.model: ModelInfo = parts.model
         self.tokenizer = parts.tokenizer
         self._executor = parts.executor
@@ -193,9 +194,38 @@ class LLMEngine:
             self.abort(rid)
         return len(ids)
 
+    def restarted(self) -> LLMEngine:
+        """After a failure this engine cannot go on from (an exception out of `step`): release what
+        it holds and return a fresh engine over the same parts (model, KV memory, tokenizer). Every
+        request is ended through the single release path where it still can be, and otherwise its
+        parts are dropped one by one; then every KV block is zeroed, owned, cached or free. Raises
+        IntegrityError when per-request state survives all that (the caller then stops serving)."""
+        for rid in list(self._requests):
+            try:
+                self.abort(rid)
+            except Exception:  # the failure left this request half-updated: take it apart by hand
+                self._drop_remains(rid)
+        if self._executor.num_held() or (self._offload is not None and self._offload.num_swapped()):
+            raise IntegrityError("per-request state survived the restart")
+        self._kv_memory.zero_blocks(list(range(self._kv_memory.num_blocks)))
+        return LLMEngine(self.config, self._parts)
+
+    def _drop_remains(self, request_id: str) -> None:
+        self._executor.release(request_id)
+        if self._offload is not None:
+            self._offload.discard(request_id)
+        detok = self._detok.pop(request_id, None)
+        if detok is not None:
+            detok.wipe()
+        self._requests.pop(request_id).wipe()
+
     # --- stepping -----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
         return bool(self._requests)
+
+    def request_ids(self) -> list[str]:
+        """The ids of the requests the engine holds (unfinished)."""
+        return list(self._requests)
 
     @property
     def num_running(self) -> int:
@@ -262,11 +292,8 @@ class LLMEngine:
         return failed + [self._output(u) if u.status is None else self._finish(u) for u in updates]
 
     def _restore_failures(self) -> list[StepOutput]:
-        """End the requests whose sealed KV failed to restore (finish_reason "error")."""
+        """End the requests whose KV failed to spill or restore (finish_reason "error")."""
         failed = self._scheduler.take_failed()
-        if not failed:
-            return []
-        emit("engine.kv_restore_failed", num_requests=len(failed))
         return [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in failed]
 
     def _propose(self) -> None:

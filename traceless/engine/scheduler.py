@@ -21,7 +21,7 @@ from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.speculative import SpecStats
 from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput, TokenLogprobs
-from traceless.errors import KVRestoreError
+from traceless.errors import KVRestoreError, KVSpillError
 from traceless.events import emit
 
 
@@ -80,7 +80,7 @@ class Scheduler:
         self.spec_stats = SpecStats()
         self.num_preemptions = 0
         self._inflight: dict[str, _Chunk] = {}  # the chunks of the plan the runner is executing
-        self._failed: list[Request] = []  # could not resume this step (KV restore failed)
+        self._failed: list[Request] = []  # could not be swapped out or resume this step (KV spill/restore failed)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -153,11 +153,12 @@ class Scheduler:
         except KVRestoreError:
             self.waiting.popleft()
             self._failed.append(request)
+            emit("engine.kv_restore_failed", num_requests=1)
             return False
         return True
 
     def take_failed(self) -> list[Request]:
-        """Requests that schedule() could not resume (their sealed KV failed to restore)."""
+        """Requests that schedule() could not swap out or resume (their KV failed to spill or restore)."""
         failed, self._failed = self._failed, []
         return failed
 
@@ -247,7 +248,15 @@ class Scheduler:
         self.num_preemptions += 1
         request.clear_drafts()
         if self.kv.can_offload and request.num_computed_tokens > 0:
-            self.kv.swap_out(request)  # KV sealed outside the pool; blocks freed and zeroed
+            try:
+                self.kv.swap_out(request)  # KV sealed outside the pool; blocks freed and zeroed
+            except KVSpillError:
+                # No room to spill it: this request fails (the engine ends it through its single
+                # release path); its blocks are freed and zeroed now, so the preemption still frees them.
+                self.kv.free(request)
+                self._failed.append(request)
+                emit("engine.kv_spill_failed", num_requests=1)
+                return
         else:
             self.kv.free(request)  # recompute: its KV is gone, its tokens are not
             request.num_computed_tokens = 0

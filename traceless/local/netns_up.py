@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import AbstractContextManager, nullcontext
 
 from traceless.local.netns import PortForward, Topology, entered
@@ -60,6 +61,15 @@ class NetnsDeployment(Deployment):
                 print(f"traceless up: {name} stopped; the other nodes serve on", file=sys.stderr, flush=True)
         return all(ok for name, ok in alive.items() if name not in self.nodes) and \
             any(alive.get(name, False) for name in self.nodes)
+
+    def supervise(self) -> int:
+        """Nodes are hosts here (the demonstration takes one away): nothing is restarted; the
+        deployment stops when every node or any other component stopped."""
+        while self.running():
+            time.sleep(0.5)
+        dead = [n for n, p in self.procs if p.poll() is not None]
+        print(f"traceless up: {', '.join(dead)} stopped; shutting down", file=sys.stderr)
+        return 1
 
     def start(self) -> dict:
         try:

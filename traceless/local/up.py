@@ -3,11 +3,18 @@
 Order: transparency log (this installation's release appended: its manifest, allowing the
 capacities given) and its witness (own key, cosigns every WITNESS_INTERVAL_S) -> issuer (a demo
 API key; its token key appended to the log) -> gateway -> relay -> nodes -> proxy. Each node prints
-its attester public key; the proxy trusts exactly those keys, the log's key and the witness's key
+its attester public key, kept in STATE/nodeN/attester.key so that a restarted node is still
+trusted; the proxy trusts exactly those keys, the log's key and the witness's key
 (and keeps its last verified tree head in STATE/proxy). Attestation is the
 software attester's, so the gateway and the proxy run under the explicit DEVELOPMENT attester
 policy, and `up` says so. Services write their event logs (content-free by
 construction) to STATE/logs/. Ctrl-C stops everything; a temporary state directory is removed.
+
+While it runs, `up` supervises (supervisor.py): a service that stops is started again, same
+command line and address, after a backoff, while the others serve on; a node that comes back
+registers again and keeps its attester key. Every service gets the kernel's parent-death signal
+(processes.die_with_parent): if `up` itself is killed, even with `kill -9`, they stop too. Exit
+status: 0 after Ctrl-C or a signal, 1 when the deployment could not start or a service kept failing.
 """
 from __future__ import annotations
 
@@ -27,11 +34,13 @@ from pathlib import Path
 
 import httpx
 
-from traceless.local.processes import StartupError, free_port, stop, wait_ready
+from traceless.local.processes import StartupError, die_with_parent, free_port, stop, wait_ready
+from traceless.local.supervisor import GaveUp, Supervisor
 from traceless.private_files import write_private
 
 READY_TIMEOUT_S = 180.0
 WITNESS_INTERVAL_S = 2.0
+REGISTER_INTERVAL_S = 10.0  # how soon nodes are listed again after a gateway restart
 ISSUER_KEY_VALIDITY_S = 30 * 86400
 
 
@@ -48,6 +57,7 @@ class Deployment:
     def __init__(self, opts: UpOptions):
         self.opts = opts
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.argv: dict[str, list[str]] = {}  # each service's command line, to start it again
         self.state = Path(opts.state_dir) if opts.state_dir else Path(tempfile.mkdtemp(prefix="traceless-up-"))
         self.temporary = opts.state_dir is None
         self.logs = self.state / "logs"
@@ -73,10 +83,6 @@ class Deployment:
         """The URL the user is given for `name` (the proxy)."""
         return url
 
-    def running(self) -> bool:
-        """Whether the deployment still serves (here: every process it started is alive)."""
-        return all(p.poll() is None for _, p in self.procs)
-
     def link(self, target: str, url: str) -> str:
         """The URL a service's clients use to reach `target` (the service itself; tests put a
         recording tap in between)."""
@@ -84,13 +90,18 @@ class Deployment:
 
     # --- processes ------------------------------------------------------------------------------
     def spawn(self, name: str, *argv: str) -> subprocess.Popen:
-        out = open(self.logs / f"{name}.out", "wb")
-        err = open(self.logs / f"{name}.log", "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(self.command(name, [sys.executable, "-m", "traceless.cli", *argv]), stdout=out,
-                                stderr=err, env=env, start_new_session=True)
-        self.procs.append((name, proc))
+        self.argv[name] = list(argv)
+        # Appended to: a restarted service's output follows its earlier runs'.
+        with open(self.logs / f"{name}.out", "ab") as out, open(self.logs / f"{name}.log", "ab") as err:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(self.command(name, [sys.executable, "-m", "traceless.cli", *argv]), stdout=out,
+                                    stderr=err, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        self.procs = [(n, p) for n, p in self.procs if n != name] + [(name, proc)]
         return proc
+
+    def respawn(self, name: str) -> subprocess.Popen:
+        """Start a service again with the command line it was first started with."""
+        return self.spawn(name, *self.argv[name])
 
     def wait_ready(self, name: str, proc: subprocess.Popen, url: str) -> None:
         with self.reach(name):
@@ -218,7 +229,8 @@ class Deployment:
             self.node_metrics.append(f"http://{metrics_host}:{metrics_port}")  # the operator's listener
             proc = self.spawn(name, "node", *self.opts.node_args, "--host", host, "--port", str(port),
                               "--gateway", gateway, "--metrics-host", metrics_host, "--metrics-port", str(metrics_port),
-                              "--capacity", str(cap), "--register-interval", "30",
+                              "--capacity", str(cap), "--register-interval", str(REGISTER_INTERVAL_S),
+                              "--attester-key-file", str(self.state / name / "attester.key"),
                               "--log", log[0], "--log-public-key", log[1],
                               "--public-url", self.link(name, url))
             started.append((name, proc, url))
@@ -282,17 +294,32 @@ class Deployment:
         write_private(self.state / "endpoints.json", json.dumps(endpoints, indent=2) + "\n")  # holds the API key
         return endpoints
 
+    def supervise(self) -> int:
+        """Keep every service running (supervisor.py) until one keeps failing; returns the exit status."""
+        supervisor = Supervisor(self.respawn)
+        now = time.monotonic()
+        for name, proc in self.procs:
+            supervisor.watch(name, proc, now)
+        while True:
+            time.sleep(0.5)
+            try:
+                happened = supervisor.poll(time.monotonic())
+            except GaveUp as exc:
+                print(f"traceless up: {exc}; shutting down (log: {self.logs / (exc.name + '.log')})",
+                      file=sys.stderr, flush=True)
+                return 1
+            for name, what in happened:
+                print(f"traceless up: {name} {what}", file=sys.stderr, flush=True)
+
     def run(self) -> int:
-        """Serve until Ctrl-C (status 0) or until a service fails to start or stops (status 1: the
-        logs are kept, also in a temporary state directory, where the message says)."""
+        """Start, supervise, stop; returns the exit status: 0 when stopped by Ctrl-C or a signal, 1 when
+        a service fails to start or keeps failing (the logs are kept, also in a temporary state
+        directory, where the message says)."""
         status = 1
         try:
             endpoints = self.start()
             _print_endpoints(endpoints, self.state, self.where)
-            while self.running():
-                time.sleep(0.5)
-            dead = [n for n, p in self.procs if p.poll() is not None]
-            print(f"traceless up: {', '.join(dead)} stopped; shutting down (logs: {self.logs})", file=sys.stderr)
+            status = self.supervise()
         except KeyboardInterrupt:
             print("\ntraceless up: stopping", file=sys.stderr)
             status = 0

@@ -39,6 +39,13 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
     service = NodeService(identity, api, telemetry, settings.shape)
 
     async def attestation(request: Request) -> Response:
+        # A node whose engine cannot serve attests nothing: it is not offered to clients, and the
+        # gateway's health check drops it at once when the engine has stopped for good.
+        if engine.dead:
+            raise ApiError(503, "the node's engine has stopped", type="server_error", code="engine_dead")
+        if engine.restarting:
+            raise ApiError(503, "the node's engine is restarting; retry later", type="server_error",
+                           code="engine_restarting", headers={"Retry-After": "1"})
         raw = request.query_params.get("nonce")
         try:
             nonce = bytes.fromhex(raw) if raw is not None else None

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from traceless.errors import KVRestoreError
+from traceless.errors import KVRestoreError, KVSpillError
 from traceless.model.layers.kv_cache import KVCache
 
 NONCE_LEN, TAG_LEN = 12, 16
@@ -29,6 +29,10 @@ NONCE_LEN, TAG_LEN = 12, 16
 
 class OffloadError(KVRestoreError, RuntimeError):
     """A swapped-out request's KV could not be restored (missing, truncated or tampered spill data)."""
+
+
+class SpillError(KVSpillError, OSError):
+    """A request's sealed KV could not be written to the offload directory (full, or not writable)."""
 
 
 @dataclass
@@ -101,9 +105,11 @@ class KVOffloader:
             if self.directory is None:  # cannot happen: __init__ refuses disk mode without a directory
                 raise RuntimeError("disk offload has no directory")
             entry.path = self.directory / secrets.token_hex(16)
-            fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(nonce + ct)
+            try:
+                _write_spill(entry.path, nonce + ct)
+            except OSError:
+                self._forget(entry)  # the key is wiped and a partial file unlinked: nothing stays behind
+                raise SpillError("the KV offload directory could not hold a sealed request") from None
         self._swapped[request_id] = entry
         self.bytes_out += staged.numel()
 
@@ -152,3 +158,10 @@ class KVOffloader:
 
     def num_swapped(self) -> int:
         return len(self._swapped)
+
+
+def _write_spill(path: Path, data: bytes) -> None:
+    """Create `path` (0600, never an existing file) holding `data`; OSError when the directory is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -7,6 +7,14 @@
 
 The engine object is only ever touched by its thread. A client that goes away (its generator is
 closed or cancelled) triggers an abort, which frees and zeroes the request's blocks.
+
+If a step ever raises (a bug outside the per-batch error handling), the requests the engine held
+fail with EngineDeadError, the engine releases and zeroes everything it held and a fresh engine
+over the same model takes its place (`LLMEngine.restarted`); `restarting` is true meanwhile (so
+/health says so; requests that arrive then wait for the fresh engine). After MAX_RESTARTS
+failures within RESTART_WINDOW_S, or when the old engine cannot be released cleanly, it stays
+dead: every caller gets EngineDeadError and the `on_dead` hooks run (the commands exit non-zero
+then, for their supervisor to start a fresh process).
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import gc
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -36,6 +45,9 @@ class EngineStats:
 
 
 class AsyncEngine:
+    MAX_RESTARTS = 3
+    RESTART_WINDOW_S = 600.0
+
     def __init__(self, engine: LLMEngine):
         self._engine = engine
         self.model = engine.model
@@ -45,9 +57,12 @@ class AsyncEngine:
         self._streams: dict[str, asyncio.Queue] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.dead = False
+        self.dead = False  # stopped for good
+        self.restarting = False  # a failed engine is being replaced
         self._idle = IdleWork(engine)
         self._idle_hooks: list[Callable[[], None]] = []
+        self._dead_hooks: list[Callable[[], None]] = []
+        self._restarts: deque[float] = deque()  # monotonic times of the restarts within the window
 
     @property
     def model_name(self) -> str:
@@ -124,31 +139,70 @@ class AsyncEngine:
         for stream in self._streams.values():
             stream.put_nowait(exc)
 
+    def _fail(self, request_ids: list[str], exc: BaseException) -> None:
+        for rid in request_ids:
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream.put_nowait(exc)
+
     # --- engine thread ------------------------------------------------------------------------
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while not self._stopping:
-                self._drain()
-                if not self._engine.has_unfinished():
-                    # Idle: housekeeping in small slices, so a request that arrives waits at most one slice.
-                    more = self._commands.empty() and self._idle.step()
-                    if self._idle.take_collected():
-                        for hook in self._idle_hooks:
-                            loop.call_soon_threadsafe(hook)
-                    self._wake.wait(timeout=0.0 if more else 1.0)
-                    self._wake.clear()
-                    continue
-                self._idle.reset()
-                outputs = self._engine.step()
-                if outputs:
-                    loop.call_soon_threadsafe(self._dispatch, outputs)
-        except Exception:  # a bug outside the per-batch error handling: stop serving, loudly
-            self.dead = True
-            emit("engine.step_failed", num_requests=len(self._streams), error_kind="internal")
-            loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
+                try:
+                    self._turn(loop)
+                except Exception:  # a bug outside the per-batch error handling
+                    if not self._recover(loop):
+                        return
         finally:
-            self._engine.abort_all()
-            self._refuse_queued()
+            try:
+                self._engine.abort_all()
+            finally:
+                self._refuse_queued()
+
+    def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the queued commands, then one step (or one slice of idle work)."""
+        self._drain()
+        if not self._engine.has_unfinished():
+            # Idle: housekeeping in small slices, so a request that arrives waits at most one slice.
+            more = self._commands.empty() and self._idle.step()
+            if self._idle.take_collected():
+                for hook in self._idle_hooks:
+                    loop.call_soon_threadsafe(hook)
+            self._wake.wait(timeout=0.0 if more else 1.0)
+            self._wake.clear()
+            return
+        self._idle.reset()
+        outputs = self._engine.step()
+        if outputs:
+            loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _recover(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """The engine failed: its requests fail, it releases everything, and a fresh engine takes
+        over unless the restart budget is spent. Returns whether serving goes on."""
+        self.restarting = True
+        held = self._engine.request_ids()
+        emit("engine.step_failed", num_requests=len(held), error_kind="internal")
+        loop.call_soon_threadsafe(self._fail, held, EngineDeadError("the engine failed; the request was dropped"))
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > self.RESTART_WINDOW_S:
+            self._restarts.popleft()
+        try:
+            fresh: LLMEngine | None = self._engine.restarted()
+        except Exception:
+            fresh = None
+        if fresh is None or len(self._restarts) >= self.MAX_RESTARTS:
+            self.dead, self.restarting = True, False
+            emit("engine.stopped", restarts=len(self._restarts))
+            loop.call_soon_threadsafe(self._fail_all, EngineDeadError("the engine has stopped"))
+            for hook in self._dead_hooks:
+                loop.call_soon_threadsafe(hook)
+            return False
+        self._restarts.append(now)
+        self._engine, self._idle = fresh, IdleWork(fresh)
+        self.restarting = False
+        emit("engine.restarted", restarts=len(self._restarts))
+        return True
 
     def _refuse_queued(self) -> None:
         """The thread is ending: commands still queued will never run, so their callers get an error
@@ -181,6 +235,10 @@ class AsyncEngine:
                     fut.set_result(args[0](self._engine))
             except Exception as exc:
                 fut.set_exception(exc)
+
+    def on_dead(self, hook: Callable[[], None]) -> None:
+        """Run `hook` on the event loop once the engine has stopped for good (restart budget spent)."""
+        self._dead_hooks.append(hook)
 
     def on_idle(self, hook: Callable[[], None]) -> None:
         """Run `hook` on the event loop each time the engine thread has collected garbage after a

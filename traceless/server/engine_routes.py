@@ -13,6 +13,8 @@ def engine_routes(engine: AsyncEngine) -> list[Route]:
     async def health(request: Request) -> Response:
         if engine.dead:
             return JSONResponse({"status": "dead"}, status_code=503)
+        if engine.restarting:  # a failed engine is being replaced: requests wait for the fresh one
+            return JSONResponse({"status": "restarting"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     return [Route("/health", health, methods=["GET"])]

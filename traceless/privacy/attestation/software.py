@@ -244,7 +244,8 @@ def sign_document(key: Ed25519PrivateKey, claims: AttestationClaims) -> str:
 
 
 class SoftwareAttester(Attester):
-    """Signs with an Ed25519 key generated in memory when constructed and never written anywhere.
+    """Signs with an Ed25519 key generated in memory when constructed, or the one given (a key the
+    deployment keeps across restarts: node/attester_key.py).
 
     Honest scope: this proves only that whoever holds this key (the node process, and anyone who
     can read its memory, such as the operator) asserted these claims. Nothing measures the code
@@ -253,8 +254,8 @@ class SoftwareAttester(Attester):
 
     attester_type: ClassVar[str] = "software"
 
-    def __init__(self) -> None:
-        self._key = Ed25519PrivateKey.generate()
+    def __init__(self, key: Ed25519PrivateKey | None = None) -> None:
+        self._key = key if key is not None else Ed25519PrivateKey.generate()
 
     def __repr__(self) -> str:
         return f"SoftwareAttester(kid={jwk_thumbprint(self.public_key)!r})"
