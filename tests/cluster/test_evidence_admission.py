@@ -8,15 +8,12 @@ import time
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from traceless.cluster.gateway import GatewayConfig, capped_listing, create_gateway_app
+from traceless.node.attestation_route import attestation_app
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import KeyRing
 from traceless.node.registration import registration_body
@@ -38,17 +35,12 @@ def policy(amd, tmp_path_factory) -> AttestationPolicy:
 
 
 class HardwareNode:
-    """The node's attestation route (identity.attestation + identity.evidence, as node/app.py serves
-    them) without an engine: enough for registration, health checks and nonce-bound listings."""
+    """The node's attestation route (node/attestation_route.py, as node/app.py serves it) without an
+    engine: enough for registration, health checks and nonce-bound listings."""
 
     def __init__(self, identity: NodeIdentity) -> None:
         self.identity = identity
-        self.app = Starlette(routes=[Route("/pcc/v1/attestation", self._attestation, methods=["GET"])])
-
-    async def _attestation(self, request: Request) -> JSONResponse:
-        document, keys = self.identity.attestation(bytes.fromhex(request.query_params["nonce"]), 300)
-        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
-                             "evidence": self.identity.evidence(document)})
+        self.app = attestation_app(identity)
 
 
 @pytest.fixture

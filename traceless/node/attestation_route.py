@@ -1,0 +1,60 @@
+"""The node's attestation route, `GET /pcc/v1/attestation[?nonce=HEX]`: a document made now for the
+verifier's nonce, the OHTTP keys it binds and the hardware evidence that vouches for it.
+
+Served by the node's app (app.py) and, without an engine, by audits and tests that need a node's
+attestation behaviour only.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from traceless.events import emit
+from traceless.http.app import create_app, endpoint
+from traceless.http.errors import ApiError
+from traceless.node.identity import NodeIdentity
+from traceless.privacy.attestation.collectors import CollectorError
+from traceless.privacy.attestation.software import NONCE_MAX, NONCE_MIN
+
+
+def _nonce(request: Request) -> bytes | None:
+    raw = request.query_params.get("nonce")
+    try:
+        nonce = bytes.fromhex(raw) if raw is not None else None
+        if nonce is not None and not NONCE_MIN <= len(nonce) <= NONCE_MAX:
+            raise ValueError
+    except ValueError:
+        raise ApiError(400, f"nonce must be {NONCE_MIN} to {NONCE_MAX} bytes in hex", param="nonce") from None
+    return nonce
+
+
+def attestation_handler(identity: NodeIdentity, ttl_s: int) -> Callable[[Request], Awaitable[Response]]:
+    """The route's handler: documents valid for `ttl_s` seconds."""
+
+    async def attestation(request: Request) -> Response:
+        nonce = _nonce(request)
+        document, keys = identity.attestation(nonce, ttl_s)
+        try:
+            evidence = await asyncio.to_thread(identity.evidence, document)
+        except CollectorError:
+            # No document without the evidence that vouches for it; the reason stays in the node.
+            emit("node.evidence_unavailable", route="attestation")
+            raise ApiError(503, "the node could not collect hardware evidence now; retry later", type="server_error",
+                           code="evidence_unavailable", headers={"Retry-After": "5"}) from None
+        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
+                             "evidence": evidence})
+
+    return attestation
+
+
+def attestation_app(identity: NodeIdentity, ttl_s: int = 300) -> Starlette:
+    """An app serving only the attestation route, as the node does (no engine behind it)."""
+    route = Route("/pcc/v1/attestation", endpoint("node", "attestation", attestation_handler(identity, ttl_s)),
+                  methods=["GET"])
+    return create_app("node", [route])
