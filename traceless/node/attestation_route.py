@@ -1,5 +1,6 @@
 """The node's attestation route, `GET /pcc/v1/attestation[?nonce=HEX]`: a document made now for the
-verifier's nonce, the OHTTP keys it binds and the hardware evidence that vouches for it.
+verifier's nonce, the OHTTP keys it binds and, for a hardware node, the base document and the evidence
+collected for it, which vouch for the key that signed the fresh document (evidence_cache.py).
 
 Served by the node's app (app.py) and, without an engine, by audits and tests that need a node's
 attestation behaviour only.
@@ -7,7 +8,6 @@ attestation behaviour only.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -18,8 +18,10 @@ from starlette.routing import Route
 from traceless.events import emit
 from traceless.http.app import create_app, endpoint
 from traceless.http.errors import ApiError
+from traceless.node.evidence_cache import EvidenceRateLimitedError
 from traceless.node.identity import NodeIdentity
 from traceless.privacy.attestation.collectors import CollectorError
+from traceless.privacy.attestation.hardware import HardwareAttester
 from traceless.privacy.attestation.software import NONCE_MAX, NONCE_MIN
 
 
@@ -39,16 +41,22 @@ def attestation_handler(identity: NodeIdentity, ttl_s: int) -> Callable[[Request
 
     async def attestation(request: Request) -> Response:
         nonce = _nonce(request)
-        document, keys = identity.attestation(nonce, ttl_s)
         try:
-            evidence = await asyncio.to_thread(identity.evidence, document)
+            # A hardware node may have to collect evidence (blocking): off the event loop.
+            hardware = identity.attestation_kind == HardwareAttester.attester_type
+            made = await asyncio.to_thread(identity.attest_now, nonce, ttl_s) if hardware \
+                else identity.attest_now(nonce, ttl_s)
         except CollectorError:
             # No document without the evidence that vouches for it; the reason stays in the node.
             emit("node.evidence_unavailable", route="attestation")
             raise ApiError(503, "the node could not collect hardware evidence now; retry later", type="server_error",
                            code="evidence_unavailable", headers={"Retry-After": "5"}) from None
-        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
-                             "evidence": evidence})
+        except EvidenceRateLimitedError as exc:
+            emit("node.evidence_capped", route="attestation")
+            raise ApiError(503, "the node's hardware evidence is due for renewal and collected at most once per "
+                           f"{identity.evidence_cache.limits.min_interval_s:g} s; retry later", type="server_error",
+                           code="evidence_rate_limited", headers={"Retry-After": str(exc.retry_after_s)}) from None
+        return JSONResponse(made.to_json())
 
     return attestation
 
