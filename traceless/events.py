@@ -107,12 +107,13 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     "node.registered": {"ok": BOOL, "status_code": INT},
     "node.replay_refused": {"replay_entries": INT},
     "node.evidence_unavailable": {"route": Choice.of("attestation", "register")},
+    "node.evidence_capped": {"route": Choice.of("attestation", "register")},
     "client.refused_node": {"reason": Choice.of(
         "untrusted_key", "bad_signature", "expired", "malformed", "key_mismatch", "not_in_log", "log_error",
         "stale", "attester_type", "capacity_not_allowed", "unsupported_evidence", "evidence_refused",
         "evidence_without_policy", "log_unwitnessed", "log_stale", "log_inconsistent", "release_prefix_cache",
         "release_unpadded", "release_unscrubbed", "release_dummy_weights", "release_request_events",
-        "duplicate_listing")},
+        "duplicate_listing", "base_mismatch")},
     # `reason` is the policy's fixed refusal code; for a report that failed, `kind` and `check` name it
     "client.evidence_refused": {"reason": EVIDENCE_REFUSAL, "kind": Choice.of("snp", "tdx", "nvidia", "none"),
                                 "check": EVIDENCE_CHECK},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -90,6 +91,39 @@ def test_missing_or_tampered_evidence_is_refused_with_fixed_codes(policy, chains
     assert '"reason":"gpu_evidence_missing"' in refusals[0]
     assert '"kind":"nvidia"' in refusals[1] and '"reason":"report_failed"' in refusals[1]
     assert '"reason":"software_attester_refused"' in refusals[2]
+
+
+def _vouched_entry(attester, fresh_capacity: int = 1) -> dict:
+    """A node's listing entry as it serves one: evidence over its base document (capacity 1), and a
+    fresh document for NONCE by the same key, stating `fresh_capacity`."""
+    server = OhttpServer(key_id=2)
+    statement = NodeStatement(RELEASE.measurement, server.ohttp_keys(), 1, "http://node.test")
+    now = int(time.time())
+    base = attester.attest(new_claims(statement, b"b" * 16, now, attester.attester_type, 3600))
+    fresh = attester.attest(new_claims(replace(statement, capacity=fresh_capacity), NONCE, now,
+                                       attester.attester_type))
+    return {"node_id": "n1", "attestation": fresh, "ohttp_keys": base64.b64encode(server.ohttp_keys()).decode(),
+            "evidence": [evidence_to_json(e) for e in attester.evidence(base)], "base_attestation": base}
+
+
+def test_a_fresh_document_counts_only_as_a_restatement_of_the_base_its_evidence_binds(policy, chains, tmp_path):
+    attester = hardware_attester(tmp_path / "tsm", *chains)
+    good = _vouched_entry(attester)
+    v = _verifier(policy)
+    try:
+        assert v.verify(good, expected_nonce=NONCE).attestation_kind == "snp+nvidia"
+        cases = [
+            (_vouched_entry(attester, fresh_capacity=2), "base_mismatch"),  # a capacity the evidence never saw
+            ({**good, "attestation": good["base_attestation"]}, "stale"),  # the base carries the node's nonce
+            ({**good, "evidence": []}, "malformed"),  # a base without the evidence that binds it
+            ({**good, "evidence": _entry(attester)["evidence"]}, "evidence_refused"),  # evidence for another document
+        ]
+        for entry, reason in cases:
+            with pytest.raises(NodeRefused) as refused:
+                v.verify(entry, expected_nonce=NONCE)
+            assert refused.value.reason == reason
+    finally:
+        v.close()
 
 
 def test_evidence_without_an_evidence_policy_is_refused_not_ignored(chains, tmp_path):

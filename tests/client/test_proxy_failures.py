@@ -68,14 +68,35 @@ def test_the_openai_sdk_makes_one_attempt():
 
 
 def test_the_relay_down_is_503_relay_unreachable_not_500():
-    """The real client against a relay that accepts no connection."""
+    """The real client, holding tokens (the candidate list costs one), against a relay that accepts no
+    connection."""
+    from traceless.client.private_client import AsyncPrivateClient, ClientConfig
+    from traceless.privacy.privacypass import protocol as privacypass
+    from traceless.privacy.privacypass.wire import TokenChallenge
+
+    config = ClientConfig("http://127.0.0.1:9", "k", "http://127.0.0.1:9", "http://127.0.0.1:9", bytes(32),
+                          (bytes(32),), "m", token_wait_s=0.5)
+    client = AsyncPrivateClient(config)
+    issuer = privacypass.Issuer.generate()
+    challenge = TokenChallenge(2, "127.0.0.1:9", bytes(32), "")
+    for _ in range(2):
+        request, state = privacypass.begin(challenge, issuer.public_key)
+        client.wallet._tokens.append(privacypass.finalize(state, issuer.issue(request)))
+    with running_app(create_proxy_app(client)) as url:
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "relay_unreachable"
+
+
+def test_with_no_token_to_pay_for_the_candidate_list_nothing_is_sent():
+    """The relay and the issuer down, the wallet empty: the candidate list waits for a token (it makes
+    the nodes sign), so the cause named is the tokens."""
     from traceless.client.private_client import AsyncPrivateClient, ClientConfig
 
     config = ClientConfig("http://127.0.0.1:9", "k", "http://127.0.0.1:9", "http://127.0.0.1:9", bytes(32),
                           (bytes(32),), "m", token_wait_s=0.5)
     with running_app(create_proxy_app(AsyncPrivateClient(config))) as url:
         r = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30)
-    assert r.status_code == 503 and r.json()["error"]["code"] == "relay_unreachable"
+    assert r.status_code == 503 and r.json()["error"]["code"] == "tokens_unavailable"
 
 
 def test_routing_concentration_reaches_the_caller():

@@ -1,5 +1,6 @@
 """The gateway under an evidence policy: a hardware node is admitted on evidence that vouches for the
-key it registers, fresh evidence comes with every nonce-bound listing, evidence is never accepted
+key it registers, every nonce-bound listing carries a document made for the nonce by the key its
+evidence (collected once, over a base document) vouches for, evidence is never accepted
 unchecked, malformed evidence is a 400 that echoes nothing, and the listing's size is capped."""
 from __future__ import annotations
 
@@ -8,23 +9,20 @@ import time
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from traceless.cluster.gateway import GatewayConfig, capped_listing, create_gateway_app
+from traceless.node.attestation_route import attestation_app
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import KeyRing
 from traceless.node.registration import registration_body
 from traceless.node.settings import NodeSettings
-from traceless.privacy.attestation.evidence_policy import AttestationPolicy, check_evidence
+from traceless.privacy.attestation.evidence_policy import AttestationPolicy, PolicyRefusedError, check_evidence
 from traceless.privacy.attestation.hardware import MAX_EVIDENCE_ITEMS, evidence_from_json
 from traceless.privacy.attestation.policy_file import load_policy_file
-from traceless.privacy.attestation.software import verify_attestation
+from traceless.privacy.attestation.vouched import verify_with_base
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +36,12 @@ def policy(amd, tmp_path_factory) -> AttestationPolicy:
 
 
 class HardwareNode:
-    """The node's attestation route (identity.attestation + identity.evidence, as node/app.py serves
-    them) without an engine: enough for registration, health checks and nonce-bound listings."""
+    """The node's attestation route (node/attestation_route.py, as node/app.py serves it) without an
+    engine: enough for registration, health checks and nonce-bound listings."""
 
     def __init__(self, identity: NodeIdentity) -> None:
         self.identity = identity
-        self.app = Starlette(routes=[Route("/pcc/v1/attestation", self._attestation, methods=["GET"])])
-
-    async def _attestation(self, request: Request) -> JSONResponse:
-        document, keys = self.identity.attestation(bytes.fromhex(request.query_params["nonce"]), 300)
-        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
-                             "evidence": self.identity.evidence(document)})
+        self.app = attestation_app(identity)
 
 
 @pytest.fixture
@@ -69,19 +62,25 @@ def _body(node: HardwareNode) -> dict:
     return registration_body(node.identity, NodeSettings("m"))
 
 
-def test_a_hardware_node_is_admitted_and_listed_with_fresh_evidence_for_each_nonce(policy, hardware_node):
+def test_a_hardware_node_is_admitted_and_listed_with_a_fresh_document_for_each_nonce(policy, hardware_node):
     with running_app(_gateway(policy)) as url:
         registered = httpx.post(url + "/pcc/v1/register", json=_body(hardware_node))
         assert registered.status_code == 200, registered.text
         nonce = bytes(range(16))
         (entry,) = httpx.get(url + "/pcc/v1/nodes", params={"model": "m", "nonce": nonce.hex()}).json()["nodes"]
-        evidence = evidence_from_json(entry["evidence"])
-        verdict = check_evidence(policy, entry["attestation"], evidence)  # binds this document, made for this nonce
-        claims = verify_attestation(entry["attestation"], verdict.keys, time.time(), nonce)
-        assert verdict.kind == "snp" and claims.attester_type == "hardware"
         (plain,) = httpx.get(url + "/pcc/v1/nodes", params={"model": "m"}).json()["nodes"]
-        assert plain["evidence"] != entry["evidence"]  # the registration's evidence, for its own document
-        assert check_evidence(policy, plain["attestation"], evidence_from_json(plain["evidence"])).kind == "snp"
+    # The evidence binds the base document (collected once, at registration), whose key signed the
+    # document made for this nonce, restating the base's claims.
+    evidence = evidence_from_json(entry["evidence"])
+    verdict = check_evidence(policy, entry["base_attestation"], evidence)
+    claims = verify_with_base(entry["attestation"], entry["base_attestation"], verdict.keys, time.time(), nonce,
+                              ohttp_keys=base64.b64decode(entry["ohttp_keys"]))
+    assert verdict.kind == "snp" and claims.attester_type == "hardware" and claims.eat_nonce == nonce
+    with pytest.raises(PolicyRefusedError):  # it binds the base, not the fresh document
+        check_evidence(policy, entry["attestation"], evidence)
+    assert plain["evidence"] == entry["evidence"] and plain["base_attestation"] == entry["base_attestation"]
+    assert plain["attestation"] != entry["attestation"]  # the registration's own document
+    assert hardware_node.identity.evidence_cache.collections == 1
 
 
 def test_evidence_that_vouches_for_another_key_than_the_registered_one_is_refused(policy, hardware_node):
@@ -141,3 +140,12 @@ def test_the_listing_keeps_the_drawn_order_up_to_its_byte_cap():
     assert capped_listing(listed, 10 * per_entry) == listed
     assert capped_listing(listed, 3 * per_entry + 5) == listed[:3]
     assert capped_listing([entry(0, 10_000)], 10) == [entry(0, 10_000)]  # the first entry always
+
+
+def test_a_base_attestation_without_the_evidence_that_binds_it_is_refused():
+    node = FakeNode()
+    with running_app(node.app) as node_url, running_app(_gateway(AttestationPolicy.development())) as url:
+        body = node.registration(node_url)
+        r = httpx.post(url + "/pcc/v1/register", json={**body, "base_attestation": body["attestation"]})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "attestation_refused"
+    assert "only with the evidence" in r.json()["error"]["message"]

@@ -10,13 +10,14 @@ import base64
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases, running_app
+from tests.cluster._services import RELEASE, StubReleases, mint_tokens, running_app
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
@@ -33,6 +34,7 @@ from traceless.entrypoints.build import build_engine
 from traceless.entrypoints.llm import LLM
 from traceless.node.app import create_node_app
 from traceless.node.identity import NodeIdentity
+from traceless.node.keyring import KeyRing
 from traceless.node.registration import registration_body
 from traceless.node.settings import NodeSettings
 from traceless.privacy.attestation.collectors import Collector, Evidence
@@ -96,11 +98,12 @@ def engine(tiny_llama_dir):
 
 
 @contextmanager
-def private_path(services, engine, attester: Attester, gateway_policy: AttestationPolicy | None):
+def private_path(services, engine, attester: Attester, gateway_policy: AttestationPolicy | None,
+                 clock: Callable[[], float] = time.time):
     """node -> gateway (with `gateway_policy`) -> relay; yields (node identity, gateway URL, relay URL,
     the node's registration response). The node registers once, by its own registration code."""
     with ExitStack() as stack:
-        identity = NodeIdentity(attester, RELEASE.measurement, capacity=1)
+        identity = NodeIdentity(attester, RELEASE.measurement, capacity=1, clock=clock)
         settings = NodeSettings(MODEL)
         node_url = stack.enter_context(running_app(create_node_app(engine(), identity, settings)))
         identity.node_url = node_url
@@ -130,8 +133,12 @@ def test_a_hardware_node_answers_the_openai_client_under_the_test_policy(service
     attester = hardware_attester(tmp_path / "tsm" / "report", amd, gpu)
     with private_path(services, engine, attester, policy) as (identity, gateway_url, relay_url, registered):
         assert registered.status_code == 200, registered.text
-        listed = httpx.get(relay_url + "/pcc/v1/nodes", params={"model": MODEL, "nonce": "ab" * 16}).json()["nodes"]
+        challenge = httpx.get(relay_url + "/pcc/v1/challenge").headers["www-authenticate"]
+        (token,) = mint_tokens(services["issuer"], challenge, 1)
+        listed = httpx.get(relay_url + "/pcc/v1/nodes", params={"model": MODEL, "nonce": "ab" * 16},
+                           headers={"authorization": token}).json()["nodes"]
         assert [item["kind"] for item in listed[0]["evidence"]] == ["snp", "nvidia"]
+        assert listed[0]["base_attestation"] != listed[0]["attestation"]
         client = AsyncPrivateClient(client_config(services, gateway_url, relay_url, policy))
         try:
             with running_app(create_proxy_app(client)) as proxy_url:
@@ -242,9 +249,23 @@ def test_evidence_for_another_key_is_refused(services, engine, policy_file, amd,
 def test_a_node_whose_hardware_fails_answers_503_and_offers_no_document(services, engine, policy_file, amd, gpu,
                                                                         tmp_path):
     attester = hardware_attester(tmp_path / "tsm" / "report", amd, gpu)
-    with private_path(services, engine, attester, load_policy_file(policy_file)) as (identity, _, _, registered):
+    later = [0.0]  # the node's clock runs this far ahead of the wall clock
+    with private_path(services, engine, attester, load_policy_file(policy_file),
+                      clock=lambda: time.time() + later[0]) as (identity, _, _, registered):
         assert registered.status_code == 200
         (tmp_path / "tsm" / "report").rmdir()  # the configfs-tsm interface went away
-        r = httpx.get(identity.node_url + "/pcc/v1/attestation", params={"nonce": "ab" * 16})
+        url, params = identity.node_url + "/pcc/v1/attestation", {"nonce": "ab" * 16}
+        # Its keys have not changed: the evidence collected at registration still vouches for its key.
+        r = httpx.get(url, params=params)
+        assert r.status_code == 200 and r.json()["evidence"]
+        identity.keys = KeyRing()  # a new key set, the old one gone: evidence must be collected again
+        later[0] = identity.evidence_cache.limits.min_interval_s  # past the collection cap
+        r = httpx.get(url, params=params)
         assert r.status_code == 503 and r.json()["error"]["code"] == "evidence_unavailable"
         assert "attestation" not in r.json()
+        # Asked again before its collection interval has passed, it does not try again: nothing it holds
+        # vouches for its live keys, so it refuses, saying when to come back.
+        r = httpx.get(url, params=params)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "evidence_rate_limited"
+        assert 0 < int(r.headers["retry-after"]) <= 60 and "attestation" not in r.json()
+        assert identity.evidence_cache.collections == 2

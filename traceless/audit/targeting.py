@@ -15,12 +15,15 @@ The attacks of colluding hops (pairing tagger, issuer key partition, forced refi
 retry steering: targeting_collusion*.py, targeting_refill.py) are each measured three times: the
 honest baseline, the attack on our client, and the attack on a deliberately weakened client, each
 with a 99.99% interval against the fair level (1/users for linking, T's share for routing).
+Anonymous amplification (amplification.py): the attestation work one nonce-bound listing request
+makes every node do, with a token, without one, and against the design before.
 The production-style routers (least-loaded, user affinity, prefix-aware, priority class) are
 SIMULATIONS (targeting_policies.py, targeting_sim.py), each under no attack and under the
 strategy that fits it, to show the harness detects targeting where it exists.
 """
 from __future__ import annotations
 
+from traceless.audit.amplification import AmplificationRow, measure_amplification, print_amplification
 from traceless.audit.targeting_collusion import CollusionRow, measure_collusion_linking
 from traceless.audit.targeting_collusion_routing import measure_collusion_routing
 from traceless.audit.targeting_estimate import AT, BEATS, Estimate, Scenario
@@ -46,7 +49,8 @@ def measure_all(scenario: Scenario, gateway_cfg: GatewayAttackConfig = GatewayAt
 
 
 def build_report(scenario: Scenario, results: list[Estimate], linking: list[LinkingEstimate] | None = None,
-                 collusion: list[CollusionRow] | None = None) -> dict:
+                 collusion: list[CollusionRow] | None = None,
+                 amplification: list[AmplificationRow] | None = None) -> dict:
     ours = [r for r in results if not r.simulated]
     sims = [r for r in results if r.simulated]
     beaten = sorted({r.policy for r in sims if r.strategy != "none" and r.verdict == BEATS})
@@ -58,9 +62,11 @@ def build_report(scenario: Scenario, results: list[Estimate], linking: list[Link
                         "simulated_policies_beaten": beaten,
                         "simulated_policies_off_share_without_attack": biased,
                         "linking_attacks_succeeded": sorted(r.strategy for r in linking or () if not r.detected),
-                        "collusion_rows_failed": sorted(r.strategy for r in collusion or () if not r.passed)},
+                        "collusion_rows_failed": sorted(r.strategy for r in collusion or () if not r.passed),
+                        "amplification_rows_failed": sorted(r.strategy for r in amplification or () if not r.passed)},
             "linking": [r.to_json() for r in linking or ()],
-            "collusion": [r.to_json() for r in collusion or ()]}
+            "collusion": [r.to_json() for r in collusion or ()],
+            "amplification": [r.to_json() for r in amplification or ()]}
 
 
 def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None = None,
@@ -73,7 +79,7 @@ def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None 
     collusion = measure_collusion_routing(scenario, scenario.requests)
     if linking_trials > 0:
         collusion += measure_collusion_linking(linking_trials, scenario.seed)
-    report = build_report(scenario, results, linking, collusion)
+    report = build_report(scenario, results, linking, collusion, measure_amplification())
     return finish(report, print_report, json_path, plot, plot_path)
 
 
@@ -111,6 +117,8 @@ def print_report(report: dict) -> None:
 
     if report.get("collusion"):
         print_collusion(report["collusion"])
+    if report.get("amplification"):
+        print_amplification(report["amplification"])
 
 
 def print_collusion(rows: list[dict]) -> None:

@@ -15,6 +15,7 @@ Cheap measurements, each isolating one part of the private path:
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -107,6 +108,17 @@ def _hops(urls: dict[str, str], endpoints: dict) -> dict:
         }
 
 
+async def _listing_token(config):
+    """One token from a client's own wallet (fetched on its schedule, under the logged issuer key)."""
+    from traceless.client.private_client import AsyncPrivateClient
+
+    client = AsyncPrivateClient(config)
+    try:
+        return await client.wallet.take()
+    finally:
+        await client.aclose()
+
+
 def _crypto(endpoints: dict) -> dict:
     import httpx
 
@@ -116,6 +128,7 @@ def _crypto(endpoints: dict) -> dict:
     from traceless.privacy.bhttp import message as bhttp
     from traceless.privacy.ohttp.chunked import split_chunks
     from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
+    from traceless.privacy.privacypass.http import format_authorization
     from traceless.privacy.translog.release_policy import ReleasePolicy
 
     config = ClientConfig(issuer_url=endpoints["issuer"], api_key=endpoints["api_key"], relay_url=endpoints["relay"],
@@ -125,8 +138,10 @@ def _crypto(endpoints: dict) -> dict:
                           witness_keys=(base64.b64decode(endpoints["witness_public_key"]),),
                           release_policy=ReleasePolicy.from_waivers(endpoints["release_waivers"]))  # as `up` runs
     nonce = os.urandom(32)
+    token = asyncio.run(_listing_token(config))  # a nonce-bound listing costs a token, as the client pays it
     offered = httpx.get(endpoints["relay"] + "/pcc/v1/nodes", params={"model": config.model, "k": 3,
-                                                                      "nonce": nonce.hex()}, timeout=30).json()["nodes"]
+                                                                      "nonce": nonce.hex()},
+                        headers={"authorization": format_authorization(token)}, timeout=30).json()["nodes"]
     verifier = NodeVerifier(config)
     try:
         t0 = time.perf_counter()

@@ -47,6 +47,12 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-evidence", type=int, default=0, metavar="N",
                    help=f"with --attestation hardware: NVIDIA confidential-computing evidence of GPUs 0..N-1 "
                         f"(0 to {MAX_GPUS})")
+    p.add_argument("--evidence-ttl", type=int, default=3600,
+                   help="with --attestation hardware: seconds the base document its evidence binds is valid "
+                        "(evidence is collected again when the OHTTP keys change or the base nears expiry)")
+    p.add_argument("--evidence-min-interval", type=float, default=60.0,
+                   help="with --attestation hardware: at most one evidence collection per this many seconds, "
+                        "whoever asks; meanwhile the node answers from the evidence it holds or refuses (503)")
     g = p.add_argument_group("shape hiding (docs/shape-hiding.md)")
     g.add_argument("--shape", choices=("buckets", "off"), default="buckets",
                    help="pad responses to size buckets and stream on a steady cadence (default), or send "
@@ -167,6 +173,7 @@ def _node(args: argparse.Namespace) -> int:
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
     from traceless.node.app import create_node_app
+    from traceless.node.evidence_cache import EvidenceLimits
     from traceless.node.identity import NodeIdentity
     from traceless.node.keyring import KeyRing
     from traceless.node.settings import NodeSettings
@@ -179,6 +186,10 @@ def _node(args: argparse.Namespace) -> int:
     shape_policy(args)
     if bool(args.log) != bool(args.log_public_key):
         raise SystemExit("traceless node: --log and --log-public-key go together")
+    try:
+        limits = EvidenceLimits(args.evidence_ttl, args.evidence_min_interval)
+    except ValueError as exc:
+        raise SystemExit(f"traceless node: {exc}") from None
     attester = build_attester(args)  # before the model loads: no device, no start
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
@@ -202,7 +213,7 @@ def _node(args: argparse.Namespace) -> int:
         register_interval_s=args.register_interval, stream_shape=stream_shape(args), shape=shape_policy(args),
     )
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
-                            keys=KeyRing(args.key_rotation, args.key_overlap))
+                            keys=KeyRing(args.key_rotation, args.key_overlap), evidence_limits=limits)
     telemetry, operator = telemetry_for(args, engine, "node", operator_sock)
     exit_when_engine_stops(engine, "node")
     run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator,

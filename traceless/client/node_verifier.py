@@ -8,9 +8,11 @@ A node passes when
      is within its validity period (CLOCK_LEEWAY_S of skew either way), and binds exactly the OHTTP
      keys offered with it. With an evidence policy (`ClientConfig.evidence_policy`), the key is
      trusted only once the hardware evidence offered beside the document verifies under that
-     policy and binds the document (`check_evidence`): then it is the key the evidence vouches for
-     (`document_key`); the software attester passes only a policy that allows it, under a pinned
-     key. Without an evidence policy, evidence is refused, never ignored;
+     policy and binds the document, or the base document offered with it (`check_evidence`): then
+     it is the key the evidence vouches for (`document_key`), and a fresh document over a base must
+     be by that key and restate the base's measurement, keys, capacity and URL (`verify_with_base`);
+     the software attester passes only a policy that allows it, under a pinned key. Without an
+     evidence policy, evidence is refused, never ignored;
   2. the measurement it attests is a release in the transparency log (`ReleaseLookup`: proven
      against a signed tree head consistent with every head seen before, this client's saved one
      included, and cosigned recently by a witness the client trusts), the release's settings pass
@@ -44,8 +46,8 @@ from traceless.privacy.attestation.software import (
     UntrustedKeyError,
     document_kid,
     trusted_by_kid,
-    verify_attestation,
 )
+from traceless.privacy.attestation.vouched import BaseMismatchError, evidence_bound, verify_with_base
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
 from traceless.privacy.translog.client import LogClient, LogClientError
@@ -84,7 +86,8 @@ class NodeRefused(Exception):
 _REASONS = ((UntrustedKeyError, "untrusted_key"), (BadSignatureError, "bad_signature"),
             (AttestationExpiredError, "expired"), (AttestationNotYetValidError, "expired"),
             (OhttpKeyMismatchError, "key_mismatch"), (NonceMismatchError, "stale"),
-            (AttesterTypeRefusedError, "attester_type"), (UnsupportedEvidenceError, "unsupported_evidence"))
+            (AttesterTypeRefusedError, "attester_type"), (UnsupportedEvidenceError, "unsupported_evidence"),
+            (BaseMismatchError, "base_mismatch"))
 
 
 _KINDS = Choice.of("snp", "tdx", "nvidia", "none")
@@ -146,9 +149,11 @@ class NodeVerifier:
         try:
             ohttp_keys = base64.b64decode(entry["ohttp_keys"], validate=True)
             key_config = decode_ohttp_keys(ohttp_keys)[0]  # newest first
-            keys, kind = self._trusted_keys(entry["attestation"], evidence_from_json(entry.get("evidence", [])))
-            claims = verify_attestation(entry["attestation"], keys, now, expected_nonce,
-                                        ohttp_keys=ohttp_keys, leeway_s=self._leeway_s)
+            document, base = entry["attestation"], _base(entry)
+            evidence = evidence_from_json(entry.get("evidence", []))
+            keys, kind = self._trusted_keys(evidence_bound(document, base), evidence)
+            claims = verify_with_base(document, base, keys, now, expected_nonce, ohttp_keys=ohttp_keys,
+                                      leeway_s=self._leeway_s)
             if self._evidence_policy is None:
                 check_attester_type(self._policy, claims.attester_type)
             elif claims.attester_type != _attester_type(kind):
@@ -191,6 +196,14 @@ class NodeVerifier:
             kind, check, code = _split_reason(exc.reason)
             _evidence_refused(code, kind, check)
         return list(verdict.keys), verdict.kind
+
+
+def _base(entry: dict) -> str | None:
+    """The base document an entry offers (hardware evidence binds it); only beside evidence."""
+    base = entry.get("base_attestation")
+    if base is not None and (not isinstance(base, str) or not entry.get("evidence")):
+        raise ValueError("base_attestation")
+    return base
 
 
 def _has_duplicates(nodes: list[VerifiedNode]) -> bool:

@@ -4,7 +4,8 @@
                 fetched on the wallet's own random schedule in fixed batches, for the epoch's public
                 challenge (fetched through the relay only), under the newest logged issuer key (tokens.py)
     candidates  relay -> gateway /pcc/v1/nodes?nonce=N      -> the model's nodes, each with a document
-                                                              its node made now for the client's nonce
+                (a token of its own, spent)                   its node signed now for the client's nonce
+                                                              (hardware: by the key its evidence vouches for)
     verify      attestation (trusted attester key, attester type allowed by policy, nonce, validity
                 with clock leeway, OHTTP keys bound; with an evidence policy, the hardware evidence
                 that vouches for the key) + a logged release (witnessed tree head) whose settings
@@ -166,9 +167,11 @@ class AsyncPrivateClient:
         if self._verified and now - self._verified_at < self.config.attestation_max_age_s:
             return self._verified
         nonce = os.urandom(32)
+        token = await self._listing_token()
         try:
             r = await self._http.get(self._relay + "/pcc/v1/nodes", params={
-                "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()})
+                "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()},
+                headers={"authorization": format_authorization(token)})
         except (httpx.ConnectError, httpx.ConnectTimeout):
             raise PrivateClientError("the relay could not be reached", FailureCause.RELAY_UNREACHABLE) from None
         except httpx.HTTPError:
@@ -176,6 +179,9 @@ class AsyncPrivateClient:
         if r.status_code in (404, 503):
             raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {r.status_code})",
                                      FailureCause.NO_HEALTHY_NODE)
+        if r.status_code == 401:  # as for a request: fail, and fetch nothing because of it
+            raise PrivateClientError("the gateway refused this epoch's token for the candidate list",
+                                     FailureCause.TOKEN_REFUSED)
         if r.status_code != 200:
             raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {r.status_code})")
         try:
@@ -194,6 +200,16 @@ class AsyncPrivateClient:
                                      FailureCause.NO_HEALTHY_NODE)
         self._verified, self._verified_at = verified, now
         return verified
+
+    async def _listing_token(self):
+        """A token for a nonce-bound listing (the nodes sign for the nonce: the gateway wants one paid
+        for). It is an ordinary token from the same wallet, spent alone: nothing ties it to the
+        request's token but the time, which the listing showed already."""
+        try:
+            return await self.wallet.take()
+        except TokenError as exc:
+            cause = FailureCause.QUOTA_EXHAUSTED if exc.reason == "quota_exhausted" else FailureCause.TOKENS_UNAVAILABLE
+            raise PrivateClientError(f"{exc}; nothing was sent", cause) from None
 
     def status(self) -> dict:
         """What this client last verified, for the proxy's /status: the policy, the attestation kind of

@@ -3,11 +3,13 @@
 A registration is admitted only when
   1. its attestation verifies under the attester key it presents (proof that the registrant holds
      that key), and that key is trusted: with an evidence policy (evidence_policy.py), because the
-     hardware evidence offered with the document verifies, binds the document and vouches for
-     exactly that key (or, only where the evidence policy allows the software attester, as below);
-     without one, because the key is pinned, or under the explicit development policy any software
-     attester key. The attester type must be the one the evidence (or its absence) implies. A
-     gateway without an evidence policy refuses evidence it cannot check rather than ignore it;
+     hardware evidence offered with the document verifies, binds the document (or the base
+     document offered beside it, whose key must have signed the document and whose claims it must
+     restate: privacy/attestation/vouched.py) and vouches for exactly that key (or, only where the
+     evidence policy allows the software attester, as below); without one, because the key is
+     pinned, or under the explicit development policy any software attester key. The attester
+     type must be the one the evidence (or its absence) implies. A gateway without an evidence
+     policy refuses evidence it cannot check rather than ignore it;
   2. the document is recent (issued within `max_age_s`, clock leeway either way), binds the OHTTP
      keys registered and the URL registered (so a record is bound to where its node serves);
   3. its measurement is a release in the transparency log, and that release allows the capacity
@@ -31,6 +33,7 @@ from traceless.privacy.attestation.collectors import Evidence
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy, PolicyRefusedError, check_evidence
 from traceless.privacy.attestation.policy import AttesterPolicy, check_attester_type
 from traceless.privacy.attestation.software import AttestationClaims, AttestationError, verify_attestation
+from traceless.privacy.attestation.vouched import evidence_bound, verify_with_base
 from traceless.privacy.translog.client import LogClientError
 from traceless.privacy.translog.release_index import ReleaseLookup, ReleaseNotLoggedError
 
@@ -71,12 +74,16 @@ def parse_attester_key(value: object) -> bytes:
 
 
 def verify_document(policy: AdmissionPolicy, attester_key: bytes, document: str, ohttp_keys: bytes,
-                    nonce: bytes | None = None, evidence: Sequence[Evidence] = ()) -> AttestationClaims:
+                    nonce: bytes | None = None, evidence: Sequence[Evidence] = (),
+                    base: str | None = None) -> AttestationClaims:
     """Verify `document` under `attester_key` (signature, validity with leeway, OHTTP keys, nonce) and
-    the policy's key, evidence and attester-type rules; ApiError 403 otherwise."""
+    the policy's key, evidence and attester-type rules; ApiError 403 otherwise. With a `base`, the
+    evidence binds the base, and the document must be by the same key and restate it (vouched.py)."""
+    if base is not None and not evidence:
+        raise _refused("attestation_refused", "a base attestation comes only with the evidence that binds it")
     if policy.evidence_policy is not None:
         return _verify_with_evidence(policy, policy.evidence_policy, attester_key, document, ohttp_keys, nonce,
-                                     evidence)
+                                     evidence, base)
     if evidence:
         raise _refused("evidence_refused", "the node offers hardware evidence but this gateway has no evidence "
                        "policy to check it with (start it with --evidence-policy)")
@@ -96,13 +103,13 @@ def verify_document(policy: AdmissionPolicy, attester_key: bytes, document: str,
 
 def _verify_with_evidence(policy: AdmissionPolicy, evidence_policy: AttestationPolicy, attester_key: bytes,
                           document: str, ohttp_keys: bytes, nonce: bytes | None,
-                          evidence: Sequence[Evidence]) -> AttestationClaims:
+                          evidence: Sequence[Evidence], base: str | None) -> AttestationClaims:
     """Rule 1 under an evidence policy: the evidence vouches for the key (hardware), or the policy
     allows the software attester and the key is pinned (or, with no pinned keys, proven held)."""
     if not evidence and policy.trusted_keys and attester_key not in policy.trusted_keys:
         raise _refused("attestation_refused", "the attester key is not trusted by this gateway")
     try:
-        verdict = check_evidence(evidence_policy, document, evidence,
+        verdict = check_evidence(evidence_policy, evidence_bound(document, base), evidence,
                                  (Ed25519PublicKey.from_public_bytes(attester_key),))
     except PolicyRefusedError as exc:
         raise _refused("evidence_refused", f"the hardware evidence was refused by the {evidence_policy.name} "
@@ -110,8 +117,8 @@ def _verify_with_evidence(policy: AdmissionPolicy, evidence_policy: AttestationP
     if verdict.keys[0].public_bytes_raw() != attester_key:
         raise _refused("evidence_refused", "the evidence vouches for another key than the registered attester key")
     try:
-        claims = verify_attestation(document, verdict.keys, time.time(), nonce, ohttp_keys=ohttp_keys,
-                                    leeway_s=policy.leeway_s)
+        claims = verify_with_base(document, base, verdict.keys, time.time(), nonce, ohttp_keys=ohttp_keys,
+                                  leeway_s=policy.leeway_s)
     except AttestationError as exc:
         raise _refused("attestation_refused", f"the attestation was refused: {exc}") from None
     if claims.attester_type != verdict.attester_type:
@@ -123,7 +130,7 @@ def admit(policy: AdmissionPolicy, releases: ReleaseLookup, attester_key: bytes,
     """Admission rules 1-3 for a NodeRegistration (blocking: the release lookup may read the log)."""
     ohttp_keys = base64.b64decode(registration.ohttp_keys)
     claims = verify_document(policy, attester_key, registration.attestation, ohttp_keys,
-                             evidence=registration.evidence)
+                             evidence=registration.evidence, base=registration.base_attestation)
     if claims.node_url != registration.url:
         raise _refused("attestation_refused", "the attestation does not bind the registered url")
     if time.time() - claims.iat > policy.max_age_s + policy.leeway_s:

@@ -3,9 +3,11 @@
     POST /pcc/v1/register          node -> {"node_id"}              (admission.py, registry.py)
     GET  /pcc/v1/nodes?model&k[&nonce]
                                    K capacity-weighted candidates (routing.py); with a client's
-                                   nonce, each with a document its node made for that nonce
-                                   now and the hardware evidence binding it (health.py), and only
-                                   the nodes that could; at most MAX_LISTING_BYTES of them
+                                   nonce (and a token, spent: the nodes sign for it), each with a
+                                   document its node made for that nonce now, signed by the key
+                                   its hardware evidence vouches for, the evidence and the base
+                                   document it binds (health.py), and only the nodes that could;
+                                   at most MAX_LISTING_BYTES of them
     GET  /pcc/v1/challenge         WWW-Authenticate: PrivateToken ...
     POST /pcc/v1/ohttp/{node_id}   token check (on the head), then the body streamed to
                                    {node}/pcc/v1/ohttp and the node's response streamed back
@@ -243,15 +245,21 @@ class Gateway:
         if not model:
             raise ApiError(400, "query parameter 'model' is required", param="model", code="invalid_parameter")
         k, nonce = _k(request, self.config.default_k), _nonce(request)
+        # A nonce makes every listed node sign a document now: a token pays for it, spent before any
+        # node is asked (a listing without a nonce asks no node for anything and needs none).
+        checked = self._check_token(request) if nonce is not None else None
         try:
             chosen = choose_nodes(model, self.registry.routing_entries(), k, self._rng)
         except NoNodeAvailableError:
             raise _no_node() from None
+        if checked is not None:
+            self._spend(*checked)
         records = [self.registry.get(entry.node_id) for entry in chosen]
         if any(record is None for record in records):  # cannot happen: no await since routing_entries()
             raise RuntimeError("a routed node is not in the registry")
         listed = [_listed(r.node_id, r.registration.attestation, r.registration.ohttp_keys,
-                          r.registration.evidence_json()) for r in records if r is not None]
+                          r.registration.evidence_json(), r.registration.base_attestation)
+                  for r in records if r is not None]
         if nonce is not None:
             listed = await self._freshly_attested(listed, nonce)
         listed = capped_listing(listed, MAX_LISTING_BYTES)
@@ -268,8 +276,8 @@ class Gateway:
         fresh = await asyncio.gather(*(
             fresh_attestation(client, record, nonce, self.config.health_timeout_s, self.config.admission)
             for record in records if record is not None))
-        return [_listed(entry["node_id"], doc["attestation"], doc["ohttp_keys"], doc["evidence"])
-                for entry, doc in zip(listed, fresh) if doc is not None]
+        return [_listed(entry["node_id"], doc["attestation"], doc["ohttp_keys"], doc["evidence"],
+                        doc["base_attestation"]) for entry, doc in zip(listed, fresh) if doc is not None]
 
     async def challenge(self, request: Request) -> Response:
         if self.verifier is None:
@@ -333,17 +341,22 @@ class Gateway:
         return UpstreamStream(upstream, headers, COMPONENT, self.cuts, node_id)
 
 
-def _listed(node_id: str, attestation: str, ohttp_keys: str, evidence: list[dict[str, str]]) -> dict:
-    """A candidate as listed: its document, keys and, for a hardware-attested node, its evidence."""
+def _listed(node_id: str, attestation: str, ohttp_keys: str, evidence: list[dict[str, str]],
+            base: str | None) -> dict:
+    """A candidate as listed: its document, keys and, for a hardware-attested node, its evidence and
+    the base document the evidence binds."""
     entry: dict = {"node_id": node_id, "attestation": attestation, "ohttp_keys": ohttp_keys}
     if evidence:
         entry["evidence"] = evidence
+    if base is not None:
+        entry["base_attestation"] = base
     return entry
 
 
 def _entry_bytes(entry: dict) -> int:
     evidence = sum(len(v) for item in entry.get("evidence", ()) for v in item.values())
-    return len(entry["node_id"]) + len(entry["attestation"]) + len(entry["ohttp_keys"]) + evidence
+    return (len(entry["node_id"]) + len(entry["attestation"]) + len(entry["ohttp_keys"]) + evidence
+            + len(entry.get("base_attestation", "")))
 
 
 def capped_listing(listed: list[dict], max_bytes: int) -> list[dict]:

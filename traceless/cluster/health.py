@@ -3,7 +3,8 @@
 Every `interval_s`, the gateway asks every node at once for a fresh attestation
 (`GET {node}/pcc/v1/attestation?nonce=` with a nonce of its own) and checks it under the node's
 registered attester key: signature, nonce, validity, the URL and the capacity registered, and,
-under an evidence policy, the fresh hardware evidence that must vouch for that key. A pass
+under an evidence policy, the hardware evidence (over the node's base document) that must vouch
+for that key. A pass
 needs all of them within `timeout_s`; anything else (error status, timeout, refused connection, a
 document by another key: someone else answering at that URL) is a failure. A bare `/health` 200
 proves nothing about who answered, so it is not used. The registry counts consecutive failures
@@ -45,9 +46,10 @@ class Gone(Enum):
 
 async def fresh_attestation(client: httpx.AsyncClient, record: NodeRecord, nonce: bytes, timeout_s: float,
                             policy: AdmissionPolicy) -> dict | None:
-    """{"attestation", "ohttp_keys", "evidence"} made now by the registered node for `nonce`, or None.
-    The evidence (fresh, for this document) is checked under the gateway's evidence policy as at
-    registration, and forwarded so a client can check it under its own."""
+    """{"attestation", "ohttp_keys", "evidence", "base_attestation"} made now by the registered node for
+    `nonce`, or None. The evidence (collected once per key set, over the base document, whose key
+    signed the fresh one) is checked under the gateway's evidence policy as at registration, and
+    forwarded with its base so a client can check it under its own."""
     result = await attest_now(client, record, nonce, timeout_s, policy)
     return result if isinstance(result, dict) else None
 
@@ -66,22 +68,23 @@ async def attest_now(client: httpx.AsyncClient, record: NodeRecord, nonce: bytes
     if response.status_code == 503:
         error = body.get("error") if isinstance(body, dict) else None
         return Gone.ENGINE_DEAD if isinstance(error, dict) and error.get("code") == "engine_dead" else None
+    base = body.get("base_attestation") if isinstance(body, dict) else None
     if not isinstance(body, dict) or not isinstance(body.get("attestation"), str) \
-            or not isinstance(body.get("ohttp_keys"), str):
+            or not isinstance(body.get("ohttp_keys"), str) or not isinstance(base, str | None):
         return None
     try:
         keys = base64.b64decode(body["ohttp_keys"], validate=True)
         evidence = parse_evidence(body.get("evidence", []))
         # Hardware evidence costs milliseconds of signature checks: off the event loop.
         check = functools.partial(verify_document, policy, record.attester_key, body["attestation"], keys, nonce,
-                                  evidence)
+                                  evidence, base)
         claims = await asyncio.to_thread(check) if evidence else check()
     except (ApiError, InvalidRequestError, binascii.Error, ValueError):
         return None
     if claims.node_url != record.registration.url or claims.capacity != record.capacity:
         return None
     return {"attestation": body["attestation"], "ohttp_keys": body["ohttp_keys"],
-            "evidence": [evidence_to_json(item) for item in evidence]}
+            "evidence": [evidence_to_json(item) for item in evidence], "base_attestation": base}
 
 
 def _refused(exc: BaseException) -> bool:

@@ -1,8 +1,9 @@
 """The gateway's node registry: who serves what, with which attested capacity, and whether it is healthy.
 
 A node registers with {"url", "model", "attestation", "ohttp_keys", "attester_key"} and, when its
-attester is hardware-backed, the "evidence" (a JSON list, hardware.evidence_from_json) that binds
-the document; admission.py decides whether it is admitted. Records are keyed by the attester
+attester is hardware-backed, the "evidence" (a JSON list, hardware.evidence_from_json) and the
+"base_attestation" it binds, whose key signed the document (privacy/attestation/vouched.py);
+admission.py decides whether it is admitted. Records are keyed by the attester
 key: one key holds one record (a random 16-byte hex node_id) whatever URLs it names, and
 re-registering it (a document by the same key, no older than the last one accepted) refreshes the
 URL, attestation, keys and evidence and clears the failure count. Nothing else can replace a
@@ -35,7 +36,7 @@ MAX_URL_LEN = 2048
 MAX_MODEL_LEN = 256
 MAX_ATTESTATION_LEN = 64 * 1024
 _FIELDS = {"url", "model", "attestation", "ohttp_keys", "attester_key"}
-_OPTIONAL = {"evidence"}
+_OPTIONAL = {"evidence", "base_attestation"}
 
 
 class RegistryFullError(Exception):
@@ -56,7 +57,9 @@ class NodeRegistration:
     attestation: str = field(repr=False)
     ohttp_keys: str = field(repr=False)  # base64 of application/ohttp-keys
     attester_key: str = field(repr=False)  # base64 of the raw Ed25519 key that signs the attestation
-    evidence: tuple[Evidence, ...] = field(default=(), repr=False)  # hardware evidence binding the document
+    # Hardware evidence, and the base document it binds (None: it binds `attestation` itself).
+    evidence: tuple[Evidence, ...] = field(default=(), repr=False)
+    base_attestation: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, body: object) -> NodeRegistration:
@@ -65,8 +68,10 @@ class NodeRegistration:
                                       f"and optionally {sorted(_OPTIONAL)}")
         if not isinstance(body["attester_key"], str) or len(body["attester_key"]) > 64:
             raise InvalidRequestError("attester_key must be base64 of a raw Ed25519 public key")
+        base = body.get("base_attestation")
         return cls(_url(body["url"]), _model(body["model"]), _attestation(body["attestation"]),
-                   _ohttp_keys(body["ohttp_keys"]), body["attester_key"], parse_evidence(body.get("evidence", [])))
+                   _ohttp_keys(body["ohttp_keys"]), body["attester_key"], parse_evidence(body.get("evidence", [])),
+                   None if base is None else _attestation(base, "base_attestation"))
 
     def evidence_json(self) -> list[dict[str, str]]:
         return [evidence_to_json(item) for item in self.evidence]
@@ -95,9 +100,9 @@ def _model(value: object) -> str:
     return value
 
 
-def _attestation(value: object) -> str:
+def _attestation(value: object, name: str = "attestation") -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_ATTESTATION_LEN:
-        raise InvalidRequestError(f"attestation must be a non-empty string of at most {MAX_ATTESTATION_LEN}")
+        raise InvalidRequestError(f"{name} must be a non-empty string of at most {MAX_ATTESTATION_LEN}")
     return value
 
 

@@ -5,24 +5,21 @@ invariant 8); the windowed metrics are served on the operator's own listener
 from __future__ import annotations
 
 import asyncio
-import base64
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from traceless.events import emit
 from traceless.http.app import create_app, endpoint
 from traceless.http.body import read_body, require_media_type
 from traceless.http.disconnect import race_disconnect
-from traceless.http.errors import ApiError
+from traceless.node.attestation_route import attestation_handler
 from traceless.node.identity import NodeIdentity
 from traceless.node.registration import register_loop
 from traceless.node.service import NodeService
 from traceless.node.settings import NodeSettings
-from traceless.privacy.attestation.collectors import CollectorError
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_REQ, OHTTP_KEYS, REQUEST_MEDIA_TYPES
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.engine_routes import engine_routes
@@ -37,32 +34,6 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
     telemetry = telemetry or Telemetry(engine=engine)
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
     service = NodeService(identity, api, telemetry, settings.shape)
-
-    async def attestation(request: Request) -> Response:
-        # A node whose engine cannot serve attests nothing: it is not offered to clients, and the
-        # gateway's health check drops it at once when the engine has stopped for good.
-        if engine.dead:
-            raise ApiError(503, "the node's engine has stopped", type="server_error", code="engine_dead")
-        if engine.restarting:
-            raise ApiError(503, "the node's engine is restarting; retry later", type="server_error",
-                           code="engine_restarting", headers={"Retry-After": "1"})
-        raw = request.query_params.get("nonce")
-        try:
-            nonce = bytes.fromhex(raw) if raw is not None else None
-            if nonce is not None and not 8 <= len(nonce) <= 64:
-                raise ValueError
-        except ValueError:
-            raise ApiError(400, "nonce must be 8 to 64 bytes in hex", param="nonce") from None
-        document, keys = identity.attestation(nonce, settings.attestation_ttl_s)
-        try:
-            evidence = await asyncio.to_thread(identity.evidence, document)
-        except CollectorError:
-            # No document without the evidence that vouches for it; the reason stays in the node.
-            emit("node.evidence_unavailable", route="attestation")
-            raise ApiError(503, "the node could not collect hardware evidence now; retry later", type="server_error",
-                           code="evidence_unavailable", headers={"Retry-After": "5"}) from None
-        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
-                             "evidence": evidence})
 
     async def ohttp_keys(request: Request) -> Response:
         return Response(identity.ohttp_keys(), media_type=OHTTP_KEYS)
@@ -88,7 +59,9 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
             api.close()
 
     routes = [
-        Route("/pcc/v1/attestation", endpoint(COMPONENT, "attestation", attestation), methods=["GET"]),
+        Route("/pcc/v1/attestation", endpoint(COMPONENT, "attestation",
+                                                  attestation_handler(identity, settings.attestation_ttl_s, engine)),
+              methods=["GET"]),
         Route("/pcc/v1/ohttp-keys", endpoint(COMPONENT, "ohttp_keys", ohttp_keys), methods=["GET"]),
         Route("/pcc/v1/ohttp", endpoint(COMPONENT, "ohttp", ohttp), methods=["POST"]),
         *engine_routes(engine),

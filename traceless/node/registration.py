@@ -13,6 +13,7 @@ import base64
 import httpx
 
 from traceless.events import emit
+from traceless.node.evidence_cache import EvidenceRateLimitedError
 from traceless.node.identity import NodeIdentity
 from traceless.node.settings import NodeSettings
 from traceless.privacy.attestation.collectors import CollectorError
@@ -21,13 +22,11 @@ RETRY_S = 2.0
 
 
 def registration_body(identity: NodeIdentity, settings: NodeSettings) -> dict:
-    """The registration: a fresh document, the keys it binds, the attester key and the hardware
-    evidence for the document (blocking when the attester is hardware-backed)."""
-    document, keys = identity.attestation(None, settings.attestation_ttl_s)
-    return {"url": identity.node_url, "model": settings.model_name, "attestation": document,
-            "ohttp_keys": base64.b64encode(keys).decode(),
-            "attester_key": base64.b64encode(identity.attester.public_key.public_bytes_raw()).decode(),
-            "evidence": identity.evidence(document)}
+    """The registration: a fresh document, the keys it binds, the attester key and, for a hardware
+    attester, the base document and its evidence (blocking when the evidence is due)."""
+    made = identity.attest_now(None, settings.attestation_ttl_s)
+    return {"url": identity.node_url, "model": settings.model_name, **made.to_json(),
+            "attester_key": base64.b64encode(identity.attester.public_key.public_bytes_raw()).decode()}
 
 
 async def register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:
@@ -45,6 +44,9 @@ async def register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:
             except CollectorError:
                 ok = False
                 emit("node.evidence_unavailable", route="register")
+            except EvidenceRateLimitedError:
+                ok = False
+                emit("node.evidence_capped", route="register")
             except httpx.HTTPError:
                 ok = False
                 emit("node.registered", ok=False, status_code=0)
