@@ -25,7 +25,7 @@ import torch
 from traceless.model.layers.attention import AttentionMetadata, PagedBatch
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import SeqInput
-from traceless.runner.step_meta import Layout, fill
+from traceless.runner.step_meta import Layout, fill, fill_idle
 
 # Contexts longer than this run eagerly: it bounds the captured block tables (vLLM's
 # max_seq_len_to_capture is 8192 too) and so the bytes of the one copy per step.
@@ -123,7 +123,8 @@ class DecodeGraphs:
 
     def scrub_activations(self) -> None:
         """Overwrite the activations the replayed graphs left in their private pool: replay each
-        on the zeroed metadata (token 0 at position 0, no K/V written, no keys read)."""
+        on the idle metadata (step_meta.fill_idle: padding sequences of token 0 at position 0, no
+        K/V written, no keys read, every attention output and partial written as zero)."""
         self.scrub()
         for n in sorted(self._replayed):
             self._graphs[n][0].replay()
@@ -131,14 +132,12 @@ class DecodeGraphs:
         self.scrub()
 
     def scrub(self) -> None:
-        """Zero the step's metadata on host and device (one copy of the zeroed host prefix), and
-        the hidden states of the graph that ran; padding slots stay -1 (written nowhere)."""
+        """Reset the step's metadata on host and device to the idle image (one copy of the host
+        prefix), and zero the hidden states of the graph that ran."""
         torch.cuda.current_stream(self.device).synchronize()  # the copy from the host buffer is done
         end = self._written
-        a, b = self.layout.offsets["blocks"]
         with torch.inference_mode():  # the buffers are inference tensors
-            self.host[:end] = 0
-            self.host[a:b] = -1
+            fill_idle(self.host[:end].numpy(), self.layout)
             self.buf[:end].copy_(self.host[:end])  # blocking: the next step refills the host buffer
             if self._last is not None:
                 self._graphs[self._last][1].zero_()

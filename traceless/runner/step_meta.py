@@ -97,6 +97,16 @@ def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size:
     return a + len(seqs) * w
 
 
+def fill_idle(host: np.ndarray, layout: Layout) -> None:
+    """The metadata a buffer holds between steps, and what a replay of it computes: a batch of
+    padding sequences only (token 0 at position 0, written nowhere, one query row and no keys each).
+    Valid offsets matter: the attention kernels then run every program and write zeros to every
+    output and split-K partial row, overwriting the last step's; all-zero offsets would give every
+    sequence no queries, and each program would return before writing anything."""
+    host[:] = 0
+    fill(host, layout, [], block_size=1)
+
+
 class PinnedStaging:
     """A reusable pinned host buffer for one copy per step. Before it is overwritten, the copy that
     last read it must be done: an event recorded after that copy is waited on (a step that samples

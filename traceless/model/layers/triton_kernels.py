@@ -137,8 +137,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (B, splits if splits > 1 else triton.cdiv(max_q, block_q), H_kv)
     part = ml = out  # unused unless split
     if splits > 1:
-        part = torch.empty(splits, T, H, d_pad, dtype=torch.float32, device=q.device)
-        ml = torch.empty(splits, T, H, 2, dtype=torch.float32, device=q.device)
+        part, ml = split_workspace(splits, T, H, d_pad, q.device)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, tables, cu_q, ctx_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -150,6 +149,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if splits > 1:
         # (part and ml are zeroed with the rest of free device memory when a request ends)
         _combine_kernel[(T, H)](part, ml, out, T, H, out.stride(0), out.stride(1), D=D, D_PAD=d_pad, SPLITS=splits)
+
+
+def split_workspace(splits: int, T: int, H: int, d_pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K partials: part [SPLITS, T, H, D_PAD] float32 and ml [SPLITS, T, H, 2] (running
+    max, sum). Every element is written by the attention kernel before the combine reads it."""
+    part = torch.empty(splits, T, H, d_pad, dtype=torch.float32, device=device)
+    ml = torch.empty(splits, T, H, 2, dtype=torch.float32, device=device)
+    return part, ml
 
 
 def decode_splits(num_seqs: int, kv_heads: int, one_tile: bool, num_sms: int) -> int:
