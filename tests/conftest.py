@@ -139,6 +139,9 @@ class ExecutorSpy:
     def release(self, request_id):
         self.real.release(request_id)
 
+    def sweep(self):
+        self.real.sweep()
+
     def num_held(self):
         return self.real.num_held()
 

@@ -184,6 +184,7 @@ class LLMEngine:
         if request is None:
             return False
         self._release(request, RequestStatus.FINISHED_ABORTED)
+        self._executor.sweep()
         return True
 
     def abort_all(self) -> int:
@@ -236,13 +237,22 @@ class LLMEngine:
         now = time.monotonic() if now is None else now
         if self._kv.caching and now - self._last_expiry >= 0.5:
             self._last_expiry = now
-            self._kv.pool.expire(self._cache_config.ttl_s, now)
+            if self._kv.pool.expire(self._cache_config.ttl_s, now):
+                self._executor.sweep()
 
     def drop_prefix_cache(self) -> int:
         """Evict and zero every cached block that no running request holds (shutdown, tests)."""
-        return self._kv.pool.drop_cache()
+        dropped = self._kv.pool.drop_cache()
+        self._executor.sweep()
+        return dropped
 
     def step(self) -> list[StepOutput]:
+        try:
+            return self._step()
+        finally:  # once per step, however it ended: zero what the step's releases left on the device
+            self._executor.sweep()
+
+    def _step(self) -> list[StepOutput]:
         self.tick()
         self._propose()
         plan = self._scheduler.schedule()

@@ -130,6 +130,10 @@ class ModelExecutor(Protocol):
     def release(self, request_id: str) -> None:
         """Drop per-request state (a seeded generator)."""
 
+    def sweep(self) -> None:
+        """Zero what the requests released (and the KV blocks freed) since the last sweep left in
+        device memory; the engine calls it once per step and after work outside a step."""
+
     def num_held(self) -> int:
         """Requests whose per-request state is still held."""
 

@@ -164,6 +164,12 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                               mc.head_dim ** -0.5)
         capture_s, num_graphs = graphs.capture(), len(graphs.sizes)
         runner.graphs = graphs
+    if device.type == "cuda":
+        from traceless.runner.device_scrub import DeviceScrubber
+
+        runner.scrubber = DeviceScrubber(cache, device)
+        if runner.graphs is not None and runner.graphs.pool is not None:
+            runner.scrubber.graph_pools.add(runner.graphs.pool)
     offload = None
     if cfg.kv_offload != "none":
         from traceless.runner.offload import KVOffloader

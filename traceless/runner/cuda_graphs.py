@@ -25,7 +25,7 @@ import torch
 from traceless.model.layers.attention import AttentionMetadata, PagedBatch
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import SeqInput
-from traceless.runner.step_meta import Layout, fill, fill_idle
+from traceless.runner.step_meta import Layout, PinnedPair, fill_idle
 
 # Contexts longer than this run eagerly: it bounds the captured block tables (vLLM's
 # max_seq_len_to_capture is 8192 too) and so the bytes of the one copy per step.
@@ -59,15 +59,18 @@ class DecodeGraphs:
         self.block_size = block_size
         width = -(-min(max_model_len, MAX_CAPTURED_CONTEXT) // block_size)
         self.layout = Layout(rows=sizes[-1], logits=sizes[-1], seqs=sizes[-1], width=width)
-        self.host = torch.zeros(self.layout.size, dtype=torch.int32, pin_memory=True)
-        self.buf = torch.zeros(self.layout.size, dtype=torch.int32, device=device)
+        self.host = PinnedPair(self.layout, pinned=device.type == "cuda")
+        idle = torch.zeros(self.layout.size, dtype=torch.int32)
+        fill_idle(idle.numpy(), self.layout)
+        self._idle = idle.to(device)  # the idle image, resident: a scrub is one device-to-device copy
+        self.buf = self._idle.clone()
         self._views = self.layout.views(self.buf)
         self.device = device
         self.scale = scale
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._replayed: set[int] = set()  # sizes replayed on user data since the last scrub
+        self.pool: tuple[int, int] | None = None  # the graphs' private memory pool (zeroed by device_scrub.py)
         self._last: int | None = None  # the size replayed since the last scrub
-        self._written = self.layout.size  # leading elements of the buffers that may hold a step's data
+        self._written = self.layout.size  # leading elements of the device buffer that may hold a step's data
         self.capture_s = 0.0
 
     def fits(self, seqs: Sequence[SeqInput]) -> bool:
@@ -100,6 +103,7 @@ class DecodeGraphs:
                     out = self._forward(n)
                 pool = graph.pool()
                 self._graphs[n] = (graph, out)
+        self.pool = pool
         torch.cuda.synchronize(self.device)
         self.scrub()
         self.capture_s = time.monotonic() - t0
@@ -113,33 +117,25 @@ class DecodeGraphs:
         if n is None:
             raise ValueError("more sequences than the largest captured decode graph")
         graph, out = self._graphs[n]
-        self._replayed.add(n)
         self._last = n
-        end = fill(self.host.numpy(), self.layout, seqs, self.block_size)
-        self._written = end
-        self.buf[:end].copy_(self.host[:end], non_blocking=True)
+        self._written = self.host.upload(self.buf, seqs, self.block_size)
         graph.replay()
         return self.model.logits(out[: len(seqs)])
 
-    def scrub_activations(self) -> None:
-        """Overwrite the activations the replayed graphs left in their private pool: replay each
-        on the idle metadata (step_meta.fill_idle: padding sequences of token 0 at position 0, no
-        K/V written, no keys read, every attention output and partial written as zero)."""
-        self.scrub()
-        for n in sorted(self._replayed):
-            self._graphs[n][0].replay()
-        self._replayed.clear()
-        self.scrub()
-
     def scrub(self) -> None:
-        """Reset the step's metadata on host and device to the idle image (one copy of the host
-        prefix), and zero the hidden states of the graph that ran."""
-        torch.cuda.current_stream(self.device).synchronize()  # the copy from the host buffer is done
+        """After a replay, without waiting for the device: the device metadata back to the idle
+        image (a device-to-device copy queued after the step), the hidden states of the graph that
+        ran zeroed, and the host buffer reset once its copy is done (PinnedPair)."""
         end = self._written
         with torch.inference_mode():  # the buffers are inference tensors
-            fill_idle(self.host[:end].numpy(), self.layout)
-            self.buf[:end].copy_(self.host[:end])  # blocking: the next step refills the host buffer
+            self.buf[:end].copy_(self._idle[:end])
             if self._last is not None:
                 self._graphs[self._last][1].zero_()
+        self.host.settle(wait=False)
         self._last = None
-        self._written = self.layout.size
+        self._written = 0
+
+    def settle(self) -> None:
+        """Reset the host buffers whose copies are done (the sweep after a step; a copy not done yet
+        belongs to a step whose results are still to be waited for, and a later sweep resets it)."""
+        self.host.settle(wait=False)

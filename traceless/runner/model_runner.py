@@ -21,6 +21,7 @@ from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutpu
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import BatchBuilder, SeqInput
 from traceless.runner.cuda_graphs import DecodeGraphs
+from traceless.runner.device_scrub import DeviceScrubber
 from traceless.runner.draft import Drafted, DraftProposer, DraftSeq
 from traceless.runner.grammar_mask import GuidedSeq, apply_grammar_masks
 from traceless.runner.prompt_logprobs import score_prompt
@@ -45,7 +46,7 @@ class ModelRunner:
         self.drafter = DraftProposer(model, draft_layers, self.batcher, self.sampler) if draft_layers else None
         self._generators: dict[str, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None  # CUDA: captured decode steps (runner/build.py)
-        self._device_dirty = False  # CUDA: a step ran since free device memory was last zeroed
+        self.scrubber: DeviceScrubber | None = None  # CUDA: zeroes freed device memory once per step
 
     def _scrub_step_metadata(self, replayed: bool) -> None:
         """CUDA: zero the pinned and device buffers that held this step's token ids and positions."""
@@ -56,7 +57,9 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerOutput) -> dict[str, SampledTokens]:
         seqs = plan.seqs
-        self._device_dirty = self.device.type == "cuda"
+        if self.scrubber is not None:
+            self.scrubber.sweep()  # KV blocks freed while scheduling: zeroed before this step writes any
+            self.scrubber.step_ran()
         with torch.inference_mode():
             drafts = self._drafts(seqs)
             inputs = [_seq_input(s, d) for s, d in zip(seqs, drafts)]
@@ -118,13 +121,14 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
-        if self._device_dirty:  # CUDA: the steps' temporaries are freed but not cleared
-            self._device_dirty = False
-            from traceless.runner.device_scrub import scrub_free_device_memory
+        if self.scrubber is not None:  # the steps' temporaries are freed but not cleared: at the sweep
+            self.scrubber.request_ended()
 
-            if self.graphs is not None:
-                self.graphs.scrub_activations()
-            scrub_free_device_memory(self.device)
+    def sweep(self) -> None:
+        if self.graphs is not None:
+            self.graphs.settle()
+        if self.scrubber is not None:
+            self.scrubber.sweep()
 
     def num_held(self) -> int:
         return len(self._generators)

@@ -107,6 +107,55 @@ def fill_idle(host: np.ndarray, layout: Layout) -> None:
     fill(host, layout, [], block_size=1)
 
 
+class PinnedPair:
+    """Two pinned host buffers of one layout, used in turn, for the decode graphs' one copy per
+    step: a step packs into one while the copy out of the other may still be in flight, so the host
+    never waits for a copy (with one step in flight, a buffer's last copy is a step older than the
+    step whose results the host has already waited for). After its copy a buffer is reset to the
+    idle image: at once when the copy is done, else at its next use or the next `settle`."""
+
+    def __init__(self, layout: Layout, pinned: bool):
+        self.layout = layout
+        self._bufs = [torch.zeros(layout.size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        for b in self._bufs:
+            fill_idle(b.numpy(), layout)
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._dirty = [0, 0]  # leading elements holding a step's data
+        self._turn = 0
+
+    def upload(self, dst: torch.Tensor, seqs: Sequence[SeqInput], block_size: int) -> int:
+        """Pack `seqs` into the next buffer and copy its used prefix to `dst` (non-blocking);
+        returns that prefix's length."""
+        i = self._turn
+        self._turn ^= 1
+        self._settle(i, wait=True)
+        host = self._bufs[i]
+        end = fill(host.numpy(), self.layout, seqs, block_size)
+        dst[:end].copy_(host[:end], non_blocking=True)
+        if host.is_pinned():
+            ev = torch.cuda.Event()
+            ev.record()
+            self._copied[i] = ev
+        self._dirty[i] = end
+        return end
+
+    def settle(self, wait: bool) -> None:
+        """Reset the buffers whose copies are done (every one, waiting for them, when `wait`)."""
+        for i in range(2):
+            self._settle(i, wait)
+
+    def _settle(self, i: int, wait: bool) -> None:
+        if not self._dirty[i]:
+            return
+        ev = self._copied[i]
+        if ev is not None:
+            if not wait and not ev.query():
+                return
+            ev.synchronize()  # done already (queried, or a step older than the last one waited for)
+        fill_idle(self._bufs[i][: self._dirty[i]].numpy(), self.layout)
+        self._dirty[i] = 0
+
+
 class PinnedStaging:
     """A reusable pinned host buffer for one copy per step. Before it is overwritten, the copy that
     last read it must be done: an event recorded after that copy is waited on (a step that samples
