@@ -7,6 +7,8 @@ One int32 buffer holds, one after the other (B sequences, T rows, W block-table 
     ids [T] | positions [T] | slot blocks [T] | slot offsets [T] | logit rows [R]
     | context lens [B] | cu_q [B + 1] | block tables [B, W]
 
+each part starting on a 16-byte boundary (the gaps hold zeros).
+
 Padding rows (a captured batch of more rows than sequences) get slot block -1: the cache write
 skips them; each padding sequence owns one padding row (while rows last) and has no keys, so the
 attention kernel writes zeros there.
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
     from traceless.runner.batch import SeqInput
 
 
+ALIGN = 4  # int32 elements: 16 bytes
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Where each part sits in the packed buffer, for up to `rows` rows, `logits` logit rows,
@@ -36,18 +41,21 @@ class Layout:
 
     @property
     def offsets(self) -> dict[str, tuple[int, int]]:
+        """Each part starts at a multiple of ALIGN elements: a view's address is then 16-byte
+        aligned whatever the batch, and Triton, which specializes a kernel on its pointers'
+        alignment, compiles one variant, not one per batch composition."""
         parts = (("ids", self.rows), ("positions", self.rows), ("blocks", self.rows), ("offsets", self.rows),
                  ("logit_rows", self.logits), ("ctx", self.seqs), ("cu_q", self.seqs + 1),
                  ("tables", self.seqs * self.width))
         out, at = {}, 0
         for name, n in parts:
             out[name] = (at, at + n)
-            at += n
+            at += -(-n // ALIGN) * ALIGN
         return out
 
     @property
     def size(self) -> int:
-        return 4 * self.rows + self.logits + 2 * self.seqs + 1 + self.seqs * self.width
+        return self.offsets["tables"][1]
 
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views into a packed buffer (host or device); tables as [seqs, width]."""
@@ -161,7 +169,9 @@ class PinnedStaging:
     last read it must be done: an event recorded after that copy is waited on (a step that samples
     nothing has no other synchronization point)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pinned: bool = True) -> None:
+        """pinned: False where there is no device to copy to (a CPU runs the same packing)."""
+        self._pinned = pinned
         self._host = torch.empty(0, dtype=torch.int32)
         self._copied: torch.cuda.Event | None = None
         self._uploads: list[torch.Tensor] = []  # this step's device copies, zeroed by scrub()
@@ -171,11 +181,15 @@ class PinnedStaging:
         if self._copied is not None:
             self._copied.synchronize()
         if self._host.numel() < layout.size:
-            self._host = torch.zeros(max(layout.size, 2 * self._host.numel()), dtype=torch.int32, pin_memory=True)
+            self._host = torch.zeros(max(layout.size, 2 * self._host.numel()), dtype=torch.int32,
+                                     pin_memory=self._pinned)
         fill(self._host.numpy(), layout, seqs, block_size)
         dev = self._host[: layout.size].to(device, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+        if device.type == "cpu":
+            dev = dev.clone()  # its own memory, as a device copy is
+        else:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         self._uploads.append(dev)
         return dev
 
