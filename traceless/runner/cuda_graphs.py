@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -109,16 +109,19 @@ class DecodeGraphs:
         self.capture_s = time.monotonic() - t0
         return self.capture_s
 
-    def run(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+    def run(self, seqs: Sequence[SeqInput], patch_ids: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """Replay the graph of the next size up: the logits of `seqs` in order, [n, V] float32
         (computed after the replay: a [size, V] output per captured size would cost hundreds of
-        MB at a 128k vocabulary; the caller zeroes them when done)."""
+        MB at a 128k vocabulary; the caller zeroes them when done). patch_ids(ids [n]) runs after
+        the metadata's copy and before the replay (token ids that are still on the device)."""
         n = padded_size(len(seqs), self.sizes)
         if n is None:
             raise ValueError("more sequences than the largest captured decode graph")
         graph, out = self._graphs[n]
         self._last = n
         self._written = self.host.upload(self.buf, seqs, self.block_size)
+        if patch_ids is not None:
+            patch_ids(self._views["ids"][: len(seqs)])
         graph.replay()
         return self.model.logits(out[: len(seqs)])
 
