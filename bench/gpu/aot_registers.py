@@ -1,8 +1,9 @@
-"""Compile the paged-attention kernel ahead of time for an H100 (sm_90) with Triton's own ptxas, on
-any machine (no GPU needed), and report per configuration: registers per thread, spills, and the
-global loads the PTX issues by width (16-byte `v4` loads and asynchronous copies are what a
-pipelined kernel uses; `b16` loads are one bf16 element each). Llama-3.1-8B's attention shape:
-32 query heads, 8 KV heads, head_dim 128, block size 16, bf16. Usage (not under TRITON_INTERPRET):
+"""Compile the paged-attention kernel (and the scrub's zeroing kernel) ahead of time for an H100
+(sm_90) with Triton's own ptxas, on any machine (no GPU needed), and report per configuration:
+registers per thread, spills, and the global loads the PTX issues by width (16-byte `v4` loads
+and asynchronous copies are what a pipelined kernel uses; `b16` loads are one bf16 element
+each). Llama-3.1-8B's attention shape: 32 query heads, 8 KV heads, head_dim 128, block size 16,
+bf16. Usage (not under TRITON_INTERPRET):
     PYTHONPATH=. python3 bench/gpu/aot_registers.py [--json out.json]
 """
 from __future__ import annotations
@@ -78,15 +79,26 @@ def compile_report(name: str, extra: dict, num_warps: int) -> dict:
             "stack_bytes": int(stack.group(1)) if stack else None, "shared_bytes": k.metadata.shared, "loads": loads}
 
 
+def zero_kernel_report() -> dict:
+    """The scrub's range-zeroing kernel: its stores should be 16 bytes wide (st.global.v2.b64)."""
+    from traceless.runner import zero_kernel
+
+    src = ASTSource(zero_kernel._zero_ranges_kernel, {"ranges_ptr": "*i64", "BLOCK": "constexpr"},
+                    {"BLOCK": zero_kernel._BLOCK}, {(0,): [["tt.divisibility", 16]]})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return {"stores": sorted(set(re.findall(r"st\.global[\w.]*", k.asm["ptx"])))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     args = ap.parse_args()
     out = {"triton": triton.__version__, "target": "sm_90", "shape": SHAPE,
-           "kernels": [compile_report(*c) for c in CONFIGS]}
+           "kernels": [compile_report(*c) for c in CONFIGS], "zero_ranges": zero_kernel_report()}
     for r in out["kernels"]:
         print(f"{r['config']:<14} warps {r['num_warps']}  registers {r['registers']:>4}  "
               f"stack {r['stack_bytes']:>4} B  shared {r['shared_bytes']:>6} B  loads {r['loads']}")
+    print(f"zero_ranges    stores {out['zero_ranges']['stores']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

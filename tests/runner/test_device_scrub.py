@@ -31,10 +31,11 @@ def _config() -> ModelConfig:
 
 def test_pieces_cut_ranges_into_chunks(monkeypatch):
     monkeypatch.setattr(zero_kernel, "CHUNK_WORDS", 4)
-    p = zero_kernel.pieces(np.array([[1000, 8 * 10], [4096, 8 * 4], [8000, 0]]))
-    assert p.tolist() == [[1000, 4], [1032, 4], [1064, 2], [4096, 4]]
-    with pytest.raises(ValueError):
-        zero_kernel.pieces(np.array([[1001, 8]]))
+    p = zero_kernel.pieces(np.array([[1024, 8 * 10], [4096, 8 * 4], [8000, 0]]))
+    assert p.tolist() == [[1024, 4], [1056, 4], [1088, 2], [4096, 4]]
+    for bad in ([1032, 16], [1024, 8]):  # 16-byte stores: aligned and whole 16-byte units only
+        with pytest.raises(ValueError):
+            zero_kernel.pieces(np.array([bad]))
 
 
 def test_one_launch_zeroes_every_range_and_nothing_else(monkeypatch):

@@ -2,7 +2,8 @@
 allocator's free blocks, the decode graphs' pool) in one upload and one launch, whatever the
 number of ranges.
 
-The host packs the ranges as (address, 8-byte words) pairs, each range cut into pieces of at most
+The host packs the ranges (16-byte aligned, whole 16-byte units: what the allocator's blocks, the
+graph pool's segments and KV blocks are) as (address, 8-byte words) pairs, each range cut into pieces of at most
 CHUNK_WORDS words so that one program zeroes one piece; the list goes to the device in one
 non-blocking copy from a pinned buffer (reused once the copy that last read it is done) into a
 device buffer allocated *before* the caller looks at the allocator's free blocks, so the list is
@@ -16,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-WORD = 8  # bytes: every range is a whole number of int64 words, 8-byte aligned
+WORD = 8  # bytes: the kernel stores int64 words, two at a time (16-byte stores)
+ALIGN = 16  # bytes: every range starts and ends on a multiple
 CHUNK_WORDS = 1 << 17  # 1 MiB per program
 _BLOCK = 1024  # words stored per loop iteration (8 KiB)
 
@@ -26,19 +28,19 @@ def _zero_ranges_kernel(ranges_ptr, BLOCK: tl.constexpr):
     """Program i zeroes piece i: ranges[i] = (address, words), words <= CHUNK_WORDS."""
     i = tl.program_id(0).to(tl.int64)
     addr = tl.multiple_of(tl.load(ranges_ptr + 2 * i), 16)
-    words = tl.load(ranges_ptr + 2 * i + 1)
-    base = addr.to(tl.pointer_type(tl.int64))
+    words = tl.multiple_of(tl.load(ranges_ptr + 2 * i + 1), 2)  # whole 16-byte units: 16-byte stores
+    base = tl.multiple_of(addr.to(tl.pointer_type(tl.int64)), 16)
     zeros = tl.zeros([BLOCK], tl.int64)
     for start in range(0, words, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+        offs = tl.max_contiguous(tl.multiple_of(start + tl.arange(0, BLOCK), BLOCK), BLOCK)
         tl.store(base + offs, zeros, mask=offs < words)
 
 
 def pieces(ranges: np.ndarray) -> np.ndarray:
     """(address, bytes) rows [N, 2] int64 -> (address, words) rows, each at most CHUNK_WORDS words."""
     ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-    if ranges.size and (np.any(ranges[:, 0] % WORD) or np.any(ranges[:, 1] % WORD)):
-        raise ValueError("device ranges to zero must be 8-byte aligned whole words")
+    if ranges.size and (np.any(ranges[:, 0] % ALIGN) or np.any(ranges[:, 1] % ALIGN)):
+        raise ValueError("device ranges to zero must be 16-byte aligned and sized")
     words = ranges[:, 1] // WORD
     counts = -(-words // CHUNK_WORDS)
     keep = counts > 0
