@@ -95,16 +95,15 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def _ahead(self, request: Request) -> tuple[int, int]:
-        """(tokens computed, tokens sampled) for the request by plans in flight: what its counts
-        will be once the runner's results are read (run ahead; (0, 0) otherwise)."""
-        computed = sampled = 0
+    def _ahead(self) -> dict[str, tuple[int, int]]:
+        """Request id -> (tokens computed, tokens sampled) by the plans in flight: how far its
+        counts will move once the runner's results are read (running ahead)."""
+        out: dict[str, tuple[int, int]] = {}
         for chunks in self._inflight.values():
-            c = chunks.get(request.request_id)
-            if c is not None:
-                computed += c.num_new_tokens - c.num_draft_tokens
-                sampled += c.completes_sequence
-        return computed, sampled
+            for rid, c in chunks.items():
+                computed, sampled = out.get(rid, (0, 0))
+                out[rid] = (computed + c.num_new_tokens - c.num_draft_tokens, sampled + c.completes_sequence)
+        return out
 
     def drop_plan(self, plan: SchedulerOutput) -> None:
         """Forget a plan whose results will never be read (its step failed, or it was empty)."""
@@ -116,14 +115,15 @@ class Scheduler:
         changes a request's counts under a plan in flight, so the engine reads the plan's results
         first when this is False."""
         budget, need = self.config.max_num_batched_tokens, 0
+        ahead = self._ahead()
         for request in self.running:
-            computed, sampled = self._ahead(request)
+            computed, sampled = ahead.get(request.request_id, (0, 0))
             start = request.num_computed_tokens + computed
             n = min(request.num_tokens + sampled - start, budget)
             if n <= 0:
                 continue
             budget -= n
-            need += max(0, -(-(start + n) // self.kv.block_size) - len(self.kv.block_ids(request.request_id)))
+            need += max(0, -(-(start + n) // self.kv.block_size) - self.kv.num_blocks(request.request_id))
         return need <= self.kv.pool.num_free_blocks
 
     def schedule(self) -> SchedulerOutput:
@@ -131,10 +131,11 @@ class Scheduler:
         chunks: list[_Chunk] = []
         preempted = 0
 
+        in_flight = self._ahead() if self._inflight else {}
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            ahead, ahead_sampled = self._ahead(request)
+            ahead, ahead_sampled = in_flight.get(request.request_id, (0, 0))
             if ahead:  # run ahead: its counts once the plan in flight is read
                 n = min(request.num_tokens + ahead_sampled - request.num_computed_tokens - ahead, budget)
                 if n <= 0:
