@@ -167,6 +167,10 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     if device.type == "cuda":
         from traceless.runner.device_scrub import DeviceScrubber
 
+        # The profiling pass and the capture leave gigabytes of cached free blocks (no user data
+        # yet): back to the driver, so that the sweep does not zero them after every step that
+        # ends a request (it zeroes every free block the allocator caches).
+        torch.cuda.empty_cache()
         runner.scrubber = DeviceScrubber(cache, device)
         if runner.graphs is not None and runner.graphs.pool is not None:
             runner.scrubber.graph_pools.add(runner.graphs.pool)
