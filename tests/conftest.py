@@ -149,8 +149,27 @@ class ExecutorSpy:
             self.on_output(plan, out)
         return out
 
+    def launch(self, plan):
+        if self.broken:
+            raise RuntimeError("simulated kernel failure")
+        pending = self.real.launch(plan)
+        if self.on_output is None:
+            return pending
+        spy = self
+
+        class Watched:
+            def result(self):
+                out = pending.result()
+                spy.on_output(plan, out)
+                return out
+
+        return Watched()
+
     def release(self, request_id):
         self.real.release(request_id)
+
+    def sweep(self):
+        self.real.sweep()
 
     def num_held(self):
         return self.real.num_held()

@@ -58,6 +58,7 @@ class EngineConfig:
     request_events: bool = False
     load_format: str = "auto"
     enforce_eager: bool = False
+    async_scheduling: bool = False
     chat_template: str | None = None
 
     def __post_init__(self) -> None:
@@ -103,5 +104,7 @@ class EngineConfig:
             raise ValueError("ngram_min and ngram_max must satisfy 1 <= ngram_min <= ngram_max")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError("draft_layers must be at least 1 (and below the model's layer count)")
+        if self.async_scheduling and self.speculative != "off":
+            raise ValueError("async_scheduling runs without speculative decoding (drafts need the host's tokens)")
         if self.draft_layers is not None and self.speculative != "draft":
             raise ValueError("draft_layers applies to speculative='draft' only")

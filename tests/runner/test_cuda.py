@@ -129,3 +129,43 @@ def test_kv_offload_on_cuda_restores_exactly_and_leaves_no_temporaries(tiny_llam
     assert ours(tight, prompts, 24, batched=True) == ours(roomy, prompts, 24, batched=True)
     assert tight.engine.kv_stats().offload_bytes_out > 0  # preempted requests were sealed and restored
     tight.engine.check_integrity()
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_async_scheduling_gives_the_same_tokens(tiny_llama_dir, eager):
+    """Running ahead on the device: decode rows take their token from the last step's sampled ids
+    (in the graphs' buffer, or the eager step's), greedy and seeded, with varied stops."""
+    prompts = _prompts("ahead") * 3
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=4 + i % 11, ignore_eos=True)
+              for i in range(len(prompts))]
+    runs = []
+    for ahead in (False, True):
+        llm = _gpu(tiny_llama_dir, max_num_seqs=32, enforce_eager=eager, async_scheduling=ahead)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        runs.append([o.outputs[0].token_ids for o in outs])
+        llm.engine.check_integrity()
+    assert runs[0] == runs[1]
+
+
+def _compiled(kernel) -> int:
+    """Kernels Triton has compiled for this JITFunction on the current device."""
+    caches = kernel.device_caches[torch.cuda.current_device()]
+    return len(caches[0] if isinstance(caches, tuple) else caches)
+
+
+def test_no_kernel_compiles_after_warm_up(tiny_llama_dir):
+    """After start (profiling pass, graph capture) and one request of each shape, new batch
+    compositions compile nothing new."""
+    from traceless.model.layers import triton_kernels as tk
+
+    llm = LLM(str(tiny_llama_dir), dtype="float32", device="cuda", max_num_seqs=32, max_model_len=256)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in _prompts("warm")], params, use_tqdm=False)
+    kernels = (tk._paged_attention_kernel, tk._combine_kernel, tk._rope_cache_kernel, tk._add_rms_norm_kernel,
+               tk._silu_mul_kernel)
+    before = [_compiled(k) for k in kernels]
+    rng = random.Random(9)
+    for n in (3, 7, 13, 29):
+        batch = [[rng.randrange(3, 384) for _ in range(rng.randrange(1, 90))] for _ in range(n)]
+        llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    assert [_compiled(k) for k in kernels] == before

@@ -99,3 +99,25 @@ def test_logit_bias_validation():
     for bad in ({1: 101}, {-1: 0}, {"1": 1.0}, {1: float("nan")}, [1, 2], "x", {i: 0 for i in range(1025)}):
         with pytest.raises(InvalidRequestError):
             SamplingParams(logit_bias=bad)
+
+
+def test_choosing_tokens_reads_nothing_back_from_the_device(monkeypatch):
+    """The greedy and the common sampled case (temperature, top-k/top-p/min-p, seeds) decide on
+    the device: no .tolist() / .item() / bool() of a tensor, which would wait for the device."""
+    torch.manual_seed(3)
+    logits = torch.randn(4, 40)
+    g = torch.Generator().manual_seed(5)
+    rows = [row(temperature=0), row(temperature=0.7, top_k=5), row(top_p=0.8, min_p=0.05),
+            SampleRow(SamplingParams(temperature=1.0, seed=5), g, None, None)]
+    want = Sampler(torch.device("cpu"), seed=0)(logits.clone(), rows).token_ids
+
+    def forbidden(*a, **k):
+        raise AssertionError("read back from the device")
+
+    g.manual_seed(5)
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    for name in ("tolist", "item", "__bool__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    ids = sampler.choose(logits.clone(), rows)
+    monkeypatch.undo()
+    assert ids.tolist() == want

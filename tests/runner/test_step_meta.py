@@ -20,4 +20,5 @@ def test_fill_packs_every_part_and_pads():
     assert v["cu_q"].tolist() == [0, 3, 4, 5]  # the padding sequence owns padding row 4
     assert v["tables"].reshape(3, 4)[:2].tolist() == [[7, 9, 4, 0], [5, 0, 0, 0]]
     assert end == layout.offsets["tables"][0] + 2 * 4
-    assert layout.size == sum(b - a for a, b in layout.offsets.values())
+    assert layout.size == layout.offsets["tables"][1]
+    assert all(a % 4 == 0 for a, _ in layout.offsets.values())  # every view 16-byte aligned

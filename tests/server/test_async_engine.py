@@ -15,10 +15,10 @@ from traceless.entrypoints.build import build_engine
 from traceless.server.async_engine import AsyncEngine
 
 
-@pytest.fixture
-def engine(tiny_llama_dir):
+@pytest.fixture(params=[False, True], ids=["sync", "async-scheduling"])
+def engine(tiny_llama_dir, request):
     return AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32",
-                                                 kv_cache_memory=4 * 2**20)))
+                                                 kv_cache_memory=4 * 2**20, async_scheduling=request.param)))
 
 
 async def _collect(engine: AsyncEngine, rid: str, n: int = 4) -> list[int]:

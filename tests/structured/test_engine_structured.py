@@ -133,3 +133,16 @@ def test_guided_and_free_rows_share_a_batch(llm):
     assert [mixed[0].outputs[0].text, mixed[2].outputs[0].text] == [o.outputs[0].text for o in alone]
     assert all(len(mixed[i].outputs[0].text) == 5 and set(mixed[i].outputs[0].text) <= set("abc") for i in (1, 3))
     llm.engine.check_integrity()
+
+
+def test_async_scheduling_keeps_guided_output(llm, byte_model_dir):
+    """A guided request needs its tokens on the host: with asynchronous scheduling the engine runs
+    its steps synchronously, and a plain request in the same batch gives the same tokens."""
+    ahead = LLM(str(byte_model_dir), dtype="float32", kv_cache_memory=2**21, max_model_len=256,
+                async_scheduling=True)
+    params = [_params(StructuredKind.JSON_SCHEMA, json.dumps(SCHEMA), temperature=1.0, seed=3),
+              SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)]
+    want = [o.outputs[0].token_ids for o in llm.generate(["hi", "x"], params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in ahead.generate(["hi", "x"], params, use_tqdm=False)]
+    assert got == want
+    ahead.engine.check_integrity()

@@ -11,6 +11,8 @@ KV offload and an abort. When the engine is idle, two places are searched for ev
                  check is the non-zero block count plus a search for the V rows)
     free memory  all free device memory, taken with allocations until the device refuses more
                  (the allocator's cached free blocks first: where a step's temporaries went)
+    graph pool   (CUDA graphs) the decode graphs' private memory pool, read in place: their
+                 metadata, activations and outputs between replays
 
 The CPU twin (--device cpu) runs the same search over the CPU KV pool and fresh host allocations;
 the suite runs it. A search is aligned: token ids at 4 or 8 bytes, K/V rows at their element size.
@@ -144,7 +146,26 @@ def _engine(cfg: GpuResidueConfig):
                       kv_cache_memory=_kv_budget(cfg), max_model_len=cfg.prompt_len + cfg.output_len,
                       prefix_cache="off", max_num_batched_tokens=128, kv_offload="memory", max_num_seqs=8)
     parts = build_engine_parts(ec)
-    return LLMEngine(ec, parts), parts.kv_memory
+    graphs = getattr(parts.executor, "graphs", None)
+    return LLMEngine(ec, parts), parts.kv_memory, graphs.pool if graphs is not None else None
+
+
+class _DeviceBytes:
+    """A device byte range as __cuda_array_interface__, for a tensor that aliases it (no copy)."""
+
+    def __init__(self, address: int, size: int):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (address, False), "version": 3}
+
+
+def graph_pool_views(device: torch.device, pool: tuple[int, int] | None) -> list[torch.Tensor]:
+    """The decode graphs' private pool, segment by segment, as uint8 tensors aliasing it: what
+    the graphs' buffers (inputs, activations, outputs) hold between replays."""
+    if pool is None:
+        return []
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return [torch.as_tensor(_DeviceBytes(seg["address"], seg["total_size"]), device=device)
+            for seg in torch.cuda.memory_snapshot()
+            if seg.get("device") == index and tuple(seg.get("segment_pool_id", (0, 0))) == tuple(pool)]
 
 
 def _canary_prompts(cfg: GpuResidueConfig, vocab: int) -> list[list[int]]:
@@ -179,7 +200,7 @@ def run(cfg: GpuResidueConfig, json_path: str | None = None) -> dict:
     from traceless.sampling_params import SamplingParams
 
     device = torch.device(cfg.device)
-    engine, cache = _engine(cfg)
+    engine, cache, graph_pool = _engine(cfg)
     params = SamplingParams(temperature=0.0, max_tokens=cfg.output_len, ignore_eos=True)
     prompts = _canary_prompts(cfg, engine.model.vocab_size)
     needles = [n for p in prompts for n in _needles_of(engine, cache, p, params)]
@@ -187,6 +208,13 @@ def run(cfg: GpuResidueConfig, json_path: str | None = None) -> dict:
     engine.check_integrity()
     pool_hits = search(torch.cat([cache.k.reshape(-1).view(torch.uint8), cache.v.reshape(-1).view(torch.uint8)]),
                        [n for n in needles if n.kind == "v_row"])
+    graph_hits = {n.kind: 0 for n in needles}
+    views = graph_pool_views(device, graph_pool)
+    for view in views:
+        for kind, n in search(view, needles).items():
+            graph_hits[kind] += n
+    graph_bytes = sum(v.numel() for v in views)
+    del views
     workspace = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)  # search scratch, taken first
     chunks = take_free_memory(device, cfg.free_memory_limit)
     free_hits = search(workspace.cpu(), needles)
@@ -201,11 +229,12 @@ def run(cfg: GpuResidueConfig, json_path: str | None = None) -> dict:
         "canaries": cfg.canaries, "needles": {k: sum(1 for n in needles if n.kind == k) for k in free_hits},
         "kv_pool": {"nonzero_blocks": len(cache.nonzero_blocks()), "v_row_hits": pool_hits.get("v_row", 0)},
         "free_memory": {"bytes_searched": taken, "hits": free_hits},
+        "graph_pool": {"bytes_searched": graph_bytes, "hits": graph_hits},
     }
     if device.type == "cuda":
         report["device_name"] = torch.cuda.get_device_name(device)
     report["clean"] = report["kv_pool"]["nonzero_blocks"] == 0 and not any(free_hits.values()) \
-        and not report["kv_pool"]["v_row_hits"]
+        and not report["kv_pool"]["v_row_hits"] and not any(graph_hits.values())
     return finish(report, print_report, json_path)
 
 
@@ -216,4 +245,6 @@ def print_report(r: dict) -> None:
     print(f"  KV pool: {r['kv_pool']['nonzero_blocks']} non-zero blocks, {r['kv_pool']['v_row_hits']} V-row hits")
     gib = r["free_memory"]["bytes_searched"] / 2**30
     print(f"  free memory ({gib:.1f} GiB searched): hits {r['free_memory']['hits']}")
+    g = r["graph_pool"]
+    print(f"  decode graphs' pool ({g['bytes_searched'] / 2**20:.1f} MiB searched): hits {g['hits']}")
     print(f"  clean: {r['clean']}")

@@ -2,8 +2,11 @@
 bandwidth and bf16 matmul rate; and the best a workload could do under them.
 
 Limits of a workload (greedy, fixed output length, one batch when it fits):
-    bytes floor   = decode steps x weight bytes / bandwidth (each step reads every weight once)
-    compute floor = 2 x parameters x (prompt + output tokens) / matmul rate
+    bytes floor   = decode steps x weight bytes / bandwidth (each step reads every weight once,
+                    except the embedding table, of which it reads one row per token; a table tied
+                    to the LM head is read whole by the head)
+    compute floor = 2 x parameters x (prompt + output tokens) / matmul rate (the parameters the
+                    matmuls use: the same ones)
     output tok/s limit = output tokens / max(bytes floor, compute floor)
     W1 decode tok/s limit = bandwidth / weight bytes; TTFT floor = max(weights / bandwidth,
     2 x parameters x prompt tokens / matmul rate).
@@ -53,6 +56,12 @@ def _matmul_ms(device: torch.device, n: int) -> float:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     return _time_ms(lambda: a @ b, device)
+
+
+def step_read_shapes(shapes: dict[str, tuple[int, ...]], tie_word_embeddings: bool) -> dict[str, tuple[int, ...]]:
+    """The weights a forward step reads whole (and multiplies by): all but an untied embedding
+    table, which it gathers one row per token from."""
+    return {k: v for k, v in shapes.items() if k != "embed" or tie_word_embeddings}
 
 
 def workload_limits(limits: dict, weight_bytes: int, params: int, prompts: int, prompt_tokens: int,

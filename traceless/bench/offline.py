@@ -130,7 +130,7 @@ def _add_limit_ratios(report: dict, model: str | None, names: list[str], workloa
     """Each workload's limits and ratios, when the model's shapes are known from a config.json."""
     import torch
 
-    from traceless.bench.gpu_limits import ratios, workload_limits
+    from traceless.bench.gpu_limits import ratios, step_read_shapes, workload_limits
     from traceless.errors import TracelessError
     from traceless.model.dummy import read_dummy_config, weight_shapes
 
@@ -140,9 +140,12 @@ def _add_limit_ratios(report: dict, model: str | None, names: list[str], workloa
         config = None
     if config is None:
         return
-    params = sum(torch.Size(s).numel() for s in weight_shapes(config).values())
+    shapes = weight_shapes(config)
+    total = sum(torch.Size(s).numel() for s in shapes.values())
+    params = sum(torch.Size(s).numel() for s in step_read_shapes(shapes, config.tie_word_embeddings).values())
     weight_bytes = params * torch.empty((), dtype=getattr(torch, report["dtype"])).element_size()
-    report["limits"] |= {"parameters": params, "weight_bytes": weight_bytes}
+    # weight_bytes: what one step reads (the embedding table, of which it reads a row per token, left out)
+    report["limits"] |= {"parameters": total, "step_parameters": params, "weight_bytes": weight_bytes}
     for name in names:
         w = workloads[name]
         lim = workload_limits(report["limits"], weight_bytes, params, len(w.prompts), w.prompt_tokens, w.max_tokens)

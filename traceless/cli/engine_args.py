@@ -51,6 +51,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="dummy: random weights of the shapes in --model's config.json (benchmarks only)")
     g.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
+    g.add_argument("--async-scheduling", action="store_true",
+                   help="schedule and launch each step before reading the last one's tokens (stop checks a "
+                        "step late; requests needing their tokens on the host run synchronously)")
     g.add_argument("--prefix-cache", default="isolated", choices=PREFIX_CACHE_MODES,
                    help="isolated: share only within a cache_salt (default); global: vLLM-style shared cache "
                         "(insecure baseline); off")
@@ -90,7 +93,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min, ngram_max=args.ngram_max, draft_layers=args.draft_layers,
         request_events=args.request_events,
-        load_format=args.load_format, enforce_eager=args.enforce_eager,
+        load_format=args.load_format, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         chat_template=read_chat_template(args.chat_template),
     )
 

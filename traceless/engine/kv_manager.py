@@ -125,6 +125,9 @@ class KVCacheManager:
             # position that is evicted first.
             self.pool.free(reversed(blocks))
 
+    def num_blocks(self, request_id: str) -> int:
+        return len(self._blocks.get(request_id, ()))
+
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._blocks.get(request_id, ())]
 

@@ -13,7 +13,9 @@ store: `EngineParts`) by whoever builds it (entrypoints/build.py); engine/ itsel
 """
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from traceless.config import EngineConfig
@@ -22,9 +24,10 @@ from traceless.engine.detokenizer import IncrementalDetokenizer
 from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
 from traceless.engine.request import Request, RequestStatus
+from traceless.engine.run_ahead import InFlight, is_plain
 from traceless.engine.scheduler import Scheduler, SchedulerConfig, TokenUpdate
 from traceless.engine.speculative import NgramProposer, SpecMode, SpecStats, SpeculativeConfig
-from traceless.engine.step_io import EngineParts, ModelInfo, TokenLogprobs
+from traceless.engine.step_io import EngineParts, ModelInfo, SampledTokens, SchedulerOutput, TokenLogprobs
 from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
@@ -104,6 +107,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.grammar = GrammarCompiler(self.tokenizer, self.model.vocab_size)  # structured outputs
+        self._in_flight = InFlight()  # asynchronous scheduling: the plan launched and not read yet
 
     @property
     def model_name(self) -> str:
@@ -185,6 +189,9 @@ class LLMEngine:
         if request is None:
             return False
         self._release(request, RequestStatus.FINISHED_ABORTED)
+        if not self._requests:  # the step in flight computes for no one now: read (drop) it
+            self._read_in_flight()
+        self._executor.sweep()
         return True
 
     def abort_all(self) -> int:
@@ -221,7 +228,7 @@ class LLMEngine:
 
     # --- stepping -----------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests) or bool(self._in_flight)
 
     def request_ids(self) -> list[str]:
         """The ids of the requests the engine holds (unfinished)."""
@@ -266,30 +273,76 @@ class LLMEngine:
         now = time.monotonic() if now is None else now
         if self._kv.caching and now - self._last_expiry >= 0.5:
             self._last_expiry = now
-            self._kv.pool.expire(self._cache_config.ttl_s, now)
+            if self._kv.pool.expire(self._cache_config.ttl_s, now):
+                self._executor.sweep()
 
     def drop_prefix_cache(self) -> int:
         """Evict and zero every cached block that no running request holds (shutdown, tests)."""
-        return self._kv.pool.drop_cache()
+        dropped = self._kv.pool.drop_cache()
+        self._executor.sweep()
+        return dropped
 
     def step(self) -> list[StepOutput]:
+        try:
+            return self._step_ahead() if self.config.async_scheduling else self._step()
+        finally:  # once per step, however it ended: zero what the step's releases left on the device
+            self._executor.sweep()
+
+    def _step(self) -> list[StepOutput]:
         self.tick()
         self._propose()
         plan = self._scheduler.schedule()
         failed = self._restore_failures()
         if not plan.seqs:
+            self._scheduler.drop_plan(plan)
             return failed
+        return failed + self._read(plan, lambda: self._executor.execute(plan))
+
+    def _read(self, plan: SchedulerOutput, sampled: Callable[[], dict[str, SampledTokens]]) -> list[StepOutput]:
+        """A step's tokens into its requests (sampled() runs it, or waits for it); the plan wiped."""
         try:
-            sampled = self._executor.execute(plan)
+            got = sampled()
         except Exception as exc:  # the batch fails; the engine and every other request go on
             emit("engine.step_failed", num_requests=len(plan.seqs),
                  error_kind="internal" if not isinstance(exc, MemoryError) else "model_error")
-            batch = [self._requests[s.request_id] for s in plan.seqs]
-            return failed + [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in batch]
+            self._scheduler.drop_plan(plan)
+            batch = [self._requests[s.request_id] for s in plan.seqs if s.request_id in self._requests]
+            return [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in batch]
         finally:
             plan.wipe()
-        updates = self._scheduler.update_from_output(plan, sampled, self._stop)
-        return failed + [self._output(u) if u.status is None else self._finish(u) for u in updates]
+        updates = self._scheduler.update_from_output(plan, got, self._stop)
+        return [self._output(u) if u.status is None else self._finish(u) for u in updates]
+
+    def _read_in_flight(self) -> list[StepOutput]:
+        taken = self._in_flight.take()
+        return self._read(*taken) if taken is not None else []
+
+    def _step_ahead(self) -> list[StepOutput]:
+        """Asynchronous scheduling (engine/run_ahead.py): launch this step, then read the last one."""
+        self.tick()
+        out: list[StepOutput] = []
+        plain = self._ngram is None and self._scheduler.config.model_drafts == 0 and all(
+            is_plain(r) for r in self._requests.values())
+        if self._in_flight and not (plain and self._scheduler.can_run_ahead()):
+            out += self._read_in_flight()
+        self._propose()
+        plan = self._scheduler.schedule()
+        out = self._restore_failures() + out
+        if not plan.seqs:
+            self._scheduler.drop_plan(plan)
+            return out + self._read_in_flight()
+        if not plain:  # nothing is in flight (read above): a synchronous step
+            return out + self._read(plan, lambda: self._executor.execute(plan))
+        try:
+            launched = self._executor.launch(plan)
+        except Exception as exc:
+            out += self._read_in_flight()
+            return out + self._read(plan, functools.partial(_reraise, exc))  # the batch fails as a step does
+        out += self._read_in_flight()
+        self._in_flight.hold(plan, launched)
+        if not self._requests:  # every request ended with the last step: nothing stays in flight
+            out += self._read_in_flight()
+        return out
 
     def _restore_failures(self) -> list[StepOutput]:
         """End the requests whose KV failed to spill or restore (finish_reason "error")."""
@@ -378,6 +431,8 @@ class LLMEngine:
             problems.append(f"{len(self._requests)} request(s) retained")
         if self._scheduler.num_unfinished:
             problems.append("scheduler queues are not empty")
+        if self._in_flight:
+            problems.append("a step is still in flight")
         if self._executor.num_held():
             problems.append("sampler generators retained")
         dirty = self._kv_memory.nonzero_blocks()
@@ -387,3 +442,8 @@ class LLMEngine:
             problems.append("not every KV block is free")
         if problems:
             raise IntegrityError("; ".join(problems))
+
+
+def _reraise(exc: Exception) -> dict[str, SampledTokens]:
+    """A launch that failed, read as a failed step."""
+    raise exc

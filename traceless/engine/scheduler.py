@@ -46,13 +46,16 @@ class _Chunk:
 
     request: Request
     num_new_tokens: int
-    num_draft_tokens: int = 0
+    num_draft_tokens: int
+    start: int  # the first position computed (beyond num_computed_tokens when running ahead)
+    completes_sequence: bool  # after it every known token is computed: the step samples a new one
 
-    @property
-    def completes_sequence(self) -> bool:
-        """After this chunk every known token is computed, so the step samples a new one."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == r.num_tokens
+
+def _chunk(request: Request, n: int, d: int = 0, ahead: int = 0, ahead_sampled: int = 0) -> _Chunk:
+    """n tokens (the last d of them drafts) of the request. Running ahead, a plan in flight
+    computes `ahead` tokens before them and samples `ahead_sampled` (known on the device only)."""
+    start = request.num_computed_tokens + ahead
+    return _Chunk(request, n, d, start, start + n - d == request.num_tokens + ahead_sampled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.spec_stats = SpecStats()
         self.num_preemptions = 0
-        self._inflight: dict[str, _Chunk] = {}  # the chunks of the plan the runner is executing
+        # The chunks of the plans the runner is executing, by plan: one, or two while the engine
+        # runs ahead (the last plan launched before the previous one's tokens were read).
+        self._inflight: dict[int, dict[str, _Chunk]] = {}
+        self._step = 0
         self._failed: list[Request] = []  # could not be swapped out or resume this step (KV spill/restore failed)
 
     def add(self, request: Request) -> None:
@@ -89,18 +95,62 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    def _ahead(self) -> dict[str, tuple[int, int]]:
+        """Request id -> (tokens computed, tokens sampled) by the plans in flight: how far its
+        counts will move once the runner's results are read (running ahead)."""
+        out: dict[str, tuple[int, int]] = {}
+        for chunks in self._inflight.values():
+            for rid, c in chunks.items():
+                computed, sampled = out.get(rid, (0, 0))
+                out[rid] = (computed + c.num_new_tokens - c.num_draft_tokens, sampled + c.completes_sequence)
+        return out
+
+    def drop_plan(self, plan: SchedulerOutput) -> None:
+        """Forget a plan whose results will never be read (its step failed, or it was empty)."""
+        self._inflight.pop(plan.step, None)
+
+    def can_run_ahead(self) -> bool:
+        """Whether the next schedule() is certain to preempt no one: the blocks every running
+        request may need for its next chunk (counting tokens in flight) are free. Preemption
+        changes a request's counts under a plan in flight, so the engine reads the plan's results
+        first when this is False."""
+        budget, need = self.config.max_num_batched_tokens, 0
+        ahead = self._ahead()
+        for request in self.running:
+            computed, sampled = ahead.get(request.request_id, (0, 0))
+            start = request.num_computed_tokens + computed
+            n = min(request.num_tokens + sampled - start, budget)
+            if n <= 0:
+                continue
+            budget -= n
+            need += max(0, -(-(start + n) // self.kv.block_size) - self.kv.num_blocks(request.request_id))
+        return need <= self.kv.pool.num_free_blocks
+
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         chunks: list[_Chunk] = []
         preempted = 0
 
+        in_flight = self._ahead() if self._inflight else {}
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            ahead, ahead_sampled = in_flight.get(request.request_id, (0, 0))
+            if ahead:  # run ahead: its counts once the plan in flight is read
+                n = min(request.num_tokens + ahead_sampled - request.num_computed_tokens - ahead, budget)
+                if n <= 0:
+                    i += 1
+                    continue
+                if not self.kv.allocate_slots(request, ahead + n):
+                    raise RuntimeError("a request running ahead ran out of blocks (can_run_ahead was not asked)")
+                chunks.append(_chunk(request, n, 0, ahead, ahead_sampled))
+                budget -= n
+                i += 1
+                continue
             d = self._num_drafts(request, budget)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if d and self.kv.allocate_slots(request, n + d):
-                chunks.append(_Chunk(request, n + d, d))
+                chunks.append(_chunk(request, n + d, d))
                 budget -= n + d
                 i += 1
                 continue
@@ -111,7 +161,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                chunks.append(_Chunk(request, n))
+                chunks.append(_chunk(request, n))
                 budget -= n
                 i += 1
                 continue
@@ -136,13 +186,14 @@ class Scheduler:
             self.waiting.popleft()
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)
-            chunks.append(_Chunk(request, n))
+            chunks.append(_chunk(request, n))
             budget -= n
 
         if preempted:
             emit("engine.preempted", num_requests=preempted)
-        self._inflight = {c.request.request_id: c for c in chunks}
-        return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted)
+        self._step += 1
+        self._inflight[self._step] = {c.request.request_id: c for c in chunks}
+        return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted, self._step)
 
     def _swap_in(self, request: Request) -> bool:
         """Restore a swapped-out request's KV into its fresh blocks. If its sealed KV cannot be
@@ -165,7 +216,7 @@ class Scheduler:
     def _plan(self, chunk: _Chunk) -> ScheduledSeq:
         """The runner's copy of a chunk: plain data, wiped after the step."""
         r, p = chunk.request, chunk.request.params
-        start = r.num_computed_tokens
+        start = chunk.start
         n_known = chunk.num_new_tokens - chunk.num_draft_tokens
         model_drafts = chunk.num_draft_tokens if self.config.model_drafts else 0
         own = list(r.draft_token_ids[: chunk.num_draft_tokens]) if not model_drafts else []
@@ -175,11 +226,13 @@ class Scheduler:
         lp_start = max(start, r.num_prompt_logprobs)
         lp_end = min(start + n_known, r.num_prompt_tokens - 1)
         targets = r.token_ids(lp_start + 1, lp_end + 1) if p.prompt_logprobs is not None and lp_end > lp_start else None
+        known = r.token_ids(start, min(start + n_known, r.num_tokens))
+        on_device = n_known - len(known)  # sampled by the plan in flight: placeholders
         return ScheduledSeq(
             request_id=r.request_id,
             block_table=tuple(self.kv.block_ids(r.request_id)),
             start=start,
-            token_ids=r.token_ids(start, start + n_known),
+            token_ids=known + [0] * on_device,
             draft_token_ids=own,
             model_drafts=model_drafts,
             sample=chunk.completes_sequence,
@@ -189,6 +242,7 @@ class Scheduler:
             prompt_logprobs_start=lp_start,
             prompt_targets=targets,
             guide=r.guide if chunk.completes_sequence else None,
+            device_tokens=on_device,
         )
 
     def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],
@@ -197,9 +251,10 @@ class Scheduler:
         the model, sampled tokens are appended one by one until the first that stops the request,
         accepted drafts count as computed, and newly filled blocks enter the prefix cache."""
         updates = []
+        inflight = self._inflight.pop(plan.step, {})
         for seq in plan.seqs:
-            chunk = self._inflight.pop(seq.request_id, None)
-            if chunk is None:  # finished (aborted) while the step ran
+            chunk = inflight.get(seq.request_id)
+            if chunk is None:  # finished (aborted, or stopped a step before) while the step ran
                 continue
             request = chunk.request
             request.clear_drafts()
@@ -265,7 +320,8 @@ class Scheduler:
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """The single exit: take the request out of the queues and free (zero) its blocks."""
-        self._inflight.pop(request.request_id, None)
+        for chunks in self._inflight.values():
+            chunks.pop(request.request_id, None)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:

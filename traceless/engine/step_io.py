@@ -49,6 +49,9 @@ class ScheduledSeq:
     prompt_logprobs_start: int = 0
     prompt_targets: list[int] | None = None
     guide: Guide | None = None  # structured output, when the step samples: the request's matcher (not a copy)
+    # Run ahead: the last device_tokens of token_ids are placeholders (0) for tokens the previous
+    # step sampled and the host has not read yet; the runner takes them from the device.
+    device_tokens: int = 0
 
     @property
     def num_drafts(self) -> int:
@@ -69,6 +72,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     seqs: tuple[ScheduledSeq, ...]
     num_preempted: int = 0
+    step: int = 0  # the scheduler's count: which plan a late result belongs to
 
     @property
     def num_tokens(self) -> int:
@@ -123,6 +127,12 @@ class ModelInfo:
     kv_sizing: str = "kv_cache_memory"  # what sized it: runner/kv_budget.py KVSizing's values
 
 
+class PendingResult(Protocol):
+    """A launched step's sampled tokens, read (and waited for) when needed."""
+
+    def result(self) -> dict[str, SampledTokens]: ...
+
+
 class ModelExecutor(Protocol):
     """Runs one step on the model (runner/model_runner.py)."""
 
@@ -131,6 +141,13 @@ class ModelExecutor(Protocol):
 
     def release(self, request_id: str) -> None:
         """Drop per-request state (a seeded generator)."""
+
+    def launch(self, plan: SchedulerOutput) -> PendingResult:
+        """Start a plain step (runner/run_ahead.py) and return before its tokens are known."""
+
+    def sweep(self) -> None:
+        """Zero what the requests released (and the KV blocks freed) since the last sweep left in
+        device memory; the engine calls it once per step and after work outside a step."""
 
     def num_held(self) -> int:
         """Requests whose per-request state is still held."""

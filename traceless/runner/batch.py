@@ -48,7 +48,7 @@ class BatchBuilder:
         self.use_native = use_native
         self.scale = scale
         self.paged = paged
-        self._staging = PinnedStaging() if paged else None
+        self._staging = PinnedStaging(pinned=device.type == "cuda") if paged else None
 
     def is_short(self, num_tokens: int) -> bool:
         return self.use_native and num_tokens <= SHORT_MAX_TOKENS

@@ -146,6 +146,16 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                               mc.head_dim ** -0.5)
         capture_s, num_graphs = graphs.capture(), len(graphs.sizes)
         runner.graphs = graphs
+    if device.type == "cuda":
+        from traceless.runner.device_scrub import DeviceScrubber
+
+        # The profiling pass and the capture leave gigabytes of cached free blocks (no user data
+        # yet): back to the driver, so that the sweep does not zero them after every step that
+        # ends a request (it zeroes every free block the allocator caches).
+        torch.cuda.empty_cache()
+        runner.scrubber = DeviceScrubber(cache, device)
+        if runner.graphs is not None and runner.graphs.pool is not None:
+            runner.scrubber.graph_pools.add(runner.graphs.pool)
     offload = None
     if cfg.kv_offload != "none":
         from traceless.runner.offload import KVOffloader

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from traceless.model.layers.attention import AttentionMetadata, PagedBatch
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import SeqInput
-from traceless.runner.step_meta import Layout, fill
+from traceless.runner.step_meta import Layout, PinnedPair, fill_idle
 
 # Contexts longer than this run eagerly: it bounds the captured block tables (vLLM's
 # max_seq_len_to_capture is 8192 too) and so the bytes of the one copy per step.
@@ -59,15 +59,18 @@ class DecodeGraphs:
         self.block_size = block_size
         width = -(-min(max_model_len, MAX_CAPTURED_CONTEXT) // block_size)
         self.layout = Layout(rows=sizes[-1], logits=sizes[-1], seqs=sizes[-1], width=width)
-        self.host = torch.zeros(self.layout.size, dtype=torch.int32, pin_memory=True)
-        self.buf = torch.zeros(self.layout.size, dtype=torch.int32, device=device)
+        self.host = PinnedPair(self.layout, pinned=device.type == "cuda")
+        idle = torch.zeros(self.layout.size, dtype=torch.int32)
+        fill_idle(idle.numpy(), self.layout)
+        self._idle = idle.to(device)  # the idle image, resident: a scrub is one device-to-device copy
+        self.buf = self._idle.clone()
         self._views = self.layout.views(self.buf)
         self.device = device
         self.scale = scale
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._replayed: set[int] = set()  # sizes replayed on user data since the last scrub
+        self.pool: tuple[int, int] | None = None  # the graphs' private memory pool (zeroed by device_scrub.py)
         self._last: int | None = None  # the size replayed since the last scrub
-        self._written = self.layout.size  # leading elements of the buffers that may hold a step's data
+        self._written = self.layout.size  # leading elements of the device buffer that may hold a step's data
         self.capture_s = 0.0
 
     def fits(self, seqs: Sequence[SeqInput]) -> bool:
@@ -100,47 +103,42 @@ class DecodeGraphs:
                     out = self._forward(n)
                 pool = graph.pool()
                 self._graphs[n] = (graph, out)
+        self.pool = pool
         torch.cuda.synchronize(self.device)
         self.scrub()
         self.capture_s = time.monotonic() - t0
         return self.capture_s
 
-    def run(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
+    def run(self, seqs: Sequence[SeqInput], patch_ids: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """Replay the graph of the next size up: the logits of `seqs` in order, [n, V] float32
         (computed after the replay: a [size, V] output per captured size would cost hundreds of
-        MB at a 128k vocabulary; the caller zeroes them when done)."""
+        MB at a 128k vocabulary; the caller zeroes them when done). patch_ids(ids [n]) runs after
+        the metadata's copy and before the replay (token ids that are still on the device)."""
         n = padded_size(len(seqs), self.sizes)
         if n is None:
             raise ValueError("more sequences than the largest captured decode graph")
         graph, out = self._graphs[n]
-        self._replayed.add(n)
         self._last = n
-        end = fill(self.host.numpy(), self.layout, seqs, self.block_size)
-        self._written = end
-        self.buf[:end].copy_(self.host[:end], non_blocking=True)
+        self._written = self.host.upload(self.buf, seqs, self.block_size)
+        if patch_ids is not None:
+            patch_ids(self._views["ids"][: len(seqs)])
         graph.replay()
         return self.model.logits(out[: len(seqs)])
 
-    def scrub_activations(self) -> None:
-        """Overwrite the activations the replayed graphs left in their private pool: replay each
-        on the zeroed metadata (token 0 at position 0, no K/V written, no keys read)."""
-        self.scrub()
-        for n in sorted(self._replayed):
-            self._graphs[n][0].replay()
-        self._replayed.clear()
-        self.scrub()
-
     def scrub(self) -> None:
-        """Zero the step's metadata on host and device (one copy of the zeroed host prefix), and
-        the hidden states of the graph that ran; padding slots stay -1 (written nowhere)."""
-        torch.cuda.current_stream(self.device).synchronize()  # the copy from the host buffer is done
+        """After a replay, without waiting for the device: the device metadata back to the idle
+        image (a device-to-device copy queued after the step), the hidden states of the graph that
+        ran zeroed, and the host buffer reset once its copy is done (PinnedPair)."""
         end = self._written
-        a, b = self.layout.offsets["blocks"]
         with torch.inference_mode():  # the buffers are inference tensors
-            self.host[:end] = 0
-            self.host[a:b] = -1
-            self.buf[:end].copy_(self.host[:end])  # blocking: the next step refills the host buffer
+            self.buf[:end].copy_(self._idle[:end])
             if self._last is not None:
                 self._graphs[self._last][1].zero_()
+        self.host.settle(wait=False)
         self._last = None
-        self._written = self.layout.size
+        self._written = 0
+
+    def settle(self) -> None:
+        """Reset the host buffers whose copies are done (the sweep after a step; a copy not done yet
+        belongs to a step whose results are still to be waited for, and a later sweep resets it)."""
+        self.host.settle(wait=False)

@@ -21,10 +21,12 @@ from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutpu
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import BatchBuilder, SeqInput
 from traceless.runner.cuda_graphs import DecodeGraphs
+from traceless.runner.device_scrub import DeviceScrubber
 from traceless.runner.draft import Drafted, DraftProposer, DraftSeq
 from traceless.runner.grammar_mask import GuidedSeq, apply_grammar_masks
 from traceless.runner.prompt_logprobs import score_prompt
 from traceless.runner.rejection import RejectionSampler, SpecRow
+from traceless.runner.run_ahead import DeviceTokens, PendingStep, last_rows
 from traceless.runner.sampler import Sampler, SampleRow
 
 
@@ -45,7 +47,8 @@ class ModelRunner:
         self.drafter = DraftProposer(model, draft_layers, self.batcher, self.sampler) if draft_layers else None
         self._generators: dict[str, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None  # CUDA: captured decode steps (runner/build.py)
-        self._device_dirty = False  # CUDA: a step ran since free device memory was last zeroed
+        self.scrubber: DeviceScrubber | None = None  # CUDA: zeroes freed device memory once per step
+        self._device_tokens = DeviceTokens(device)  # the last launched step's sampled ids (run ahead)
 
     def _scrub_step_metadata(self, replayed: bool) -> None:
         """CUDA: zero the pinned and device buffers that held this step's token ids and positions."""
@@ -54,9 +57,46 @@ class ModelRunner:
         else:
             self.batcher.scrub()
 
+    def _begin_step(self) -> None:
+        if self.scrubber is not None:
+            self.scrubber.sweep()  # KV blocks freed while scheduling: zeroed before this step writes any
+            self.scrubber.step_ran()
+
+    def launch(self, plan: SchedulerOutput) -> PendingStep:
+        """A plain step (run_ahead.py), launched without waiting for anything: decoding rows may
+        take their token from the last launched step's sampled ids, still on the device."""
+        seqs = plan.seqs
+        self._begin_step()
+        with torch.inference_mode():
+            inputs = [_seq_input(s, None) for s in seqs]
+            replay = self.graphs is not None and self.graphs.fits(inputs)
+            if self.graphs is not None and replay:
+                order = list(range(len(inputs)))
+                rows = order
+                logits = self.graphs.run(inputs, lambda ids: self._device_tokens.patch(ids, seqs, rows))
+            else:
+                batch = self.batcher.build(inputs)
+                self._device_tokens.patch(batch.input_ids, seqs, last_rows([len(x.token_ids) for x in inputs],
+                                                                            batch.order))
+                hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta)
+                order = [i for i in batch.order if inputs[i].num_logits]
+                logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
+            rids = [seqs[i].request_id for i in order]
+            if order:
+                ids = self.sampler.choose(logits, [self._sample_row(seqs[i]) for i in order])
+            else:
+                ids = torch.zeros(0, dtype=torch.int64, device=self.device)
+            logits.zero_()  # derived from user content: wipe before the allocator reuses it
+            self._scrub_step_metadata(replay)
+            self._device_tokens.keep(ids, rids)
+            return self._device_tokens.send_home(ids, rids)
+
     def execute(self, plan: SchedulerOutput) -> dict[str, SampledTokens]:
         seqs = plan.seqs
-        self._device_dirty = self.device.type == "cuda"
+        if any(s.device_tokens for s in seqs):
+            raise RuntimeError("a synchronous step cannot take tokens from the device")
+        self._device_tokens.clear()
+        self._begin_step()
         with torch.inference_mode():
             drafts = self._drafts(seqs)
             inputs = [_seq_input(s, d) for s, d in zip(seqs, drafts)]
@@ -118,13 +158,15 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
-        if self._device_dirty:  # CUDA: the steps' temporaries are freed but not cleared
-            self._device_dirty = False
-            from traceless.runner.device_scrub import scrub_free_device_memory
+        self._device_tokens.forget(request_id)
+        if self.scrubber is not None:  # the steps' temporaries are freed but not cleared: at the sweep
+            self.scrubber.request_ended()
 
-            if self.graphs is not None:
-                self.graphs.scrub_activations()
-            scrub_free_device_memory(self.device)
+    def sweep(self) -> None:
+        if self.graphs is not None:
+            self.graphs.settle()
+        if self.scrubber is not None:
+            self.scrubber.sweep()
 
     def num_held(self) -> int:
         return len(self._generators)

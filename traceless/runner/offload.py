@@ -72,6 +72,7 @@ class KVOffloader:
         return staged
 
     def _scatter(self, block_ids: list[int], staged: torch.Tensor) -> None:
+        self.cache.flush()  # zeroing still pending for these (just freed) blocks must not come after
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.cache.k.device)
         kshape = (self.cache.k.shape[0], len(block_ids), *self.cache.k.shape[2:])
         vshape = (self.cache.v.shape[0], len(block_ids), *self.cache.v.shape[2:])

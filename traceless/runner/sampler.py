@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from traceless.engine.step_io import TokenLogprobs
+from traceless.runner.device_io import upload
 from traceless.sampling_params import SamplingParams
 
 MIN_LOGPROB = -9999.0  # what a token that cannot be sampled reports (as OpenAI does)
@@ -46,15 +47,21 @@ class Sampler:
         """logits: [S, V] float32, one row per entry of `rows` (modified in place)."""
         self.penalize(logits, rows)
         logprobs = self._logprobs(logits, rows) if any(r.params.logprobs is not None for r in rows) else None
-        token_ids = logits.argmax(dim=-1)
-        if not all(r.params.greedy for r in rows):  # decided on the host: no device sync
-            greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
-            sampled = self._sample(logits, rows)
-            token_ids = torch.where(greedy, token_ids, sampled)
-        ids = token_ids.tolist()
+        ids = self.choose(logits, rows).tolist()
         if logprobs is None:
             return SamplerOutput(ids, [None] * len(rows))
         return SamplerOutput(ids, self.finish_logprobs(logprobs, ids, rows))
+
+    def choose(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """The chosen token of each row, [S] int64 on the logits' device, without waiting for the
+        device (greedy or sampled is decided on the host; per-row parameters go up pinned).
+        logits: [S, V] float32, penalized already."""
+        token_ids = logits.argmax(dim=-1)
+        if not all(r.params.greedy for r in rows):
+            greedy = upload([r.params.greedy for r in rows], torch.bool, logits.device)
+            sampled = self._sample(logits, rows)
+            token_ids = torch.where(greedy, token_ids, sampled)
+        return token_ids
 
     def penalize(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
         """Penalties and logit biases of the rows that ask for them, in place on logits [S, V]."""
@@ -105,16 +112,18 @@ class Sampler:
         """What a sampled row draws from: temperature, softmax, then min_p / top_k / top_p.
         logits [S, V] (penalized) -> [S, V] probabilities, zero outside the filters and *not*
         renormalized (each row sums to at most 1)."""
-        temp = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
+        temp = upload([r.params.temperature or 1.0 for r in rows], torch.float32, logits.device)
         return self._filter(torch.softmax(logits / temp[:, None], dim=-1), rows)
 
     def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         probs = self.distribution(logits, rows)
         noise = torch.empty_like(probs)
         unseeded = [i for i, r in enumerate(rows) if r.generator is None]
-        if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1],
-                                          device=probs.device).exponential_(generator=self.generator)
+        if len(unseeded) == len(rows):  # the common case: no index to upload
+            noise.exponential_(generator=self.generator)
+        elif unseeded:
+            noise[upload(unseeded, torch.int64, probs.device)] = torch.empty(
+                len(unseeded), probs.shape[1], device=probs.device).exponential_(generator=self.generator)
         for i, r in enumerate(rows):
             if r.generator is not None:
                 noise[i].exponential_(generator=r.generator)
@@ -125,7 +134,7 @@ class Sampler:
         """Zero out tokens outside min_p / top_k / top_p (the sampled draw renormalizes implicitly)."""
         min_p = [r.params.min_p for r in rows]
         if any(min_p):
-            floor = torch.tensor(min_p, device=probs.device)[:, None] * probs.max(dim=-1, keepdim=True).values
+            floor = upload(min_p, torch.float32, probs.device)[:, None] * probs.max(dim=-1, keepdim=True).values
             probs = probs.masked_fill(probs < floor, 0.0)
         top_k = [r.params.top_k for r in rows]
         top_p = [r.params.top_p for r in rows]
@@ -133,11 +142,11 @@ class Sampler:
             return probs
         V = probs.shape[1]
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        ks = torch.tensor([k if k > 0 else V for k in top_k], device=probs.device)
+        ks = upload([k if k > 0 else V for k in top_k], torch.int64, probs.device)
         drop = torch.arange(V, device=probs.device)[None, :] >= ks[:, None]
         # top_p: keep the smallest prefix whose mass reaches p (the token crossing p is kept).
         before = sorted_p.cumsum(dim=-1) - sorted_p
-        drop |= before >= torch.tensor(top_p, device=probs.device)[:, None] * sorted_p.sum(-1, keepdim=True)
+        drop |= before >= upload(top_p, torch.float32, probs.device)[:, None] * sorted_p.sum(-1, keepdim=True)
         drop[:, 0] = False
         return probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
 

@@ -7,6 +7,8 @@ One int32 buffer holds, one after the other (B sequences, T rows, W block-table 
     ids [T] | positions [T] | slot blocks [T] | slot offsets [T] | logit rows [R]
     | context lens [B] | cu_q [B + 1] | block tables [B, W]
 
+each part starting on a 16-byte boundary (the gaps hold zeros).
+
 Padding rows (a captured batch of more rows than sequences) get slot block -1: the cache write
 skips them; each padding sequence owns one padding row (while rows last) and has no keys, so the
 attention kernel writes zeros there.
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
     from traceless.runner.batch import SeqInput
 
 
+ALIGN = 4  # int32 elements: 16 bytes
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Where each part sits in the packed buffer, for up to `rows` rows, `logits` logit rows,
@@ -36,18 +41,21 @@ class Layout:
 
     @property
     def offsets(self) -> dict[str, tuple[int, int]]:
+        """Each part starts at a multiple of ALIGN elements: a view's address is then 16-byte
+        aligned whatever the batch, and Triton, which specializes a kernel on its pointers'
+        alignment, compiles one variant, not one per batch composition."""
         parts = (("ids", self.rows), ("positions", self.rows), ("blocks", self.rows), ("offsets", self.rows),
                  ("logit_rows", self.logits), ("ctx", self.seqs), ("cu_q", self.seqs + 1),
                  ("tables", self.seqs * self.width))
         out, at = {}, 0
         for name, n in parts:
             out[name] = (at, at + n)
-            at += n
+            at += -(-n // ALIGN) * ALIGN
         return out
 
     @property
     def size(self) -> int:
-        return 4 * self.rows + self.logits + 2 * self.seqs + 1 + self.seqs * self.width
+        return self.offsets["tables"][1]
 
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views into a packed buffer (host or device); tables as [seqs, width]."""
@@ -97,12 +105,73 @@ def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size:
     return a + len(seqs) * w
 
 
+def fill_idle(host: np.ndarray, layout: Layout) -> None:
+    """The metadata a buffer holds between steps, and what a replay of it computes: a batch of
+    padding sequences only (token 0 at position 0, written nowhere, one query row and no keys each).
+    Valid offsets matter: the attention kernels then run every program and write zeros to every
+    output and split-K partial row, overwriting the last step's; all-zero offsets would give every
+    sequence no queries, and each program would return before writing anything."""
+    host[:] = 0
+    fill(host, layout, [], block_size=1)
+
+
+class PinnedPair:
+    """Two pinned host buffers of one layout, used in turn, for the decode graphs' one copy per
+    step: a step packs into one while the copy out of the other may still be in flight, so the host
+    never waits for a copy (with one step in flight, a buffer's last copy is a step older than the
+    step whose results the host has already waited for). After its copy a buffer is reset to the
+    idle image: at once when the copy is done, else at its next use or the next `settle`."""
+
+    def __init__(self, layout: Layout, pinned: bool):
+        self.layout = layout
+        self._bufs = [torch.zeros(layout.size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        for b in self._bufs:
+            fill_idle(b.numpy(), layout)
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._dirty = [0, 0]  # leading elements holding a step's data
+        self._turn = 0
+
+    def upload(self, dst: torch.Tensor, seqs: Sequence[SeqInput], block_size: int) -> int:
+        """Pack `seqs` into the next buffer and copy its used prefix to `dst` (non-blocking);
+        returns that prefix's length."""
+        i = self._turn
+        self._turn ^= 1
+        self._settle(i, wait=True)
+        host = self._bufs[i]
+        end = fill(host.numpy(), self.layout, seqs, block_size)
+        dst[:end].copy_(host[:end], non_blocking=True)
+        if host.is_pinned():
+            ev = torch.cuda.Event()
+            ev.record()
+            self._copied[i] = ev
+        self._dirty[i] = end
+        return end
+
+    def settle(self, wait: bool) -> None:
+        """Reset the buffers whose copies are done (every one, waiting for them, when `wait`)."""
+        for i in range(2):
+            self._settle(i, wait)
+
+    def _settle(self, i: int, wait: bool) -> None:
+        if not self._dirty[i]:
+            return
+        ev = self._copied[i]
+        if ev is not None:
+            if not wait and not ev.query():
+                return
+            ev.synchronize()  # done already (queried, or a step older than the last one waited for)
+        fill_idle(self._bufs[i][: self._dirty[i]].numpy(), self.layout)
+        self._dirty[i] = 0
+
+
 class PinnedStaging:
     """A reusable pinned host buffer for one copy per step. Before it is overwritten, the copy that
     last read it must be done: an event recorded after that copy is waited on (a step that samples
     nothing has no other synchronization point)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pinned: bool = True) -> None:
+        """pinned: False where there is no device to copy to (a CPU runs the same packing)."""
+        self._pinned = pinned
         self._host = torch.empty(0, dtype=torch.int32)
         self._copied: torch.cuda.Event | None = None
         self._uploads: list[torch.Tensor] = []  # this step's device copies, zeroed by scrub()
@@ -112,11 +181,15 @@ class PinnedStaging:
         if self._copied is not None:
             self._copied.synchronize()
         if self._host.numel() < layout.size:
-            self._host = torch.zeros(max(layout.size, 2 * self._host.numel()), dtype=torch.int32, pin_memory=True)
+            self._host = torch.zeros(max(layout.size, 2 * self._host.numel()), dtype=torch.int32,
+                                     pin_memory=self._pinned)
         fill(self._host.numpy(), layout, seqs, block_size)
         dev = self._host[: layout.size].to(device, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+        if device.type == "cpu":
+            dev = dev.clone()  # its own memory, as a device copy is
+        else:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         self._uploads.append(dev)
         return dev
 

@@ -68,6 +68,30 @@ def test_paged_attention_matches_reference(nh, nkv, d, q_lens):
         assert err < 1e-5
 
 
+@pytest.mark.parametrize(("nh", "nkv"), [(4, 2), (8, 1)])
+def test_paged_attention_over_whole_tiles_matches_reference(nh, nkv):
+    """Contexts of several 64-key tiles: whole tiles run unmasked, the causal diagonal and the last
+    partial tile masked (a decode row, a chunk after a long prefix, a fresh prompt longer than a tile)."""
+    torch.manual_seed(nh)
+    d, bs, num_blocks = 16, 4, 130
+    q_lens, prefixes = [1, 25, 70], [150, 130, 0]
+    k_cache, v_cache = _cache(num_blocks, nkv, d, bs, torch.float32)
+    ctx = [p + n for p, n in zip(prefixes, q_lens)]
+    width = max(-(-c // bs) for c in ctx)
+    tables = (torch.randperm(num_blocks - 1)[: width * 3] + 1).view(3, width).to(torch.int32).to(DEVICE)
+    q = torch.randn(sum(q_lens), nh, d, device=DEVICE)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5)
+    out = torch.full_like(q, float("nan"))
+    tk.paged_attention(q, k_cache, v_cache, out, tables, cu, torch.tensor(ctx, dtype=torch.int32, device=DEVICE),
+                       d ** -0.5, max(q_lens), 0)
+    assert (out.cpu().double() - want).norm() / want.norm() < 1e-5
+    decode = torch.full_like(q[:1], float("nan"))  # the decode row alone, its keys split 4 ways
+    tk.paged_attention(q[:1], k_cache, v_cache, decode, tables[:1], cu[:2], torch.tensor(ctx[:1], dtype=torch.int32,
+                       device=DEVICE), d ** -0.5, 1, 64)
+    assert (decode.cpu().double() - want[:1]).norm() / want[:1].norm() < 1e-5
+
+
 @pytest.mark.parametrize("sms", [0, 64])
 def test_paged_attention_zeroes_padding_sequences(sms):
     """A captured batch pads with sequences of one row and no keys: their rows come out zero."""

@@ -19,6 +19,59 @@ import triton.language as tl
 
 
 @triton.jit
+def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, scale, k_stride_b, v_stride_b,
+                 D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """Keys [start, start + BLOCK_N) of one sequence and KV head into the running softmax (acc
+    [BLOCK_M, D_PAD], m_i, l_i [BLOCK_M]). start is a multiple of BLOCK_N (so of BS): a tile is
+    BLOCK_N // BS whole blocks, and the offset of key n in its block is n % BS, known at compile
+    time; K and V addresses are contiguous runs of BS (K) and D (V) elements, loaded 16 bytes at a
+    time. k_ptr / v_ptr: the KV head's base; tbl_ptr: the sequence's block-table row.
+    MASKED: the tile may hold keys at or past kv_end or after a query's position (the last tile,
+    the causal diagonal); an unmasked tile has neither and loads and scores without masks."""
+    start = tl.multiple_of(start, BLOCK_N)
+    n = tl.arange(0, BLOCK_N)
+    kpos = start + n
+    off = n % BS
+    d = tl.arange(0, D_PAD)
+    if MASKED:
+        # Loads are masked by whole blocks (a mask constant over each run of BS keys keeps them
+        # 16 bytes wide); the keys past kv_end inside the last block are cut from the scores.
+        blk_ok = start + n // BS * BS < kv_end
+        blk = tl.load(tbl_ptr + start // BS + n // BS, mask=blk_ok, other=0).to(tl.int64)
+    else:
+        blk = tl.load(tbl_ptr + start // BS + n // BS).to(tl.int64)
+    # K tile [D_PAD, BLOCK_N]: block blk's [D, BS] tile, element (dim, offset) at dim * BS + offset.
+    k_addr = k_ptr + blk[None, :] * k_stride_b + d[:, None] * BS + off[None, :]
+    # V tile [BLOCK_N, D_PAD]: block blk's [BS, D] tile.
+    v_addr = v_ptr + blk[:, None] * v_stride_b + off[:, None] * D + d[None, :]
+    if MASKED:
+        d_ok = d < D
+        k_ok = kpos < kv_end
+        k = tl.load(k_addr, mask=d_ok[:, None] & blk_ok[None, :], other=0.0)
+        v = tl.load(v_addr, mask=blk_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.where(k_ok[:, None], v, 0.0)  # (weight 0 there; whatever the block holds past kv_end)
+    elif D == D_PAD:
+        k = tl.load(k_addr)
+        v = tl.load(v_addr)
+    else:
+        d_ok = d < D
+        k = tl.load(k_addr, mask=d_ok[:, None], other=0.0)
+        v = tl.load(v_addr, mask=d_ok[None, :], other=0.0)
+    s = tl.dot(q, k, input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        allowed = (kpos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit(do_not_specialize=["tables_stride", "T"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, cu_q_ptr, ctx_ptr, scale,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_h, v_stride_b, v_stride_h, tables_stride,
@@ -32,7 +85,8 @@ def _paged_attention_kernel(
     g * G + r % G, so one K/V tile serves all the query heads that share it (GQA).
     SPLITS > 1 (decode only: one query tile): program_id(1) is the split, which takes a slice of
     the keys and leaves its unnormalized output and (max, sum) in part/ml for _combine_kernel
-    (flash-decoding: a short batch then fills the GPU)."""
+    (flash-decoding: a short batch then fills the GPU).
+    tables_stride and T vary with the batch: not specialized (no recompilation at new shapes)."""
     b = tl.program_id(0)
     split = tl.program_id(1) if SPLITS > 1 else 0
     qt = tl.program_id(1) if SPLITS == 1 else 0
@@ -57,31 +111,23 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    kv_end = tl.minimum(ctx, first_pos + (qt + 1) * BLOCK_Q)  # causal: no key beyond the last query
+    # Keys [kv_lo, kv_end) of this program: causal (none beyond its last query), one split's slice.
+    kv_end = tl.minimum(ctx, first_pos + (qt + 1) * BLOCK_Q)
     per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), SPLITS) * BLOCK_N
-    start = split * per_split
-    kv_end = tl.minimum(kv_end, start + per_split)
-    while start < kv_end:  # (a while loop: Triton's interpreter cannot take a loaded bound in range())
-        kpos = start + tl.arange(0, BLOCK_N)
-        k_ok = kpos < kv_end
-        blk = tl.load(tables_ptr + b * tables_stride + kpos // BS, mask=k_ok, other=0).to(tl.int64)
-        off = kpos % BS
-        # K tile [D_PAD, BLOCK_N] gathered block by block; V tile [BLOCK_N, D_PAD].
-        k = tl.load(k_ptr + blk[None, :] * k_stride_b + g * k_stride_h + d[:, None] * BS + off[None, :],
-                    mask=d_ok[:, None] & k_ok[None, :], other=0.0)
-        s = tl.dot(q, k, input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
-        allowed = (kpos[None, :] <= q_pos[:, None]) & k_ok[None, :]
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        v = tl.load(v_ptr + blk[:, None] * v_stride_b + g * v_stride_h + off[:, None] * D + d[None, :],
-                    mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-        start += BLOCK_N
+    kv_lo = split * per_split
+    kv_end = tl.minimum(kv_end, kv_lo + per_split)
+    # Whole tiles below both kv_end and the tile's first query position need no mask at all.
+    full = tl.minimum(kv_end, first_pos + qt * BLOCK_Q + 1)
+    full_end = kv_lo + tl.maximum(full - kv_lo, 0) // BLOCK_N * BLOCK_N
+    tbl_ptr = tables_ptr + b * tables_stride
+    k_base = k_ptr + g * k_stride_h
+    v_base = v_ptr + g * v_stride_h
+    for start in range(kv_lo, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
+                                     k_stride_b, v_stride_b, D, D_PAD, BS, BLOCK_N, PRECISION, False)
+    for start in range(full_end, kv_end, BLOCK_N):  # the causal diagonal and the last partial tile
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
+                                     k_stride_b, v_stride_b, D, D_PAD, BS, BLOCK_N, PRECISION, True)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + (q_begin + tok)[:, None] * o_stride_t + head[:, None] * o_stride_h + d[None, :],
@@ -94,7 +140,7 @@ def _paged_attention_kernel(
         tl.store(ml_ptr + row * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h,
                     D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr):
     """One (token, head): merge the splits' partial softmax sums. A row with no key at all (a
@@ -133,12 +179,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_q = max(block_m // G, 1)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     d_pad = triton.next_power_of_2(D)
-    splits = decode_splits(B, H_kv, max_q <= block_q, num_sms)
+    # Only a decode tile splits (one query token, or the 16-row tile): a prefill tile has one
+    # variant, so every compiled variant is met at start (the profiling pass, the graph capture).
+    splits = decode_splits(B, H_kv, max_q <= block_q and (rows == 16 or max_q == 1), num_sms)
     grid = (B, splits if splits > 1 else triton.cdiv(max_q, block_q), H_kv)
     part = ml = out  # unused unless split
     if splits > 1:
-        part = torch.empty(splits, T, H, d_pad, dtype=torch.float32, device=q.device)
-        ml = torch.empty(splits, T, H, 2, dtype=torch.float32, device=q.device)
+        part, ml = split_workspace(splits, T, H, d_pad, q.device)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, tables, cu_q, ctx_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -146,10 +193,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         part, ml, T, H,
         G=G, D=D, D_PAD=d_pad, BS=BS, BLOCK_Q=block_q, BLOCK_M=block_m,
         BLOCK_N=max(64, BS), PRECISION=precision, SPLITS=splits,
+        num_warps=8 if block_m >= 64 else 4,  # a 64-row tile in 4 warps needs ~250 registers a thread
     )
     if splits > 1:
-        # (part and ml are zeroed with the rest of free device memory when a request ends)
+        # (part and ml are zeroed with the rest of free device memory at the step's sweep)
         _combine_kernel[(T, H)](part, ml, out, T, H, out.stride(0), out.stride(1), D=D, D_PAD=d_pad, SPLITS=splits)
+
+
+def split_workspace(splits: int, T: int, H: int, d_pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K partials: part [SPLITS, T, H, D_PAD] float32 and ml [SPLITS, T, H, 2] (running
+    max, sum). Every element is written by the attention kernel before the combine reads it."""
+    part = torch.empty(splits, T, H, d_pad, dtype=torch.float32, device=device)
+    ml = torch.empty(splits, T, H, 2, dtype=torch.float32, device=device)
+    return part, ml
 
 
 def decode_splits(num_seqs: int, kv_heads: int, one_tile: bool, num_sms: int) -> int:
