@@ -13,8 +13,8 @@ from traceless import LLM, SamplingParams
 from traceless.config import EngineConfig
 from traceless.errors import ModelLoadError
 from traceless.events import LOGGER_NAME
-from traceless.model.config import from_hf_config
 from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer, weight_shapes
+from traceless.model.hf_config import from_hf_config
 
 MODELS = Path(__file__).resolve().parents[2] / "bench" / "models"
 PUBLISHED = {  # (layers, hidden, intermediate, heads, kv heads, vocab, tied, qkv bias, parameters in billions)

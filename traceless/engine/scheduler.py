@@ -188,6 +188,7 @@ class Scheduler:
             prompt_logprobs_start=lp_start,
             prompt_targets=targets,
             guide=r.guide if chunk.completes_sequence else None,
+            num_prompt_tokens=r.num_prompt_tokens,
         )
 
     def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],

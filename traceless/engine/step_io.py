@@ -49,6 +49,7 @@ class ScheduledSeq:
     prompt_logprobs_start: int = 0
     prompt_targets: list[int] | None = None
     guide: Guide | None = None  # structured output, when the step samples: the request's matcher (not a copy)
+    num_prompt_tokens: int = 0  # the request's prompt length (LongRoPE picks its factors by it)
 
     @property
     def num_drafts(self) -> int:
@@ -119,6 +120,11 @@ class ModelInfo:
     load_format: str = "auto"  # "dummy": random weights of a real shape (benchmarks only)
     cuda_graphs: int = 0  # decode batch sizes captured as CUDA graphs (0: eager)
     capture_s: float = 0.0  # seconds spent capturing them at start
+    # every layer attends to the last kv_window keys only: KV blocks behind it are freed as the request runs
+    kv_window: int | None = None
+    # LongRoPE: a prompt longer than this runs on the long factors from its first token, so its KV
+    # differs from a shorter prompt's over the same tokens (the prefix cache keeps them apart)
+    long_context_from: int | None = None
 
 
 class ModelExecutor(Protocol):

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from traceless.errors import ModelLoadError, UnsupportedModelError
-from traceless.model.config import ModelConfig, from_gguf_metadata
+from traceless.model.config import ModelConfig
+from traceless.model.gguf_config import from_gguf_metadata
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 

@@ -22,7 +22,7 @@ import triton.language as tl
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, cu_q_ptr, ctx_ptr, scale,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_h, v_stride_b, v_stride_h, tables_stride,
-    part_ptr, ml_ptr, T, H,
+    part_ptr, ml_ptr, T, H, window,
     G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
@@ -32,7 +32,9 @@ def _paged_attention_kernel(
     g * G + r % G, so one K/V tile serves all the query heads that share it (GQA).
     SPLITS > 1 (decode only: one query tile): program_id(1) is the split, which takes a slice of
     the keys and leaves its unnormalized output and (max, sum) in part/ml for _combine_kernel
-    (flash-decoding: a short batch then fills the GPU)."""
+    (flash-decoding: a short batch then fills the GPU).
+    window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; the loop
+    starts at the tile holding the lowest key the tile's first query sees."""
     b = tl.program_id(0)
     split = tl.program_id(1) if SPLITS > 1 else 0
     qt = tl.program_id(1) if SPLITS == 1 else 0
@@ -58,8 +60,9 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     kv_end = tl.minimum(ctx, first_pos + (qt + 1) * BLOCK_Q)  # causal: no key beyond the last query
-    per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), SPLITS) * BLOCK_N
-    start = split * per_split
+    kv_lo = tl.where(window > 0, tl.maximum(first_pos + qt * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N, 0)
+    per_split = tl.cdiv(tl.cdiv(kv_end - kv_lo, BLOCK_N), SPLITS) * BLOCK_N
+    start = kv_lo + split * per_split
     kv_end = tl.minimum(kv_end, start + per_split)
     while start < kv_end:  # (a while loop: Triton's interpreter cannot take a loaded bound in range())
         kpos = start + tl.arange(0, BLOCK_N)
@@ -71,6 +74,7 @@ def _paged_attention_kernel(
                     mask=d_ok[:, None] & k_ok[None, :], other=0.0)
         s = tl.dot(q, k, input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         allowed = (kpos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        allowed = allowed & ((window <= 0) | (kpos[None, :] > q_pos[:, None] - window))
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
@@ -117,12 +121,13 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h,
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                     tables: torch.Tensor, cu_q: torch.Tensor, ctx_lens: torch.Tensor, scale: float,
-                    max_q: int, num_sms: int = 0) -> None:
+                    max_q: int, num_sms: int = 0, window: int = 0) -> None:
     """q: [T, H, D] (strided view); k_cache: [blocks, H_kv, D, BS]; v_cache: [blocks, H_kv, BS, D];
     out: [T, H, D]; tables: [B, W] int32; cu_q: [B + 1] int32; ctx_lens: [B] int32 (keys of each
     sequence, its new tokens included; its queries are the last cu_q[b + 1] - cu_q[b] positions).
     max_q: the most query tokens of any sequence (a bound: it sizes the grid). num_sms: the
-    device's multiprocessors; a decode batch with fewer (sequence, KV head) pairs splits its keys."""
+    device's multiprocessors; a decode batch with fewer (sequence, KV head) pairs splits its keys.
+    window: keys each query sees, itself included (a sliding-window layer); 0: all."""
     T, H, D = q.shape
     H_kv, BS = k_cache.shape[1], k_cache.shape[3]
     G = H // H_kv
@@ -143,7 +148,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, out, tables, cu_q, ctx_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), tables.stride(0),
-        part, ml, T, H,
+        part, ml, T, H, window,
         G=G, D=D, D_PAD=d_pad, BS=BS, BLOCK_Q=block_q, BLOCK_M=block_m,
         BLOCK_N=max(64, BS), PRECISION=precision, SPLITS=splits,
     )
