@@ -11,12 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from traceless.engine.block_pool import BlockPool, KVBlock
-from traceless.engine.prefix_cache import ROOT, CacheMode, PrefixCacheConfig, block_hashes
+from traceless.engine.prefix_cache import LONG_CONTEXT_ROOT, ROOT, CacheMode, PrefixCacheConfig, block_hashes
 from traceless.engine.request import Request
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
+
+
+def _root(request: Request) -> bytes:
+    """The parent of a request's first block hash: LongRoPE's long-factor KV differs from the
+    short-factor KV of the same tokens, so the two chains never meet."""
+    return LONG_CONTEXT_ROOT if request.long_context else ROOT
 
 
 class KVCacheManager:
@@ -41,7 +47,7 @@ class KVCacheManager:
             return []
         tokens = request.token_ids(0, request.num_tokens)
         hits = []
-        for h, chunk in block_hashes(self.cache, tokens, request.domain, self.block_size):
+        for h, chunk in block_hashes(self.cache, tokens, request.domain, self.block_size, parent=_root(request)):
             block = self.pool.lookup(h, chunk)
             if block is None:
                 break
@@ -87,7 +93,7 @@ class KVCacheManager:
         owned = self._blocks[request.request_id]
         tokens = request.token_ids(0, n_full * self.block_size)
         new = block_hashes(self.cache, tokens, request.domain, self.block_size, start=len(hashes),
-                           parent=hashes[-1] if hashes else ROOT)
+                           parent=hashes[-1] if hashes else _root(request))
         for i, (h, chunk) in enumerate(new, start=len(hashes)):
             self.pool.cache(owned[i], h, chunk)  # False if an identical block is already cached
             hashes.append(h)

@@ -98,7 +98,7 @@ class LLMEngine:
         self._ngram = NgramProposer(spec) if spec.mode is SpecMode.NGRAM else None
         self._scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            spec.model_drafts), self._kv
+                            spec.model_drafts, parts.model.long_context_from), self._kv
         )
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -221,6 +221,8 @@ class LLMEngine:
         prefix cache now (a count; nothing is taken)."""
         probe = Request("probe", token_ids, SamplingParams(), frozenset(),
                         domain=domain_of(self._cache_config, cache_salt))
+        limit = self._scheduler.config.long_context_from
+        probe.long_context = limit is not None and len(token_ids) > limit
         try:
             return len(self._kv.computed_blocks(probe)) * self.config.block_size
         finally:

@@ -31,6 +31,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     model_drafts: int = 0  # draft positions per decoding request for drafts the model makes in the step
+    # LongRoPE's original context: a request longer than this is computed, all of it, on the long factors
+    long_context_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 2:
@@ -97,6 +99,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            self._check_long_context(request)
             d = self._num_drafts(request, budget)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if d and self.kv.allocate_slots(request, n + d):
@@ -119,6 +122,7 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
+            self._check_long_context(request)
             swapped = self.kv.is_swapped(request)
             # A request starting from scratch (new, or preempted by recompute) first takes the
             # cached blocks of its own domain that hold its leading tokens; a swapped-out one gets
@@ -143,6 +147,19 @@ class Scheduler:
             emit("engine.preempted", num_requests=preempted)
         self._inflight = {c.request.request_id: c for c in chunks}
         return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted)
+
+    def _check_long_context(self, request: Request) -> None:
+        """LongRoPE (model/rope.py): once a request is longer than the original context, all of
+        its KV must come from the long factors, as transformers recomputes it at that point. KV it
+        computed on the short factors is dropped (its blocks freed and zeroed, cached ones stay in
+        the cache under the short chain) and recomputed."""
+        limit = self.config.long_context_from
+        if limit is None or request.long_context or request.num_tokens <= limit:
+            return
+        request.long_context = True
+        if request.num_computed_tokens or self.kv.is_swapped(request):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
 
     def _swap_in(self, request: Request) -> bool:
         """Restore a swapped-out request's KV into its fresh blocks. If its sealed KV cannot be
@@ -188,7 +205,7 @@ class Scheduler:
             prompt_logprobs_start=lp_start,
             prompt_targets=targets,
             guide=r.guide if chunk.completes_sequence else None,
-            num_prompt_tokens=r.num_prompt_tokens,
+            long_context=r.long_context,
         )
 
     def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],
@@ -240,6 +257,9 @@ class Scheduler:
             return 0
         wanted = self.config.model_drafts or request.num_draft_tokens
         room = self.config.max_model_len - request.num_tokens - 1
+        limit = self.config.long_context_from
+        if limit is not None and not request.long_context:  # drafts stay on the short factors' side
+            room = min(room, limit - request.num_tokens)
         if request.params.max_tokens is not None:
             room = min(room, request.params.max_tokens - request.num_output_tokens - 1)
         return max(0, min(wanted, room, budget - 1))

@@ -49,7 +49,7 @@ class ScheduledSeq:
     prompt_logprobs_start: int = 0
     prompt_targets: list[int] | None = None
     guide: Guide | None = None  # structured output, when the step samples: the request's matcher (not a copy)
-    num_prompt_tokens: int = 0  # the request's prompt length (LongRoPE picks its factors by it)
+    long_context: bool = False  # LongRoPE: the sequence runs on the long factors (model/rope.py)
 
     @property
     def num_drafts(self) -> int:

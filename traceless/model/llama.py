@@ -190,10 +190,10 @@ class LlamaModel:
         q.copy_(F.rms_norm(q, (D,), layer.q_norm, c.rms_norm_eps))
         k.copy_(F.rms_norm(k, (D,), layer.k_norm, c.rms_norm_eps))
 
-    def rope_shift(self, num_prompt_tokens: int) -> int:
+    def rope_shift(self, long_context: bool) -> int:
         """Offset of a sequence's positions into the RoPE tables (LongRoPE, which config.py allows
         only where every layer shares one rope; else 0)."""
-        return self.ops.ropes[0].shift(num_prompt_tokens)
+        return self.ops.ropes[0].shift(long_context)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[S, hidden] -> [S, vocab] float32 (Gemma 2: soft-capped, cap * tanh(logits / cap))."""

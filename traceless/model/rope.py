@@ -6,21 +6,17 @@ only the first `rotary_dims` of each head turn (the table is [P, rotary_dims / 2
 
 LongRoPE (Phi-3 128k, Phi-4-mini): transformers picks the short or the long factors per forward
 pass from the largest position it sees: long when max(position) + 1 > original_max_position_
-embeddings. Its `generate` runs the whole prompt in one pass and then one token per pass, so a
-token's K/V were computed with
+embeddings (L). Its `generate` runs the prompt in one pass, then one token per pass, and Phi-3's
+`prepare_inputs_for_generation` drops the KV cache at the pass that first reaches L + 1 tokens, so
+that pass recomputes the whole sequence on the long factors. In effect a sequence of n tokens is
+computed
 
-    long factors   if its position >= original context, or the prompt was longer than it
-    short factors  otherwise (a short prompt, and the tokens decoded before crossing the edge)
+    on the short factors  while n <= L (all its positions are < L)
+    on the long factors   from the step its length passes L: all of it, recomputed once
 
-and the short-factor keys stay in the cache after the switch. We reproduce that per sequence,
-whatever the chunking or the batch: the table holds 2P rows,
-
-    rows [0, P)    position p: short factors if p < original context, else long
-    rows [P, 2P)   position p at row P + p: long factors
-
-and a sequence whose prompt is longer than the original context reads its rows at P + p
-(`Rope.shift`). A recomputation after preemption uses the original prompt's length, so it
-rebuilds the same K/V.
+We reproduce that per sequence, whatever the chunking or the batch: the scheduler recomputes a
+sequence when its length passes L (and keeps its drafts below L until then), and the table holds
+2P rows, [0, P) short and [P, 2P) long; a long sequence reads row P + p (`Rope.shift`).
 """
 from __future__ import annotations
 
@@ -77,8 +73,7 @@ class Rope:
             self.long_from = s.original_max_position_embeddings
             short = torch.outer(positions, inv_frequencies(config, None, layer))
             long = torch.outer(positions, inv_frequencies(config, None, layer, long=True))
-            first = torch.where((positions < self.long_from)[:, None], short, long)
-            angles = torch.cat([first, long])  # [2P, R/2]: see the module docstring
+            angles = torch.cat([short, long])  # [2P, R/2]: see the module docstring
             mult = s.attention_factor
         else:
             angles = torch.outer(positions, inv_frequencies(config, freq_factors, layer))  # [P, R/2]
@@ -92,11 +87,10 @@ class Rope:
         self.cos = self.cos32.to(dtype)  # model dtype, as transformers applies it
         self.sin = self.sin32.to(dtype)
 
-    def shift(self, num_prompt_tokens: int) -> int:
-        """Offset added to a sequence's positions to index the table (LongRoPE; else 0)."""
-        if self.long_from is not None and num_prompt_tokens > self.long_from:
-            return self.num_positions
-        return 0
+    def shift(self, long_context: bool) -> int:
+        """Offset added to a sequence's positions to index the table: LongRoPE's long rows for a
+        sequence longer than the original context; else 0."""
+        return self.num_positions if self.long_from is not None and long_context else 0
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions: [T, 1, R/2] each (broadcast over heads)."""

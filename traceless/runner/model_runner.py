@@ -60,7 +60,7 @@ class ModelRunner:
         self._device_dirty = self.device.type == "cuda"
         with torch.inference_mode():
             drafts = self._drafts(seqs)
-            inputs = [_seq_input(s, d, self.model.rope_shift(s.num_prompt_tokens)) for s, d in zip(seqs, drafts)]
+            inputs = [_seq_input(s, d, self.model.rope_shift(s.long_context)) for s, d in zip(seqs, drafts)]
             scoring = [i for i, s in enumerate(seqs) if s.prompt_targets]
             replay = self.graphs is not None and not scoring and self.graphs.fits(inputs)
             prompt_lps: dict[int, list[TokenLogprobs]] = {}
@@ -141,7 +141,7 @@ class ModelRunner:
             if self.drafter is None:
                 raise ValueError("the plan asks for model drafts but this runner has no draft model")
             jobs = [DraftSeq(list(seqs[i].block_table), seqs[i].start, seqs[i].token_ids[-1], seqs[i].model_drafts,
-                             self._sample_row(seqs[i]), self.model.rope_shift(seqs[i].num_prompt_tokens))
+                             self._sample_row(seqs[i]), self.model.rope_shift(seqs[i].long_context))
                     for i in spec]
             for i, d in zip(spec, self.drafter.propose(jobs)):
                 out[i] = d
