@@ -72,6 +72,7 @@ def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
     too small for all of them at once (preemption by recompute). For Phi-3 the shared prefix
     first runs in a short prompt (short factors) and then in prompts past the original context,
     which must not take those blocks."""
+    windowed = name == "mistral-window"
     path = family_dirs[name]
     hf = _hf(path)
     base = _prompts(name + "-base", (24,))[0]
@@ -80,12 +81,15 @@ def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
     want_base = hf_greedy(hf, base, 16)
     want = [hf_greedy(hf, p, 16) for p in prompts]
     block_bytes = 2 * 4 * _kv_elements(path) * 4  # K and V of 4 tokens, float32
+    # 40 blocks of 4 tokens: too few for the five at once, except with the window's freeing
     llm = LLM(str(path), dtype="float32", block_size=4, kv_cache_memory=40 * block_bytes,
               max_num_batched_tokens=32, prefix_cache="global", max_model_len=100)
     assert ours(llm, [base], 16, batched=False) == [want_base]
     assert llm.engine.cached_prefix_len(base + tails[0]) > 0
     assert ours(llm, prompts, 16, batched=True) == want
-    assert llm.engine.kv_stats().preemptions > 0, "the cache was meant to run short"
+    # the windowed model frees its blocks as it goes and fits (tests/engine/test_kv_window.py
+    # covers its preemption by swapping); the others must have been preempted
+    assert (llm.engine.kv_stats().preemptions > 0) != windowed
     llm.engine.drop_prefix_cache()
     llm.engine.check_integrity()
 

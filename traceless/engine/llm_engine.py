@@ -91,7 +91,7 @@ class LLMEngine:
         self._cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
                                                self._public_prefixes(config.public_prefixes))
         pool = BlockPool(parts.kv_memory.num_blocks, parts.kv_memory.zero_blocks)
-        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload)
+        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload, parts.model.kv_window)
         self._last_expiry = 0.0
         spec = SpeculativeConfig(SpecMode(config.speculative), config.num_speculative_tokens,
                                  config.ngram_min, config.ngram_max)

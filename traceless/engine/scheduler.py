@@ -228,6 +228,7 @@ class Scheduler:
                 request.add_prompt_logprobs(s.prompt_logprobs)
             if s is None or not s.token_ids:
                 self.kv.cache_full_blocks(request)
+                self.kv.free_out_of_window(request)
                 continue
             self.spec_stats.record(chunk.num_draft_tokens, len(s.token_ids) - 1)
             updates.append(self._append(request, s, check_stop))
@@ -247,6 +248,7 @@ class Scheduler:
             if status is not None:
                 break
         self.kv.cache_full_blocks(request)
+        self.kv.free_out_of_window(request)
         lps = sampled.logprobs[:n] if sampled.logprobs is not None else None
         return TokenUpdate(request, sampled.token_ids[:n], text, lps, status)
 

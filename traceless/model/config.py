@@ -90,6 +90,12 @@ class ModelConfig:
             raise UnsupportedModelError("sliding_window must be positive")
         if self.long_context_from is not None and self.local_rope_theta is not None:
             raise UnsupportedModelError("longrope scaling with a separate local rope base is not supported")
+        s = self.rope_scaling
+        if s is not None and s.kind == "longrope":
+            for name, factors in (("short_factor", s.short_factor), ("long_factor", s.long_factor)):
+                if len(factors) != self.rotary_dims // 2:
+                    raise UnsupportedModelError(
+                        f"longrope {name} has {len(factors)} entries; the rotary dims need {self.rotary_dims // 2}")
         rot = self.rotary_dim
         if rot is not None and (rot % 2 or not 0 < rot <= self.head_dim):
             raise UnsupportedModelError(

@@ -55,8 +55,6 @@ def from_hf_config(raw: dict) -> ModelConfig:
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     theta, scaling, local_theta, partial = _rope(arch, cfg)
     rotary = int(head_dim * partial) if partial != 1.0 else None
-    if scaling is not None and scaling.kind == "longrope":
-        _check_longrope(scaling, rotary or head_dim)
     gemma = arch in ("gemma2", "gemma3")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if act not in _ACTIVATIONS:
@@ -204,9 +202,3 @@ def _longrope(raw: dict, cfg: dict) -> RopeScaling:
     return RopeScaling("longrope", factor, original_max_position_embeddings=original, short_factor=short,
                        long_factor=long, attention_factor=float(attention))
 
-
-def _check_longrope(s: RopeScaling, rotary_dims: int) -> None:
-    for name, factors in (("short_factor", s.short_factor), ("long_factor", s.long_factor)):
-        if len(factors) != rotary_dims // 2:
-            raise UnsupportedModelError(
-                f"longrope {name} has {len(factors)} entries; the rotary dims need {rotary_dims // 2}")
