@@ -13,14 +13,19 @@ from traceless import LLM, SamplingParams
 from traceless.config import EngineConfig
 from traceless.errors import ModelLoadError
 from traceless.events import LOGGER_NAME
-from traceless.model.config import from_hf_config
 from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer, weight_shapes
+from traceless.model.hf_config import from_hf_config
 
 MODELS = Path(__file__).resolve().parents[2] / "bench" / "models"
 PUBLISHED = {  # (layers, hidden, intermediate, heads, kv heads, vocab, tied, qkv bias, parameters in billions)
     "llama-3.1-8b": (32, 4096, 14336, 32, 8, 128256, False, False, 8.03),
     "llama-3.2-1b": (16, 2048, 8192, 32, 8, 128256, True, False, 1.24),
     "qwen2.5-7b": (28, 3584, 18944, 28, 4, 152064, False, True, 7.62),
+    "qwen3-8b": (36, 4096, 12288, 32, 8, 151936, False, False, 8.19),
+    "gemma-3-12b": (48, 3840, 15360, 16, 8, 262208, True, False, 11.77),  # the text model
+    "phi-3-medium-128k-instruct": (40, 5120, 17920, 40, 10, 32064, False, False, 13.96),
+    "phi-4": (40, 5120, 17920, 40, 10, 100352, False, False, 14.66),
+    "mistral-small-24b": (40, 5120, 32768, 32, 8, 131072, False, False, 23.57),
 }
 
 
@@ -89,3 +94,22 @@ def test_dummy_needs_a_config_and_a_known_format(tmp_path):
         LLM(str(tmp_path), device="cpu", load_format="dummy", kv_cache_memory=2**20)  # no config.json
     with pytest.raises(ValueError, match="load_format"):
         EngineConfig(load_format="random")
+
+
+@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Phi3ForCausalLM", "Qwen3ForCausalLM"])
+def test_a_dummy_model_of_each_new_family_generates(tmp_path, arch):
+    """Their extra tensors (q/k norms, post norms) are drawn; Gemma's norms come out as ones applied."""
+    folder = _tiny_config(tmp_path, architectures=[arch], head_dim=16, sliding_window=8,
+                          layer_types=["sliding_attention", "full_attention"])
+    c = read_dummy_config(folder)
+    weights = dummy_weights(c, torch.float32, torch.device("cpu"))
+    if c.qk_norm:
+        assert "layers.1.q_norm" in weights
+    if c.sandwich_norms:
+        assert torch.equal(weights["layers.0.post_mlp_norm"] + c.norm_offset, torch.ones(64))
+    llm = LLM(str(folder), dtype="float32", device="cpu", load_format="dummy", kv_cache_memory=2**20)
+    out = llm.generate([{"prompt_token_ids": list(range(5, 25))}], SamplingParams(temperature=0, max_tokens=6,
+                                                                                  ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 6
+    llm.engine.check_integrity()

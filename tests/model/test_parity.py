@@ -65,7 +65,7 @@ def test_tiny_models_match_transformers(kind, tiny_llama_dir, tiny_qwen2_dir, ti
 
 
 def test_llama3_scaling_is_parsed_and_changes_frequencies(tiny_llama3_dir):
-    from traceless.model.config import from_hf_config
+    from traceless.model.hf_config import from_hf_config
     from traceless.model.hf_loader import read_json
     from traceless.model.rope import inv_frequencies
 

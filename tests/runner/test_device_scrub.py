@@ -15,7 +15,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from tests.support.fake_snapshot import segment  # noqa: E402
-from traceless.model.config import ModelConfig, from_hf_config  # noqa: E402
+from traceless.model.config import ModelConfig  # noqa: E402
+from traceless.model.hf_config import from_hf_config  # noqa: E402
 from traceless.model.layers.kv_cache import KVCache  # noqa: E402
 from traceless.runner import zero_kernel  # noqa: E402
 from traceless.runner.device_scrub import DeviceScrubber, free_ranges, kv_block_ranges  # noqa: E402

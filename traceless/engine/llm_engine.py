@@ -95,14 +95,14 @@ class LLMEngine:
         self._cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
                                                self._public_prefixes(config.public_prefixes))
         pool = BlockPool(parts.kv_memory.num_blocks, parts.kv_memory.zero_blocks)
-        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload)
+        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload, parts.model.kv_window)
         self._last_expiry = 0.0
         spec = SpeculativeConfig(SpecMode(config.speculative), config.num_speculative_tokens,
                                  config.ngram_min, config.ngram_max)
         self._ngram = NgramProposer(spec) if spec.mode is SpecMode.NGRAM else None
         self._scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            spec.model_drafts), self._kv
+                            spec.model_drafts, parts.model.long_context_from), self._kv
         )
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -258,6 +258,8 @@ class LLMEngine:
         prefix cache now (a count; nothing is taken)."""
         probe = Request("probe", token_ids, SamplingParams(), frozenset(),
                         domain=domain_of(self._cache_config, cache_salt))
+        limit = self._scheduler.config.long_context_from
+        probe.long_context = limit is not None and len(token_ids) > limit
         try:
             return len(self._kv.computed_blocks(probe)) * self.config.block_size
         finally:

@@ -6,6 +6,8 @@ A full block's hash chains SHA-256 over (parent hash, the block's tokens, the do
     h_i = H(h_{i-1} || tokens[iB:(i+1)B] || domain_i)
 
 so a block can only be found by a request with the same tokens before it *and* the same domain.
+A LongRoPE request longer than the original context starts its chain at LONG_CONTEXT_ROOT instead
+of ROOT (its KV was computed on other factors).
 Domains:
   isolated  a request's domain is derived from its `cache_salt` (a client secret that travels
             inside the encryption); no salt, no caching. Operator-declared public prefixes (exact
@@ -27,6 +29,7 @@ from enum import Enum
 from traceless.errors import InvalidRequestError
 
 ROOT = b"\x00" * 32
+LONG_CONTEXT_ROOT = hashlib.sha256(b"traceless/long-context").digest()  # LongRoPE's long-factor KV
 PUBLIC = b"public"
 SALT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{22,256}={0,2}$")  # >= 22 base64url chars: >= 128 bits
 

@@ -68,7 +68,7 @@ class Request:
     __slots__ = (
         "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
         "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens", "domain",
-        "_drafts", "_prompt_lps", "_prompt_lps_taken", "guide",
+        "_drafts", "_prompt_lps", "_prompt_lps_taken", "guide", "long_context",
     )
 
     def __init__(
@@ -97,6 +97,7 @@ class Request:
         self._prompt_lps: list[TokenLogprobs] = []  # position k scores prompt token k + 1
         self._prompt_lps_taken = False
         self.guide = guide  # structured output: the grammar matcher, advanced with every output token
+        self.long_context = False  # LongRoPE: its KV comes from the long factors (scheduler, model/rope.py)
 
     # --- read-only views -------------------------------------------------------------------
     @property

@@ -31,6 +31,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     model_drafts: int = 0  # draft positions per decoding request for drafts the model makes in the step
+    # LongRoPE's original context: a request longer than this is computed, all of it, on the long factors
+    long_context_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 2:
@@ -116,8 +118,11 @@ class Scheduler:
         first when this is False."""
         budget, need = self.config.max_num_batched_tokens, 0
         ahead = self._ahead()
+        limit = self.config.long_context_from
         for request in self.running:
             computed, sampled = ahead.get(request.request_id, (0, 0))
+            if limit is not None and not request.long_context and request.num_tokens + sampled + 1 > limit:
+                return False  # LongRoPE's switch recomputes the request's KV: never under a plan in flight
             start = request.num_computed_tokens + computed
             n = min(request.num_tokens + sampled - start, budget)
             if n <= 0:
@@ -147,6 +152,7 @@ class Scheduler:
                 budget -= n
                 i += 1
                 continue
+            self._check_long_context(request)
             d = self._num_drafts(request, budget)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if d and self.kv.allocate_slots(request, n + d):
@@ -169,6 +175,7 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
+            self._check_long_context(request)
             swapped = self.kv.is_swapped(request)
             # A request starting from scratch (new, or preempted by recompute) first takes the
             # cached blocks of its own domain that hold its leading tokens; a swapped-out one gets
@@ -194,6 +201,19 @@ class Scheduler:
         self._step += 1
         self._inflight[self._step] = {c.request.request_id: c for c in chunks}
         return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted, self._step)
+
+    def _check_long_context(self, request: Request) -> None:
+        """LongRoPE (model/rope.py): once a request is longer than the original context, all of
+        its KV must come from the long factors, as transformers recomputes it at that point. KV it
+        computed on the short factors is dropped (its blocks freed and zeroed, cached ones stay in
+        the cache under the short chain) and recomputed."""
+        limit = self.config.long_context_from
+        if limit is None or request.long_context or request.num_tokens <= limit:
+            return
+        request.long_context = True
+        if request.num_computed_tokens or self.kv.is_swapped(request):
+            self.kv.free(request)
+            request.num_computed_tokens = 0
 
     def _swap_in(self, request: Request) -> bool:
         """Restore a swapped-out request's KV into its fresh blocks. If its sealed KV cannot be
@@ -243,6 +263,7 @@ class Scheduler:
             prompt_targets=targets,
             guide=r.guide if chunk.completes_sequence else None,
             device_tokens=on_device,
+            long_context=r.long_context,
         )
 
     def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],
@@ -266,6 +287,7 @@ class Scheduler:
                 request.add_prompt_logprobs(s.prompt_logprobs)
             if s is None or not s.token_ids:
                 self.kv.cache_full_blocks(request)
+                self.kv.free_out_of_window(request)
                 continue
             self.spec_stats.record(chunk.num_draft_tokens, len(s.token_ids) - 1)
             updates.append(self._append(request, s, check_stop))
@@ -285,6 +307,7 @@ class Scheduler:
             if status is not None:
                 break
         self.kv.cache_full_blocks(request)
+        self.kv.free_out_of_window(request)
         lps = sampled.logprobs[:n] if sampled.logprobs is not None else None
         return TokenUpdate(request, sampled.token_ids[:n], text, lps, status)
 
@@ -295,6 +318,9 @@ class Scheduler:
             return 0
         wanted = self.config.model_drafts or request.num_draft_tokens
         room = self.config.max_model_len - request.num_tokens - 1
+        limit = self.config.long_context_from
+        if limit is not None and not request.long_context:  # drafts stay on the short factors' side
+            room = min(room, limit - request.num_tokens)
         if request.params.max_tokens is not None:
             room = min(room, request.params.max_tokens - request.num_output_tokens - 1)
         return max(0, min(wanted, room, budget - 1))

@@ -52,6 +52,7 @@ class ScheduledSeq:
     # Run ahead: the last device_tokens of token_ids are placeholders (0) for tokens the previous
     # step sampled and the host has not read yet; the runner takes them from the device.
     device_tokens: int = 0
+    long_context: bool = False  # LongRoPE: the sequence runs on the long factors (model/rope.py)
 
     @property
     def num_drafts(self) -> int:
@@ -125,6 +126,11 @@ class ModelInfo:
     capture_s: float = 0.0  # seconds spent capturing them at start
     kv_cache_bytes: int = 0  # the KV cache's K and V, all blocks
     kv_sizing: str = "kv_cache_memory"  # what sized it: runner/kv_budget.py KVSizing's values
+    # every layer attends to the last kv_window keys only: KV blocks behind it are freed as the request runs
+    kv_window: int | None = None
+    # LongRoPE: a prompt longer than this runs on the long factors from its first token, so its KV
+    # differs from a shorter prompt's over the same tokens (the prefix cache keeps them apart)
+    long_context_from: int | None = None
 
 
 class PendingResult(Protocol):

@@ -1,29 +1,49 @@
-"""Model hyper-parameters, parsed from a Hugging Face config.json or GGUF metadata.
+"""Model hyper-parameters: one decoder, with every per-family difference as data.
 
-Supported: the Llama family (Llama 2/3 incl. llama3 RoPE scaling, SmolLM2, Mistral) and Qwen2
-(q/k/v bias), with GQA and tied embeddings. Anything else is refused with an error naming it.
+The parsers (model/hf_config.py for config.json, model/gguf_config.py for GGUF metadata) fill a
+ModelConfig; model/llama.py runs any ModelConfig. What differs between the families:
+
+    family   norms                     q/k norm  activation  embed scale  attention           rope
+    llama    x*w                       -         silu        -            1/sqrt(D)           llama3/linear
+    mistral  x*w                       -         silu        -            window (all layers) -
+    qwen2    x*w, q/k/v bias           -         silu        -            -                   -
+    qwen3    x*w                       per head  silu        -            -                   -
+    phi3     x*w (fused qkv, gate_up)  -         silu        -            window (optional)   longrope, partial
+    gemma2   x*(1+w), post-attn/-mlp   -         gelu_tanh   sqrt(H)      softcap, window     -
+    gemma3   x*(1+w), post-attn/-mlp   per head  gelu_tanh   sqrt(H)      window (local)      local/global base
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-from traceless.errors import ModelLoadError, UnsupportedModelError
+from traceless.errors import UnsupportedModelError
 
-HF_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
+
+class Activation(Enum):
+    SILU = "silu"
+    GELU_TANH = "gelu_tanh"  # gelu with the tanh approximation (gelu_pytorch_tanh)
 
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    kind: str  # "linear" | "llama3"
+    kind: str  # "linear" | "llama3" | "longrope"
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # longrope: per-frequency divisors for short and long contexts, and the cos/sin multiplier
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRope:
+    """The rotary embedding of one kind of layer (Gemma 3's local layers have their own base)."""
+
+    theta: float
+    scaling: RopeScaling | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +62,19 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     rope_scaling: RopeScaling | None = None
-    sliding_window: int | None = None
+    # Sliding-window attention: layer i sees the last layer_windows[i] keys (0: every key). Empty:
+    # no layer has a window.
+    layer_windows: tuple[int, ...] = ()
+    local_rope_theta: float | None = None  # rope base of windowed layers, when it differs (Gemma 3)
+    rotary_dim: int | None = None  # leading dims of each head that RoPE rotates (None: all)
+    activation: Activation = Activation.SILU
+    norm_offset: float = 0.0  # norm weights apply as (offset + w): Gemma stores w - 1
+    qk_norm: bool = False  # RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3)
+    sandwich_norms: bool = False  # extra norms on the attention and MLP outputs (Gemma 2/3)
+    embed_scale: float | None = None  # embeddings multiplied by this (Gemma: sqrt(hidden))
+    query_pre_attn_scalar: float | None = None  # attention scale 1/sqrt(this) instead of 1/sqrt(D)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -51,115 +83,66 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim {self.head_dim} is odd; RoPE needs an even head_dim")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise UnsupportedModelError(
+                f"{len(self.layer_windows)} layer types given for {self.num_layers} layers (layer_types)")
+        if any(w < 0 for w in self.layer_windows):
+            raise UnsupportedModelError("sliding_window must be positive")
+        if self.long_context_from is not None and self.local_rope_theta is not None:
+            raise UnsupportedModelError("longrope scaling with a separate local rope base is not supported")
+        s = self.rope_scaling
+        if s is not None and s.kind == "longrope":
+            for name, factors in (("short_factor", s.short_factor), ("long_factor", s.long_factor)):
+                if len(factors) != self.rotary_dims // 2:
+                    raise UnsupportedModelError(
+                        f"longrope {name} has {len(factors)} entries; the rotary dims need {self.rotary_dims // 2}")
+        rot = self.rotary_dim
+        if rot is not None and (rot % 2 or not 0 < rot <= self.head_dim):
+            raise UnsupportedModelError(
+                f"partial_rotary_factor gives {rot} rotary dims of a {self.head_dim}-dim head; need an even number "
+                "in (0, head_dim]")
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Elements of K and V per token over all layers (multiply by the element size)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
+    @property
+    def attention_scale(self) -> float:
+        base = self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim
+        return float(base) ** -0.5
 
-def _rope_scaling_from_hf(raw: dict | None) -> RopeScaling | None:
-    if not raw:
-        return None
-    kind = raw.get("rope_type", raw.get("type"))
-    if kind in (None, "default"):
-        return None
-    if kind == "linear":
-        return RopeScaling("linear", float(raw["factor"]))
-    if kind == "llama3":
-        return RopeScaling(
-            "llama3",
-            float(raw["factor"]),
-            float(raw.get("low_freq_factor", 1.0)),
-            float(raw.get("high_freq_factor", 4.0)),
-            int(raw.get("original_max_position_embeddings", 8192)),
-        )
-    raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3)")
+    @property
+    def rotary_dims(self) -> int:
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
+    def window(self, layer: int) -> int:
+        """Keys layer `layer` sees behind each query, itself included (0: all of them)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
-def from_hf_config(cfg: dict) -> ModelConfig:
-    archs = cfg.get("architectures") or []
-    arch = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
-    if arch is None:
-        raise UnsupportedModelError(
-            f"unsupported architecture {', '.join(map(str, archs)) or '(none given)'}; "
-            f"supported: {', '.join(HF_ARCHITECTURES)}"
-        )
-    if cfg.get("mlp_bias"):
-        raise UnsupportedModelError("mlp_bias=true is not supported")
-    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    rope = cfg.get("rope_scaling")
-    theta = cfg.get("rope_theta")
-    if theta is None and isinstance(cfg.get("rope_parameters"), dict):  # transformers >= 5 layout
-        rope = rope or cfg["rope_parameters"]
-        theta = cfg["rope_parameters"].get("rope_theta")
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "mistral") else None
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=hidden,
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta if theta is not None else 10000.0),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-        rope_scaling=_rope_scaling_from_hf(rope),
-        sliding_window=int(window) if window else None,
-    )
+    @property
+    def sliding_window(self) -> int | None:
+        """The window of the windowed layers (one size per model), or None without any."""
+        sizes = {w for w in self.layer_windows if w}
+        if len(sizes) > 1:
+            raise UnsupportedModelError(f"layers with different sliding windows ({sorted(sizes)}) are not supported")
+        return sizes.pop() if sizes else None
 
+    @property
+    def kv_window(self) -> int | None:
+        """The window when *every* layer has it: then KV blocks that left it are dead for the whole
+        model and can be freed while the request runs. None when any layer sees every key."""
+        if not self.layer_windows or 0 in self.layer_windows:
+            return None
+        return self.sliding_window
 
-def from_gguf_metadata(meta: dict, has_output_weight: bool, has_qkv_bias: bool) -> ModelConfig:
-    raw_arch = meta.get("general.architecture")
-    arch = GGUF_ARCHITECTURES.get(raw_arch) if isinstance(raw_arch, str) else None
-    if arch is None:
-        raise UnsupportedModelError(
-            f"unsupported GGUF architecture {raw_arch!r}; supported: {', '.join(GGUF_ARCHITECTURES)}"
-        )
+    def layer_rope(self, layer: int) -> LayerRope:
+        if self.window(layer) and self.local_rope_theta is not None:
+            return LayerRope(self.local_rope_theta, None)
+        return LayerRope(self.rope_theta, self.rope_scaling)
 
-    def key(name: str, default=None):
-        value = meta.get(f"{raw_arch}.{name}", default)
-        if value is None:
-            raise UnsupportedModelError(f"GGUF metadata lacks {raw_arch}.{name}")
-        return value
-
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    kv_heads = int(key("attention.head_count_kv", heads))
-    if heads < 1 or kv_heads < 1:
-        raise UnsupportedModelError(f"GGUF {raw_arch}.attention.head_count and head_count_kv must be at least 1")
-    head_dim = int(meta.get(f"{raw_arch}.attention.key_length") or hidden // heads)
-    rotary = meta.get(f"{raw_arch}.rope.dimension_count")
-    if rotary is not None and int(rotary) != head_dim:
-        raise UnsupportedModelError(
-            f"GGUF {raw_arch}.rope.dimension_count ({int(rotary)}) differs from the head size ({head_dim}): "
-            "partial rotary embeddings are not supported"
-        )
-    scaling = None
-    kind = meta.get(f"{raw_arch}.rope.scaling.type")
-    if kind == "linear":
-        scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
-    elif kind not in (None, "none"):
-        raise UnsupportedModelError(f"unsupported GGUF rope scaling {kind!r}")
-    vocab = meta.get(f"{raw_arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
-    if not vocab:
-        raise ModelLoadError(f"GGUF metadata gives no vocabulary size ({raw_arch}.vocab_size or tokenizer.ggml.tokens)")
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(key("context_length")),
-        tie_word_embeddings=not has_output_weight,
-        qkv_bias=has_qkv_bias,
-        rope_scaling=scaling,
-    )
+    @property
+    def long_context_from(self) -> int | None:
+        """LongRoPE: prompts longer than this many tokens run on the long factors (see model/rope.py)."""
+        s = self.rope_scaling
+        return s.original_max_position_embeddings if s is not None and s.kind == "longrope" else None

@@ -24,7 +24,8 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from traceless.errors import ModelLoadError
-from traceless.model.config import ModelConfig, from_hf_config
+from traceless.model.config import ModelConfig
+from traceless.model.hf_config import from_hf_config
 from traceless.model.tokenizer import Tokenizer
 
 DUMMY_SEED = 0
@@ -60,6 +61,10 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.qkv_bias:
             shapes |= {p + "q_bias": (c.num_heads * D,), p + "k_bias": (c.num_kv_heads * D,),
                        p + "v_bias": (c.num_kv_heads * D,)}
+        if c.qk_norm:
+            shapes |= {p + "q_norm": (D,), p + "k_norm": (D,)}
+        if c.sandwich_norms:
+            shapes |= {p + "post_attn_norm": (H,), p + "post_mlp_norm": (H,)}
     shapes["norm"] = (H,)
     if not c.tie_word_embeddings:
         shapes["lm_head"] = (c.vocab_size, H)
@@ -81,7 +86,7 @@ def iter_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
     for name, shape in weight_shapes(c).items():
         t = torch.empty(shape, dtype=dtype, device=device)
         if name.endswith("norm"):
-            t.fill_(1.0)
+            t.fill_(1.0 - c.norm_offset)  # a norm of ones as applied (Gemma applies 1 + w)
         elif name.endswith("_bias"):
             t.normal_(0.0, 0.02, generator=gen)
         else:

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from traceless.errors import ModelLoadError, UnsupportedModelError
-from traceless.model.config import ModelConfig, from_gguf_metadata
+from traceless.model.config import ModelConfig
+from traceless.model.gguf_config import from_gguf_metadata
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
@@ -23,7 +24,13 @@ _LAYER_NAMES = {
     "attn_output.weight": "o",
     "ffn_norm.weight": "mlp_norm",
     "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",  # qwen3, gemma3
+    "post_attention_norm.weight": "post_attn_norm", "post_ffw_norm.weight": "post_mlp_norm",  # gemma3
+    "attn_qkv.weight": "qkv",  # phi3: fused, rows [q | k | v]
 }
+# phi3 keeps gate and up fused in ffn_up (rows [gate | up])
+_ARCH_LAYER_NAMES = {"phi3": _LAYER_NAMES | {"ffn_up.weight": "gate_up"}}
+_ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")  # phi3 LongRoPE: read into the config
 _GLOBAL_NAMES = {
     "token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
     "rope_freqs.weight": "rope_freqs",
@@ -62,12 +69,13 @@ def read_metadata(reader) -> dict:
     return meta
 
 
-def canonical_name(gguf_name: str) -> str | None:
+def canonical_name(gguf_name: str, architecture: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _ARCH_LAYER_NAMES.get(architecture, _LAYER_NAMES)
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
+        return f"layers.{parts[1]}.{names[parts[2]]}"
     return None
 
 
@@ -98,10 +106,13 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, to
     reader = _reader(path)
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
-    config = from_gguf_metadata(meta, "output.weight" in names, "blk.0.attn_q.bias" in names)
+    factors = {t.name.removesuffix(".weight"): _dequantize(t) for t in reader.tensors if t.name in _ROPE_FACTORS}
+    config = from_gguf_metadata(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, factors)
     weights: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        name = canonical_name(tensor.name)
+        if tensor.name in _ROPE_FACTORS:
+            continue
+        name = canonical_name(tensor.name, config.architecture)
         if name is None:
             raise UnsupportedModelError(f"unexpected tensor {tensor.name!r} in GGUF file")
         w = torch.from_numpy(_dequantize(tensor))

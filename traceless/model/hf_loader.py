@@ -1,4 +1,5 @@
-"""Load a Hugging Face model directory: config.json, *.safetensors, tokenizer files."""
+"""Load a Hugging Face model directory: config.json, *.safetensors (one file, or the shards that
+model.safetensors.index.json lists), tokenizer files."""
 from __future__ import annotations
 
 import json
@@ -8,20 +9,36 @@ from pathlib import Path
 import torch
 
 from traceless.errors import ModelLoadError, UnsupportedModelError
-from traceless.model.config import ModelConfig, from_hf_config
+from traceless.model.config import ModelConfig
+from traceless.model.hf_config import from_hf_config
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm",
     "self_attn.q_proj.weight": "q", "self_attn.k_proj.weight": "k", "self_attn.v_proj.weight": "v",
     "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",
+    "self_attn.qkv_proj.weight": "qkv",  # Phi-3: fused, rows [q | k | v]
+    "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
     "self_attn.o_proj.weight": "o",
     "post_attention_layernorm.weight": "mlp_norm",
     "mlp.gate_proj.weight": "gate", "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
+    "mlp.gate_up_proj.weight": "gate_up",  # Phi-3: fused, rows [gate | up]
+}
+# Gemma 2/3 name their norms after where they sit: post_attention_layernorm is on the attention's
+# output there, where Llama's (same name) is the MLP's input norm.
+_GEMMA_LAYER_NAMES = _LAYER_NAMES | {
+    "post_attention_layernorm.weight": "post_attn_norm",
+    "pre_feedforward_layernorm.weight": "mlp_norm",
+    "post_feedforward_layernorm.weight": "post_mlp_norm",
 }
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 # Buffers some checkpoints carry that are recomputed, not loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Gemma3ForConditionalGeneration: the text model's tensors under these prefixes (transformers >= 4.52
+# and older checkpoints); the vision tower and projector are not part of a text model.
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
 def read_json(path: Path) -> dict:
@@ -31,13 +48,47 @@ def read_json(path: Path) -> dict:
         raise ModelLoadError(f"cannot read {path.name} ({type(exc).__name__})") from None
 
 
-def canonical_name(hf_name: str) -> str | None:
+def canonical_name(hf_name: str, architecture: str = "llama") -> str | None:
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
+    names = _GEMMA_LAYER_NAMES if architecture in ("gemma2", "gemma3") else _LAYER_NAMES
     m = _LAYER.match(hf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in names:
+        return f"layers.{m.group(1)}.{names[m.group(2)]}"
     return None
+
+
+def _text_name(hf_name: str, multimodal: bool) -> str | None:
+    """The tensor's name in a text-only checkpoint; None for a vision tensor to skip."""
+    if not multimodal:
+        return hf_name
+    if hf_name.startswith(_VISION_PREFIXES):
+        return None
+    for prefix, replacement in _TEXT_PREFIXES:
+        if hf_name.startswith(prefix):
+            return replacement + hf_name[len(prefix):]
+    return hf_name
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a directory: the shards model.safetensors.index.json names (each
+    must exist), else every *.safetensors file."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError("model.safetensors.index.json has no weight_map")
+        names = sorted({str(f) for f in weight_map.values()})
+        files = [path / n for n in names]
+        missing = [n for n, f in zip(names, files) if "/" in n or not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{len(missing)} shard(s) named by model.safetensors.index.json are missing, "
+                                 f"e.g. {missing[0]}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path} has no *.safetensors weight files")
+    return files
 
 
 def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -46,20 +97,22 @@ def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, 
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{path} has no config.json")
-    config = from_hf_config(read_json(config_path))
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{path} has no *.safetensors weight files")
+    raw = read_json(config_path)
+    config = from_hf_config(raw)
+    multimodal = "Gemma3ForConditionalGeneration" in (raw.get("architectures") or [])
     weights: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in weight_files(path):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():
-                    if key.endswith(_IGNORED_SUFFIXES):
+                    text = _text_name(key, multimodal)
+                    if text is None or key.endswith(_IGNORED_SUFFIXES):
                         continue
-                    name = canonical_name(key)
+                    name = canonical_name(text, config.architecture)
                     if name is None:
                         raise UnsupportedModelError(f"unexpected tensor {key!r} in {file.name}")
+                    if name in weights:
+                        raise ModelLoadError(f"tensor {key!r} appears in more than one file")
                     weights[name] = f.get_tensor(key).to(dtype)
         except (SafetensorError, OSError) as exc:
             raise ModelLoadError(f"{file.name} is not a readable safetensors file ({type(exc).__name__})") from None

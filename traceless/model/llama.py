@@ -1,8 +1,19 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2) over packed tokens and a paged cache.
+"""The decoder of every supported family (Llama 2/3, SmolLM2, Mistral, Qwen2/3, Phi-3/4, Gemma 2/3)
+over packed tokens and a paged cache. What differs between the families is data in ModelConfig
+(model/config.py): norm weights' offset, q/k norms, post-attention/post-MLP norms, activation,
+embedding scale, attention scale and soft-capping, per-layer sliding windows and RoPE.
 
 Every step runs one forward over all scheduled tokens of all requests: [T] token ids in,
 [T, hidden] out; there is no per-request loop inside the layers. Q/K/V and gate/up projections are
-fused into one matmul each.
+fused into one matmul each (Phi-3 checkpoints store them fused already).
+
+One layer, with the residual add fused into the next norm (norm(x) = rms_norm(x) * w):
+
+    h = attn_norm(x)
+    a = o(attention(rope(qk_norm(qkv(h)))))          qk_norm: Qwen3, Gemma 3
+    x += post_attn_norm(a)  (or a);  h = mlp_norm(x) post_attn_norm: Gemma 2/3
+    m = mlp(h)                                        the MLP slot: GatedMLP (dense)
+    x += post_mlp_norm(m)  (or m);   h = next layer's attn_norm(x), or the final norm
 """
 from __future__ import annotations
 
@@ -12,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from traceless.errors import ModelLoadError
-from traceless.model.config import ModelConfig
+from traceless.model.config import Activation, ModelConfig
 from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
 from traceless.model.layers.ops import DecoderOps
 
@@ -34,14 +45,31 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+class GatedMLP:
+    """The MLP slot of a layer: down(act(gate) * up), gate and up in one matmul."""
+
+    __slots__ = ("gate_up", "down", "act")
+
+    def __init__(self, gate_up: Linear, down: Linear, act):
+        self.gate_up, self.down, self.act = gate_up, down, act
+
+    def __call__(self, h: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+        """h: [T, H] -> [T, H]; scratch: [T, F], the activation buffer shared by the layers."""
+        self.act(self.gate_up(h), scratch)
+        return self.down(scratch)
+
+
 @dataclass(slots=True)
 class Layer:
     attn_norm: torch.Tensor
     qkv: Linear
     o: Linear
     mlp_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    mlp: GatedMLP
+    q_norm: torch.Tensor | None = None  # [D], per head before RoPE
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # [H], on the attention output
+    post_mlp_norm: torch.Tensor | None = None  # [H], on the MLP output
 
 
 def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -53,6 +81,14 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
     return w
 
 
+def _fused(weights: dict[str, torch.Tensor], name: str, parts: list[tuple[str, int]], cols: int) -> torch.Tensor:
+    """The fused matrix `name` as stored (Phi-3), or its parts concatenated by rows."""
+    rows = sum(n for _, n in parts)
+    if name in weights:
+        return _take(weights, name, (rows, cols))
+    return torch.cat([_take(weights, p, (n, cols)) for p, n in parts])
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: AttentionLayer,
                  ops: DecoderOps, device: torch.device, pack: bool):
@@ -62,61 +98,107 @@ class LlamaModel:
         self.config = c
         self.attention = attention
         self.ops = ops
-        H, D, nh, nkv, inter = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
+        self.device, self.pack = device, pack
+        H = c.hidden_size
         weights.pop("rope_freqs", None)  # consumed by Rope
-
-        def dev(t):
-            return t.to(device).contiguous()
-
-        self.embed = dev(_take(weights, "embed", (c.vocab_size, H)))
-        self.layers = []
-        for i in range(c.num_layers):
-            p = f"layers.{i}."
-            qkv = torch.cat([_take(weights, p + "q", (nh * D, H)), _take(weights, p + "k", (nkv * D, H)),
-                             _take(weights, p + "v", (nkv * D, H))])
-            bias = None
-            if c.qkv_bias:
-                bias = dev(torch.cat([_take(weights, p + "q_bias", (nh * D,)), _take(weights, p + "k_bias", (nkv * D,)),
-                                      _take(weights, p + "v_bias", (nkv * D,))]))
-            gate_up = torch.cat([_take(weights, p + "gate", (inter, H)), _take(weights, p + "up", (inter, H))])
-            self.layers.append(Layer(
-                attn_norm=dev(_take(weights, p + "attn_norm", (H,))),
-                qkv=Linear(dev(qkv), bias, pack),
-                o=Linear(dev(_take(weights, p + "o", (H, nh * D))), None, pack),
-                mlp_norm=dev(_take(weights, p + "mlp_norm", (H,))),
-                gate_up=Linear(dev(gate_up), None, pack),
-                down=Linear(dev(_take(weights, p + "down", (H, inter))), None, pack),
-            ))
-        self.norm = dev(_take(weights, "norm", (H,)))
-        head = self.embed if c.tie_word_embeddings else dev(_take(weights, "lm_head", (c.vocab_size, H)))
+        self.embed = self._dev(_take(weights, "embed", (c.vocab_size, H)))
+        # Gemma: embeddings times sqrt(hidden), the factor rounded to the model's dtype as transformers does
+        self.embed_scale = (None if c.embed_scale is None
+                            else torch.tensor(c.embed_scale, dtype=self.embed.dtype, device=device))
+        self.act = ops.silu_mul if c.activation is Activation.SILU else ops.gelu_tanh_mul
+        self.layers = [self._layer(weights, i) for i in range(c.num_layers)]
+        self.norm = self._norm(_take(weights, "norm", (H,)))
+        head = self.embed if c.tie_word_embeddings else self._dev(_take(weights, "lm_head", (c.vocab_size, H)))
         self.lm_head = Linear(head, None, pack)
         if weights:
             raise ModelLoadError(f"unused tensors in weights: {', '.join(sorted(weights)[:5])}")
 
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device).contiguous()
+
+    def _norm(self, w: torch.Tensor) -> torch.Tensor:
+        """A norm weight as applied: Gemma stores w and multiplies by (1 + w)."""
+        return self._dev(w + self.config.norm_offset if self.config.norm_offset else w)
+
+    def _layer(self, weights: dict[str, torch.Tensor], i: int) -> Layer:
+        c, p = self.config, f"layers.{i}."
+        H, D, nh, nkv, inter = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
+        qkv = _fused(weights, p + "qkv", [(p + "q", nh * D), (p + "k", nkv * D), (p + "v", nkv * D)], H)
+        bias = None
+        if c.qkv_bias:
+            bias = self._dev(torch.cat([_take(weights, p + "q_bias", (nh * D,)),
+                                        _take(weights, p + "k_bias", (nkv * D,)),
+                                        _take(weights, p + "v_bias", (nkv * D,))]))
+        gate_up = _fused(weights, p + "gate_up", [(p + "gate", inter), (p + "up", inter)], H)
+        mlp = GatedMLP(Linear(self._dev(gate_up), None, self.pack),
+                       Linear(self._dev(_take(weights, p + "down", (H, inter))), None, self.pack), self.act)
+        layer = Layer(attn_norm=self._norm(_take(weights, p + "attn_norm", (H,))),
+                      qkv=Linear(self._dev(qkv), bias, self.pack),
+                      o=Linear(self._dev(_take(weights, p + "o", (H, nh * D))), None, self.pack),
+                      mlp_norm=self._norm(_take(weights, p + "mlp_norm", (H,))), mlp=mlp)
+        if c.qk_norm:
+            layer.q_norm = self._norm(_take(weights, p + "q_norm", (D,)))
+            layer.k_norm = self._norm(_take(weights, p + "k_norm", (D,)))
+        if c.sandwich_norms:
+            layer.post_attn_norm = self._norm(_take(weights, p + "post_attn_norm", (H,)))
+            layer.post_mlp_norm = self._norm(_take(weights, p + "post_mlp_norm", (H,)))
+        return layer
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 num_layers: int | None = None) -> torch.Tensor:
-        """input_ids, positions: [T] -> final normed hidden states [T, hidden].
+        """input_ids, positions: [T] -> final normed hidden states [T, hidden]. `positions` index
+        the RoPE tables (the sequence's position plus its Rope.shift).
 
-        Per layer: 4 matmuls and 4 fused elementwise calls. The residual add is fused with the next
-        norm, so the final norm rides on the last layer's add. `num_layers` runs only the first
-        layers (then the final norm): the self-speculation draft. Their K/V go to the cache as usual.
+        Per layer: 4 matmuls and 4 fused elementwise calls (2 more with post norms). The residual
+        add is fused with the next norm, so the final norm rides on the last layer's add.
+        `num_layers` runs only the first layers (then the final norm): the self-speculation draft.
+        Their K/V go to the cache as usual.
         """
         c, ops = self.config, self.ops
         layers = self.layers if num_layers is None else self.layers[:num_layers]
         x = F.embedding(input_ids, self.embed)  # [T, H] residual stream
+        if self.embed_scale is not None:
+            x.mul_(self.embed_scale)
         h = torch.empty_like(x)  # normed input of the next matmul
+        post = torch.empty_like(x) if c.sandwich_norms else None  # a normed attention/MLP output
         ops.add_rms_norm(x, None, layers[0].attn_norm, h)
         act = x.new_empty(x.shape[0], c.intermediate_size)
         for i, layer in enumerate(layers):
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) D]
+            if layer.q_norm is not None:
+                self._qk_norm(qkv, layer)
             ops.rope_cache(i, qkv, positions, meta.slots)
-            a = self.attention(i, qkv, meta)  # [T, nh, D]
-            ops.add_rms_norm(x, layer.o(a.view(x.shape[0], -1)), layer.mlp_norm, h)
-            ops.silu_mul(layer.gate_up(h), act)
+            a = layer.o(self.attention(i, qkv, meta).view(x.shape[0], -1))  # [T, H]
+            if post is not None and layer.post_attn_norm is not None:
+                ops.add_rms_norm(a, None, layer.post_attn_norm, post)
+                a = post
+            ops.add_rms_norm(x, a, layer.mlp_norm, h)
+            m = layer.mlp(h, act)  # [T, H]
+            if post is not None and layer.post_mlp_norm is not None:
+                ops.add_rms_norm(m, None, layer.post_mlp_norm, post)
+                m = post
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else self.norm
-            ops.add_rms_norm(x, layer.down(act), nxt, h)
+            ops.add_rms_norm(x, m, nxt, h)
         return h
 
+    def _qk_norm(self, qkv: torch.Tensor, layer: Layer) -> None:
+        """RMSNorm over each q and k head of qkv [T, (nh + 2 nkv) D], in place."""
+        c = self.config
+        T, D, nh, nkv = qkv.shape[0], c.head_dim, c.num_heads, c.num_kv_heads
+        q = qkv[:, : nh * D].view(T, nh, D)
+        k = qkv[:, nh * D : (nh + nkv) * D].view(T, nkv, D)
+        q.copy_(F.rms_norm(q, (D,), layer.q_norm, c.rms_norm_eps))
+        k.copy_(F.rms_norm(k, (D,), layer.k_norm, c.rms_norm_eps))
+
+    def rope_shift(self, long_context: bool) -> int:
+        """Offset of a sequence's positions into the RoPE tables (LongRoPE, which config.py allows
+        only where every layer shares one rope; else 0)."""
+        return self.ops.ropes[0].shift(long_context)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[S, hidden] -> [S, vocab] float32."""
-        return self.lm_head(hidden).float()
+        """[S, hidden] -> [S, vocab] float32 (Gemma 2: soft-capped, cap * tanh(logits / cap))."""
+        logits = self.lm_head(hidden).float()
+        cap = self.config.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

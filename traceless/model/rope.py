@@ -1,7 +1,22 @@
-"""Rotary position embeddings, rotate-half convention (as Hugging Face Llama/Qwen2).
+"""Rotary position embeddings, rotate-half convention (as Hugging Face Llama/Qwen/Gemma/Phi-3).
 
 Frequencies are computed exactly as transformers does (float32, same formula) so that float32
-outputs match it; the cos/sin table is built once for all positions.
+outputs match it; the cos/sin table is built once for all positions. With a partial rotary factor
+only the first `rotary_dims` of each head turn (the table is [P, rotary_dims / 2]).
+
+LongRoPE (Phi-3 128k, Phi-4-mini): transformers picks the short or the long factors per forward
+pass from the largest position it sees: long when max(position) + 1 > original_max_position_
+embeddings (L). Its `generate` runs the prompt in one pass, then one token per pass, and Phi-3's
+`prepare_inputs_for_generation` drops the KV cache at the pass that first reaches L + 1 tokens, so
+that pass recomputes the whole sequence on the long factors. In effect a sequence of n tokens is
+computed
+
+    on the short factors  while n <= L (all its positions are < L)
+    on the long factors   from the step its length passes L: all of it, recomputed once
+
+We reproduce that per sequence, whatever the chunking or the batch: the scheduler recomputes a
+sequence when its length passes L (and keeps its drafts below L until then), and the table holds
+2P rows, [0, P) short and [P, 2P) long; a long sequence reads row P + p (`Rope.shift`).
 """
 from __future__ import annotations
 
@@ -9,15 +24,23 @@ import math
 
 import torch
 
-from traceless.model.config import ModelConfig, RopeScaling
+from traceless.model.config import LayerRope, ModelConfig, RopeScaling
 
 
-def inv_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+def inv_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None,
+                    layer: LayerRope | None = None, long: bool = False) -> torch.Tensor:
+    """[rotary_dims / 2] float32. `layer`: the rope of a kind of layer (default: the global one);
+    `long`: LongRoPE's long factors instead of the short ones."""
+    layer = layer or LayerRope(config.rope_theta, config.rope_scaling)
+    dim = config.rotary_dims
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    scaling = layer.scaling
+    if scaling is not None and scaling.kind == "longrope":
+        factors = torch.tensor(scaling.long_factor if long else scaling.short_factor, dtype=torch.float32)
+        return 1.0 / (factors * layer.theta ** exponents)
+    inv_freq = 1.0 / (layer.theta ** exponents)
     if freq_factors is not None:  # GGUF llama3 models carry precomputed per-frequency factors
         return inv_freq / freq_factors.float()
-    scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
     if scaling.kind == "linear":
@@ -39,20 +62,43 @@ def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 class Rope:
     def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device,
-                 freq_factors: torch.Tensor | None = None):
-        inv_freq = inv_frequencies(config, freq_factors)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, D/2]
-        self.cos32 = angles.cos().to(device).contiguous()  # float32, for the fused native kernel
-        self.sin32 = angles.sin().to(device).contiguous()
+                 freq_factors: torch.Tensor | None = None, layer: LayerRope | None = None):
+        layer = layer or LayerRope(config.rope_theta, config.rope_scaling)
+        s = layer.scaling
+        self.rotary_dims = config.rotary_dims
+        self.full = self.rotary_dims == config.head_dim  # the fused kernels rotate whole heads only
+        self.long_from: int | None = None
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        if s is not None and s.kind == "longrope":
+            self.long_from = s.original_max_position_embeddings
+            short = torch.outer(positions, inv_frequencies(config, None, layer))
+            long = torch.outer(positions, inv_frequencies(config, None, layer, long=True))
+            angles = torch.cat([short, long])  # [2P, R/2]: see the module docstring
+            mult = s.attention_factor
+        else:
+            angles = torch.outer(positions, inv_frequencies(config, freq_factors, layer))  # [P, R/2]
+            mult = 1.0
+        self.num_positions = max_positions
+        cos, sin = angles.cos(), angles.sin()
+        if mult != 1.0:  # as transformers scales them: float32 cos/sin times the attention factor
+            cos, sin = cos * mult, sin * mult
+        self.cos32 = cos.to(device).contiguous()  # float32, for the fused kernels
+        self.sin32 = sin.to(device).contiguous()
         self.cos = self.cos32.to(dtype)  # model dtype, as transformers applies it
         self.sin = self.sin32.to(dtype)
 
+    def shift(self, long_context: bool) -> int:
+        """Offset added to a sequence's positions to index the table: LongRoPE's long rows for a
+        sequence longer than the original context; else 0."""
+        return self.num_positions if self.long_from is not None and long_context else 0
+
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for these positions: [T, 1, D/2] each (broadcast over heads)."""
+        """cos, sin for these positions: [T, 1, R/2] each (broadcast over heads)."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D]. Same products and sums as HF's x*cos + rotate_half(x)*sin."""
+    """x: [T, H, R] (the rotary part of each head). Same products and sums as HF's
+    x*cos + rotate_half(x)*sin."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -28,6 +28,7 @@ class SeqInput:
     start: int
     token_ids: list[int]
     num_logits: int
+    rope_shift: int = 0  # added to the positions to index the RoPE table (LongRoPE: model/rope.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +41,12 @@ class PackedBatch:
 
 
 class BatchBuilder:
-    def __init__(self, block_size: int, device: torch.device, use_native: bool, scale: float, paged: bool = False):
+    def __init__(self, block_size: int, device: torch.device, use_native: bool, scale: float, paged: bool = False,
+                 window: int = 0):
         """paged: the Triton attention path (CUDA): every sequence in one PagedBatch, the step's
-        metadata in one pinned buffer and one host-to-device copy."""
+        metadata in one pinned buffer and one host-to-device copy. window: the model's sliding
+        window (0: none), for the masks of its windowed layers."""
+        self.window = window
         self.block_size = block_size
         self.device = device
         self.use_native = use_native
@@ -69,7 +73,7 @@ class BatchBuilder:
             ids.extend(s.token_ids)
             logit_rows.extend(range(len(ids) - s.num_logits, len(ids)))
             pos = range(s.start, s.start + len(s.token_ids))
-            positions.extend(pos)
+            positions.extend(range(s.start + s.rope_shift, s.start + s.rope_shift + len(s.token_ids)))
             slot_blocks.extend(s.table[p // bs] for p in pos)
             slot_offsets.extend(p % bs for p in pos)
         short, long = [seqs[i] for i in order[:n_short]], [seqs[i] for i in order[n_short:]]
@@ -120,7 +124,11 @@ class BatchBuilder:
         B, max_q = len(seqs), max(q_lens)
         fresh = not any(starts)
         if B == 1 and fresh:
-            return LongBatch(1, max_q, True, None, None, None, None)
+            window_mask = None
+            if self.window and max_q > self.window:
+                i, j = torch.arange(max_q, device=dev)[:, None], torch.arange(max_q, device=dev)[None, :]
+                window_mask = ((j <= i) & (j > i - self.window))[None, None]
+            return LongBatch(1, max_q, True, None, None, None, None, window_mask)
         row_seq = torch.repeat_interleave(torch.arange(B, device=dev), torch.tensor(q_lens, device=dev))
         row_pos = torch.cat([torch.arange(n, device=dev) for n in q_lens])
         block_tables = None
@@ -137,8 +145,13 @@ class BatchBuilder:
         q_len = torch.tensor(q_lens, device=dev)[:, None, None]
         allowed = j <= start + i
         padding = i >= q_len
-        allowed = (allowed & ~padding) | (padding & (j == 0))  # padding rows see one key: no NaN rows
-        return LongBatch(B, max_q, fresh, block_tables, row_seq, row_pos, allowed[:, None])
+        mask = (allowed & ~padding) | (padding & (j == 0))  # padding rows see one key: no NaN rows
+        window_mask = None
+        if self.window and max(s + n for s, n in zip(starts, q_lens)) > self.window:
+            # windowed layers: query at position p sees keys (p - W, p]; padding rows key 0 again
+            window_mask = ((allowed & (j > start + i - self.window)) & ~padding) | (padding & (j == 0))
+            window_mask = window_mask[:, None]
+        return LongBatch(B, max_q, fresh, block_tables, row_seq, row_pos, mask[:, None], window_mask)
 
 
 def _pad_tables(tables: list[list[int]], lengths: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from traceless.config import EngineConfig
 from traceless.engine.step_io import EngineParts, ModelInfo
 from traceless.errors import ModelLoadError
-from traceless.model.config import ModelConfig
+from traceless.model.config import LayerRope, ModelConfig
 from traceless.model.layers.attention import AttentionLayer, PagedAttention
 from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
 from traceless.model.layers.kv_cache import KVCache, block_bytes
@@ -83,21 +83,37 @@ def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
     return n
 
 
-def _layers(backend: str, cache: KVCache, rope: Rope, mc: ModelConfig) -> tuple[AttentionLayer, DecoderOps]:
+def _layers(backend: str, cache: KVCache, ropes: list[Rope], mc: ModelConfig) -> tuple[AttentionLayer, DecoderOps]:
     heads = (mc.num_heads, mc.num_kv_heads, mc.head_dim)
     if backend == "triton":
         from traceless.model.layers.triton_ops import TritonAttention, TritonOps
 
-        return TritonAttention(cache, heads), TritonOps(cache, rope, heads, mc.rms_norm_eps)
+        if mc.attn_softcap is not None:
+            raise ModelLoadError(f"{mc.architecture}: attn_logit_softcapping is not supported by the Triton "
+                                 "attention; use attention_backend='torch'")
+        return TritonAttention(cache, heads, mc.layer_windows), TritonOps(cache, ropes, heads, mc.rms_norm_eps)
     if backend == "native":
         kernels = NativeKernels.load()
-        return PagedAttention(cache, kernels, heads), NativeOps(kernels, cache, rope, heads, mc.rms_norm_eps)
-    return PagedAttention(cache, None, heads), TorchOps(cache, rope, heads, mc.rms_norm_eps)
+        return (PagedAttention(cache, kernels, heads, mc.layer_windows, mc.attn_softcap),
+                NativeOps(kernels, cache, ropes, heads, mc.rms_norm_eps))
+    return (PagedAttention(cache, None, heads, mc.layer_windows, mc.attn_softcap),
+            TorchOps(cache, ropes, heads, mc.rms_norm_eps))
+
+
+def _ropes(mc: ModelConfig, max_model_len: int, dtype: torch.dtype, device: torch.device,
+           freq_factors: torch.Tensor | None) -> list[Rope]:
+    """Each layer's Rope; layers of one kind (global, or Gemma 3's local ones) share theirs."""
+    built: dict[LayerRope, Rope] = {}
+    for i in range(mc.num_layers):
+        kind = mc.layer_rope(i)
+        if kind not in built:
+            global_rope = kind == LayerRope(mc.rope_theta, mc.rope_scaling)
+            built[kind] = Rope(mc, max_model_len, dtype, device, freq_factors if global_rope else None, kind)
+    return [built[mc.layer_rope(i)] for i in range(mc.num_layers)]
 
 
 def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
-    limit = (mc.max_position_embeddings if mc.sliding_window is None
-             else min(mc.max_position_embeddings, mc.sliding_window))
+    limit = mc.max_position_embeddings
     max_model_len = cfg.max_model_len or limit
     if max_model_len > limit:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's context of {limit} tokens")
@@ -122,8 +138,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         num_blocks, sizing = budget.num_blocks, budget.sizing
         check_blocks(num_blocks, max_model_len, cfg.block_size)
     cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
-    rope = Rope(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
-    attention, ops = _layers(backend, cache, rope, mc)
+    ropes = _ropes(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
+    attention, ops = _layers(backend, cache, ropes, mc)
     pack = (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and cpu_runs_bf16())
     try:
@@ -143,7 +159,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         from traceless.runner.cuda_graphs import DecodeGraphs, capture_sizes
 
         graphs = DecodeGraphs(model, capture_sizes(cfg.max_num_seqs), cfg.block_size, max_model_len, device,
-                              mc.head_dim ** -0.5)
+                              mc.attention_scale)
         capture_s, num_graphs = graphs.capture(), len(graphs.sizes)
         runner.graphs = graphs
     if device.type == "cuda":
@@ -164,7 +180,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
                      attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
-                     kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value)
+                     kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_window=mc.kv_window,
+                     long_context_from=mc.long_context_from)
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format == "auto":
         template = builtin_chat_template("smollm2-tools")

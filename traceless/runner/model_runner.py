@@ -41,7 +41,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.use_native = use_native
-        self.batcher = BatchBuilder(block_size, device, use_native, model.config.head_dim ** -0.5, paged)
+        self.batcher = BatchBuilder(block_size, device, use_native, model.config.attention_scale, paged,
+                                    model.config.sliding_window or 0)
         self.sampler = Sampler(device, seed)
         self.rejection = RejectionSampler(self.sampler)
         self.drafter = DraftProposer(model, draft_layers, self.batcher, self.sampler) if draft_layers else None
@@ -68,7 +69,7 @@ class ModelRunner:
         seqs = plan.seqs
         self._begin_step()
         with torch.inference_mode():
-            inputs = [_seq_input(s, None) for s in seqs]
+            inputs = [_seq_input(s, None, self.model.rope_shift(s.long_context)) for s in seqs]
             replay = self.graphs is not None and self.graphs.fits(inputs)
             if self.graphs is not None and replay:
                 order = list(range(len(inputs)))
@@ -99,7 +100,7 @@ class ModelRunner:
         self._begin_step()
         with torch.inference_mode():
             drafts = self._drafts(seqs)
-            inputs = [_seq_input(s, d) for s, d in zip(seqs, drafts)]
+            inputs = [_seq_input(s, d, self.model.rope_shift(s.long_context)) for s, d in zip(seqs, drafts)]
             scoring = [i for i, s in enumerate(seqs) if s.prompt_targets]
             replay = self.graphs is not None and not scoring and self.graphs.fits(inputs)
             prompt_lps: dict[int, list[TokenLogprobs]] = {}
@@ -182,7 +183,8 @@ class ModelRunner:
             if self.drafter is None:
                 raise ValueError("the plan asks for model drafts but this runner has no draft model")
             jobs = [DraftSeq(list(seqs[i].block_table), seqs[i].start, seqs[i].token_ids[-1], seqs[i].model_drafts,
-                             self._sample_row(seqs[i])) for i in spec]
+                             self._sample_row(seqs[i]), self.model.rope_shift(seqs[i].long_context))
+                    for i in spec]
             for i, d in zip(spec, self.drafter.propose(jobs)):
                 out[i] = d
         return out
@@ -211,9 +213,9 @@ def _mask_guided(logits: torch.Tensor, seqs: list[ScheduledSeq], drafts: list[Dr
         apply_grammar_masks(logits, guided)
 
 
-def _seq_input(seq: ScheduledSeq, drafts: Drafted | None) -> SeqInput:
+def _seq_input(seq: ScheduledSeq, drafts: Drafted | None, rope_shift: int) -> SeqInput:
     """The sequence's tokens: known ones, then its drafts; logits at the last token and every draft."""
     ids = list(seq.token_ids)
     if drafts is not None:
         ids += drafts.token_ids
-    return SeqInput(list(seq.block_table), seq.start, ids, 1 + seq.num_drafts if seq.sample else 0)
+    return SeqInput(list(seq.block_table), seq.start, ids, 1 + seq.num_drafts if seq.sample else 0, rope_shift)

@@ -80,7 +80,7 @@ def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size:
         ids.extend(s.token_ids)
         logit_rows.extend(range(len(ids) - s.num_logits, len(ids)))
         pos = range(s.start, s.start + len(s.token_ids))
-        positions.extend(pos)
+        positions.extend(p + s.rope_shift for p in pos)
         blocks.extend(s.table[p // block_size] for p in pos)
         offsets.extend(p % block_size for p in pos)
         ctx.append(s.start + len(s.token_ids))

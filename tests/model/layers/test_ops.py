@@ -19,8 +19,8 @@ def both(dtype):
     caches = [KVCache(CFG, 12, 4, dtype, torch.device("cpu")) for _ in range(2)]
     rope = Rope(CFG, 64, dtype, torch.device("cpu"))
     heads = (CFG.num_heads, CFG.num_kv_heads, CFG.head_dim)
-    native = NativeOps(NativeKernels.load(), caches[0], rope, heads, CFG.rms_norm_eps)
-    torch_ops = TorchOps(caches[1], rope, heads, CFG.rms_norm_eps)
+    native = NativeOps(NativeKernels.load(), caches[0], [rope, rope], heads, CFG.rms_norm_eps)
+    torch_ops = TorchOps(caches[1], [rope, rope], heads, CFG.rms_norm_eps)
     return gen, native, torch_ops, caches
 
 

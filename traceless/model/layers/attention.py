@@ -9,6 +9,11 @@ ones (prefill chunks).
 
 Without the native kernel (CUDA, or a CPU build without it) every sequence is "long".
 All index tensors and masks are built once per step by the model runner and shared by all layers.
+
+Sliding windows (Mistral, Gemma's local layers, Phi-3): a query at position p of a windowed layer
+sees keys (p - W, p], as transformers' sliding-window mask. The native kernel skips the blocks
+below; SDPA takes the step's window mask. Attention soft-capping (Gemma 2) replaces SDPA by the
+same math written out (scores, cap * tanh(scores / cap), mask, softmax).
 """
 from __future__ import annotations
 
@@ -39,6 +44,8 @@ class LongBatch:
     row_seq: torch.Tensor | None  # [T_long] sequence of each row (None when B == 1)
     row_pos: torch.Tensor | None  # [T_long] row index inside its sequence's query
     mask: torch.Tensor | None  # [B, 1, max_q, K] bool; None means plain causal over one sequence
+    # the mask of windowed layers, [B, 1, max_q, K] bool; None when no query reaches past the window
+    window_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +76,14 @@ class AttentionLayer(Protocol):
 
 
 class PagedAttention:
-    def __init__(self, cache: KVCache, kernels: NativeKernels | None, heads: tuple[int, int, int]):
+    def __init__(self, cache: KVCache, kernels: NativeKernels | None, heads: tuple[int, int, int],
+                 windows: tuple[int, ...] = (), softcap: float | None = None):
+        """windows: per layer, the keys a query sees (0: all); empty: no windows. softcap: Gemma 2's."""
         self.cache = cache
         self.kernels = kernels
         self.heads = heads  # (num_heads, num_kv_heads, head_dim)
+        self.windows = windows
+        self.softcap = softcap or 0.0
 
     def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D]."""
@@ -90,20 +101,21 @@ class PagedAttention:
             s = meta.short
             self.kernels.paged_attention(PagedAttentionArgs(
                 q[:n_short], self.cache.k[layer], self.cache.v[layer], s.block_tables, s.cu_q, s.context_lens,
-                out[:n_short], meta.scale,
+                out[:n_short], meta.scale, self._window(layer), self.softcap,
             ))
         if meta.long is not None:
             out[n_short:] = self._long(layer, q[n_short:], k[n_short:], v[n_short:], meta.long, meta.scale)
         return out
 
+    def _window(self, layer: int) -> int:
+        return self.windows[layer] if self.windows else 0
+
     def _long(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lb: LongBatch,
               scale: float) -> torch.Tensor:
+        mask = lb.window_mask if self._window(layer) and lb.window_mask is not None else lb.mask
         if lb.num_seqs == 1 and lb.fresh:
             # One fresh prompt: causal attention over its own tokens, no padding, no gather.
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                is_causal=True, scale=scale, enable_gqa=True,
-            )
+            o = self._sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, scale)
             return o[0].transpose(0, 1)
         qp = self._pad(q, lb)  # [B, H, max_q, D]
         if lb.fresh:
@@ -112,10 +124,26 @@ class PagedAttention:
             if lb.block_tables is None:  # the runner builds them whenever a sequence has cached context
                 raise RuntimeError("a long batch with cached context has no block tables")
             kp, vp = self._gather(layer, lb.block_tables)
-        o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=lb.mask, scale=scale, enable_gqa=True)
+        o = self._sdpa(qp, kp, vp, mask, scale)
         if lb.row_seq is None:
             return o[0].transpose(0, 1)
         return o.transpose(1, 2)[lb.row_seq, lb.row_pos]
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              scale: float) -> torch.Tensor:
+        """q: [B, H, Q, D]; k, v: [B, H_kv, K, D]; mask: [B, 1, Q, K] bool (True: attend) or None
+        for causal over Q == K -> [B, H, Q, D]."""
+        if not self.softcap:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                                  enable_gqa=True)
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        s = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, H, Q, K], as transformers' eager attention
+        s = torch.tanh(s / self.softcap) * self.softcap
+        if mask is None:
+            mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
     @staticmethod
     def _pad(x: torch.Tensor, lb: LongBatch) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
@@ -27,6 +27,8 @@ class _AttnShape(ctypes.Structure):
         ("max_blocks", ctypes.c_int),
         ("scale", ctypes.c_float),
         ("q_stride", ctypes.c_long),
+        ("window", ctypes.c_int),
+        ("softcap", ctypes.c_float),
     ]
 
 
@@ -55,6 +57,8 @@ class PagedAttentionArgs:
     block_tables:  [num_seqs, max_blocks] int32
     cu_q:          [num_seqs + 1] int32, query row offsets
     context_lens:  [num_seqs] int32, keys per sequence including its new tokens
+    window:        keys each query sees, itself included (sliding-window layers); 0: all
+    softcap:       scores -> softcap * tanh(score / softcap) before the softmax; 0: none
     """
 
     q: torch.Tensor
@@ -65,6 +69,8 @@ class PagedAttentionArgs:
     context_lens: torch.Tensor
     out: torch.Tensor
     scale: float
+    window: int = 0
+    softcap: float = 0.0
 
 
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -111,7 +117,7 @@ class NativeKernels:
         num_seqs, max_blocks = a.block_tables.shape
         _, num_kv_heads, block_size, head_dim = a.v_cache.shape
         shape = _AttnShape(num_seqs, a.q.shape[1], num_kv_heads, head_dim, block_size, max_blocks, a.scale,
-                           a.q.stride(0))
+                           a.q.stride(0), a.window, a.softcap)
         rc = self._attn[a.q.dtype](
             ctypes.byref(shape),
             a.q.data_ptr(), a.k_cache.data_ptr(), a.v_cache.data_ptr(),

@@ -20,15 +20,16 @@ import triton.language as tl
 
 @triton.jit
 def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, scale, k_stride_b, v_stride_b,
-                 D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 window, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
                  PRECISION: tl.constexpr, MASKED: tl.constexpr):
     """Keys [start, start + BLOCK_N) of one sequence and KV head into the running softmax (acc
     [BLOCK_M, D_PAD], m_i, l_i [BLOCK_M]). start is a multiple of BLOCK_N (so of BS): a tile is
     BLOCK_N // BS whole blocks, and the offset of key n in its block is n % BS, known at compile
     time; K and V addresses are contiguous runs of BS (K) and D (V) elements, loaded 16 bytes at a
     time. k_ptr / v_ptr: the KV head's base; tbl_ptr: the sequence's block-table row.
-    MASKED: the tile may hold keys at or past kv_end or after a query's position (the last tile,
-    the causal diagonal); an unmasked tile has neither and loads and scores without masks."""
+    MASKED: the tile may hold keys at or past kv_end, after a query's position (the last tile, the
+    causal diagonal) or below a query's window (window > 0: a query at p sees keys (p - window, p]);
+    an unmasked tile has none of these and loads and scores without masks."""
     start = tl.multiple_of(start, BLOCK_N)
     n = tl.arange(0, BLOCK_N)
     kpos = start + n
@@ -61,6 +62,7 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, 
     s = tl.dot(q, k, input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
     if MASKED:
         allowed = (kpos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        allowed = allowed & ((window <= 0) | (kpos[None, :] > q_pos[:, None] - window))
         s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
@@ -71,11 +73,11 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, 
     return acc, m_new, l_i
 
 
-@triton.jit(do_not_specialize=["tables_stride", "T"])
+@triton.jit(do_not_specialize=["tables_stride", "T", "window"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, cu_q_ptr, ctx_ptr, scale,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_h, v_stride_b, v_stride_h, tables_stride,
-    part_ptr, ml_ptr, T, H,
+    part_ptr, ml_ptr, T, H, window,
     G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     SPLITS: tl.constexpr,
@@ -86,7 +88,10 @@ def _paged_attention_kernel(
     SPLITS > 1 (decode only: one query tile): program_id(1) is the split, which takes a slice of
     the keys and leaves its unnormalized output and (max, sum) in part/ml for _combine_kernel
     (flash-decoding: a short batch then fills the GPU).
-    tables_stride and T vary with the batch: not specialized (no recompilation at new shapes)."""
+    tables_stride and T vary with the batch: not specialized (no recompilation at new shapes).
+    window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; the loop
+    starts at the tile holding the lowest key the tile's first query sees, and the tiles that some
+    of the tile's queries see only in part take the masked path, as the causal diagonal does."""
     b = tl.program_id(0)
     split = tl.program_id(1) if SPLITS > 1 else 0
     qt = tl.program_id(1) if SPLITS == 1 else 0
@@ -111,23 +116,31 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    # Keys [kv_lo, kv_end) of this program: causal (none beyond its last query), one split's slice.
+    # Keys [kv_lo, kv_end) of this program: causal (none beyond its last query), inside the window of
+    # its first query, one split's slice.
     kv_end = tl.minimum(ctx, first_pos + (qt + 1) * BLOCK_Q)
-    per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), SPLITS) * BLOCK_N
-    kv_lo = split * per_split
+    win_lo = tl.where(window > 0, tl.maximum(first_pos + qt * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N, 0)
+    per_split = tl.cdiv(tl.cdiv(kv_end - win_lo, BLOCK_N), SPLITS) * BLOCK_N
+    kv_lo = win_lo + split * per_split
     kv_end = tl.minimum(kv_end, kv_lo + per_split)
-    # Whole tiles below both kv_end and the tile's first query position need no mask at all.
+    # Whole tiles below both kv_end and the tile's first query position need no causal mask; with a
+    # window, only those that start at or above the lowest key its last query sees (kv_end - window).
     full = tl.minimum(kv_end, first_pos + qt * BLOCK_Q + 1)
     full_end = kv_lo + tl.maximum(full - kv_lo, 0) // BLOCK_N * BLOCK_N
+    lo_end = tl.where(window > 0, kv_lo + tl.cdiv(tl.maximum(kv_end - window - kv_lo, 0), BLOCK_N) * BLOCK_N, kv_lo)
+    lo_end = tl.minimum(lo_end, full_end)
     tbl_ptr = tables_ptr + b * tables_stride
     k_base = k_ptr + g * k_stride_h
     v_base = v_ptr + g * v_stride_h
-    for start in range(kv_lo, full_end, BLOCK_N):
+    for start in range(kv_lo, lo_end, BLOCK_N):  # the window's lower edge
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, D, D_PAD, BS, BLOCK_N, PRECISION, False)
+                                     k_stride_b, v_stride_b, window, D, D_PAD, BS, BLOCK_N, PRECISION, True)
+    for start in range(lo_end, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
+                                     k_stride_b, v_stride_b, window, D, D_PAD, BS, BLOCK_N, PRECISION, False)
     for start in range(full_end, kv_end, BLOCK_N):  # the causal diagonal and the last partial tile
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, D, D_PAD, BS, BLOCK_N, PRECISION, True)
+                                     k_stride_b, v_stride_b, window, D, D_PAD, BS, BLOCK_N, PRECISION, True)
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + (q_begin + tok)[:, None] * o_stride_t + head[:, None] * o_stride_h + d[None, :],
@@ -163,12 +176,13 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h,
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                     tables: torch.Tensor, cu_q: torch.Tensor, ctx_lens: torch.Tensor, scale: float,
-                    max_q: int, num_sms: int = 0) -> None:
+                    max_q: int, num_sms: int = 0, window: int = 0) -> None:
     """q: [T, H, D] (strided view); k_cache: [blocks, H_kv, D, BS]; v_cache: [blocks, H_kv, BS, D];
     out: [T, H, D]; tables: [B, W] int32; cu_q: [B + 1] int32; ctx_lens: [B] int32 (keys of each
     sequence, its new tokens included; its queries are the last cu_q[b + 1] - cu_q[b] positions).
     max_q: the most query tokens of any sequence (a bound: it sizes the grid). num_sms: the
-    device's multiprocessors; a decode batch with fewer (sequence, KV head) pairs splits its keys."""
+    device's multiprocessors; a decode batch with fewer (sequence, KV head) pairs splits its keys.
+    window: keys each query sees, itself included (a sliding-window layer); 0: all."""
     T, H, D = q.shape
     H_kv, BS = k_cache.shape[1], k_cache.shape[3]
     G = H // H_kv
@@ -190,7 +204,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, out, tables, cu_q, ctx_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), tables.stride(0),
-        part, ml, T, H,
+        part, ml, T, H, window,
         G=G, D=D, D_PAD=d_pad, BS=BS, BLOCK_Q=block_q, BLOCK_M=block_m,
         BLOCK_N=max(64, BS), PRECISION=precision, SPLITS=splits,
         num_warps=8 if block_m >= 64 else 4,  # a 64-row tile in 4 warps needs ~250 registers a thread

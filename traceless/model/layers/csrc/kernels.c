@@ -14,13 +14,18 @@
  *
  * Queries are packed varlen:  q[num_tokens, num_heads, head_dim]; sequence b owns query rows
  * [cu_q[b], cu_q[b+1]) and has context_lens[b] keys in the cache *including* its new tokens, so
- * query row i of b (0-based inside b) sits at position context_lens[b] - q_len_b + i and sees
- * keys [0, that position].
+ * query row i of b (0-based inside b) sits at position p = context_lens[b] - q_len_b + i and sees
+ * keys [0, p], or with a sliding window of W keys only [max(0, p - W + 1), p]: the blocks below
+ * that are never read (a windowed request's early blocks may be freed: its table points them at
+ * the null block).
  *
  *         keys 0 .. ctx-1 of sequence b
  *         |--------------------------------------|
+ *                   |<------ W ------>|
  *                                  |--- q_len ---|   new tokens (already written to the cache)
- *         query i sees keys [0, ctx - q_len + i]
+ *         query i sees keys [lo, ctx - q_len + i], lo = 0 or p - W + 1
+ *
+ * softcap > 0 (Gemma 2): scores become softcap * tanh(score / softcap) before the softmax.
  *
  * Threads: OpenMP over (sequence, kv head) pairs.  The library links libgomp.so.1 by soname; when
  * torch is imported first, the loader reuses torch's own libgomp, so both share one pool.
@@ -46,7 +51,26 @@ typedef struct {
     int max_blocks;  /* row stride of block_tables */
     float scale;
     long q_stride;   /* elements between consecutive query rows (q may be a view into qkv rows) */
+    int window;      /* keys each query sees, itself included; 0: all of them */
+    float softcap;   /* 0: none */
 } AttnShape;
+
+/* Scores [lo, n_keys) of each of the G heads (rows of n_pad): softcap, then softmax in place. */
+static void softmax_rows(const AttnShape *s, float *scores, int G, int n_pad, int lo, int n_keys) {
+    for (int g = 0; g < G; g++) {
+        float *sg = scores + (long)g * n_pad;
+        if (s->softcap > 0.f) {
+            const float cap = s->softcap, inv_cap = 1.f / s->softcap;
+            for (int t = lo; t < n_keys; t++) sg[t] = cap * tanhf(sg[t] * inv_cap);
+        }
+        float m = sg[lo], sum = 0.f;
+        for (int t = lo + 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;
+        for (int t = lo; t < n_keys; t++) sg[t] = expf(sg[t] - m);
+        for (int t = lo; t < n_keys; t++) sum += sg[t];
+        const float inv = 1.f / sum;
+        for (int t = lo; t < n_keys; t++) sg[t] *= inv;
+    }
+}
 
 static inline float bf16_load(const uint16_t *p, int i) {
     uint32_t u = ((uint32_t)p[i]) << 16;
@@ -73,16 +97,16 @@ static inline uint16_t bf16_from_f32(float f) {
 #define DEFINE_ROW(NAME, T, LOAD)                                                              \
     TL_CLONES static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,           \
                                const T *v_cache, const int32_t *table, int kvh, int n_keys,    \
-                               float *scratch, float *scores, T *out_row, int to_bf16)         \
+                               int lo, float *scratch, float *scores, T *out_row, int to_bf16) \
     {                                                                                          \
         const int G = s->num_heads / s->num_kv_heads, D = s->head_dim, BS = s->block_size;     \
-        const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS;                            \
+        const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS, lo_blk = lo / BS;          \
         const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
         float *qf = scratch, *acc = scratch + G * D, *tmp = scratch + 2 * G * D;               \
         for (int g = 0; g < G; g++)                                                            \
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
-        for (int b = 0; b < nblk; b++) {                                                       \
+        for (int b = lo_blk; b < nblk; b++) {                                                  \
             const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
             for (int g = 0; g < G; g++)                                                        \
                 for (int j = 0; j < BS; j++) scores[(long)g * n_pad + b * BS + j] = 0.f;       \
@@ -95,19 +119,12 @@ static inline uint16_t bf16_from_f32(float f) {
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int g = 0; g < G; g++) {                                                          \
-            float *sg = scores + (long)g * n_pad, m = sg[0], sum = 0.f;                        \
-            for (int t = 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;                        \
-            for (int t = 0; t < n_keys; t++) sg[t] = expf(sg[t] - m);                          \
-            for (int t = 0; t < n_keys; t++) sum += sg[t];                                     \
-            const float inv = 1.f / sum;                                                       \
-            for (int t = 0; t < n_keys; t++) sg[t] *= inv;                                     \
-        }                                                                                      \
+        softmax_rows(s, scores, G, n_pad, lo, n_keys);                                         \
         for (int i = 0; i < G * D; i++) acc[i] = 0.f;                                          \
-        for (int b = 0; b < nblk; b++) {                                                       \
+        for (int b = lo_blk; b < nblk; b++) {                                                  \
             const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
             const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                         \
-            for (int j = 0; j < n; j++) {                                                      \
+            for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                          \
                 for (int d = 0; d < D; d++) tmp[d] = LOAD(vb, j * D + d);                      \
                 for (int g = 0; g < G; g++) {                                                  \
                     const float p = scores[(long)g * n_pad + b * BS + j];                      \
@@ -154,18 +171,18 @@ static inline void prefetch_block(const void *p, long bytes) {
 #define DEFINE_ROW16(NAME, T, LOAD16, LOAD)                                                    \
     AVX512_TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,       \
                                    const T *v_cache, const int32_t *table, int kvh,            \
-                                   int n_keys, float *scratch, float *scores, T *out_row,      \
-                                   int to_bf16)                                                \
+                                   int n_keys, int lo, float *scratch, float *scores,          \
+                                   T *out_row, int to_bf16)                                    \
     {                                                                                          \
         enum { BS = 16, GMAX = 8 };                                                            \
         const int G = s->num_heads / s->num_kv_heads, D = s->head_dim;                         \
-        const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS;                            \
+        const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS, lo_blk = lo / BS;          \
         const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
         float *qf = scratch, *acc = scratch + G * D;                                           \
         for (int g = 0; g < G; g++)                                                            \
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
-        for (int b = 0; b < nblk; b++) {                                                       \
+        for (int b = lo_blk; b < nblk; b++) {                                                  \
             const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
             /* Blocks sit anywhere in the pool: without prefetching, every block is a DRAM     \
                miss the thread waits for. Fetch the next K block and this V block now. */      \
@@ -183,21 +200,14 @@ static inline void prefetch_block(const void *p, long bytes) {
             }                                                                                  \
             for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + (long)g * n_pad + b * BS, sacc[g]); \
         }                                                                                      \
-        for (int g = 0; g < G; g++) {                                                          \
-            float *sg = scores + (long)g * n_pad, m = sg[0], sum = 0.f;                        \
-            for (int t = 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;                        \
-            for (int t = 0; t < n_keys; t++) sg[t] = expf(sg[t] - m);                          \
-            for (int t = 0; t < n_keys; t++) sum += sg[t];                                     \
-            const float inv = 1.f / sum;                                                       \
-            for (int t = 0; t < n_keys; t++) sg[t] *= inv;                                     \
-        }                                                                                      \
+        softmax_rows(s, scores, G, n_pad, lo, n_keys);                                         \
         for (int d0 = 0; d0 < D; d0 += 16) {                                                   \
             __m512 a[GMAX];                                                                    \
             for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();                            \
-            for (int b = 0; b < nblk; b++) {                                                   \
+            for (int b = lo_blk; b < nblk; b++) {                                              \
                 const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;      \
                 const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                     \
-                for (int j = 0; j < n; j++) {                                                  \
+                for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                      \
                     const __m512 v = LOAD16(vb + j * D + d0);                                  \
                     for (int g = 0; g < G; g++)                                                \
                         a[g] = _mm512_fmadd_ps(                                                \
@@ -265,8 +275,10 @@ static int cpu_has_avx512(void) {
                 const int32_t *table = block_tables + (long)b * s->max_blocks;                 \
                 for (int i = 0; i < q_len; i++) {                                              \
                     const long r = cu_q[b] + i;                                                \
-                    row(s, q + r * s->q_stride, k_cache, v_cache, table, kvh,                  \
-                        ctx - q_len + i + 1, scratch, scores, out + r * row_stride, TO_BF16);  \
+                    const int pos = ctx - q_len + i;                                           \
+                    const int lo = s->window > 0 && pos >= s->window ? pos - s->window + 1 : 0; \
+                    row(s, q + r * s->q_stride, k_cache, v_cache, table, kvh, pos + 1, lo,     \
+                        scratch, scores, out + r * row_stride, TO_BF16);                       \
                 }                                                                              \
             }                                                                                  \
             /* scratch held activations derived from user data: wipe before release */     \
@@ -279,10 +291,10 @@ static int cpu_has_avx512(void) {
     }
 
 typedef void (*row_fn_uint16_t)(const AttnShape *, const uint16_t *, const uint16_t *,
-                                const uint16_t *, const int32_t *, int, int, float *, float *,
+                                const uint16_t *, const int32_t *, int, int, int, float *, float *,
                                 uint16_t *, int);
 typedef void (*row_fn_float)(const AttnShape *, const float *, const float *, const float *,
-                             const int32_t *, int, int, float *, float *, float *, int);
+                             const int32_t *, int, int, int, float *, float *, float *, int);
 
 static int use_fast_path(const AttnShape *s) {
 #ifdef TL_HAVE_AVX512_PATH
@@ -398,7 +410,7 @@ DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, LOAD_F32, STORE_F32)
 
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 3; }
+int tl_abi_version(void) { return 4; }
 
 /* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
 int tl_uses_avx512(void) {

@@ -1,0 +1,123 @@
+"""Greedy float32 parity with transformers for Qwen3, Phi-3 (LongRoPE, partial rotary), Gemma 2/3
+and a windowed Mistral: prompts shorter and longer than the sliding window and than LongRoPE's
+original context, in one batch and one at a time, with chunked prefill, on the native kernel and
+the torch path; then prefix hits and preemption."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.support.families import as_multimodal_gemma3, hf_greedy, longrope_scaling, make_family_model, ours
+from traceless import LLM
+
+WINDOW = 12
+ORIGINAL = 32  # LongRoPE's original context
+FAMILIES = {
+    "qwen3": ("qwen3", {}),
+    "qwen3-tied": ("qwen3", {"tie_word_embeddings": True}),
+    "phi3-longrope": ("phi3", {"rope_scaling": longrope_scaling(16, ORIGINAL),
+                               "original_max_position_embeddings": ORIGINAL}),
+    "phi3-partial": ("phi3", {"partial_rotary_factor": 0.5, "rope_scaling": longrope_scaling(8, ORIGINAL),
+                              "original_max_position_embeddings": ORIGINAL, "sliding_window": 20}),
+    "gemma2": ("gemma2", {"sliding_window": WINDOW, "final_logit_softcapping": 30.0,
+                          "attn_logit_softcapping": 50.0}),
+    "gemma3": ("gemma3", {"sliding_window": WINDOW, "num_hidden_layers": 3,
+                          "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    "mistral-window": ("mistral", {"sliding_window": WINDOW}),
+}
+# lengths around the window (12) and LongRoPE's original context (32); 20 new tokens each
+LENGTHS = (1, 5, 12, 13, 30, 45)
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    return {name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=7 + i, **overrides)
+            for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())}
+
+
+def _prompts(seed: str, lengths=LENGTHS) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 384) for _ in range(n)] for n in lengths]
+
+
+def _hf(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_matches_transformers(name, family_dirs):
+    path = family_dirs[name]
+    hf = _hf(path)
+    prompts = _prompts(name)
+    want = [hf_greedy(hf, p, 20) for p in prompts]
+    for backend, block_size in (("native", 4), ("torch", 16)):
+        # a small token budget: chunked prefill mixed with decodes; block size 4 puts the window
+        # edge inside and across blocks
+        llm = LLM(str(path), dtype="float32", kv_cache_memory=8 * 2**20, max_num_batched_tokens=24,
+                  attention_backend=backend, block_size=block_size)
+        assert ours(llm, prompts, 20, batched=True) == want, backend
+        if backend == "native":
+            assert ours(llm, prompts[2:5], 20, batched=False) == want[2:5]
+        llm.engine.check_integrity()
+
+
+@pytest.mark.parametrize("name", ["phi3-longrope", "gemma3", "mistral-window"])
+def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
+    """Prompts share leading blocks (a global cache: hits between requests), and the KV cache is
+    too small for all of them at once (preemption by recompute). For Phi-3 the shared prefix
+    first runs in a short prompt (short factors) and then in prompts past the original context,
+    which must not take those blocks."""
+    windowed = name == "mistral-window"
+    path = family_dirs[name]
+    hf = _hf(path)
+    base = _prompts(name + "-base", (24,))[0]
+    tails = _prompts(name + "-tails", (3, 20, 28, 9, 30))
+    prompts = [base + t for t in tails]
+    want_base = hf_greedy(hf, base, 16)
+    want = [hf_greedy(hf, p, 16) for p in prompts]
+    block_bytes = 2 * 4 * _kv_elements(path) * 4  # K and V of 4 tokens, float32
+    # 40 blocks of 4 tokens: too few for the five at once, except with the window's freeing
+    llm = LLM(str(path), dtype="float32", block_size=4, kv_cache_memory=40 * block_bytes,
+              max_num_batched_tokens=32, prefix_cache="global", max_model_len=100)
+    assert ours(llm, [base], 16, batched=False) == [want_base]
+    assert llm.engine.cached_prefix_len(base + tails[0]) > 0
+    assert ours(llm, prompts, 16, batched=True) == want
+    # the windowed model frees its blocks as it goes and fits (tests/engine/test_kv_window.py
+    # covers its preemption by swapping); the others must have been preempted
+    assert (llm.engine.kv_stats().preemptions > 0) != windowed
+    llm.engine.drop_prefix_cache()
+    llm.engine.check_integrity()
+
+
+def _kv_elements(path) -> int:
+    """K (or V) elements per token over all layers of a tiny model directory."""
+    from traceless.model.hf_config import from_hf_config
+    from traceless.model.hf_loader import read_json
+
+    c = from_hf_config(read_json(path / "config.json"))
+    return c.num_layers * c.num_kv_heads * c.head_dim
+
+
+def test_gemma3_multimodal_checkpoint_runs_its_text_model(family_dirs, tmp_path):
+    """A Gemma3ForConditionalGeneration directory (sharded, with an index, tensors under
+    model.language_model., a vision tensor) gives the text model's tokens."""
+    text = family_dirs["gemma3"]
+    hf = _hf(text)
+    prompts = _prompts("gemma3-mm", (7, 20))
+    want = [hf_greedy(hf, p, 12) for p in prompts]
+    llm = LLM(str(as_multimodal_gemma3(text, tmp_path / "mm")), dtype="float32", kv_cache_memory=4 * 2**20)
+    assert ours(llm, prompts, 12, batched=True) == want
+
+
+def test_a_missing_shard_is_refused(family_dirs, tmp_path):
+    from traceless.errors import ModelLoadError
+
+    mm = as_multimodal_gemma3(family_dirs["gemma3"], tmp_path / "mm")
+    (mm / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="shard"):
+        LLM(str(mm), dtype="float32", kv_cache_memory=4 * 2**20)

@@ -1,0 +1,109 @@
+"""Tiny random models of the families beyond Llama (Qwen3, Phi-3 with LongRoPE, Gemma 2/3,
+Mistral with a sliding window), written as Hugging Face directories from a transformers config,
+and the greedy-parity helpers the family tests share."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests.conftest import TINY_VOCAB, _write_tokenizer
+
+COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+
+
+def longrope_scaling(rotary_dims: int, original: int) -> dict:
+    """LongRoPE factors that differ between short and long and across frequencies."""
+    half = rotary_dims // 2
+    return {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [2.0 + 0.5 * i for i in range(half)], "original_max_position_embeddings": original}
+
+
+def _build(kind: str, overrides: dict):
+    import transformers as tf
+
+    cfg = COMMON | overrides
+    if kind == "qwen3":
+        return tf.Qwen3ForCausalLM(tf.Qwen3Config(**({"head_dim": 24} | cfg)))
+    if kind == "mistral":
+        return tf.MistralForCausalLM(tf.MistralConfig(**cfg))
+    if kind == "phi3":
+        return tf.Phi3ForCausalLM(tf.Phi3Config(**cfg))
+    if kind == "gemma2":
+        return tf.Gemma2ForCausalLM(tf.Gemma2Config(**({"head_dim": 16, "query_pre_attn_scalar": 24} | cfg)))
+    if kind == "gemma3":
+        return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**({"head_dim": 16, "query_pre_attn_scalar": 24} | cfg)))
+    raise ValueError(kind)
+
+
+def _peak(model, kind: str) -> None:
+    """Weights large enough that greedy choices are not near-ties (as conftest's make_tiny_model)."""
+    gemma = kind.startswith("gemma")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                # and the output head 8x more: logits of ~+-20, so greedy picks are far apart
+                p.mul_(32.0 if name == "lm_head.weight" else 4.0)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+            elif gemma:
+                p.uniform_(-0.5, 0.5)  # applied as 1 + w
+            else:
+                p.uniform_(0.5, 1.5)
+
+
+def make_family_model(path: Path, kind: str, seed: int = 0, **overrides) -> Path:
+    torch.manual_seed(seed)
+    model = _build(kind, overrides)
+    _peak(model, kind)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    _write_tokenizer(path, TINY_VOCAB)
+    return path
+
+
+def as_multimodal_gemma3(text_dir: Path, path: Path) -> Path:
+    """A Gemma3ForConditionalGeneration-shaped directory holding the text model of `text_dir`
+    (tensors under model.language_model., the config under text_config) plus a vision tensor."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(text_dir / "model.safetensors"))
+    renamed = {("model.language_model." + k[len("model."):]) if k.startswith("model.") else k: v
+               for k, v in tensors.items()}
+    renamed["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = torch.ones(4, 3, 2, 2)
+    path.mkdir(parents=True, exist_ok=True)
+    half = len(renamed) // 2
+    names = sorted(renamed)
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    weight_map = {}
+    for file, keys in shards.items():
+        save_file({k: renamed[k].contiguous() for k in keys}, str(path / file))
+        weight_map |= {k: file for k in keys}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    text = json.loads((text_dir / "config.json").read_text())
+    config = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text}
+    (path / "config.json").write_text(json.dumps(config))
+    _write_tokenizer(path, TINY_VOCAB)
+    return path
+
+
+def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
+    """Reference: transformers' own greedy decoding, one prompt at a time (no padding)."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def ours(llm, prompts: list[list[int]], n: int, batched: bool) -> list[list[int]]:
+    from traceless import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    if batched:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    else:
+        outs = [llm.generate({"prompt_token_ids": p}, params, use_tqdm=False)[0] for p in prompts]
+    return [list(o.outputs[0].token_ids) for o in outs]
