@@ -74,7 +74,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "kv_cache_bytes": INT, "kv_sized_by": Choice.of("kv_cache_memory", "max_model_len", "gpu_memory_utilization"),
     },
     "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},
-    "engine.preempted": {"num_requests": INT},
+    "engine.preempted": {"num_requests": INT, "spilled": INT},  # spilled: of them, sealed into the offload
     "engine.kv_restore_failed": {"num_requests": INT},
     "engine.kv_spill_failed": {"num_requests": INT},
     "engine.restarted": {"restarts": INT},
