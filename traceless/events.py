@@ -93,6 +93,9 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     # services
     "service.started": {"component": COMPONENT, "port": INT, "listener": Choice.of("public", "operator")},
     "service.stopped": {"component": COMPONENT},
+    # Ctrl-C or SIGTERM: new connections refused, open requests may run on for drain_s (http/shutdown.py)
+    "service.stopping": {"component": COMPONENT, "drain_s": FLOAT},
+    "service.ending_requests": {"component": COMPONENT, "reason": Choice.of("drain_timed_out", "second_signal")},
     "http.request": {
         "component": COMPONENT, "route": Choice.of(
             "models", "completions", "chat_completions", "tokenize", "detokenize", "tokenizer_info",

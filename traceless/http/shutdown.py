@@ -1,11 +1,13 @@
 """How a service stops on Ctrl-C or SIGTERM: a bounded drain, said on stderr.
 
     signal ........ new connections refused, idle ones closed; open requests may finish
+    |               (event service.stopping, on stderr like every event)
     |<------------------- timeout_s ------------------->|
                          a second Ctrl-C ..............>| end_requests(): every open request ends
                                                         | properly (a stream: an error event, then
                                                         | `data: [DONE]`; its engine requests are
-                                                        | aborted, their blocks freed and zeroed)
+                                                        | aborted, their blocks freed and zeroed;
+                                                        | event service.ending_requests)
                                                         |<-- END_GRACE_S -->| what is still open is
                                                                             cancelled (a cut)
 
@@ -15,12 +17,13 @@ out, or at once on a second Ctrl-C. A third Ctrl-C always stops at once.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
+
+from traceless.events import emit
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 # After end_requests: time for the ended streams to send their last events and close.
@@ -62,8 +65,7 @@ class GracefulServer(uvicorn.Server):
         super().handle_exit(sig, frame)  # the first signal; without end_requests the second forces
 
     async def shutdown(self, sockets=None) -> None:
-        self._say(f"is shutting down: new connections are refused; open requests have {self.policy.timeout_s:g} s "
-                  "to finish (Ctrl-C again to end them now)")
+        emit("service.stopping", component=self.component, drain_s=self.policy.timeout_s)
         deadline = asyncio.create_task(self._deadline())
         try:
             await super().shutdown(sockets)
@@ -75,12 +77,8 @@ class GracefulServer(uvicorn.Server):
         end = loop.time() + self.policy.timeout_s
         while loop.time() < end and not self._end_now:
             await asyncio.sleep(0.05)
-        if self.policy.end_requests is None:
-            return  # uvicorn cancels what is still open at its own timeout
         if self.server_state.tasks:
-            self._say("is ending the open requests now" if self._end_now else
-                      "is ending the open requests: the drain timed out")
-        self.policy.end_requests()
-
-    def _say(self, text: str) -> None:
-        print(f"traceless: the {self.component} {text}", file=sys.stderr, flush=True)
+            emit("service.ending_requests", component=self.component,
+                 reason="second_signal" if self._end_now else "drain_timed_out")
+        if self.policy.end_requests is not None:
+            self.policy.end_requests()  # else uvicorn cancels what is still open, at its own timeout (now)
