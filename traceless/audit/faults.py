@@ -125,7 +125,7 @@ def run_fault(fault: str, up: UpUnderTest, load: Load, cfg: FaultConfig) -> Faul
     spills = up.spill_counts() - spills_before
     # Without a spill the fault proved nothing: the nodes never wrote to the directory it filled.
     return replace(row, spilled=spills.spilled, spill_failures=spills.failed, passed=row.passed and spills.spilled > 0,
-                   note="" if spills.spilled else "FAIL: the nodes did not spill")
+                   note="" if spills.spilled else "the nodes did not spill: the fault proved nothing")
 
 
 def run(cfg: FaultConfig, json_path: str | None = None) -> dict:
