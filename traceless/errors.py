@@ -48,6 +48,11 @@ class EngineDeadError(TracelessError):
     """The engine's step loop stopped; no further requests can run."""
 
 
+class ShuttingDownError(TracelessError):
+    """The server is stopping and ended the request (its drain time ran out, or the operator
+    pressed Ctrl-C twice); HTTP 503."""
+
+
 class KVRestoreError(TracelessError):
     """A preempted request's sealed KV could not be restored (its spill data is missing, truncated
     or fails authentication): that request fails; every other request goes on."""

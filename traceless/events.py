@@ -74,7 +74,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "kv_cache_bytes": INT, "kv_sized_by": Choice.of("kv_cache_memory", "max_model_len", "gpu_memory_utilization"),
     },
     "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},
-    "engine.preempted": {"num_requests": INT},
+    "engine.preempted": {"num_requests": INT, "spilled": INT},  # spilled: of them, sealed into the offload
     "engine.kv_restore_failed": {"num_requests": INT},
     "engine.kv_spill_failed": {"num_requests": INT},
     "engine.restarted": {"restarts": INT},
@@ -93,6 +93,9 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
     # services
     "service.started": {"component": COMPONENT, "port": INT, "listener": Choice.of("public", "operator")},
     "service.stopped": {"component": COMPONENT},
+    # Ctrl-C or SIGTERM: new connections refused, open requests may run on for drain_s (http/shutdown.py)
+    "service.stopping": {"component": COMPONENT, "drain_s": FLOAT},
+    "service.ending_requests": {"component": COMPONENT, "reason": Choice.of("drain_timed_out", "second_signal")},
     "http.request": {
         "component": COMPONENT, "route": Choice.of(
             "models", "completions", "chat_completions", "tokenize", "detokenize", "tokenizer_info",

@@ -3,9 +3,12 @@
 (`pytest --soak`), several minutes."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from traceless.audit.fault_load import Outcome
+from traceless.audit.fault_offload import CONTEXT_TOKENS, SpillCounts, offload_sizing, spill_counts
 from traceless.audit.faults import FAULTS, FaultConfig, _row, run
 
 NODE_ARGS = ("--dtype", "float32", "--kv-cache-memory", "64MiB")
@@ -22,11 +25,35 @@ def test_the_verdict_needs_documented_failures_a_quiet_settle_and_no_hang():
     assert row.passed and row.failures == 2 and row.in_flight_failures == 1 and row.recovered_s == 1.0
     assert row.statuses == [502] and row.kinds == ["status", "stream_error"]
     assert not _row("node_kill", ok + [_o(11.0, 12.0, False, 500, "status")], 10.0, 4.0, 30.0, cfg).passed
+    # a gateway's 404 for a node it dropped is the client's to handle (it refetches and resends once)
+    assert not _row("gateway_restart", ok + [_o(11.0, 12.0, False, 404, "status")], 10.0, 4.0, 30.0, cfg).passed
     assert not _row("node_kill", ok + [_o(11.0, 40.0, False, None, "timeout")], 10.0, 4.0, 60.0, cfg).passed
     assert not _row("node_kill", ok + [_o(26.0, 27.0, False, 503, "status")], 10.0, 4.0, 30.0, cfg).passed  # settle
     assert not _row("node_kill", ok, 10.0, None, 30.0, cfg).passed  # never came back
     with pytest.raises(ValueError):
         FaultConfig(faults=("node_kill", "disk_on_fire"))
+
+
+def test_spills_are_counted_from_every_node_event_log(tmp_path):
+    (tmp_path / "node0.log").write_text(
+        '{"ts":1,"event":"engine.preempted","num_requests":2,"spilled":2}\n'
+        'not an event line\n'
+        '{"ts":2,"event":"engine.kv_spill_failed","num_requests":1}\n')
+    (tmp_path / "node1.log").write_text('{"ts":3,"event":"engine.preempted","num_requests":3,"spilled":1}\n')
+    (tmp_path / "gateway.log").write_text('{"ts":4,"event":"engine.preempted","num_requests":9,"spilled":9}\n')
+    assert spill_counts(tmp_path) == SpillCounts(3, 1)
+    assert spill_counts(tmp_path) - SpillCounts(1, 1) == SpillCounts(2, 0)
+
+
+def test_offload_nodes_get_a_cache_of_one_full_context(tiny_llama_dir):
+    from traceless.model.loader import read_model_config
+
+    per_token = read_model_config(str(tiny_llama_dir)).kv_bytes_per_token * 4  # float32
+    sizing = offload_sizing(str(tiny_llama_dir), ("--dtype", "float32", "--kv-cache-memory", "64MiB",
+                                                  "--block-size", "4"))
+    assert sizing.node_args == ("--kv-cache-memory", str((CONTEXT_TOKENS // 4 + 1) * 4 * per_token),
+                                "--max-model-len", str(CONTEXT_TOKENS))
+    assert sizing.tmpfs_bytes >= 8 * CONTEXT_TOKENS * per_token and sizing.tmpfs_bytes % 2**20 == 0
 
 
 @pytest.mark.slow
@@ -42,3 +69,12 @@ def test_a_node_killed_under_load_comes_back_and_up_killed_leaves_no_service(tin
 def test_every_fault_heals_within_its_bound(tiny_llama_dir):
     report = run(FaultConfig(str(tiny_llama_dir), FAULTS, node_args=NODE_ARGS))
     assert report["passed"], report
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the offload directory is a tmpfs: mounting one needs root")
+def test_a_full_offload_directory_after_the_nodes_spilled_heals(tiny_llama_dir):
+    report = run(FaultConfig(str(tiny_llama_dir), ("offload_full",), settle_s=5.0, node_args=NODE_ARGS))
+    (row,) = report["rows"]
+    assert row["passed"] and row["spilled"] > 0, report
+    assert report["orphans_after_kill_9"] == 0 and report["leftovers"] == []

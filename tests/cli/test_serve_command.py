@@ -2,6 +2,7 @@
 (it scrubs freed memory as nodes do)."""
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import sys
@@ -54,3 +55,36 @@ def test_serve_refuses_metrics_on_the_public_port_and_bad_windows(extra, message
     r = subprocess.run([sys.executable, "-m", "traceless.cli", "serve", *extra], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0 and message in r.stderr
+
+
+def test_serve_exits_70_when_its_engine_stops_for_good(tiny_llama_dir, tmp_path):
+    from traceless.cli.serve import ENGINE_STOPPED_EXIT
+    from traceless.local.processes import free_port, wait_ready
+    from traceless.server.async_engine import AsyncEngine
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.support.broken_serve", "--model", str(tiny_llama_dir),
+                                 "--dtype", "float32", "--kv-cache-memory", "1MiB", "--max-model-len", "128",
+                                 "--no-scrub-freed-memory", "--port", str(port), "--metrics-port", "0"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(proc, url + "/health", what="serve")
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        codes = []
+        # every step fails: each failure fails its request and restarts the engine, until the
+        # restart budget is spent and the engine stays stopped
+        for _ in range(AsyncEngine.MAX_RESTARTS + 1):
+            r = httpx.post(url + "/v1/completions", json={"model": model, "prompt": "hi",
+                                                          "max_tokens": 2}, timeout=60)
+            codes.append((r.status_code, r.json()["error"]["code"]))
+        assert proc.wait(60) == ENGINE_STOPPED_EXIT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (tmp_path / "serve.log").read_text()
+    assert codes == [(503, "engine_dead")] * (AsyncEngine.MAX_RESTARTS + 1), codes
+    assert '"event":"engine.stopped"' in text and "exiting (70) for a supervisor to restart" in text
+    assert "Traceback" not in text

@@ -47,6 +47,17 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"traceless {traceless.__version__}"
 
 
+def test_ctrl_c_in_any_command_is_one_line_and_status_130(monkeypatch, capsys):
+    from traceless.cli import generate
+
+    def interrupted(args):
+        raise KeyboardInterrupt  # what main's handlers make of Ctrl-C, SIGTERM and SIGHUP
+
+    monkeypatch.setattr(generate, "_run", interrupted)  # the parser binds handlers when it is built
+    assert main(["run"]) == 130
+    assert capsys.readouterr().err.strip() == "traceless run: interrupted"
+
+
 def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run([sys.executable, "-m", "traceless.cli", *argv], capture_output=True, text=True,

@@ -188,3 +188,18 @@ def test_per_request_events_only_with_the_benchmark_switch(tiny_llama_dir, caplo
                      use_tqdm=False)
     finished = [r for r in caplog.records if '"event":"request.finished"' in r.getMessage()]
     assert len(finished) == (1 if request_events else 0)
+
+
+def test_stream_chat_streams_the_same_answer_and_closing_it_aborts(tiny):
+    conversation = [{"role": "user", "content": "hello there"}]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    whole = tiny.chat(conversation, params, use_tqdm=False)[0].outputs[0].text
+    pieces = list(tiny.stream_chat(conversation, params))
+    assert "".join(pieces) == whole and sum(1 for p in pieces if p) > 1  # token by token, not at the end
+    stream = tiny.stream_chat(conversation, params)
+    assert "".join(next(stream) for _ in range(4))
+    assert tiny.engine.has_unfinished()
+    stream.close()  # an answer cut short (Ctrl-C in `traceless chat`): the request is aborted
+    tiny.engine.check_integrity()
+    with pytest.raises(InvalidRequestError):
+        next(tiny.stream_chat(conversation, SamplingParams(n=2)))

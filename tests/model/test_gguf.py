@@ -410,3 +410,11 @@ def test_default_model_loads(default_model_path):
     assert tensor.tensor_type.name == "Q4_1"
     in_file = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     assert np.array_equal(llama_cpp_permute(weights["layers.29.k"].numpy(), 3), in_file)
+
+
+def test_the_config_is_read_without_the_weights(good):
+    from traceless.model.gguf_loader import load_gguf
+    from traceless.model.loader import read_model_config
+
+    path, _ = good
+    assert read_model_config(path) == load_gguf(path, torch.float32)[0]

@@ -215,3 +215,28 @@ def test_a_client_that_leaves_aborts_non_streamed_work(tiny_llama_dir):
         s.wait_idle(timeout=60)
         assert len(steps) < 120  # aborted, not run to max_tokens
         s.check_integrity()
+
+
+def test_a_stopping_node_ends_its_encrypted_streams_with_an_error_then_done(tiny_llama_dir):
+    """The bounded drain's end (AsyncEngine.end_requests) reaches a stream inside OHTTP as it does a
+    plaintext one: an error event, then [DONE], in a whole encrypted response; nothing held after."""
+    import threading
+
+    from tests.server.serving import make_served_app
+
+    _, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
+                                             max_model_len=128))
+    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 100, "ignore_eos": True, "stream": True}
+    result: dict = {}
+    with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s, s.slowed(0.05):
+        s.identity = identity
+        caller = threading.Thread(target=lambda: result.update(answer=call(s, b"/v1/completions", body, True)))
+        caller.start()
+        s.wait_until(lambda e: e.num_running == 1)
+        s.loop.call_soon_threadsafe(engine.end_requests)
+        caller.join(30)
+        s.check_integrity()
+    status, events = result["answer"]
+    assert status == 200 and events[-1] == b"data: [DONE]\n\n"
+    assert json.loads(events[-2].removeprefix(b"data: "))["error"]["code"] == "shutting_down"

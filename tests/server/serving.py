@@ -39,6 +39,14 @@ class Served:
         """Run fn(engine) on the engine thread and return its result."""
         return asyncio.run_coroutine_threadsafe(self.engine.call(fn), self.loop).result(timeout)
 
+    def wait_until(self, predicate, timeout=30):
+        """Poll predicate(engine) on the engine thread until it holds."""
+        deadline = time.monotonic() + timeout
+        while not self.on_engine(predicate):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the engine never reached the expected state")
+            time.sleep(0.02)
+
     def wait_idle(self, timeout=30):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

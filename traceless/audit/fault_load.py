@@ -25,7 +25,10 @@ class Outcome:
 class Load:
     """Workers that run until `stop()`; `outcomes` grows as requests end."""
 
-    def __init__(self, base_url: str, model: str, workers: int = 8, max_tokens: int = 12, timeout_s: float = 90.0):
+    def __init__(self, base_url: str, model: str, workers: int = 8, max_tokens: int | None = 12,
+                 timeout_s: float = 90.0):
+        """`max_tokens` None: every answer runs to the end of the context (EOS ignored), so that
+        requests stay at a node long enough to overlap there."""
         try:
             import openai
         except ImportError:
@@ -68,17 +71,17 @@ class Load:
     def _one(self, client, stream: bool) -> tuple[bool, int | None, str]:
         openai = self._openai
         messages = [{"role": "user", "content": PROMPT}]
+        limit = {"max_tokens": self.max_tokens} if self.max_tokens else {"extra_body": {"ignore_eos": True}}
         try:
             if stream:
                 chunks = client.chat.completions.create(model=self.model, messages=messages, stream=True,
-                                                        max_tokens=self.max_tokens, temperature=0)
+                                                        temperature=0, **limit)
                 finish = None
                 for chunk in chunks:
                     if chunk.choices and chunk.choices[0].finish_reason:
                         finish = chunk.choices[0].finish_reason
                 return (True, None, "ok") if finish in ("stop", "length") else (False, None, "stream_error")
-            reply = client.chat.completions.create(model=self.model, messages=messages, max_tokens=self.max_tokens,
-                                                   temperature=0)
+            reply = client.chat.completions.create(model=self.model, messages=messages, temperature=0, **limit)
             if reply.choices[0].finish_reason in ("stop", "length"):
                 return True, None, "ok"
             return False, None, "stream_error"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import httpx
 
+from traceless.audit.fault_offload import SpillCounts, offload_sizing, spill_counts
 from traceless.local.processes import free_port
 
 START_TIMEOUT_S = 300.0
 GATEWAY_ARGS = "--health-interval 1 --unhealthy-after 2"
-TMPFS_SIZE = "1m"
 
 
 class UpUnderTest:
@@ -29,15 +29,17 @@ class UpUnderTest:
     @contextmanager
     def started(cls, workdir: Path, model: str | None, node_args: tuple[str, ...],
                 offload: bool) -> Iterator[UpUnderTest]:
-        """`traceless up --nodes 2` in `workdir`; with `offload` (and root) the nodes spill KV to a
-        1 MiB tmpfs. Stopped (SIGKILL of its group, tmpfs unmounted) when the block ends."""
+        """`traceless up --nodes 2` in `workdir`; with `offload` (and root) the nodes have a KV cache
+        small enough that the load preempts, and spill KV to a tmpfs of their own (fault_offload.py).
+        Stopped (SIGKILL of its group, tmpfs unmounted) when the block ends."""
         offload_dir = workdir / "offload" if offload and os.geteuid() == 0 else None
         args = list(node_args) + (["--model", model] if model else [])
         if offload_dir is not None:
+            sizing = offload_sizing(model, node_args)
             offload_dir.mkdir(mode=0o700)
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0700", "tmpfs", str(offload_dir)],
-                           check=True)
-            args += ["--kv-offload", "disk", "--kv-offload-dir", str(offload_dir)]
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={sizing.tmpfs_bytes},mode=0700", "tmpfs",
+                            str(offload_dir)], check=True)
+            args += [*sizing.node_args, "--kv-offload", "disk", "--kv-offload-dir", str(offload_dir)]
         state = workdir / "state"
         with open(workdir / "up.log", "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", "up", "--nodes", "2", "--port",
@@ -132,6 +134,10 @@ class UpUnderTest:
         finally:
             filler.unlink()
         return self.wait_serving(30.0)
+
+    def spill_counts(self) -> SpillCounts:
+        """Spills (and spill failures) of every node so far, from their event logs."""
+        return spill_counts(self.state / "logs")
 
     # --- the end -----------------------------------------------------------------------------------
     def kill_up(self) -> int:

@@ -13,7 +13,8 @@ DEMO_QUESTIONS = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    chat = sub.add_parser("chat", help="chat with a model in the terminal (offline engine)")
+    chat = sub.add_parser("chat", help="chat with a model in the terminal (offline engine; answers stream as they "
+                          "come; Ctrl-C ends an answer, Ctrl-C at the prompt ends the chat)")
     add_engine_args(chat)
     chat.add_argument("--max-tokens", type=int, default=256, help="longest answer, in tokens")
     chat.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
@@ -37,25 +38,12 @@ def _answer(llm, history: list[dict], params) -> str:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from traceless.cli.chat import converse
     from traceless.sampling_params import SamplingParams
 
     llm = _load(args)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    history: list[dict] = []
-    interactive = sys.stdin.isatty()
-    while True:
-        try:
-            line = input("you> " if interactive else "")
-        except (EOFError, KeyboardInterrupt):
-            break
-        if not line.strip():
-            continue
-        history.append({"role": "user", "content": line})
-        reply = _answer(llm, history, params)
-        history.append({"role": "assistant", "content": reply})
-        print(f"assistant> {reply}", flush=True)
-    history.clear()
-    return 0
+    return converse(llm, params, sys.stdin.isatty())
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -166,6 +166,7 @@ def _node(args: argparse.Namespace) -> int:
         build_async_engine,
         exit_when_engine_stops,
         reserve_ports,
+        shutdown_policy,
         stream_shape,
         telemetry_for,
         window_policy,
@@ -182,8 +183,9 @@ def _node(args: argparse.Namespace) -> int:
 
     if args.capacity < 1:
         raise SystemExit("traceless node: --capacity must be at least 1")
-    window_policy(args, "node")  # a bad telemetry or shape setting fails before the model loads
+    window_policy(args, "node")  # a bad telemetry, shape or shutdown setting fails before the model loads
     shape_policy(args)
+    shutdown_policy(args, None, "node")
     if bool(args.log) != bool(args.log_public_key):
         raise SystemExit("traceless node: --log and --log-public-key go together")
     try:
@@ -217,7 +219,7 @@ def _node(args: argparse.Namespace) -> int:
     telemetry, operator = telemetry_for(args, engine, "node", operator_sock)
     exit_when_engine_stops(engine, "node")
     run_uvicorn(create_node_app(engine, identity, settings, telemetry), args.host, args.port, "node", operator=operator,
-                limits=connection_limits(args), sock=public)
+                limits=connection_limits(args), sock=public, shutdown=shutdown_policy(args, engine, "node"))
     return ENGINE_STOPPED_EXIT if engine.dead else 0
 
 

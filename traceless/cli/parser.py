@@ -26,6 +26,7 @@ COMMAND_MODULES = (
 
 
 USAGE_ERROR = 2  # argparse's own status for a bad command line; configuration errors share it
+INTERRUPTED = 130  # a shell's status for a command ended by Ctrl-C (128 + SIGINT)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         # the commands' own refusals (`raise SystemExit("traceless node: ...")`): one line, status 2
         print(exc.code, file=sys.stderr)
         return USAGE_ERROR
+    except KeyboardInterrupt:
+        # Ctrl-C or a stop signal: the command's `finally` blocks have run; no traceback.
+        print(f"traceless {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -27,6 +27,19 @@ def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> N
                    help="pad every streamed chunk to this many bytes (0 = off; at least 64)")
     p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
                    help="stream in groups of this many tokens instead of one chunk per step")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="on Ctrl-C or SIGTERM, how long open requests may run on before they are ended (a "
+                        "stream with an error event and [DONE]; a second Ctrl-C ends them at once)")
+
+
+def shutdown_policy(args: argparse.Namespace, engine, component: str):
+    """The bounded drain: open requests end through the engine when --shutdown-timeout is up."""
+    from traceless.http.shutdown import Shutdown
+
+    try:
+        return Shutdown(args.shutdown_timeout, engine.end_requests if engine is not None else None)
+    except ValueError as exc:
+        raise SystemExit(f"traceless {component}: --shutdown-timeout: {exc}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -137,8 +150,9 @@ def _serve(args: argparse.Namespace) -> int:
     from traceless.http.serve import run_uvicorn
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 
-    window_policy(args, "server")  # a bad telemetry or access setting fails before the model loads
+    window_policy(args, "server")  # a bad telemetry, access or shutdown setting fails before the model loads
     access_settings(args)
+    shutdown_policy(args, None, "serve")
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
     configure_logging()
@@ -154,5 +168,6 @@ def _serve(args: argparse.Namespace) -> int:
     loop = "asyncio" if args.scrub_freed_memory else "auto"
     exit_when_engine_stops(engine, "serve")
     run_uvicorn(create_app(engine, settings, telemetry), args.host, args.port, "server", loop=loop,
-                operator=operator, limits=connection_limits(args), sock=public)
+                operator=operator, limits=connection_limits(args), sock=public,
+                shutdown=shutdown_policy(args, engine, "serve"))
     return ENGINE_STOPPED_EXIT if engine.dead else 0

@@ -134,7 +134,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         chunks: list[_Chunk] = []
-        preempted = 0
+        preempted = spilled = 0
 
         in_flight = self._ahead() if self._inflight else {}
         i = 0
@@ -162,7 +162,7 @@ class Scheduler:
                 continue
             while not self.kv.allocate_slots(request, n):
                 victim = self.running.pop()  # always at index >= i: not yet scheduled this step
-                self._preempt(victim)
+                spilled += self._preempt(victim)
                 preempted += 1
                 if victim is request:
                     break
@@ -197,7 +197,7 @@ class Scheduler:
             budget -= n
 
         if preempted:
-            emit("engine.preempted", num_requests=preempted)
+            emit("engine.preempted", num_requests=preempted, spilled=spilled)
         self._step += 1
         self._inflight[self._step] = {c.request.request_id: c for c in chunks}
         return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted, self._step)
@@ -325,7 +325,8 @@ class Scheduler:
             room = min(room, request.params.max_tokens - request.num_output_tokens - 1)
         return max(0, min(wanted, room, budget - 1))
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request) -> bool:
+        """Take a running request off the batch; True if its KV was sealed and spilled (offload)."""
         self.num_preemptions += 1
         request.clear_drafts()
         if self.kv.can_offload and request.num_computed_tokens > 0:
@@ -337,12 +338,15 @@ class Scheduler:
                 self.kv.free(request)
                 self._failed.append(request)
                 emit("engine.kv_spill_failed", num_requests=1)
-                return
+                return False
+            spilled = True
         else:
             self.kv.free(request)  # recompute: its KV is gone, its tokens are not
             request.num_computed_tokens = 0
+            spilled = False
         request.transition(RequestStatus.PREEMPTED)
         self.waiting.appendleft(request)
+        return spilled
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """The single exit: take the request out of the queues and free (zero) its blocks."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -74,6 +74,31 @@ class LLM:
             text = tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt)
             prompts.append((text, tok.encode(text, add_special_tokens=False), None))
         return self._run(prompts, self._params(sampling_params, len(prompts)), use_tqdm)
+
+    def stream_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None) -> Iterator[str]:
+        """One conversation's answer, piece by piece: one piece per engine step (empty while the
+        prompt is prefilled), for a terminal that shows the answer as it comes. Closing the iterator
+        before the answer ends aborts the request: its KV blocks are freed and zeroed. The engine
+        must not be stepped by anyone else meanwhile (other requests' outputs are dropped)."""
+        params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise InvalidRequestError("stream_chat streams one answer: n must be 1")
+        tok = self.engine.tokenizer
+        text = tok.apply_chat_template(list(messages), add_generation_prompt=True)
+        rid = f"gen-{next(self._ids)}"
+        self.engine.add_request(rid, tok.encode(text, add_special_tokens=False), params)
+        finished = False
+        try:
+            while not finished:
+                pieces = []
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        pieces.append(out.new_text)
+                        finished = out.finished
+                yield "".join(pieces)
+        finally:
+            if not finished:
+                self.engine.abort(rid)
 
     # -------------------------------------------------------------------------------------------
     def _prompt(self, p: PromptType) -> tuple[str | None, str | list[int], str | None]:

@@ -13,6 +13,7 @@ from traceless.errors import (
     InvalidRequestError,
     ModelNotFoundError,
     QueueFullError,
+    ShuttingDownError,
     TracelessError,
 )
 
@@ -74,4 +75,7 @@ def from_traceless_error(exc: TracelessError) -> ApiError:
         return ApiError(404, str(exc), type="invalid_request_error", code="model_not_found")
     if isinstance(exc, EngineDeadError):
         return ApiError(503, "the engine has stopped", type="server_error", code="engine_dead")
+    if isinstance(exc, ShuttingDownError):
+        return ApiError(503, "the server is shutting down; retry on another", type="server_error",
+                        code="shutting_down")
     return internal_error()

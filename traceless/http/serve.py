@@ -15,6 +15,7 @@ from typing import Any
 from traceless.errors import ConfigError
 from traceless.events import emit
 from traceless.http.limits import ConnectionLimits, uvicorn_options
+from traceless.http.shutdown import GracefulServer, Shutdown
 
 
 def uvicorn_config(app: Any, limits: ConnectionLimits | None = None, **options: Any):
@@ -53,21 +54,24 @@ def reserve(host: str, port: int, component: str, option: str = "--port") -> soc
 
 def run_uvicorn(app: Any, host: str, port: int, component: str, loop: str = "auto",
                 operator: OperatorListener | None = None, extra_ports: tuple[int, ...] = (),
-                limits: ConnectionLimits | None = None, sock: socket.socket | None = None) -> None:
+                limits: ConnectionLimits | None = None, sock: socket.socket | None = None,
+                shutdown: Shutdown = Shutdown()) -> None:
     """`loop`: uvicorn's event loop ("auto": uvloop where installed; "asyncio": the standard one,
     which reads every packet into a fresh buffer instead of uvloop's long-lived receive buffer).
     `operator`: served from a thread of its own, started first; the public app runs here.
     `extra_ports`: the same server and app also listen on host:P for each P (the app can tell the
     ports apart by the ASGI scope's `server`). `limits`: connections, timeouts, lingering close
     (http/limits.py; its defaults when None). `sock`: host:port already reserved (`reserve`).
+    `shutdown`: the bounded drain on Ctrl-C or SIGTERM (http/shutdown.py).
     A port in use is a ConfigError naming it; a server that does not start raises SystemExit."""
-    import uvicorn
 
     sockets = [sock or reserve(host, port, component), *(reserve(host, p, component, "port") for p in extra_ports)]
     try:
         if operator is not None:
             _start_operator(operator, component)
-        server = uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, loop=loop))
+        config = uvicorn_config(app, limits, host=host, port=port, loop=loop,
+                                timeout_graceful_shutdown=shutdown.uvicorn_timeout_s)
+        server = GracefulServer(config, component, shutdown)
         emit("service.started", component=component, port=sockets[0].getsockname()[1], listener="public")
         interrupted = False
         try:

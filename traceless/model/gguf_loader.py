@@ -101,6 +101,13 @@ def _dequantize(tensor) -> np.ndarray:
     return out if out.flags.writeable else out.copy()
 
 
+def read_gguf_config(path: Path) -> ModelConfig:
+    """The config of a GGUF model file, its tensors left unread."""
+    reader = _reader(path)
+    names = {t.name for t in reader.tensors}
+    return from_gguf_metadata(read_metadata(reader), "output.weight" in names, "blk.0.attn_q.bias" in names)
+
+
 def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
     """(config, canonical weights in `dtype`, metadata) of a GGUF model file."""
     reader = _reader(path)

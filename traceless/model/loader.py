@@ -101,6 +101,21 @@ def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = 
     return LoadedModel(config, weights, tokenizer, path, name)
 
 
+def read_model_config(model: str | Path | None) -> ModelConfig:
+    """A model's shapes without its weights: a directory's config.json or a GGUF file's metadata
+    (what a tool sizes a KV cache from)."""
+    path = resolve_model_path(model)
+    if path.is_dir():
+        from traceless.model.dummy import read_dummy_config
+
+        return read_dummy_config(path)
+    if path.suffix == ".gguf" or _has_gguf_magic(path):
+        from traceless.model.gguf_loader import read_gguf_config
+
+        return read_gguf_config(path)
+    raise ModelLoadError(f"{path.name} is neither a GGUF file nor a Hugging Face model directory")
+
+
 def _load_dummy(model: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer
 

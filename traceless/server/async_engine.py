@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from traceless.engine.llm_engine import LLMEngine, ResidueStats, StepOutput
-from traceless.errors import EngineDeadError
+from traceless.errors import EngineDeadError, ShuttingDownError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
 from traceless.server.thread_cache import flush_thread_cache
@@ -58,6 +58,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.dead = False  # stopped for good
+        self.closing = False  # the server is stopping: open requests were ended, new ones are refused
         self.restarting = False  # a failed engine is being replaced
         self._idle = IdleWork(engine)
         self._idle_hooks: list[Callable[[], None]] = []
@@ -105,6 +106,8 @@ class AsyncEngine:
         closing or cancelling the iterator aborts the request."""
         if self.dead:
             raise EngineDeadError("the engine has stopped")
+        if self.closing:
+            raise ShuttingDownError("the server is shutting down")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
         finished = False
@@ -122,6 +125,13 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self._submit("abort", request_id)
+
+    def end_requests(self) -> None:
+        """The server is stopping (call on the event loop): every open request fails with
+        ShuttingDownError, which ends its stream properly (an error event, then [DONE]) and aborts
+        it in the engine (its blocks freed and zeroed); requests that come later are refused."""
+        self.closing = True
+        self._fail_all(ShuttingDownError("the server is shutting down"))
 
     def _submit(self, kind: str, *args) -> Future:
         fut: Future = Future()
