@@ -177,6 +177,7 @@ def _node(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, attestation_ttl_s=args.attestation_ttl,
         gateway_url=args.gateway, public_url=public_url,
         register_interval_s=args.register_interval, stream_shape=stream_shape(args), shape=shape_policy(args),
+        request_events=args.request_events,
     )
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
                             keys=KeyRing(args.key_rotation, args.key_overlap))

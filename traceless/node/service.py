@@ -68,8 +68,9 @@ class NodeService:
     """Decapsulate, run the OpenAI call, encapsulate."""
 
     def __init__(self, identity: NodeIdentity, api: OpenAIService, telemetry: Telemetry,
-                 shape: ShapePolicy = ShapePolicy()):
+                 shape: ShapePolicy = ShapePolicy(), request_events: bool = False):
         self.identity, self.api, self.telemetry, self.shape = identity, api, telemetry, shape
+        self.request_events = request_events  # an inner error's line only with --request-events
         self.padding = api.shape.padding
 
     async def handle(self, body: bytes, chunked: bool) -> Response:
@@ -147,12 +148,14 @@ class NodeService:
                 return 200, json.dumps(result, ensure_ascii=False).encode()
             return 200, result
         except ApiError as exc:
-            emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
+            if self.request_events:
+                emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
             if metered is not None:
                 self.telemetry.request(metered, "rejected" if exc.status < 500 else "error")
             return _inner_error(exc)
         except Exception:
-            emit("http.error", component="node", status_code=500, error_kind="internal")
+            if self.request_events:
+                emit("http.error", component="node", status_code=500, error_kind="internal")
             if metered is not None:
                 self.telemetry.request(metered, "error")
             return _inner_error(internal_error())
