@@ -22,9 +22,9 @@ MODEL = "tiny"
 
 
 @contextmanager
-def tiny_node(model_dir, settings: NodeSettings = NodeSettings(MODEL)):
+def tiny_node(model_dir, settings: NodeSettings = NodeSettings(MODEL), max_model_len: int = 128):
     engine = AsyncEngine(build_engine(EngineConfig(model=str(model_dir), dtype="float32", kv_cache_memory=2**20,
-                                                max_model_len=128)))
+                                                max_model_len=max_model_len)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
                             capacity=1, node_url="http://node.test:8100")
     with serve(create_node_app(engine, identity, settings), engine) as s:

@@ -11,7 +11,7 @@ from traceless.cli.env import add_env_argument
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 from traceless.cli.serve import add_http_args
-from traceless.privacy.shape import DEFAULT_TICK_MS
+from traceless.privacy.shape import DEFAULT_PREFILL_MS_PER_KIB, DEFAULT_TICK_MS
 
 if TYPE_CHECKING:
     from traceless.privacy.attestation.software import Attester
@@ -50,6 +50,10 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stream-tick", type=int, default=DEFAULT_TICK_MS, metavar="MS",
                    help=f"with --shape buckets: one fixed-size stream chunk every MS milliseconds (default "
                         f"{DEFAULT_TICK_MS}; 0 = a bucket-padded chunk per event, timings visible)")
+    g.add_argument("--prefill-budget", type=int, default=DEFAULT_PREFILL_MS_PER_KIB, metavar="MS",
+                   help=f"with a stream tick: a stream's first tick (its response head) comes no sooner than MS "
+                        f"milliseconds per KiB of the request's size bucket after the request arrived, so a "
+                        f"prompt's prefill time does not show (default {DEFAULT_PREFILL_MS_PER_KIB}; measured)")
     add_scrub_arg(p)
 
 
@@ -57,7 +61,7 @@ def shape_policy(args: argparse.Namespace):
     from traceless.privacy.shape import ShapePolicy
 
     try:
-        return ShapePolicy(args.shape, args.stream_tick)
+        return ShapePolicy(args.shape, args.stream_tick, args.prefill_budget)
     except ValueError as exc:
         raise SystemExit(f"traceless node: {exc}") from None
 
