@@ -120,7 +120,7 @@ def build_attester(args: argparse.Namespace, *, tsm_root: Path | None = None, nv
 def register(sub: argparse._SubParsersAction) -> None:
     node = sub.add_parser("node", help="private node: the engine behind OHTTP, with attestation")
     add_node_args(node)
-    node.set_defaults(handler=_node)
+    node.set_defaults(handler=_node, check=_node_check)
     up = sub.add_parser("up", help="all-in-one local deployment of the private path on loopback")
     up.add_argument("--nodes", type=int, default=2)
     up.add_argument("--capacities", default=None, help="comma-separated node capacities, e.g. 1,2")
@@ -142,10 +142,22 @@ def node_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _node_check(args: argparse.Namespace) -> None:
+    """What must hold before anything starts (SystemExit otherwise)."""
+    from traceless.cli.serve import window_policy
+
+    if args.capacity < 1:
+        raise SystemExit("traceless node: --capacity must be at least 1")
+    window_policy(args, "node")  # a bad telemetry or shape setting fails before the model loads
+    shape_policy(args)
+    if bool(args.log) != bool(args.log_public_key):
+        raise SystemExit("traceless node: --log and --log-public-key go together")
+
+
 def _node(args: argparse.Namespace) -> int:
     import base64
 
-    from traceless.cli.serve import build_async_engine, stream_shape, telemetry_for, window_policy
+    from traceless.cli.serve import build_async_engine, stream_shape, telemetry_for
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
     from traceless.node.app import create_node_app
@@ -155,12 +167,7 @@ def _node(args: argparse.Namespace) -> int:
     from traceless.privacy.attestation.measurement import measure
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES
 
-    if args.capacity < 1:
-        raise SystemExit("traceless node: --capacity must be at least 1")
-    window_policy(args, "node")  # a bad telemetry or shape setting fails before the model loads
-    shape_policy(args)
-    if bool(args.log) != bool(args.log_public_key):
-        raise SystemExit("traceless node: --log and --log-public-key go together")
+    _node_check(args)
     attester = build_attester(args)  # before the model loads: no device, no start
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
