@@ -128,12 +128,17 @@ def test_network_policies_are_as_documented(render, overlay):
 def test_no_exec_or_attach_into_node_pods(render):
     objs = render("dev")
     policy = _one(objs, "ValidatingAdmissionPolicy", "traceless-no-exec-into-nodes")
-    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
-    assert {"pods/exec", "pods/attach"} <= set(rule["resources"]) and rule["operations"] == ["CONNECT"]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    connect = {r for rule in rules if rule["operations"] == ["CONNECT"] for r in rule["resources"]}
+    update = {r for rule in rules if rule["operations"] == ["UPDATE"] for r in rule["resources"]}
+    assert {"pods/exec", "pods/attach", "pods/portforward", "pods/proxy", "services/proxy", "nodes/proxy"} <= connect
+    assert "pods/ephemeralcontainers" in update  # kubectl debug
+    assert all(rule["apiGroups"] == [""] for rule in rules)
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert "namespace" not in policy["metadata"]
     expression = policy["spec"]["validations"][0]["expression"]
-    assert "traceless-node-" in expression and "request.namespace == 'traceless'" in expression
+    assert "startsWith('traceless-node')" in expression and "request.namespace == 'traceless'" in expression
+    assert "request.resource.resource != 'nodes'" in expression  # the kubelet proxy, for every node
     binding = _one(objs, "ValidatingAdmissionPolicyBinding", "traceless-no-exec-into-nodes")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
