@@ -236,3 +236,28 @@ def test_the_log_runs_with_its_witness_and_nodes_with_their_metrics_port(render,
     assert "--witness-key=$(TRACELESS_WITNESS_KEY)" in log["args"]
     node = _pod_spec(_one(objs, "StatefulSet", "traceless-node"))["containers"][0]
     assert "--metrics-port=9100" in node["args"]
+
+
+def _arg(container: dict, flag: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in container.get("args", []) if a.startswith(flag + "=")]
+    return values[-1] if values else None
+
+
+def test_the_confidential_overlay_binds_hardware_evidence(render):
+    """Confidential nodes attest with their TEE's and every GPU's evidence, and the gateway admits
+    them only under an evidence policy: a software-attested node is not admitted there."""
+    objs = render("confidential")
+    node = _pod_spec(_one(objs, "StatefulSet", "traceless-node"))["containers"][0]
+    gpus = int(node["resources"]["limits"]["nvidia.com/gpu"])
+    assert _arg(node, "--attestation") == "hardware"
+    assert _arg(node, "--gpu-evidence") == str(gpus) and gpus >= 1  # every GPU the pod gets
+    gateway_spec = _pod_spec(_one(objs, "Deployment", "traceless-gateway"))
+    gateway = gateway_spec["containers"][0]
+    policy = _arg(gateway, "--evidence-policy")
+    assert policy is not None
+    mount = next(m for m in gateway["volumeMounts"] if policy.startswith(m["mountPath"].rstrip("/") + "/"))
+    volume = next(v for v in gateway_spec["volumes"] if v["name"] == mount["name"])
+    assert "configMap" in volume and mount.get("readOnly") is True
+    # the development overlay keeps the development attester
+    dev_node = _pod_spec(_one(render("dev"), "StatefulSet", "traceless-node"))["containers"][0]
+    assert _arg(dev_node, "--attestation") in (None, "software")
