@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from traceless.cli.engine_args import add_engine_args
 from traceless.cli.env import add_env_argument
+from traceless.cli.hardening import make_undumpable
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 from traceless.cli.serve import add_http_args
@@ -171,6 +172,7 @@ def _node(args: argparse.Namespace) -> int:
     attester = build_attester(args)  # before the model loads: no device, no start
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
+    make_undumpable()  # before any request: no core file, no ptrace by the same user
     configure_logging()
     engine = build_async_engine(args)
     measurement = measure(engine.model.path, node_measured_config(args))

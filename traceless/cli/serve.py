@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from traceless.cli.engine_args import add_engine_args, engine_options, parse_size
+from traceless.cli.hardening import make_undumpable
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 
@@ -89,6 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
     window_policy(args, "server")  # a bad telemetry setting fails before the model loads
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
+    make_undumpable()  # before any request: no core file, no ptrace by the same user
     configure_logging()
     engine = build_async_engine(args)
     settings = ServerSettings(args.served_model_name or engine.model_name,
