@@ -12,7 +12,7 @@ from traceless.cli.hardening import make_undumpable
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 from traceless.cli.serve import add_http_args
-from traceless.privacy.shape import DEFAULT_PREFILL_MS_PER_KIB, DEFAULT_TICK_MS
+from traceless.privacy.shape import DEFAULT_DECODE_MS_PER_TOKEN, DEFAULT_PREFILL_MS_PER_KIB, DEFAULT_TICK_MS
 
 if TYPE_CHECKING:
     from traceless.privacy.attestation.software import Attester
@@ -55,6 +55,11 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
                    help=f"with a stream tick: a stream's first tick (its response head) comes no sooner than MS "
                         f"milliseconds per KiB of the request's size bucket after the request arrived, so a "
                         f"prompt's prefill time does not show (default {DEFAULT_PREFILL_MS_PER_KIB}; measured)")
+    g.add_argument("--decode-budget", type=int, default=DEFAULT_DECODE_MS_PER_TOKEN, metavar="MS",
+                   help=f"with a stream tick: a stream whose request sets max_tokens runs for max_tokens x MS "
+                        f"milliseconds (padded after its last token), so the answer's length does not show; "
+                        f"without max_tokens, to a power-of-two number of ticks (default "
+                        f"{DEFAULT_DECODE_MS_PER_TOKEN}; measured)")
     add_scrub_arg(p)
 
 
@@ -62,7 +67,7 @@ def shape_policy(args: argparse.Namespace):
     from traceless.privacy.shape import ShapePolicy
 
     try:
-        return ShapePolicy(args.shape, args.stream_tick, args.prefill_budget)
+        return ShapePolicy(args.shape, args.stream_tick, args.prefill_budget, args.decode_budget)
     except ValueError as exc:
         raise SystemExit(f"traceless node: {exc}") from None
 

@@ -4,11 +4,12 @@
                          (privacy/shape.py: first_tick), never at the moment of the first token
     one chunk per tick   STREAM_CHUNK plaintext bytes: the SSE bytes that arrived since the last
                          tick, filled out (a tick with nothing new sends filler only)
-    the end              after the last content, filler chunks up to a power-of-two number of ticks
-                         (at most max_tokens ticks: shape.padded_ticks), then the final chunk
+    the end              after the last content, filler chunks up to the stream's decode budget
+                         (max_tokens x a budget per token; without one, or past it, to a
+                         power-of-two number of ticks: shape.padded_ticks), then the final chunk
 
 So the relay sees when a stream starts to within the budget's tick (a prefill longer than the
-budget still shows, rounded up to a tick) and its length to within a factor of two.
+budget still shows, rounded up to a tick) and not how long its answer was.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ END_LEN = 2  # content terminator + empty trailer section
 class Pace:
     first_due: float  # loop time of the first tick: the head and the first chunk
     tick_s: float
-    bound_ticks: int | None  # the stream's length is padded to at most this many ticks
+    budget_ticks: int | None  # the stream's length if its content ends within it (None: pow2 ticks)
 
 
 async def paced(ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None], pace: Pace,
@@ -56,7 +57,7 @@ async def paced(ctx: ChunkedServerResponse, status: int, headers, events: AsyncG
             if task.done() and task.exception() is not None:
                 raise RuntimeError("the response stream failed")  # the client sees a truncated stream
             if task.done() and len(pending) <= last:
-                target = target or padded_ticks(sent + 1, pace.bound_ticks)  # this tick's chunk would be the last
+                target = target or padded_ticks(sent + 1, pace.budget_ticks)  # if this tick were the last
                 if sent + 1 >= target:
                     chunk, _ = pack(pending, STREAM_CHUNK - END_LEN, filler)
                     yield enc.seal_final(chunk + msg.end())

@@ -55,11 +55,11 @@ def _wipe(*buffers: bytearray | None) -> None:
 @dataclass(slots=True)
 class _Arrival:
     """What a shaped stream's timing is set from: when the request arrived, its padded length, and
-    the longest stream it may run (max_tokens x n: a stream of a token a tick ends there)."""
+    how many token events its longest answer has (max_tokens x n)."""
 
     arrived: float
     request_bytes: int
-    bound_ticks: int | None = None
+    max_tokens: int | None = None
 
 
 def _max_tokens(parsed: object) -> int | None:
@@ -178,7 +178,7 @@ class NodeService:
             parsed = parse_json(content)
         finally:
             _wipe(content)
-        req.bound_ticks = _max_tokens(parsed)
+        req.max_tokens = _max_tokens(parsed)
         if isinstance(parsed, dict) and parsed.get("stream") is True and not chunked:
             raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)",
                            param="stream")
@@ -189,7 +189,7 @@ class NodeService:
     async def _chunked(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
                        req: _Arrival, filler: Callable[[int], bytes]) -> StreamingResponse:
         if self.shape.on and self.shape.tick_ms:
-            pace = self._pace(req)
+            pace = self._pace(req, filler is sse_filler)
             try:  # the response head leaves on the first tick, not when the first token is known
                 await asyncio.sleep(pace.first_due - asyncio.get_running_loop().time())
             except BaseException:
@@ -200,11 +200,13 @@ class NodeService:
             return StreamingResponse(bucketed(ctx, status, headers, events, filler), media_type=OHTTP_CHUNKED_RES)
         return self._unshaped(ctx, status, headers, events)
 
-    def _pace(self, req: _Arrival) -> Pace:
+    def _pace(self, req: _Arrival, sse: bool) -> Pace:
         tick = self.shape.tick_ms / 1000
         # no prompt longer than the context needs a longer prefill budget (8 bytes a token: token-id lists)
         budget = self.shape.prefill_budget_s(req.request_bytes, 8 * self.api.max_model_len)
-        return Pace(first_tick(req.arrived, asyncio.get_running_loop().time(), tick, budget), tick, req.bound_ticks)
+        due = first_tick(req.arrived, asyncio.get_running_loop().time(), tick, budget)
+        # a JSON body comes whole at the end (its time shows anyway): powers of two only
+        return Pace(due, tick, self.shape.decode_budget_ticks(req.max_tokens) if sse else None)
 
     def _unshaped(self, ctx: ChunkedServerResponse, status: int, headers,
                   events: AsyncGenerator[bytes, None]) -> StreamingResponse:
