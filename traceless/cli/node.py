@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 from traceless.cli.engine_args import add_engine_args
 from traceless.cli.env import add_env_argument
 from traceless.cli.hardening import make_undumpable
+from traceless.cli.isolation import canonical_digest, reexec_isolated, require_isolated
 from traceless.cli.limits import add_limit_args, connection_limits
-from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
+from traceless.cli.scrubbing import SCRUB_ENV, add_scrub_arg
 from traceless.cli.serve import add_http_args
 from traceless.privacy.shape import DEFAULT_DECODE_MS_PER_TOKEN, DEFAULT_PREFILL_MS_PER_KIB, DEFAULT_TICK_MS
 
@@ -85,6 +86,8 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
         "stream_padding": args.stream_padding, "stream_interval": args.stream_interval,
         "kv_offload": args.kv_offload, "scrub_freed_memory": args.scrub_freed_memory,
+        # the isolated environment it runs in (cli/isolation.py): a node started otherwise refuses
+        "environment": canonical_digest(SCRUB_ENV if args.scrub_freed_memory else {}),
         "request_events": args.request_events, "metrics_window": args.metrics_window,
         "metrics_min_requests": args.metrics_min_requests,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
@@ -175,8 +178,9 @@ def _node(args: argparse.Namespace) -> int:
 
     _node_check(args)
     attester = build_attester(args)  # before the model loads: no device, no start
-    if args.scrub_freed_memory:
-        reexec_with_scrubbing()
+    scrub_env = SCRUB_ENV if args.scrub_freed_memory else {}
+    reexec_isolated(scrub_env)  # no PYTHONPATH, LD_PRELOAD, site-customize: what runs is what is measured
+    require_isolated(scrub_env)
     make_undumpable()  # before any request: no core file, no ptrace by the same user
     configure_logging()
     engine = build_async_engine(args)
