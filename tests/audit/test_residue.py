@@ -32,3 +32,57 @@ def test_residue_audit_finds_nothing_on_the_node_or_the_plaintext_server(tmp_pat
     assert serve["preemptions"] >= 1
     assert rep["preemptions"] >= 1  # the preemption path (with KV sealed to disk) really ran
     assert rep["scrub"] is True and (tmp_path / "r.json").exists()
+
+
+def test_memscan_with_anchors_counts_like_without():
+    from traceless.audit.canary import anchors, new_canary, text_needles
+
+    forms = text_needles(new_canary())
+    needles = [n for ns in forms.values() for n in ns]
+    held = b"".join(n + b"\x00" for n in needles) * 2  # every form, twice
+    child = subprocess.Popen([sys.executable, "-c", f"import time; s = bytes.fromhex('{held.hex()}'); "
+                                                    f"print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        fast = scan_process(child.pid, needles, anchors(forms))
+        slow = scan_process(child.pid, needles)
+    finally:
+        child.kill()
+        child.wait()
+    assert fast == slow and all(v >= 2 for v in fast.values())
+
+
+def test_memscan_finds_a_needle_across_a_chunk_boundary():
+    from traceless.audit.memscan import _count_in, _plan
+
+    needle = b"xx-ANCHOR-yy"
+    plan = _plan([needle], [b"ANCHOR"])
+    counts = {needle: 0}
+    data = b"." * 10 + needle  # the chunk is 12 bytes; the needle starts in it and runs past it
+    _count_in(data, 12, plan, counts)
+    assert counts[needle] == 1
+    counts = {needle: 0}
+    _count_in(data, 10, plan, counts)  # starts past this chunk: the next chunk counts it
+    assert counts[needle] == 0
+    with pytest.raises(ValueError):
+        _plan([b"no anchor here"], [b"ANCHOR"])
+
+
+def test_canary_forms_cover_every_script_and_encoding():
+    from traceless.audit.canary import BYTE_LEVEL, byte_level, new_canary, text_needles, token_needles
+
+    c = new_canary()
+    latin, cyrillic, cjk = c.words
+    assert latin.isascii() and all("\u0400" <= ch <= "\u04ff" for ch in cyrillic) and all(
+        "\u4e00" <= ch <= "\u9fff" for ch in cjk)
+    forms = text_needles(c)
+    assert ("\u0120" + latin).encode() in forms["word, byte-level BPE (Ġ)"]
+    assert byte_level(" " + cyrillic).encode() in forms["word, byte-level BPE (Ġ)"]
+    assert ("\u2581" + cjk).encode() in forms["word, SentencePiece (▁)"]
+    assert cyrillic.encode("utf-16-le") in forms["word (utf-16-le)"] and cjk.encode("utf-32-be") in forms[
+        "word (utf-32-be)"]
+    assert len(set(BYTE_LEVEL.values())) == 256 and BYTE_LEVEL[32] == "\u0120"
+    ids = token_needles(c, lambda text: [ord(ch) for ch in text])
+    assert (b"".join(ord(ch).to_bytes(8, "little") for ch in " " + latin)) in ids["token ids (int64)"]
+    assert repr(c) == "Canary(...)"

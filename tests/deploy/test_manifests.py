@@ -128,12 +128,17 @@ def test_network_policies_are_as_documented(render, overlay):
 def test_no_exec_or_attach_into_node_pods(render):
     objs = render("dev")
     policy = _one(objs, "ValidatingAdmissionPolicy", "traceless-no-exec-into-nodes")
-    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
-    assert {"pods/exec", "pods/attach"} <= set(rule["resources"]) and rule["operations"] == ["CONNECT"]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    connect = {r for rule in rules if rule["operations"] == ["CONNECT"] for r in rule["resources"]}
+    update = {r for rule in rules if rule["operations"] == ["UPDATE"] for r in rule["resources"]}
+    assert {"pods/exec", "pods/attach", "pods/portforward", "pods/proxy", "services/proxy", "nodes/proxy"} <= connect
+    assert "pods/ephemeralcontainers" in update  # kubectl debug
+    assert all(rule["apiGroups"] == [""] for rule in rules)
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert "namespace" not in policy["metadata"]
     expression = policy["spec"]["validations"][0]["expression"]
-    assert "traceless-node-" in expression and "request.namespace == 'traceless'" in expression
+    assert "startsWith('traceless-node')" in expression and "request.namespace == 'traceless'" in expression
+    assert "request.resource.resource != 'nodes'" in expression  # the kubelet proxy, for every node
     binding = _one(objs, "ValidatingAdmissionPolicyBinding", "traceless-no-exec-into-nodes")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
@@ -231,3 +236,28 @@ def test_the_log_runs_with_its_witness_and_nodes_with_their_metrics_port(render,
     assert "--witness-key=$(TRACELESS_WITNESS_KEY)" in log["args"]
     node = _pod_spec(_one(objs, "StatefulSet", "traceless-node"))["containers"][0]
     assert "--metrics-port=9100" in node["args"]
+
+
+def _arg(container: dict, flag: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in container.get("args", []) if a.startswith(flag + "=")]
+    return values[-1] if values else None
+
+
+def test_the_confidential_overlay_binds_hardware_evidence(render):
+    """Confidential nodes attest with their TEE's and every GPU's evidence, and the gateway admits
+    them only under an evidence policy: a software-attested node is not admitted there."""
+    objs = render("confidential")
+    node = _pod_spec(_one(objs, "StatefulSet", "traceless-node"))["containers"][0]
+    gpus = int(node["resources"]["limits"]["nvidia.com/gpu"])
+    assert _arg(node, "--attestation") == "hardware"
+    assert _arg(node, "--gpu-evidence") == str(gpus) and gpus >= 1  # every GPU the pod gets
+    gateway_spec = _pod_spec(_one(objs, "Deployment", "traceless-gateway"))
+    gateway = gateway_spec["containers"][0]
+    policy = _arg(gateway, "--evidence-policy")
+    assert policy is not None
+    mount = next(m for m in gateway["volumeMounts"] if policy.startswith(m["mountPath"].rstrip("/") + "/"))
+    volume = next(v for v in gateway_spec["volumes"] if v["name"] == mount["name"])
+    assert "configMap" in volume and mount.get("readOnly") is True
+    # the development overlay keeps the development attester
+    dev_node = _pod_spec(_one(render("dev"), "StatefulSet", "traceless-node"))["containers"][0]
+    assert _arg(dev_node, "--attestation") in (None, "software")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 CHUNK = 16 << 20
 
@@ -16,9 +17,37 @@ def readable_regions(pid: int) -> list[tuple[int, int]]:
     return regions
 
 
-def scan_process(pid: int, needles: list[bytes]) -> dict[bytes, int]:
+def _plan(needles: list[bytes], anchors: Iterable[bytes]) -> dict[bytes, list[tuple[bytes, int]]]:
+    """anchor -> [(needle, where the anchor starts in it)]: each needle under the longest anchor it
+    contains; without anchors each needle is its own."""
+    ranked = sorted(set(anchors), key=len, reverse=True)
+    plan: dict[bytes, list[tuple[bytes, int]]] = {}
+    for n in dict.fromkeys(needles):
+        anchor = next((a for a in ranked if a in n), None) if ranked else n
+        if anchor is None:
+            raise ValueError("every needle must contain one of the anchors")
+        plan.setdefault(anchor, []).append((n, n.index(anchor)))
+    return plan
+
+
+def _count_in(data: bytes, size: int, plan: dict[bytes, list[tuple[bytes, int]]], counts: dict[bytes, int]) -> None:
+    """Count the needles that start in data[:size] (data runs on past size by the overlap)."""
+    for anchor, group in plan.items():
+        pos = data.find(anchor)
+        while pos != -1:
+            for needle, offset in group:
+                start = pos - offset
+                if 0 <= start < size and data.startswith(needle, start):
+                    counts[needle] += 1
+            pos = data.find(anchor, pos + 1)
+
+
+def scan_process(pid: int, needles: list[bytes], anchors: Iterable[bytes] = ()) -> dict[bytes, int]:
     """Occurrences of each needle in the process's readable memory (overlapping chunk reads, so a
-    needle across a chunk boundary is still found)."""
+    needle across a chunk boundary is still found). With `anchors` (short strings, each needle
+    containing at least one), memory is searched once per anchor and the needles are checked where
+    an anchor occurs: many needles cost little more than a few."""
+    plan = _plan(needles, anchors)
     counts = {n: 0 for n in needles}
     overlap = max(len(n) for n in needles) - 1
     with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
@@ -31,7 +60,6 @@ def scan_process(pid: int, needles: list[bytes]) -> dict[bytes, int]:
                     data = mem.read(size + (overlap if pos + size < end else 0))
                 except (OSError, ValueError, OverflowError):
                     break
-                for n in needles:
-                    counts[n] += data[:size + len(n) - 1].count(n)
+                _count_in(data, size, plan, counts)
                 pos += size
     return counts

@@ -1,12 +1,11 @@
 """`traceless audit residue`: send canaries through every path a request can take, wait for the
 TTLs, then look everywhere a trace could hide: on a private node, then on the plaintext server.
 
-Paths: plain and chat completions, a chunked stream, a stream the client aborts, failing requests
-(an unsupported parameter, a context overflow), a JSON-schema constrained chat and a forced tool
-call (the canary in the schema, the tool's description and its arguments), requests preempted under memory pressure with
-encrypted KV offload to disk, and prefix-cached requests in one cache_salt domain. They go to a
-real `traceless node` over OHTTP, as a client would send them, and then, as plain HTTP, to a real
-`traceless serve` with the same engine settings.
+The paths are residue_workload.py's; they go to a real `traceless node` over OHTTP, as a client
+would send them, and then, as plain HTTP, to a real `traceless serve` with the same engine settings.
+Each path has its own canary: three random words (Latin, Cyrillic, CJK), searched whole and word by
+word in every form a runtime may keep them (canary.py: UTF-8, byte-level BPE `Ġword`,
+SentencePiece `▁word`, UTF-16/32, and their token ids as int32/int64 arrays).
 
 Places: the KV pool and prefix cache (the allowlisted gauges on the operator's listener: non-zero
 blocks, cached blocks, swapped requests, peak usage), the offload directory (while requests are
@@ -14,31 +13,30 @@ swapped out, and after), the log streams and every file the process wrote (its c
 TMPDIR point into the audit's directory), the metrics output, and the process's readable memory
 (/proc/PID/mem). Any hit anywhere, process memory included, is a failure: with freed-memory
 scrubbing (the default of both commands) Python's immutable strings of finished requests are
-overwritten when freed. The audited processes publish a telemetry window at every scrape
-(`--metrics-min-requests 0`: the audit's switch), so the gauges read the state of the moment.
+overwritten when freed, and no tokenizer keeps a word cache. The audited processes publish a
+telemetry window at every scrape (`--metrics-min-requests 0`: the audit's switch), so the gauges
+read the state of the moment.
 """
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from traceless.audit.canary import Canary, anchors, text_needles, token_needles
 from traceless.audit.memscan import scan_process
 from traceless.audit.residue_client import OhttpTestClient, PlainTestClient
+from traceless.audit.residue_workload import PATHS, new_canaries, send_workload
 from traceless.local.services import free_port, stop, wait_ready
 from traceless.report.output import finish
-
-PATHS = ("plain", "chat", "stream", "abort", "fail_param", "fail_context", "preempt", "prefix", "schema", "tool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,68 +83,24 @@ class ProcessUnderAudit:
         return out
 
 
-def _canaries() -> dict[str, str]:
-    return {p: f"TRACELESS-CANARY-{p}-{secrets.token_hex(8)}" for p in PATHS}
+Needles = dict[str, dict[str, list[bytes]]]  # path -> form -> needles
 
 
-def send_workload(client: OhttpTestClient | PlainTestClient, canaries: dict[str, str], model: str,
-                  spill_hits: list) -> None:
-    c = canaries
-    client.completion({"model": model, "prompt": f"Repeat: {c['plain']}", "max_tokens": 16})
-    client.chat({"model": model, "messages": [{"role": "user", "content": f"Say {c['chat']}"}], "max_tokens": 16})
-    client.stream({"model": model, "prompt": f"Continue: {c['stream']}", "max_tokens": 16})
-    client.stream({"model": model, "prompt": f"Story of {c['abort']}", "max_tokens": 200, "ignore_eos": True},
-                  abort_after=2)
-    client.completion({"model": model, "prompt": c["fail_param"], "frobnicate": c["fail_param"]})
-    client.completion({"model": model, "prompt": (c["fail_context"] + " ") * 150})
-    # structured outputs and tools: the canary in a JSON schema, and in a tool's description and forced arguments
-    schema = {"type": "object", "properties": {"k": {"const": c["schema"]}}, "required": ["k"]}
-    client.chat({"model": model, "messages": [{"role": "user", "content": "json"}], "max_tokens": 96,
-                 "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
-    tool = {"type": "function", "function": {"name": "f", "description": c["tool"], "parameters": {
-        "type": "object", "properties": {"v": {"const": c["tool"]}}, "required": ["v"]}}}
-    client.chat({"model": model, "messages": [{"role": "user", "content": "call"}], "max_tokens": 128,
-                 "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False})
-    salt = secrets.token_urlsafe(24)
-    prefix = f"System notes {c['prefix']}. " * 20
-    for q in ("first", "second", "third"):
-        client.completion({"model": model, "prompt": prefix + q, "max_tokens": 4, "cache_salt": salt})
-    _preempt(client, model, c["preempt"], spill_hits)
+def needles_of(canaries: dict[str, Canary], model: str | None) -> Needles:
+    """Every form of every path's canary; token ids as the audited model's tokenizer writes them."""
+    from traceless.model.loader import load_tokenizer
 
+    tok = load_tokenizer(model)
 
-def _preempt(client: OhttpTestClient | PlainTestClient, model: str, canary: str, spill_hits: list) -> None:
-    """Eight long requests at once on a small KV cache: preemption, with KV sealed to disk. While
-    they run, every spill file that appears is read and searched for the canary."""
-    stop_watch = threading.Event()
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
 
-    def watch():
-        while not stop_watch.is_set():
-            for f in client.offload_dir.iterdir():
-                try:
-                    data = f.read_bytes()
-                except OSError:
-                    continue
-                client.spill_files_seen.add(f.name)
-                spill_hits.append(data.count(canary.encode()))
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    threads = [threading.Thread(target=client.completion, args=(
-        {"model": model, "prompt": f"Chapter {i} about {canary}.", "max_tokens": 100, "ignore_eos": True},))
-        for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop_watch.set()
-    watcher.join()
+    return {p: {**text_needles(c), **token_needles(c, encode)} for p, c in canaries.items()}
 
 
 def run(cfg: ResidueConfig, json_path: str | None) -> dict:
-    canaries = _canaries()
-    node = audit_process(cfg, "node", canaries)
-    serve = audit_process(cfg, "serve", _canaries())  # fresh canaries: a hit there is the server's own
+    node = audit_process(cfg, "node", new_canaries())
+    serve = audit_process(cfg, "serve", new_canaries())  # fresh canaries: a hit there is the server's own
     report = {"audit": "residue", "scrub": cfg.scrub, "paths": list(PATHS), **node, "serve": serve,
               "failed": _failed(node) or _failed(serve)}
     return finish(report, print_report, json_path)
@@ -156,15 +110,17 @@ def _failed(rep: dict) -> bool:
     return any(v != 0 for v in rep["places"].values()) or rep["process_memory_total"] != 0
 
 
-def audit_process(cfg: ResidueConfig, command: str, canaries: dict[str, str]) -> dict:
+def audit_process(cfg: ResidueConfig, command: str, canaries: dict[str, Canary]) -> dict:
     """Run the workload against one `traceless node` or `traceless serve`, then search it."""
+    needles = needles_of(canaries, cfg.model)
+    flat = [n for forms in needles.values() for ns in forms.values() for n in ns]
     workdir = Path(tempfile.mkdtemp(prefix="traceless-residue-"))
     proc = ProcessUnderAudit(cfg, workdir, command)
-    needles = {name: c.encode() for name, c in canaries.items()}
     spill_hits: list[int] = []
     try:
         client = proc.client()
-        send_workload(client, canaries, client.model_name(), spill_hits)
+        send_workload(client, canaries, client.model_name(), spill_hits,
+                      [n for ns in needles["preempt"].values() for n in ns])
         gauges = _wait_quiet(proc, cfg.ttl_s)
         places = {
             "kv pool: non-zero blocks": gauges.get("traceless_kv_blocks_nonzero", -1),
@@ -173,27 +129,33 @@ def audit_process(cfg: ResidueConfig, command: str, canaries: dict[str, str]) ->
             "offload: swapped requests": gauges.get("traceless_kv_offload_swapped_requests", -1),
             "offload dir: files left": sum(1 for _ in proc.offload.iterdir()) if proc.offload.exists() else 0,
             "offload dir: canaries in spill files": sum(spill_hits),
-            "metrics output": _count(httpx.get(proc.metrics_url + "/metrics").content, needles),
+            "metrics output": _count(httpx.get(proc.metrics_url + "/metrics").content, flat),
         }
-        memory = scan_process(proc.proc.pid, list(needles.values()))
+        memory = scan_process(proc.proc.pid, flat, anchors({f: ns for forms in needles.values()
+                                                             for f, ns in forms.items()}))
     except BaseException:
         stop(proc.proc)
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     stop(proc.proc)
-    places["log streams"] = _count(proc.log_path.read_bytes(), needles)
-    places["files it wrote"] = sum(_count(p.read_bytes(), needles) for p in workdir.rglob("*")
+    places["log streams"] = _count(proc.log_path.read_bytes(), flat)
+    places["files it wrote"] = sum(_count(p.read_bytes(), flat) for p in workdir.rglob("*")
                                    if p.is_file() and p != proc.log_path)
     preempted = sum(json.loads(line).get("num_requests", 0) for line in proc.log_path.read_text().splitlines()
                     if line.startswith('{"ts"') and '"engine.preempted"' in line)
     shutil.rmtree(workdir, ignore_errors=True)  # searched above; the audit leaves nothing of its own
+    by_path = {p: sum(memory[n] for ns in forms.values() for n in ns) for p, forms in needles.items()}
+    by_form: dict[str, int] = {}
+    for forms in needles.values():
+        for form, ns in forms.items():
+            by_form[form] = by_form.get(form, 0) + sum(memory[n] for n in ns)
     return {"command": command, "spill_files_seen": len(client.spill_files_seen), "preemptions": preempted,
-            "places": places, "process_memory": {name: memory.get(n, 0) for name, n in needles.items()},
-            "process_memory_total": sum(memory.values())}
+            "places": places, "process_memory": by_path, "process_memory_forms": by_form,
+            "process_memory_total": sum(by_path.values())}
 
 
-def _count(data: bytes, needles: dict[str, bytes]) -> int:
-    return sum(data.count(n) for n in needles.values())
+def _count(data: bytes, needles: list[bytes]) -> int:
+    return sum(data.count(n) for n in needles)
 
 
 def _wait_quiet(proc: ProcessUnderAudit, ttl_s: float, timeout: float = 90.0) -> dict:
@@ -222,6 +184,9 @@ def print_report(rep: dict) -> None:
               f"{'   (freed memory scrubbed)' if rep['scrub'] else ''}")
         for path, n in r["process_memory"].items():
             print(f"    {path:<36}{n:>8}")
+        print("  by form:")
+        for form, n in r["process_memory_forms"].items():
+            print(f"    {form:<36}{n:>8}")
     print("RESULT: " + ("FAIL: residue found" if rep["failed"] else "no residue on the node or the plaintext server"))
 
 

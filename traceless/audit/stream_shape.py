@@ -7,8 +7,9 @@ the response, the length and arrival time of every encrypted chunk (the OHTTP ch
 the clear). The victim sends one of N prompts ("topics"); the attacker, who can send the same
 prompts itself to learn what each looks like, tries to tell which one from the trace alone:
 
-  features    the request's length, the number of chunks, the stream's duration, mean and spread
-              of chunk sizes and of gaps, and the first 32 chunk sizes and gaps
+  features    the request's length, when the response head came, the number of chunks, the
+              stream's duration, mean and spread of chunk sizes and of gaps, and the first 32
+              chunk sizes and gaps
   classifier  multinomial logistic regression (numpy; standardized features, L2), scored by
               stratified k-fold cross-validation: every trace is classified by a model that never
               saw it
@@ -16,35 +17,32 @@ prompts itself to learn what each looks like, tries to tell which one from the t
               classifier without information lands in 95% of the time (binomial quantiles)
 
 Off: the client does not pad requests and the node runs `--shape off` (one chunk per SSE event).
-On: the defaults (requests and responses padded to size buckets, a chunk per tick). Answers have
-a fixed length (max_tokens, EOS ignored) unless `natural_length`: how long an answer runs is what
-the defaults leave visible (the stream's duration), and that run measures it.
+On: the defaults (requests and responses padded to size buckets, the head and a chunk per tick
+from the prefill budget on, stream lengths padded to powers of two). Two readings of each node:
+answers of a fixed length (max_tokens, EOS ignored), and answers of their natural length (EOS ends
+them): how long an answer runs is what a stream's duration would show. `load` CPU-bound processes
+run beside the node for the whole run (a loaded machine shows prefill and decode times more). The
+victim's own view (time to first token, tokens per second) gives the defense's cost.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
-import time
-from dataclasses import dataclass, field
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import httpx
 import numpy as np
 
 from traceless.audit.stats import wilson_interval
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.bhttp.stream import ResponseStreamDecoder
-from traceless.privacy.ohttp.chunked import split_chunks
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
-from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
-from traceless.privacy.shape import bucket_padding
-from traceless.privacy.wire import peek_varint
+from traceless.audit.stream_observe import Trace, key_config, observe
 from traceless.report.output import figure, finish
 
 MODES = ("off", "defaults")
 SERVED_NAME = "stream-shape-target"
 FIRST_K = 32  # chunks whose size and gap are features of their own
-RESPONSE_NONCE = 16  # AES-128-GCM's max(Nn, Nk): the key config's first choice
 TOPICS = (
     "Explain how vaccines train the immune system.",
     "Write a short poem about the sea at night.",
@@ -61,27 +59,18 @@ class StreamAttackConfig:
     trials: int = 12  # traces per topic and mode
     max_tokens: int = 32
     temperature: float = 0.7
-    natural_length: bool = False  # let EOS end answers (their length then shows as the stream's duration)
+    natural_length: bool = False  # collect(): let EOS end answers (their length shows as the stream's duration)
     folds: int = 4
     model: str | None = None  # None = the built-in model
     seed: int = 0
+    lengths: tuple[str, ...] = ("fixed", "natural")  # run(): the readings taken of each node
+    load: int = 0  # run(): CPU-bound processes beside the node
 
     def __post_init__(self) -> None:
         if len(self.topics) < 2 or self.trials < self.folds or self.folds < 2 or self.max_tokens < 1:
             raise ValueError("use at least 2 topics, 2 folds, as many trials per topic as folds and 1 token")
-
-
-@dataclass(frozen=True, slots=True)
-class Trace:
-    """What the relay sees of one request: its length, and each response chunk's length and arrival."""
-
-    request_bytes: int
-    sizes: tuple[int, ...]
-    times: tuple[float, ...]  # seconds since the request was sent
-
-    @property
-    def gaps(self) -> list[float]:
-        return [b - a for a, b in zip((0.0, *self.times), self.times)]
+        if not self.lengths or set(self.lengths) - {"fixed", "natural"} or not 0 <= self.load <= 16:
+            raise ValueError("lengths must be fixed and/or natural, and load 0 to 16 processes")
 
 
 @dataclass
@@ -89,6 +78,7 @@ class ModeResult:
     mode: str
     labels: list[int] = field(default_factory=list)
     traces: list[Trace] = field(default_factory=list)
+    length: str = "fixed"
 
     def summary(self, n_topics: int, folds: int, seed: int) -> dict:
         x = np.array([features(t) for t in self.traces])
@@ -97,78 +87,32 @@ class ModeResult:
         correct, n = int((predicted == y).sum()), len(y)
         lo, hi = chance_interval(n, 1 / n_topics)
         sizes = sorted({s for t in self.traces for s in t.sizes})
-        return {"mode": self.mode, "traces": n, "accuracy": correct / n, "accuracy_95ci": wilson_interval(correct, n),
+        return {"mode": self.mode, "length": self.length, "traces": n, "accuracy": correct / n,
+                "accuracy_95ci": wilson_interval(correct, n),
                 "chance": 1 / n_topics, "chance_95_range": [lo, hi],
                 "p_value_at_chance": binomial_tail(correct, n, 1 / n_topics), "above_chance": correct / n > hi,
                 "distinct_chunk_sizes": len(sizes), "chunk_sizes": sizes[:20],
                 "request_sizes": sorted({t.request_bytes for t in self.traces}),
                 "chunks_per_response": [min(len(t.sizes) for t in self.traces),
                                         max(len(t.sizes) for t in self.traces)],
-                "confusion": confusion(y, predicted, n_topics)}
+                "confusion": confusion(y, predicted, n_topics), "cost": cost(self.traces)}
 
 
-# ---- the relay's view ---------------------------------------------------------------------------------
-
-
-def key_config(url: str) -> KeyConfig:
-    r = httpx.get(url.rstrip("/") + "/pcc/v1/ohttp-keys", timeout=30)
-    r.raise_for_status()
-    return decode_ohttp_keys(r.content)[0]
-
-
-def observe(client: httpx.Client, url: str, config: KeyConfig, path: bytes, body: dict, pad: bool) -> Trace:
-    """Send one streamed request to a node and record what a relay would see of it."""
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
-                                               ((b"content-type", b"application/json"),), json.dumps(body).encode()))
-    if pad:
-        inner += bytes(bucket_padding(len(inner)))
-    enc, ctx = encapsulate_chunked_request(config, split_chunks(inner))
-    sizes: list[int] = []
-    body_bytes = bytearray()  # the victim's copy, to check it got an answer (the attacker never reads it)
-    times: list[float] = []
-    buf = bytearray()
-    t0 = time.perf_counter()
-    with client.stream("POST", url.rstrip("/") + "/pcc/v1/ohttp", content=enc,
-                       headers={"content-type": "message/ohttp-chunked-req"}) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"the node answered HTTP {r.status_code}")
-        final, nonce_read = False, False
-        for piece in r.iter_raw():
-            now = time.perf_counter() - t0
-            buf += piece
-            body_bytes += piece
-            if not nonce_read:
-                if len(buf) < RESPONSE_NONCE:
-                    continue
-                del buf[:RESPONSE_NONCE]
-                nonce_read = True
-            while not final and (head := peek_varint(buf)) is not None:
-                length, n = head
-                if length == 0:  # the final chunk runs to the end of the body
-                    final = True
-                    del buf[:n]
-                elif len(buf) >= n + length:
-                    del buf[: n + length]
-                    sizes.append(length)
-                    times.append(now)
-                else:
-                    break
-        if final:
-            sizes.append(len(buf))
-            times.append(time.perf_counter() - t0)
-    dec, parser = ctx.decryptor(), ResponseStreamDecoder()
-    items = [i for plain in [*dec.feed(bytes(body_bytes)), dec.finish()] for i in parser.feed(plain)]
-    parser.wipe()
-    body_bytes[:] = bytes(len(body_bytes))
-    if not items or items[0].status != 200:
-        raise RuntimeError("the node refused the victim's request")
-    return Trace(len(enc), tuple(sizes), tuple(times))
+def cost(traces: list[Trace]) -> dict:
+    """The victim's view, medians over the traces: time to the first token, decode tokens per second
+    (tokens after the first over the time they took), when the response head and the stream's end came."""
+    rates = [(t.tokens - 1) / (t.content_end - t.first_token) for t in traces
+             if t.tokens > 1 and t.content_end > t.first_token]
+    return {"ttft_s": float(np.median([t.first_token for t in traces])),
+            "tokens_per_s": float(np.median(rates)) if rates else 0.0,
+            "head_s": float(np.median([t.head for t in traces])),
+            "stream_s": float(np.median([t.times[-1] if t.times else 0.0 for t in traces]))}
 
 
 def collect(url: str, model: str, mode: str, cfg: StreamAttackConfig, rng: random.Random,
             progress=None) -> ModeResult:
     """cfg.trials traces per topic from the node at `url`, topics in a shuffled order."""
-    config, result = key_config(url), ModeResult(mode)
+    config, result = key_config(url), ModeResult(mode, length="natural" if cfg.natural_length else "fixed")
     order = [i for i in range(len(cfg.topics)) for _ in range(cfg.trials)]
     rng.shuffle(order)
     with httpx.Client(timeout=300) as client:
@@ -194,7 +138,7 @@ def features(t: Trace) -> list[float]:
     sizes, gaps = list(t.sizes), t.gaps
     head_sizes = (sizes + [0] * FIRST_K)[:FIRST_K]
     head_gaps = (gaps + [0.0] * FIRST_K)[:FIRST_K]
-    return [float(t.request_bytes), float(len(sizes)), t.times[-1] if t.times else 0.0, float(np.mean(sizes)),
+    return [float(t.request_bytes), t.head, float(len(sizes)), t.times[-1] if t.times else 0.0, float(np.mean(sizes)),
             float(np.std(sizes)), float(np.mean(gaps)), float(np.std(gaps)), *map(float, head_sizes), *head_gaps]
 
 
@@ -263,12 +207,13 @@ def chance_interval(n: int, p: float) -> tuple[float, float]:
 
 def report_for(results: list[ModeResult], cfg: StreamAttackConfig) -> dict:
     return {"attack": "stream-shape", "topics": len(cfg.topics), "trials_per_topic": cfg.trials,
-            "max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "natural_length": cfg.natural_length,
+            "max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "lengths": list(cfg.lengths),
+            "load_processes": cfg.load,
             "folds": cfg.folds, "classifier": "multinomial logistic regression, stratified k-fold",
             "results": [r.summary(len(cfg.topics), cfg.folds, cfg.seed) for r in results],
             "examples": {r.mode: [{"topic": r.labels[i], "sizes": list(r.traces[i].sizes),
                                    "times": list(r.traces[i].times)} for i in _first_per_topic(r.labels)]
-                         for r in results}}
+                         for r in results if r.length == results[0].length}}
 
 
 def _first_per_topic(labels: list[int]) -> list[int]:
@@ -286,27 +231,43 @@ def run(cfg: StreamAttackConfig, json_path: str | None, plot_path: str | None) -
     rng = random.Random(cfg.seed)
     model_args = ["--model", cfg.model] if cfg.model else []
     results = []
-    with tqdm(total=len(MODES) * len(cfg.topics) * cfg.trials, desc="requests", unit="req") as bar:
+    with cpu_load(cfg.load), tqdm(total=len(MODES) * len(cfg.lengths) * len(cfg.topics) * cfg.trials,
+                                  desc="requests", unit="req") as bar:
         for mode in MODES:
             shape = ["--shape", "off"] if mode == "off" else []
             with spawn_node(*model_args, *shape, "--served-model-name", SERVED_NAME, "--kv-cache-memory", "256MiB",
                             "--max-model-len", "2048", "--dtype", "float32", name=f"node-{mode}") as svc:
-                results.append(collect(svc.url, SERVED_NAME, mode, cfg, rng, bar))
+                for length in cfg.lengths:
+                    reading = replace(cfg, natural_length=length == "natural")
+                    results.append(collect(svc.url, SERVED_NAME, mode, reading, rng, bar))
     return finish(report_for(results, cfg), print_report, json_path, plot, plot_path)
+
+
+@contextmanager
+def cpu_load(processes: int):
+    """`processes` busy loops (plain Python, one core each) for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def print_report(report: dict) -> None:
     print(f"\ntraceless attack stream-shape  ({report['topics']} topics x {report['trials_per_topic']} traces per "
-          f"mode, {report['max_tokens']} output tokens, {report['classifier']})")
-    print(f"{'node':<10}{'accuracy':>10}{'95% CI':>16}{'chance':>8}{'chance range':>16}{'p(chance)':>11}"
-          f"{'chunk sizes':>13}{'request sizes':>15}  verdict")
+          f"reading, {report['max_tokens']} output tokens, {report['classifier']}; "
+          f"{report['load_processes']} CPU-bound processes beside the node)")
+    print(f"{'node':<10}{'length':<9}{'accuracy':>9}{'95% CI':>15}{'chance range':>15}{'p(chance)':>10}"
+          f"{'chunks':>8}{'req sizes':>10}{'TTFT s':>8}{'tok/s':>7}  verdict")
     for r in report["results"]:
         lo, hi = r["accuracy_95ci"]
         clo, chi = r["chance_95_range"]
         verdict = "LEAKS: the topic shows through" if r["above_chance"] else "at chance"
-        print(f"{r['mode']:<10}{r['accuracy']:>10.3f}{f'[{lo:.2f}, {hi:.2f}]':>16}{r['chance']:>8.3f}"
-              f"{f'[{clo:.2f}, {chi:.2f}]':>16}{r['p_value_at_chance']:>11.3g}{r['distinct_chunk_sizes']:>13}"
-              f"{len(r['request_sizes']):>15}  {verdict}")
+        print(f"{r['mode']:<10}{r['length']:<9}{r['accuracy']:>9.3f}{f'[{lo:.2f}, {hi:.2f}]':>15}"
+              f"{f'[{clo:.2f}, {chi:.2f}]':>15}{r['p_value_at_chance']:>10.3g}{r['distinct_chunk_sizes']:>8}"
+              f"{len(r['request_sizes']):>10}{r['cost']['ttft_s']:>8.2f}{r['cost']['tokens_per_s']:>7.1f}  {verdict}")
     print("(accuracy: each trace classified by a model trained on the other folds; chance range: where a "
           "classifier\n without information lands 95% of the time; sizes: distinct values the relay saw)")
 
@@ -322,7 +283,7 @@ def plot(report: dict, path: str) -> None:
         clo, chi = res[0]["chance_95_range"]
         ax.axhspan(clo, chi, color="0.85", label="chance (95% range)", zorder=0)
         ax.axhline(res[0]["chance"], color="k", ls=":")
-        ax.set_xticks(range(len(res)), [f"shape {r['mode']}" for r in res])
+        ax.set_xticks(range(len(res)), [f"{r['mode']}\n{r['length']}" for r in res])
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("topic accuracy (cross-validated)")
         ax.set_title("Stream-shape attack")

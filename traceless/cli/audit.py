@@ -26,8 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ss.add_argument("--trials", type=int, default=12, help="traces per topic and mode")
     ss.add_argument("--max-tokens", type=int, default=32, help="output tokens per answer")
     ss.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the answers")
-    ss.add_argument("--natural-length", action="store_true",
-                    help="let EOS end answers (their length then shows as the stream's duration)")
+    ss.add_argument("--lengths", choices=("fixed", "natural", "both"), default="both",
+                    help="answers of a fixed length (EOS ignored), of their natural length (EOS ends them: their "
+                         "length shows as the stream's duration), or both readings (default)")
+    ss.add_argument("--load", type=int, default=0, metavar="N",
+                    help="run N CPU-bound processes beside the node (a loaded machine; default 0)")
     ss.add_argument("--folds", type=int, default=4, help="cross-validation folds")
     ss.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: the built-in model)")
     ss.add_argument("--seed", type=int, default=0, help="seed of the sampling and the classifier")
@@ -96,8 +99,9 @@ def _stream_shape(args: argparse.Namespace) -> int:
     if not 2 <= args.topics <= len(TOPICS):
         raise SystemExit(f"traceless attack stream-shape: --topics must be 2 to {len(TOPICS)}")
     try:
+        lengths = ("fixed", "natural") if args.lengths == "both" else (args.lengths,)
         cfg = StreamAttackConfig(TOPICS[: args.topics], args.trials, args.max_tokens, args.temperature,
-                                 args.natural_length, args.folds, args.model, args.seed)
+                                 folds=args.folds, model=args.model, seed=args.seed, lengths=lengths, load=args.load)
     except ValueError as exc:
         raise SystemExit(f"traceless attack stream-shape: {exc}") from None
     run(cfg, args.json, args.plot)

@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "development: true")
     gateway.add_argument("--max-nodes", type=_positive_int, default=1024, help="registry cap (default 1024)")
     _listen_args(gateway, 8092)
-    gateway.set_defaults(handler=_run(_gateway))
+    gateway.set_defaults(handler=_run(_gateway), check=_gateway_check)
 
     relay = subparsers.add_parser("relay", help="OHTTP relay: forwards to the gateway without the client's address")
     add_env_argument(relay, "--gateway", "TRACELESS_GATEWAY_URL", required=True, metavar="URL",
@@ -151,6 +151,13 @@ def describe_policy(policy) -> str:
     return text + ("; DEVELOPMENT: the software attester is accepted" if policy.allow_software else "")
 
 
+def _gateway_check(args: argparse.Namespace) -> None:
+    if args.privacy == "on" and not args.issuer:
+        raise CommandError("--issuer URL is required (or --privacy off, for benchmarks only)")
+    if not args.log or not args.log_public_key:
+        raise CommandError("--log URL and --log-public-key are required: nodes are admitted by their logged release")
+
+
 def _gateway(args: argparse.Namespace) -> int:
     import base64
 
@@ -163,10 +170,7 @@ def _gateway(args: argparse.Namespace) -> int:
     from traceless.privacy.translog.release_index import ReleaseIndex
 
     privacy = args.privacy == "on"
-    if privacy and not args.issuer:
-        raise CommandError("--issuer URL is required (or --privacy off, for benchmarks only)")
-    if not args.log or not args.log_public_key:
-        raise CommandError("--log URL and --log-public-key are required: nodes are admitted by their logged release")
+    _gateway_check(args)
     policy = AttesterPolicy(args.attester_policy)
     evidence_policy = load_evidence_policy(args.evidence_policy, "gateway") if args.evidence_policy else None
     config = GatewayConfig(issuer_url=args.issuer, privacy=privacy, register_secret=args.register_secret,

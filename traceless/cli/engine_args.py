@@ -76,8 +76,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template to use instead of the model's own (the built-in model uses "
                         "traceless/model/templates/smollm2-tools.jinja, which adds its tool-call format)")
     g.add_argument("--request-events", action="store_true",
-                   help="log each request's exact token counts and timings (request.finished): for benchmarks "
-                        "only, never on a production node (off by default; see docs/telemetry.md)")
+                   help="log each request's exact token counts and timings (request.finished) and, on a node, "
+                        "one line per HTTP request (http.request, http.error): for benchmarks only, never on a "
+                        "production node (off by default, measured; see docs/telemetry.md)")
 
 
 def engine_options(args: argparse.Namespace) -> dict:

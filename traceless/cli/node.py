@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 from traceless.cli.engine_args import add_engine_args
 from traceless.cli.env import add_env_argument
+from traceless.cli.hardening import make_undumpable
+from traceless.cli.isolation import canonical_digest, reexec_isolated, require_isolated
 from traceless.cli.limits import add_limit_args, connection_limits
-from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
+from traceless.cli.scrubbing import SCRUB_ENV, add_scrub_arg
 from traceless.cli.serve import add_http_args
-from traceless.privacy.shape import DEFAULT_TICK_MS
+from traceless.privacy.shape import DEFAULT_DECODE_MS_PER_TOKEN, DEFAULT_PREFILL_MS_PER_KIB, DEFAULT_TICK_MS
 
 if TYPE_CHECKING:
     from traceless.privacy.attestation.software import Attester
@@ -60,6 +62,15 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stream-tick", type=int, default=DEFAULT_TICK_MS, metavar="MS",
                    help=f"with --shape buckets: one fixed-size stream chunk every MS milliseconds (default "
                         f"{DEFAULT_TICK_MS}; 0 = a bucket-padded chunk per event, timings visible)")
+    g.add_argument("--prefill-budget", type=int, default=DEFAULT_PREFILL_MS_PER_KIB, metavar="MS",
+                   help=f"with a stream tick: a stream's first tick (its response head) comes no sooner than MS "
+                        f"milliseconds per KiB of the request's size bucket after the request arrived, so a "
+                        f"prompt's prefill time does not show (default {DEFAULT_PREFILL_MS_PER_KIB}; measured)")
+    g.add_argument("--decode-budget", type=int, default=DEFAULT_DECODE_MS_PER_TOKEN, metavar="MS",
+                   help=f"with a stream tick: a stream whose request sets max_tokens runs for max_tokens x MS "
+                        f"milliseconds (padded after its last token), so the answer's length does not show; "
+                        f"without max_tokens, to a power-of-two number of ticks (default "
+                        f"{DEFAULT_DECODE_MS_PER_TOKEN}; measured)")
     add_scrub_arg(p)
 
 
@@ -67,7 +78,7 @@ def shape_policy(args: argparse.Namespace):
     from traceless.privacy.shape import ShapePolicy
 
     try:
-        return ShapePolicy(args.shape, args.stream_tick)
+        return ShapePolicy(args.shape, args.stream_tick, args.prefill_budget, args.decode_budget)
     except ValueError as exc:
         raise SystemExit(f"traceless node: {exc}") from None
 
@@ -85,6 +96,8 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "public_prefixes": [hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in args.public_prefix],
         "stream_padding": args.stream_padding, "stream_interval": args.stream_interval,
         "kv_offload": args.kv_offload, "scrub_freed_memory": args.scrub_freed_memory,
+        # the isolated environment it runs in (cli/isolation.py): a node started otherwise refuses
+        "environment": canonical_digest(SCRUB_ENV if args.scrub_freed_memory else {}),
         "request_events": args.request_events, "metrics_window": args.metrics_window,
         "metrics_min_requests": args.metrics_min_requests,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
@@ -136,7 +149,7 @@ def build_attester(args: argparse.Namespace, *, tsm_root: Path | None = None, nv
 def register(sub: argparse._SubParsersAction) -> None:
     node = sub.add_parser("node", help="private node: the engine behind OHTTP, with attestation")
     add_node_args(node)
-    node.set_defaults(handler=_node)
+    node.set_defaults(handler=_node, check=_node_check)
     up = sub.add_parser("up", help="all-in-one local deployment of the private path on loopback")
     up.add_argument("--nodes", type=int, default=2, help="how many nodes to start")
     up.add_argument("--capacities", default=None, help="comma-separated node capacities, e.g. 1,2")
@@ -158,6 +171,24 @@ def node_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _node_check(args: argparse.Namespace) -> None:
+    """What must hold before anything starts (SystemExit otherwise)."""
+    from traceless.cli.serve import shutdown_policy, window_policy
+    from traceless.node.evidence_cache import EvidenceLimits
+
+    if args.capacity < 1:
+        raise SystemExit("traceless node: --capacity must be at least 1")
+    window_policy(args, "node")  # a bad telemetry, shape or shutdown setting fails before the model loads
+    shape_policy(args)
+    shutdown_policy(args, None, "node")
+    if bool(args.log) != bool(args.log_public_key):
+        raise SystemExit("traceless node: --log and --log-public-key go together")
+    try:
+        EvidenceLimits(args.evidence_ttl, args.evidence_min_interval)
+    except ValueError as exc:
+        raise SystemExit(f"traceless node: {exc}") from None
+
+
 def _node(args: argparse.Namespace) -> int:
     import base64
 
@@ -169,7 +200,6 @@ def _node(args: argparse.Namespace) -> int:
         shutdown_policy,
         stream_shape,
         telemetry_for,
-        window_policy,
     )
     from traceless.events import configure_logging
     from traceless.http.serve import run_uvicorn
@@ -181,20 +211,13 @@ def _node(args: argparse.Namespace) -> int:
     from traceless.privacy.attestation.measurement import measure
     from traceless.server.app import DEFAULT_MAX_BODY_BYTES
 
-    if args.capacity < 1:
-        raise SystemExit("traceless node: --capacity must be at least 1")
-    window_policy(args, "node")  # a bad telemetry, shape or shutdown setting fails before the model loads
-    shape_policy(args)
-    shutdown_policy(args, None, "node")
-    if bool(args.log) != bool(args.log_public_key):
-        raise SystemExit("traceless node: --log and --log-public-key go together")
-    try:
-        limits = EvidenceLimits(args.evidence_ttl, args.evidence_min_interval)
-    except ValueError as exc:
-        raise SystemExit(f"traceless node: {exc}") from None
+    _node_check(args)
+    limits = EvidenceLimits(args.evidence_ttl, args.evidence_min_interval)  # checked by _node_check
     attester = build_attester(args)  # before the model loads: no device, no start
-    if args.scrub_freed_memory:
-        reexec_with_scrubbing()
+    scrub_env = SCRUB_ENV if args.scrub_freed_memory else {}
+    reexec_isolated(scrub_env)  # no PYTHONPATH, LD_PRELOAD, site-customize: what runs is what is measured
+    require_isolated(scrub_env)
+    make_undumpable()  # before any request: no core file, no ptrace by the same user
     configure_logging()
     public, operator_sock = reserve_ports(args, "node")
     engine = build_async_engine(args)
@@ -213,6 +236,7 @@ def _node(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, attestation_ttl_s=args.attestation_ttl,
         gateway_url=args.gateway, public_url=public_url,
         register_interval_s=args.register_interval, stream_shape=stream_shape(args), shape=shape_policy(args),
+        request_events=args.request_events,
     )
     identity = NodeIdentity(attester, measurement, capacity=args.capacity, node_url=public_url,
                             keys=KeyRing(args.key_rotation, args.key_overlap), evidence_limits=limits)

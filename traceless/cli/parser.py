@@ -65,6 +65,15 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def check(args: argparse.Namespace) -> None:
+    """A command's own requirements that argparse cannot state (options that go together, one
+    required unless another is off), as its handler checks them first (raising its CommandError or
+    SystemExit): deployment tests run it on every manifest's command line."""
+    requirements = getattr(args, "check", None)
+    if requirements is not None:
+        requirements(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # `kill`, a closed terminal or a service manager's stop take the same clean path as Ctrl-C:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from traceless.cli.engine_args import add_engine_args, config_errors, engine_options, parse_size
+from traceless.cli.hardening import make_undumpable
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 
@@ -155,6 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
     shutdown_policy(args, None, "serve")
     if args.scrub_freed_memory:
         reexec_with_scrubbing()
+    make_undumpable()  # before any request: no core file, no ptrace by the same user
     configure_logging()
     public, operator_sock = reserve_ports(args, "server")
     engine = build_async_engine(args)

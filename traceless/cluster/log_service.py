@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -37,6 +36,7 @@ from traceless.errors import InvalidRequestError
 from traceless.events import emit
 from traceless.http.app import create_app as create_http_app
 from traceless.http.app import endpoint
+from traceless.http.body import parse_json
 from traceless.http.errors import ApiError
 from traceless.http.serve import uvicorn_config
 from traceless.privacy.translog.cosignature import Cosignature, CosignatureError
@@ -155,8 +155,8 @@ def _cosignature_endpoint(log: TransparencyLog, cosigs: Cosignatures) -> Callabl
         body = await request.body()
         if len(body) > MAX_COSIGNATURE_BODY:
             raise ApiError(413, "request body too large", code="too_large")
+        obj = parse_json(body)
         try:
-            obj = json.loads(body)
             sth, cosig = SignedTreeHead.from_json(obj["sth"]), Cosignature.from_json(obj["cosignature"])
         except (ValueError, TypeError, KeyError, TreeHeadError, CosignatureError):
             raise ApiError(400, "body must be {\"sth\": tree head, \"cosignature\": cosignature}",

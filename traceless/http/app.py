@@ -2,7 +2,8 @@
 
 - `endpoint`: runs a handler; ApiError -> its JSON error, any other exception -> an opaque 500
   (never an exception's text: it may hold request data); one `http.request` event per request
-  (route, status, duration: counts only) and one `http.error` per error.
+  (route, status, duration: counts only) and one `http.error` per error, unless `events` is off
+  (the node's default: a per-request line carries a time and a duration an operator could read).
 - `create_app`: a Starlette app whose unknown routes and methods answer in the same JSON shape,
   with no trailing-slash redirects (exactly the declared paths).
 """
@@ -24,30 +25,32 @@ from traceless.http.errors import ApiError, internal_error
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def error_response(component: str, error: ApiError) -> Response:
-    emit("http.error", component=component, status_code=error.status, error_kind=error.kind)
+def error_response(component: str, error: ApiError, events: bool = True) -> Response:
+    if events:
+        emit("http.error", component=component, status_code=error.status, error_kind=error.kind)
     return error.response()
 
 
-def endpoint(component: str, route: str, handler: Handler) -> Handler:
-    """Wrap `handler` with the JSON error shape and the request event."""
+def endpoint(component: str, route: str, handler: Handler, events: bool = True) -> Handler:
+    """Wrap `handler` with the JSON error shape and (with `events`) the request event."""
 
     async def run(request: Request) -> Response:
         started = time.perf_counter()
         try:
             response = await handler(request)
         except ApiError as exc:
-            response = error_response(component, exc)
+            response = error_response(component, exc, events)
         except Exception:
-            response = error_response(component, internal_error())
-        emit("http.request", component=component, route=route, status_code=response.status_code,
-             duration_s=time.perf_counter() - started, stream=isinstance(response, StreamingResponse))
+            response = error_response(component, internal_error(), events)
+        if events:
+            emit("http.request", component=component, route=route, status_code=response.status_code,
+                 duration_s=time.perf_counter() - started, stream=isinstance(response, StreamingResponse))
         return response
 
     return run
 
 
-def _route_errors(component: str):
+def _route_errors(component: str, events: bool):
     """Starlette's routing errors (unknown path, wrong method) as JSON errors."""
 
     async def handle(request: Request, exc: Exception) -> Response:
@@ -58,13 +61,13 @@ def _route_errors(component: str):
             error = ApiError(405, "method not allowed", code="method_not_allowed")
         else:
             error = internal_error()
-        return error_response(component, error)
+        return error_response(component, error, events)
 
     return handle
 
 
-def create_app(component: str, routes: Sequence[BaseRoute], lifespan: Any = None) -> Starlette:
+def create_app(component: str, routes: Sequence[BaseRoute], lifespan: Any = None, events: bool = True) -> Starlette:
     app = Starlette(routes=list(routes), lifespan=lifespan,
-                    exception_handlers={HTTPException: _route_errors(component)})
+                    exception_handlers={HTTPException: _route_errors(component, events)})
     app.router.redirect_slashes = False
     return app

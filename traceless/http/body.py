@@ -3,7 +3,9 @@ an upstream, JSON (400), media types (415)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -69,10 +71,46 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def parse_json(raw: bytes | bytearray):
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def decode_json(raw: bytes | bytearray | str) -> Any:
+    """JSON text -> a value, or ValueError for anything that is not plain, valid JSON: a syntax
+    error, bytes that are not UTF-8 (strictly: no encoded surrogates, no UTF-16 bodies), nesting
+    deeper than the parser's recursion limit, an integer past Python's digit limit, or a lone
+    surrogate escape (`"\\ud800"`: a str no encoder can write, which would fail deep in a handler)."""
+    text = raw if isinstance(raw, str) else raw.decode("utf-8")  # no bytes copy of a wipeable buffer
+    if isinstance(raw, str) and _SURROGATE.search(raw):
+        raise ValueError("the JSON has a lone surrogate")
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("the JSON nests too deeply") from None
+    if _SURROGATE_ESCAPE.search(text) and _has_surrogate(value):  # a surrogate pair decodes to one char
+        raise ValueError("the JSON has a lone surrogate")
+    return value
+
+
+def _has_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return True
+        elif isinstance(v, dict):
+            stack += v
+            stack += v.values()
+        elif isinstance(v, list):
+            stack += v
+    return False
+
+
+def parse_json(raw: bytes | bytearray) -> Any:
+    try:
+        return decode_json(raw)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
 
 

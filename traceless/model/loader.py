@@ -116,6 +116,16 @@ def read_model_config(model: str | Path | None) -> ModelConfig:
     raise ModelLoadError(f"{path.name} is neither a GGUF file nor a Hugging Face model directory")
 
 
+def load_tokenizer(model: str | Path | None) -> Tokenizer:
+    """The tokenizer of a GGUF file or HF directory, without its weights (audits use it)."""
+    path = resolve_model_path(model)
+    if path.is_dir():
+        return Tokenizer.from_hf_dir(path)
+    from traceless.model.gguf_loader import _reader, read_metadata
+
+    return Tokenizer.from_gguf_metadata(read_metadata(_reader(path)))
+
+
 def _load_dummy(model: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer
 

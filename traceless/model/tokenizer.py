@@ -3,6 +3,11 @@
 GGUF: byte-level BPE (`tokenizer.ggml.model == "gpt2"`) with the pre-tokenizer that
 `tokenizer.ggml.pre` names, or SentencePiece-style BPE (`"llama"`) with merges derived from the
 token scores. Chat templates are rendered in a sandboxed jinja2 environment.
+
+Every tokenizer is built with its word cache off. `tokenizers` keeps, per model (BPE and Unigram),
+up to 10,000 pre-tokenized words with their merges, never evicted (since 0.23 in each thread's
+own map, for the life of the thread): on a server, words of prompts, system prompts, tool
+descriptions and forced outputs would stay in memory long after their requests.
 """
 from __future__ import annotations
 
@@ -70,14 +75,14 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
     if kind == "gpt2":
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
         pre, ignore_merges = _byte_level_pre(str(meta.get("tokenizer.ggml.pre", "(none)")))
-        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges, cache_capacity=0))
         tok.pre_tokenizer = pre
         tok.decoder = decoders.ByteLevel()
     elif kind == "llama":
         scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
         unk = tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))]
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=_spm_merges(tokens, scores), unk_token=unk,
-                                     byte_fallback=True, fuse_unk=True))
+                                     byte_fallback=True, fuse_unk=True, cache_capacity=0))
         prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
         tok.normalizer = normalizers.Sequence(
             ([normalizers.Prepend("\u2581")] if prefix else []) + [normalizers.Replace(" ", "\u2581")]
@@ -99,6 +104,20 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
     return tok
 
 
+def disable_word_cache(backend: HFTokenizer) -> None:
+    """Turn off the model's word cache before it tokenizes anything. A capacity of zero stores
+    nothing (BPE and Unigram check it before every insert); WordPiece and WordLevel keep none."""
+    model = backend.model
+    if isinstance(model, (models.WordPiece, models.WordLevel)):
+        return
+    if not isinstance(model, (models.BPE, models.Unigram)):
+        raise UnsupportedModelError(f"unsupported tokenizer model {type(model).__name__}")
+    try:
+        model._resize_cache(0)
+    except AttributeError:
+        raise ModelLoadError("this version of tokenizers cannot turn off its word cache") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     role: str
@@ -108,6 +127,7 @@ class Message:
 class Tokenizer:
     def __init__(self, backend: HFTokenizer, *, bos_id: int | None, eos_ids: frozenset[int], add_bos: bool,
                  chat_template: str | None):
+        disable_word_cache(backend)
         self.backend = backend
         self.bos_id = bos_id
         self.eos_ids = eos_ids

@@ -33,7 +33,7 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
                     telemetry: Telemetry | None = None) -> Starlette:
     telemetry = telemetry or Telemetry(engine=engine)
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
-    service = NodeService(identity, api, telemetry, settings.shape)
+    service = NodeService(identity, api, telemetry, settings.shape, settings.request_events)
 
     async def ohttp_keys(request: Request) -> Response:
         return Response(identity.ohttp_keys(), media_type=OHTTP_KEYS)
@@ -58,12 +58,14 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
             api.close()
 
+    # Per-request lines (a millisecond timestamp, the exact duration, the inner status) only with
+    # --request-events, a measured switch; otherwise requests are seen in telemetry windows alone.
+    events = settings.request_events
+    attestation = attestation_handler(identity, settings.attestation_ttl_s, engine)
     routes = [
-        Route("/pcc/v1/attestation", endpoint(COMPONENT, "attestation",
-                                                  attestation_handler(identity, settings.attestation_ttl_s, engine)),
-              methods=["GET"]),
-        Route("/pcc/v1/ohttp-keys", endpoint(COMPONENT, "ohttp_keys", ohttp_keys), methods=["GET"]),
-        Route("/pcc/v1/ohttp", endpoint(COMPONENT, "ohttp", ohttp), methods=["POST"]),
+        Route("/pcc/v1/attestation", endpoint(COMPONENT, "attestation", attestation, events), methods=["GET"]),
+        Route("/pcc/v1/ohttp-keys", endpoint(COMPONENT, "ohttp_keys", ohttp_keys, events), methods=["GET"]),
+        Route("/pcc/v1/ohttp", endpoint(COMPONENT, "ohttp", ohttp, events), methods=["POST"]),
         *engine_routes(engine),
     ]
-    return create_app(COMPONENT, routes, lifespan)
+    return create_app(COMPONENT, routes, lifespan, events)

@@ -5,15 +5,16 @@ its JSON content), zeroed when the request ends, however it ends. Errors that ha
 encryption (bad JSON, bad parameters, capacity) go back encrypted, as the inner HTTP response.
 
 Shape (privacy/shape.py, on by default): a whole response is padded to its size bucket; a chunked
-one leaves on a timer that starts when the request arrives, one STREAM_CHUNK-byte chunk per tick,
-the first once the response head is known, token or not until the end.
+one leaves on a timer that starts when the request arrives (node/paced.py): the outer HTTP head and
+the first chunk on the first tick past the request's prefill budget (never at the first token),
+one STREAM_CHUNK-byte chunk per tick, token or not, to a power-of-two number of ticks.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 
 from starlette.responses import Response, StreamingResponse
 
@@ -22,22 +23,14 @@ from traceless.http.body import parse_json
 from traceless.http.errors import ApiError, internal_error
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import ReplayCacheFullError, ReplayedRequestError
+from traceless.node.paced import END_LEN, Pace, bucketed, paced
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
 from traceless.privacy.ohttp.gateway import ServerResponse
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES, OHTTP_RES
-from traceless.privacy.shape import (
-    STREAM_CHUNK,
-    ShapePolicy,
-    bucket_for,
-    bucket_padding,
-    content_room,
-    json_filler,
-    pack,
-    sse_filler,
-)
+from traceless.privacy.shape import ShapePolicy, bucket_padding, first_tick, json_filler, sse_filler
 from traceless.privacy.wire import encode_varint
 from traceless.server.openai_api import OpenAIService
 from traceless.server.stream_shape import padding_event
@@ -49,7 +42,6 @@ ROUTES = {b"/v1/chat/completions": ("chat_completions", b"POST"), b"/v1/completi
           b"/v1/models": ("models", b"GET"), b"/tokenizer_info": ("tokenizer_info", b"GET")}
 METERED = ("completions", "chat_completions")
 JSON_HEADERS = ((b"content-type", b"application/json"),)
-END_LEN = 2  # content terminator + empty trailer section
 SSE_HEADERS = ((b"content-type", b"text/event-stream"),)
 
 
@@ -60,6 +52,24 @@ def _wipe(*buffers: bytearray | None) -> None:
             b.clear()
 
 
+@dataclass(slots=True)
+class _Arrival:
+    """What a shaped stream's timing is set from: when the request arrived, its padded length, and
+    how many token events its longest answer has (max_tokens x n)."""
+
+    arrived: float
+    request_bytes: int
+    max_tokens: int | None = None
+
+
+def _max_tokens(parsed: object) -> int | None:
+    if not isinstance(parsed, dict):
+        return None
+    limit, n = parsed.get("max_completion_tokens", parsed.get("max_tokens")), parsed.get("n", 1)
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (limit, n))
+    return limit * n if ok else None
+
+
 def _inner_error(exc: ApiError) -> tuple[int, bytes]:
     return exc.status, json.dumps(exc.body()).encode()
 
@@ -68,20 +78,22 @@ class NodeService:
     """Decapsulate, run the OpenAI call, encapsulate."""
 
     def __init__(self, identity: NodeIdentity, api: OpenAIService, telemetry: Telemetry,
-                 shape: ShapePolicy = ShapePolicy()):
+                 shape: ShapePolicy = ShapePolicy(), request_events: bool = False):
         self.identity, self.api, self.telemetry, self.shape = identity, api, telemetry, shape
+        self.request_events = request_events  # an inner error's line only with --request-events
         self.padding = api.shape.padding
 
     async def handle(self, body: bytes, chunked: bool) -> Response:
         arrived = asyncio.get_running_loop().time()  # the stream's timer starts here, not at the first token
         buf, ctx = self._open(body, chunked)
+        req = _Arrival(arrived, len(buf))  # the inner request's length with the client's padding: its bucket
         try:
-            status, result = await self._run_inner(buf, chunked)
+            status, result = await self._run_inner(buf, chunked, req)
         finally:
             _wipe(buf)
         if isinstance(result, (bytes, bytearray)):
             if isinstance(ctx, ChunkedServerResponse):  # a chunked request always gets a chunked response
-                return self._chunked(ctx, status, JSON_HEADERS, _once(bytes(result)), arrived, json_filler)
+                return await self._chunked(ctx, status, JSON_HEADERS, _once(bytes(result)), req, json_filler)
             inner = bhttp.encode_response(bhttp.Response(status, JSON_HEADERS, bytes(result)))
             if self.shape.on:  # whole responses too: their length would tell the output's length
                 inner += bytes(bucket_padding(len(inner)))  # RFC 9292 §3.8 zero padding
@@ -91,7 +103,7 @@ class NodeService:
             return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
         if not isinstance(ctx, ChunkedServerResponse):  # _run_inner refuses to stream an unchunked request
             raise RuntimeError("a streamed response for a request that is not chunked")
-        return self._chunked(ctx, 200, SSE_HEADERS, result, arrived, sse_filler)
+        return await self._chunked(ctx, 200, SSE_HEADERS, result, req, sse_filler)
 
     def _open(self, body: bytes, chunked: bool) -> tuple[bytearray, ServerResponse | ChunkedServerResponse]:
         """Decapsulate under the live key the request names, then admit it to the replay cache (after
@@ -121,7 +133,7 @@ class NodeService:
                            code="replay_cache_full", headers={"Retry-After": "1"}) from None
         return buf, ctx
 
-    async def _run_inner(self, buf: bytearray, chunked: bool):
+    async def _run_inner(self, buf: bytearray, chunked: bool, req: _Arrival):
         """(status, JSON bytes) or (200, async iterator of SSE events)."""
         content, route, metered = None, None, None
         try:
@@ -140,30 +152,33 @@ class NodeService:
                 _wipe(content)
                 result = self.api.models() if route == "models" else self.api.tokenizer_info()
             else:
-                result = await self._post(route, content, chunked)
+                result = await self._post(route, content, chunked, req)
             if metered is not None:
                 self.telemetry.request(metered, "ok")
             if isinstance(result, dict):
                 return 200, json.dumps(result, ensure_ascii=False).encode()
             return 200, result
         except ApiError as exc:
-            emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
+            if self.request_events:
+                emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
             if metered is not None:
                 self.telemetry.request(metered, "rejected" if exc.status < 500 else "error")
             return _inner_error(exc)
         except Exception:
-            emit("http.error", component="node", status_code=500, error_kind="internal")
+            if self.request_events:
+                emit("http.error", component="node", status_code=500, error_kind="internal")
             if metered is not None:
                 self.telemetry.request(metered, "error")
             return _inner_error(internal_error())
         finally:
             _wipe(content)
 
-    async def _post(self, route: str, content: bytearray, chunked: bool):
+    async def _post(self, route: str, content: bytearray, chunked: bool, req: _Arrival):
         try:
             parsed = parse_json(content)
         finally:
             _wipe(content)
+        req.max_tokens = _max_tokens(parsed)
         if isinstance(parsed, dict) and parsed.get("stream") is True and not chunked:
             raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)",
                            param="stream")
@@ -171,11 +186,30 @@ class NodeService:
                    "tokenize": self.api.tokenize, "detokenize": self.api.detokenize}[route]
         return await handler(parsed)
 
-    def _chunked(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
-                 arrived: float, filler: Callable[[int], bytes]) -> StreamingResponse:
+    async def _chunked(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
+                       req: _Arrival, filler: Callable[[int], bytes]) -> StreamingResponse:
+        if self.shape.on and self.shape.tick_ms:
+            pace = self._pace(req, filler is sse_filler)
+            try:  # the response head leaves on the first tick, not when the first token is known
+                await asyncio.sleep(pace.first_due - asyncio.get_running_loop().time())
+            except BaseException:
+                await events.aclose()  # the client left: the engine request is aborted
+                raise
+            return StreamingResponse(paced(ctx, status, headers, events, pace, filler), media_type=OHTTP_CHUNKED_RES)
         if self.shape.on:
-            paced = self._paced if self.shape.tick_ms else self._bucketed
-            return StreamingResponse(paced(ctx, status, headers, events, arrived, filler), media_type=OHTTP_CHUNKED_RES)
+            return StreamingResponse(bucketed(ctx, status, headers, events, filler), media_type=OHTTP_CHUNKED_RES)
+        return self._unshaped(ctx, status, headers, events)
+
+    def _pace(self, req: _Arrival, sse: bool) -> Pace:
+        tick = self.shape.tick_ms / 1000
+        # no prompt longer than the context needs a longer prefill budget (8 bytes a token: token-id lists)
+        budget = self.shape.prefill_budget_s(req.request_bytes, 8 * self.api.max_model_len)
+        due = first_tick(req.arrived, asyncio.get_running_loop().time(), tick, budget)
+        # a JSON body comes whole at the end (its time shows anyway): powers of two only
+        return Pace(due, tick, self.shape.decode_budget_ticks(req.max_tokens) if sse else None)
+
+    def _unshaped(self, ctx: ChunkedServerResponse, status: int, headers,
+                  events: AsyncGenerator[bytes, None]) -> StreamingResponse:
         padding = self.padding
 
         async def gen():
@@ -193,65 +227,6 @@ class NodeService:
                 await events.aclose()
 
         return StreamingResponse(gen(), media_type=OHTTP_CHUNKED_RES)
-
-    async def _paced(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
-                     arrived: float, filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
-        """One STREAM_CHUNK-byte chunk per tick: what arrived since the last tick, filled out."""
-        loop, tick = asyncio.get_running_loop(), self.shape.tick_ms / 1000
-        enc, msg = ctx.encryptor(), ResponseStreamEncoder()
-        pending = bytearray()
-
-        async def pump() -> None:
-            async for event in events:
-                pending.extend(event)
-
-        task = asyncio.create_task(pump())
-        try:
-            # the first tick after the head is known, counted from the request's arrival
-            due = arrived + tick * max(1, math.ceil((loop.time() - arrived) / tick))
-            await asyncio.sleep(due - loop.time())
-            head = msg.head(status, headers)
-            chunk, took = pack(pending, STREAM_CHUNK - len(head), filler)
-            del pending[:took]
-            yield enc.seal_chunk(head + chunk)
-            last = content_room(STREAM_CHUNK - END_LEN)
-            while True:
-                due += tick
-                await asyncio.sleep(due - loop.time())
-                if task.done() and task.exception() is not None:
-                    raise RuntimeError("the response stream failed")  # the client sees a truncated stream
-                if task.done() and len(pending) <= last:
-                    chunk, _ = pack(pending, STREAM_CHUNK - END_LEN, filler)
-                    yield enc.seal_final(chunk + msg.end())
-                    return
-                chunk, took = pack(pending, STREAM_CHUNK, filler)
-                del pending[:took]
-                yield enc.seal_chunk(chunk)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await events.aclose()
-            pending[:] = bytes(len(pending))
-
-    async def _bucketed(self, ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
-                        arrived: float, filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
-        """No timer (tick 0): one chunk per event as it comes, each padded to its size bucket."""
-        enc, msg = ctx.encryptor(), ResponseStreamEncoder()
-        pending = bytearray()
-        try:
-            head = msg.head(status, headers)
-            yield enc.seal_chunk(head + pack(pending, STREAM_CHUNK - len(head), filler)[0])
-            async for event in events:
-                pending.extend(event)
-                while pending:
-                    size = bucket_for(len(pending) + 8)
-                    chunk, took = pack(pending, size, filler)
-                    del pending[:took]
-                    yield enc.seal_chunk(chunk)
-            yield enc.seal_final(pack(pending, STREAM_CHUNK - END_LEN, filler)[0] + msg.end())
-        finally:
-            await events.aclose()
-            pending[:] = bytes(len(pending))
 
 
 def _fill(prefix: bytes, size: int, msg: ResponseStreamEncoder) -> bytes:

@@ -18,3 +18,4 @@ class NodeSettings:
     register_interval_s: float = 60.0
     stream_shape: StreamShape = StreamShape()
     shape: ShapePolicy = ShapePolicy()  # size buckets and a steady stream cadence (docs/shape-hiding.md)
+    request_events: bool = False  # per-request log lines (--request-events: measured, off by default)

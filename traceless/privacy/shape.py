@@ -11,17 +11,23 @@ module's defaults on the node and in the client:
                  STREAM_CHUNK bytes: the SSE events that arrived since the last tick, filled out with
                  an SSE comment (or, for a JSON body, whitespace); a chunk is sent at every tick,
                  token or not, until the response ends. Output that outpaces the cadence waits for
-                 the next tick (the cadence stays steady).
+                 the next tick (the cadence stays steady). The response head and the first chunk
+                 leave on a tick, and not before the request's prefill budget (a fixed delay per
+                 request bucket) has passed; after the last content the stream runs on with filler
+                 chunks to its decode budget (max_tokens x a budget per token), or, without
+                 max_tokens or past the budget, to a power-of-two number of ticks.
 
 The bucket table (plaintext bytes; the same on both sides):
 
     1 KiB, 2 KiB, 4 KiB, ... 16 MiB   (powers of two; nothing larger fits a request)
 
-What stays visible: the bucket (a length to within a factor of two), and a stream's duration in
-ticks (so its output length in time, to within a tick).
+What stays visible: the bucket (a length to within a factor of two); max_tokens, through the
+stream's length; the answer's length to within a factor of two when there is no max_tokens or
+generation ran past its budget; a first tick later than the budget when prefill took longer.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from traceless.privacy.wire import encode_varint
@@ -35,6 +41,16 @@ BUCKET_TABLE = "pow2:1KiB-16MiB"  # the table's name in a node's measured config
 # (docs/shape-hiding.md: the cost).
 STREAM_CHUNK = 4 * MIN_BUCKET
 DEFAULT_TICK_MS = 100
+# The prefill budget: a stream's first tick comes no sooner than this many milliseconds per KiB of
+# the request's bucket after the request arrived (the built-in model prefills a KiB of prompt in
+# well under this on a 2-core CPU, with room for a loaded machine).
+DEFAULT_PREFILL_MS_PER_KIB = 500
+# The decode budget: a stream whose request sets max_tokens runs for max_tokens x this many
+# milliseconds (the built-in model decodes a token in well under this on a loaded 2-core CPU),
+# unless that is longer than MAX_BUDGET_S.
+DEFAULT_DECODE_MS_PER_TOKEN = 200
+MAX_BUDGET_S = 120
+STREAM_TICKS = "decode-budget|pow2"  # stream lengths: the measured name of the rule in padded_ticks
 
 
 class ShapeError(ValueError):
@@ -63,12 +79,18 @@ class ShapePolicy:
 
     padding: str = "buckets"
     tick_ms: int = DEFAULT_TICK_MS
+    prefill_ms_per_kib: int = DEFAULT_PREFILL_MS_PER_KIB  # with a tick: the first tick's earliest time
+    decode_ms_per_token: int = DEFAULT_DECODE_MS_PER_TOKEN  # with a tick: how long a stream runs
 
     def __post_init__(self) -> None:
         if self.padding not in ("buckets", "off"):
             raise ValueError("shape padding must be buckets or off")
         if not 0 <= self.tick_ms <= 1000:
             raise ValueError("the stream tick must be 0 to 1000 milliseconds")
+        if not 0 <= self.prefill_ms_per_kib <= 60_000:
+            raise ValueError("the prefill budget must be 0 to 60000 milliseconds per KiB")
+        if not 0 <= self.decode_ms_per_token <= 60_000:
+            raise ValueError("the decode budget must be 0 to 60000 milliseconds per token")
 
     @property
     def on(self) -> bool:
@@ -76,11 +98,47 @@ class ShapePolicy:
 
     def measured(self) -> dict:
         """What enters the node's measured configuration (so a client's policy can require it)."""
+        paced = self.on and self.tick_ms > 0
         return {"shape_padding": self.padding, "shape_buckets": BUCKET_TABLE if self.on else None,
-                "stream_chunk": STREAM_CHUNK if self.on else None, "stream_tick_ms": self.tick_ms if self.on else None}
+                "stream_chunk": STREAM_CHUNK if self.on else None, "stream_tick_ms": self.tick_ms if self.on else None,
+                "prefill_ms_per_kib": self.prefill_ms_per_kib if paced else None,
+                "decode_ms_per_token": self.decode_ms_per_token if paced else None,
+                "stream_ticks": STREAM_TICKS if paced else None}
+
+    def prefill_budget_s(self, request_bytes: int, max_bytes: int) -> float:
+        """How long after a request arrives its stream may start: the budget for its bucket, the
+        bucket taken at most as large as `max_bytes` (no longer prompt can be prefilled)."""
+        kib = bucket_for(min(request_bytes, max_bytes)) / MIN_BUCKET
+        return self.prefill_ms_per_kib * kib / 1000
+
+
+    def decode_budget_ticks(self, max_tokens: int | None) -> int | None:
+        """A stream's length in ticks when its answer ends within max_tokens x the per-token budget;
+        None without max_tokens or when that is past MAX_BUDGET_S (then powers of two)."""
+        if max_tokens is None or not self.tick_ms:
+            return None
+        ticks = math.ceil(max_tokens * self.decode_ms_per_token / self.tick_ms)
+        return ticks if ticks * self.tick_ms <= MAX_BUDGET_S * 1000 else None
 
 
 OFF = ShapePolicy("off", 0)
+
+
+def first_tick(arrived: float, now: float, tick_s: float, budget_s: float) -> float:
+    """The time of a stream's first tick: on the grid that starts at the request's arrival, the
+    first point at least one tick and `budget_s` after arrival and not before `now`."""
+    k = max(1, math.ceil(round(budget_s / tick_s, 9)), math.ceil(round((now - arrived) / tick_s, 9)))
+    return arrived + k * tick_s
+
+
+def padded_ticks(ticks: int, budget_ticks: int | None) -> int:
+    """How many ticks a stream whose content ended at tick `ticks` runs to: its decode budget
+    (max_tokens x the budget per token, in ticks) when it ended within it, so an answer that ends
+    early looks like one that ran to the limit; otherwise (no max_tokens, a budget past
+    MAX_BUDGET_S, a generation slower than its budget) the next power of two."""
+    if budget_ticks is not None and ticks <= budget_ticks:
+        return budget_ticks
+    return 1 << max(0, ticks - 1).bit_length()
 
 
 def content_room(total: int) -> int:

@@ -12,12 +12,12 @@ n * len(prompts) <= MAX_CHOICES (so n <= 8 with one prompt, 8 prompts with n = 1
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from traceless.errors import InvalidRequestError
+from traceless.http.body import decode_json
 from traceless.http.errors import ApiError, bad_request
 from traceless.sampling_params import OutputKind, SamplingParams
 from traceless.server.known_fields import KNOWN_MESSAGE_UNSUPPORTED, KNOWN_UNSUPPORTED, unknown_fields_error
@@ -298,8 +298,8 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
             raise bad_request(f"'{where}.tool_calls' entries must be {{\"id\", \"type\": \"function\", "
                               "\"function\": {\"name\", \"arguments\"}}", where)
         try:
-            args = json.loads(f["arguments"])
-        except (ValueError, RecursionError):
+            args = decode_json(f["arguments"])
+        except ValueError:
             raise bad_request(f"'{where}.tool_calls' arguments must be JSON text", where) from None
         out.append({"id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": args}})
     return out

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from traceless.errors import InvalidRequestError
+from traceless.http.body import decode_json
 from traceless.http.errors import bad_request
 from traceless.structured.spec import StructuredKind, StructuredOutput
 
@@ -74,8 +75,8 @@ def structured_outputs(name: str, v: Any) -> StructuredOutput:
     if kind is StructuredKind.JSON_SCHEMA:
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except (ValueError, RecursionError):
+                value = decode_json(value)
+            except ValueError:
                 raise bad_request(f"'{where}' must be a JSON Schema (an object, or its JSON text)", where) from None
         return _spec(name, kind, _schema_text(where, value))
     if kind is StructuredKind.CHOICE:

@@ -12,7 +12,8 @@ output. Errors never carry llguidance's message (it quotes the schema): a refusa
 JSON Schema keywords from a fixed list, which are schema vocabulary, not client text.
 
 A compiled grammar and a matcher are request content: nothing here caches them; the engine drops
-the Guide when its request ends (`release`).
+the Guide when its request ends (`release`). llguidance tokenizes through the model's own
+tokenizer, whose word cache is off (structured/ll_tokenizer.py).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from traceless.errors import InvalidRequestError
 from traceless.structured.ecma_regex import ecma_to_ascii
+from traceless.structured.ll_tokenizer import build_ll_tokenizer
 from traceless.structured.spec import StructuredKind, StructuredOutput
 
 if TYPE_CHECKING:
@@ -132,12 +134,11 @@ class GrammarCompiler:
     def _ll_tokenizer(self) -> LLTokenizer:
         with self._lock:
             if self._ll is None:
-                from llguidance import LLTokenizer
-
                 eos = sorted(self._tokenizer.eos_ids)
                 if not eos:
                     raise InvalidRequestError("this model has no end-of-sequence token; structured outputs need one")
-                self._ll = LLTokenizer(self._tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos)
+                # tokenizes through the model's tokenizer: no word cache of llguidance's own
+                self._ll = build_ll_tokenizer(self._tokenizer, self.vocab_size, eos)
             return self._ll
 
     def compile(self, spec: StructuredOutput) -> CompiledGrammar:

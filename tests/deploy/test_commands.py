@@ -1,0 +1,91 @@
+"""Every container of every rendered overlay starts: its command line (the image's ENTRYPOINT from
+deploy/Dockerfile, then the manifest's args, with the container's environment) parses with the
+project's own argument parser, with no unknown flag and every required option, and passes the
+command's own start-up checks. A manifest can then never ship a command that exits at start."""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from tests.deploy._dockerfile import exec_form, parse
+from tests.deploy.conftest import OVERLAYS
+from traceless.cli.parser import build_parser, check
+
+OPERATOR_VALUE = "b3BlcmF0b3ItcHJvdmlkZWQ="  # what an operator-created Secret or ConfigMap holds (base64)
+
+
+def _containers(objs):
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            spec = obj["spec"]["template"]["spec"]
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                yield f"{obj['kind']}/{obj['metadata']['name']}/{c['name']}", c
+
+
+def _environment(container: dict, configmaps: dict[str, dict]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env.update(configmaps.get(source["configMapRef"]["name"], {}))
+    for var in container.get("env", []):
+        ref = var.get("valueFrom", {})
+        if "value" in var:
+            env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), var["value"])
+        elif "configMapKeyRef" in ref and ref["configMapKeyRef"]["name"] in configmaps:
+            env[var["name"]] = configmaps[ref["configMapKeyRef"]["name"]][ref["configMapKeyRef"]["key"]]
+        else:  # a Secret, an operator-created ConfigMap, a field of the pod
+            env[var["name"]] = OPERATOR_VALUE
+    return env
+
+
+def _argv(container: dict, env: dict[str, str]) -> list[str]:
+    """What the container runs after `python -m traceless.cli`, $(VAR) expanded as Kubernetes does."""
+    image = container["image"].split("/", 1)[1].split(":")[0]
+    stages = parse().lineage(image)
+    entry = container.get("command") or next(exec_form(v) for st in stages for v in st.values("ENTRYPOINT"))
+    full = [*entry, *container.get("args", [])]
+    assert full[:3] == ["/opt/venv/bin/python", "-m", "traceless.cli"], full
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[3:]]
+
+
+def start_check(argv: list[str], env: dict[str, str], monkeypatch) -> str | None:
+    """None if the command line parses and passes its command's checks; else why not."""
+    with monkeypatch.context() as m:
+        for name in [n for n in __import__("os").environ if n.startswith("TRACELESS_")]:
+            m.delenv(name)
+        for name, value in env.items():
+            m.setenv(name, value)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = build_parser().parse_args(argv)  # options read their environment defaults here
+            check(args)
+        except SystemExit as exc:
+            return err.getvalue().strip().splitlines()[-1] if err.getvalue() else str(exc)
+        except Exception as exc:  # a command's CommandError
+            return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_command_line_starts(render, overlay, monkeypatch):
+    objs = render(overlay)
+    configmaps = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
+    failures, checked = {}, 0
+    for where, container in _containers(objs):
+        env = _environment(container, configmaps)
+        problem = start_check(_argv(container, env), env, monkeypatch)
+        checked += 1
+        if problem is not None:
+            failures[where] = problem
+    assert checked and failures == {}
+
+
+def test_the_check_catches_an_unknown_flag_and_a_missing_option(monkeypatch):
+    assert start_check(["gateway", "--host=0.0.0.0", "--no-such-flag"], {}, monkeypatch) is not None
+    env = {"TRACELESS_ISSUER_URL": "http://issuer"}
+    assert "--log" in start_check(["gateway"], env, monkeypatch)
+    assert start_check(["gateway", "--log=http://log", f"--log-public-key={OPERATOR_VALUE}"], env, monkeypatch) is None

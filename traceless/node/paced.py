@@ -1,0 +1,94 @@
+"""A shaped stream on the node's timer: what the hops see is a grid of equal chunks.
+
+    head + first chunk   on the first tick at least the request's prefill budget after it arrived
+                         (privacy/shape.py: first_tick), never at the moment of the first token
+    one chunk per tick   STREAM_CHUNK plaintext bytes: the SSE bytes that arrived since the last
+                         tick, filled out (a tick with nothing new sends filler only)
+    the end              after the last content, filler chunks up to the stream's decode budget
+                         (max_tokens x a budget per token; without one, or past it, to a
+                         power-of-two number of ticks: shape.padded_ticks), then the final chunk
+
+So the relay sees when a stream starts to within the budget's tick (a prefill longer than the
+budget still shows, rounded up to a tick) and not how long its answer was.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+
+from traceless.privacy.bhttp.stream import ResponseStreamEncoder
+from traceless.privacy.ohttp.chunked import ChunkedServerResponse
+from traceless.privacy.shape import STREAM_CHUNK, bucket_for, content_room, pack, padded_ticks
+
+END_LEN = 2  # content terminator + empty trailer section
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    first_due: float  # loop time of the first tick: the head and the first chunk
+    tick_s: float
+    budget_ticks: int | None  # the stream's length if its content ends within it (None: pow2 ticks)
+
+
+async def paced(ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None], pace: Pace,
+                filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
+    """One STREAM_CHUNK-byte chunk per tick, from pace.first_due: what arrived since the last tick."""
+    loop = asyncio.get_running_loop()
+    enc, msg = ctx.encryptor(), ResponseStreamEncoder()
+    pending = bytearray()
+
+    async def pump() -> None:
+        async for event in events:
+            pending.extend(event)
+
+    task = asyncio.create_task(pump())
+    try:
+        due = pace.first_due
+        await asyncio.sleep(due - loop.time())
+        head = msg.head(status, headers)
+        chunk, took = pack(pending, STREAM_CHUNK - len(head), filler)
+        del pending[:took]
+        yield enc.seal_chunk(head + chunk)
+        sent, last, target = 1, content_room(STREAM_CHUNK - END_LEN), None
+        while True:
+            due += pace.tick_s
+            await asyncio.sleep(due - loop.time())
+            if task.done() and task.exception() is not None:
+                raise RuntimeError("the response stream failed")  # the client sees a truncated stream
+            if task.done() and len(pending) <= last:
+                target = target or padded_ticks(sent + 1, pace.budget_ticks)  # if this tick were the last
+                if sent + 1 >= target:
+                    chunk, _ = pack(pending, STREAM_CHUNK - END_LEN, filler)
+                    yield enc.seal_final(chunk + msg.end())
+                    return
+            chunk, took = pack(pending, STREAM_CHUNK, filler)
+            del pending[:took]
+            yield enc.seal_chunk(chunk)
+            sent += 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await events.aclose()
+        pending[:] = bytes(len(pending))
+
+
+async def bucketed(ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
+                   filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
+    """No timer (tick 0): one chunk per event as it comes, each padded to its size bucket."""
+    enc, msg = ctx.encryptor(), ResponseStreamEncoder()
+    pending = bytearray()
+    try:
+        head = msg.head(status, headers)
+        yield enc.seal_chunk(head + pack(pending, STREAM_CHUNK - len(head), filler)[0])
+        async for event in events:
+            pending.extend(event)
+            while pending:
+                size = bucket_for(len(pending) + 8)
+                chunk, took = pack(pending, size, filler)
+                del pending[:took]
+                yield enc.seal_chunk(chunk)
+        yield enc.seal_final(pack(pending, STREAM_CHUNK - END_LEN, filler)[0] + msg.end())
+    finally:
+        await events.aclose()
+        pending[:] = bytes(len(pending))
