@@ -1,8 +1,9 @@
-"""Load a GGUF file: metadata, tokenizer source and weights (dequantized at load with `gguf`).
+"""Load a GGUF file: metadata, tokenizer source and weights (dequantized at load: layers/ggml_blocks.py).
 
-Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1. llama.cpp's converter permutes the rows of the
-Q and K projections of `llama` models (to suit its interleaved RoPE); we undo that so GGUF and
-Hugging Face weights share one model implementation (rotate-half RoPE).
+Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+llama.cpp's converter permutes the rows of the Q and K projections of `llama` models (to suit its
+interleaved RoPE); we undo that so GGUF and Hugging Face weights share one model implementation
+(rotate-half RoPE).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import torch
 
 from traceless.errors import ModelLoadError, UnsupportedModelError
 from traceless.model.config import ModelConfig, from_gguf_metadata
+from traceless.model.layers.ggml_blocks import FORMATS, dequantize
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SUPPORTED_TYPES = ("F32", "F16", "BF16") + tuple(FORMATS)
 
 _LAYER_NAMES = {
     "attn_norm.weight": "attn_norm",
@@ -77,7 +79,7 @@ def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _dequantize(tensor) -> np.ndarray:
+def _dequantize(tensor) -> np.ndarray | torch.Tensor:
     from gguf import quants
 
     kind = tensor.tensor_type.name
@@ -86,6 +88,10 @@ def _dequantize(tensor) -> np.ndarray:
             f"tensor {tensor.name} has GGUF type {kind}; supported: {', '.join(SUPPORTED_TYPES)}"
         )
     try:
+        if kind in FORMATS:
+            rows, cols = int(np.prod(tensor.shape[1:])), int(tensor.shape[0])  # GGUF lists dims innermost first
+            raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True))
+            return dequantize(raw, kind, (rows, cols)).reshape(tuple(int(d) for d in reversed(tensor.shape)))
         out = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     except Exception:
         raise ModelLoadError(f"tensor {tensor.name} is corrupt or truncated") from None
@@ -104,7 +110,8 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, to
         name = canonical_name(tensor.name)
         if name is None:
             raise UnsupportedModelError(f"unexpected tensor {tensor.name!r} in GGUF file")
-        w = torch.from_numpy(_dequantize(tensor))
+        values = _dequantize(tensor)
+        w = values if isinstance(values, torch.Tensor) else torch.from_numpy(values)
         if config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("q", "q_bias"):
             w = unpermute_rows(w, config.num_heads)
         elif config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("k", "k_bias"):
