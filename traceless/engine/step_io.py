@@ -119,6 +119,7 @@ class ModelInfo:
     load_format: str = "auto"  # "dummy": random weights of a real shape (benchmarks only)
     cuda_graphs: int = 0  # decode batch sizes captured as CUDA graphs (0: eager)
     capture_s: float = 0.0  # seconds spent capturing them at start
+    quantization: str = "none"  # "gguf" (a GGUF file's blocks), "q8_0"/"q4_0" (made at load) or "none"
 
 
 class ModelExecutor(Protocol):

@@ -15,6 +15,7 @@ import torch
 from traceless.errors import ModelLoadError, UnsupportedModelError
 from traceless.model.config import ModelConfig, from_gguf_metadata
 from traceless.model.layers.ggml_blocks import FORMATS, dequantize
+from traceless.model.layers.quant import QFormat, QuantTensor
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16") + tuple(FORMATS)
 
@@ -99,17 +100,40 @@ def _dequantize(tensor) -> np.ndarray | torch.Tensor:
     return out if out.flags.writeable else out.copy()
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
-    """(config, canonical weights in `dtype`, metadata) of a GGUF model file."""
+def _kept(tensor, name: str, config: ModelConfig) -> QuantTensor | None:
+    """The tensor's own blocks when the kernels multiply its format (2-D weights only), rows
+    un-permuted like the dense path (a row of blocks moves as a whole)."""
+    kind = tensor.tensor_type.name
+    if kind not in QFormat.__members__ or len(tensor.shape) != 2:
+        return None
+    rows, cols = int(tensor.shape[1]), int(tensor.shape[0])
+    blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).reshape(rows, -1)
+    short = name.rsplit(".", 1)[-1]
+    if config.architecture == "llama" and short in ("q", "k"):
+        blocks = unpermute_rows(blocks, config.num_heads if short == "q" else config.num_kv_heads).contiguous()
+    try:
+        return QuantTensor(QFormat[kind], (rows, cols), blocks)
+    except ValueError:
+        raise ModelLoadError(f"tensor {tensor.name} is corrupt or truncated") from None
+
+
+def load_gguf(path: Path, dtype: torch.dtype, keep_quantized: bool = False) -> tuple[ModelConfig, dict, dict]:
+    """(config, canonical weights, metadata) of a GGUF model file: dense tensors in `dtype`, or with
+    `keep_quantized` the file's own blocks (QuantTensor) for every matrix in a format the CPU
+    kernels multiply (the rest dense in `dtype`)."""
     reader = _reader(path)
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
     config = from_gguf_metadata(meta, "output.weight" in names, "blk.0.attn_q.bias" in names)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict = {}
     for tensor in reader.tensors:
         name = canonical_name(tensor.name)
         if name is None:
             raise UnsupportedModelError(f"unexpected tensor {tensor.name!r} in GGUF file")
+        kept = _kept(tensor, name, config) if keep_quantized else None
+        if kept is not None:
+            weights[name] = kept
+            continue
         values = _dequantize(tensor)
         w = values if isinstance(values, torch.Tensor) else torch.from_numpy(values)
         if config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("q", "q_bias"):

@@ -9,29 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
 from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
+from traceless.model.layers.linear import Linear, cat_rows, embedding
 from traceless.model.layers.ops import DecoderOps
-
-
-class Linear:
-    """y = x W^T + b. On CPU the weight can be prepacked for oneDNN, which runs the small-batch
-    matmuls of decoding about twice as fast as the plain path (same results)."""
-
-    __slots__ = ("weight", "bias", "packed")
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
-        self.bias = bias
-        self.packed = pack
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if pack else weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
 
 
 @dataclass(slots=True)
@@ -72,13 +55,13 @@ class LlamaModel:
         self.layers = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
-            qkv = torch.cat([_take(weights, p + "q", (nh * D, H)), _take(weights, p + "k", (nkv * D, H)),
-                             _take(weights, p + "v", (nkv * D, H))])
+            qkv = cat_rows([_take(weights, p + "q", (nh * D, H)), _take(weights, p + "k", (nkv * D, H)),
+                            _take(weights, p + "v", (nkv * D, H))])
             bias = None
             if c.qkv_bias:
                 bias = dev(torch.cat([_take(weights, p + "q_bias", (nh * D,)), _take(weights, p + "k_bias", (nkv * D,)),
                                       _take(weights, p + "v_bias", (nkv * D,))]))
-            gate_up = torch.cat([_take(weights, p + "gate", (inter, H)), _take(weights, p + "up", (inter, H))])
+            gate_up = cat_rows([_take(weights, p + "gate", (inter, H)), _take(weights, p + "up", (inter, H))])
             self.layers.append(Layer(
                 attn_norm=dev(_take(weights, p + "attn_norm", (H,))),
                 qkv=Linear(dev(qkv), bias, pack),
@@ -103,7 +86,7 @@ class LlamaModel:
         """
         c, ops = self.config, self.ops
         layers = self.layers if num_layers is None else self.layers[:num_layers]
-        x = F.embedding(input_ids, self.embed)  # [T, H] residual stream
+        x = embedding(self.embed, input_ids)  # [T, H] residual stream
         h = torch.empty_like(x)  # normed input of the next matmul
         ops.add_rms_norm(x, None, layers[0].attn_norm, h)
         act = x.new_empty(x.shape[0], c.intermediate_size)

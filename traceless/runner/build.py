@@ -11,9 +11,11 @@ from traceless.model.config import ModelConfig
 from traceless.model.layers.attention import AttentionLayer, PagedAttention
 from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
 from traceless.model.layers.kv_cache import KVCache, block_bytes
+from traceless.model.layers.linear import weight_nbytes
 from traceless.model.layers.ops import DecoderOps, NativeOps, TorchOps
 from traceless.model.llama import LlamaModel
-from traceless.model.loader import builtin_chat_template, load_model
+from traceless.model.loader import builtin_chat_template, is_gguf_model, load_model
+from traceless.model.quantization import Quantization, resolve_quantization
 from traceless.model.rope import Rope
 from traceless.runner.model_runner import ModelRunner
 
@@ -123,14 +125,28 @@ def _check_blocks(num_blocks: int, max_model_len: int, block_size: int) -> None:
         )
 
 
+def _quantization(cfg: EngineConfig, device: torch.device) -> Quantization:
+    if cfg.quantization == "none" or (cfg.quantization == "auto" and device.type != "cpu"):
+        return Quantization.NONE
+    try:
+        NativeKernels.load()
+        kernels = True
+    except KernelUnavailable:
+        kernels = False
+    is_gguf = cfg.load_format == "auto" and is_gguf_model(cfg.model)
+    return resolve_quantization(cfg.quantization, cfg.dtype, device.type, is_gguf, cfg.load_format, kernels)
+
+
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    loaded = load_model(cfg.model, dtype, cfg.load_format, device)
+    quantization = _quantization(cfg, device)
+    # quantized weights: the int8 kernels take and give float32 activations
+    dtype = torch.float32 if quantization != Quantization.NONE else resolve_dtype(cfg.dtype, device)
+    loaded = load_model(cfg.model, dtype, cfg.load_format, device, quantization)
     mc = loaded.config
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
-    weight_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+    weight_bytes = sum(weight_nbytes(t) for t in loaded.weights.values())
     backend = _attention_backend(cfg, device, dtype)
     profile = device.type == "cuda" and cfg.kv_cache_memory is None
     bb = block_bytes(mc, cfg.block_size, dtype)
@@ -171,7 +187,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         offload = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
     info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
-                     attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s)
+                     attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
+                     quantization=quantization.value)
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format == "auto":
         template = builtin_chat_template("smollm2-tools")
