@@ -15,7 +15,7 @@ import torch
 from traceless.errors import ModelLoadError, UnsupportedModelError
 from traceless.model.config import ModelConfig, from_gguf_metadata
 from traceless.model.layers.ggml_blocks import FORMATS, dequantize
-from traceless.model.layers.quant import QFormat, QuantTensor
+from traceless.model.layers.quant import QFormat, QuantTensor, to_kernel_layout
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16") + tuple(FORMATS)
 
@@ -112,7 +112,7 @@ def _kept(tensor, name: str, config: ModelConfig) -> QuantTensor | None:
     if config.architecture == "llama" and short in ("q", "k"):
         blocks = unpermute_rows(blocks, config.num_heads if short == "q" else config.num_kv_heads).contiguous()
     try:
-        return QuantTensor(QFormat[kind], (rows, cols), blocks)
+        return to_kernel_layout(QuantTensor(QFormat[kind], (rows, cols), blocks))
     except ValueError:
         raise ModelLoadError(f"tensor {tensor.name} is corrupt or truncated") from None
 

@@ -100,7 +100,7 @@ def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = 
 
 def _quantize_matrices(weights: dict, quantization: Quantization) -> dict:
     """Every 2-D weight quantized at load (norms, biases and rope factors stay dense)."""
-    from traceless.model.layers.quant import QUANTIZERS
+    from traceless.model.layers.quant import QUANTIZERS, to_kernel_layout
 
     quantize = QUANTIZERS[quantization.value]
     for name, w in weights.items():
@@ -109,7 +109,7 @@ def _quantize_matrices(weights: dict, quantization: Quantization) -> dict:
         if w.shape[1] % 32:
             raise ModelLoadError(f"tensor {name!r} has {w.shape[1]} columns; {quantization.value} needs a "
                                  "multiple of 32")
-        weights[name] = quantize(w)
+        weights[name] = to_kernel_layout(quantize(w))
     return weights
 
 

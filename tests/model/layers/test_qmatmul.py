@@ -14,7 +14,14 @@ import torch
 from tests.support.ggml_raw import random_tensor
 from tests.support.qref import reference_matmul
 from traceless.model.layers.kernels import KernelUnavailable
-from traceless.model.layers.quant import QFormat, QuantTensor, quantize_q4_0, quantize_q8_0
+from traceless.model.layers.quant import (
+    QFormat,
+    QuantTensor,
+    ggml_blocks,
+    quantize_q4_0,
+    quantize_q8_0,
+    to_kernel_layout,
+)
 
 try:
     from traceless.model.layers.qkernels import Isa, QuantKernels
@@ -28,8 +35,21 @@ ISAS = [i for i in (Isa.PORTABLE, Isa.AVX2, Isa.AVX512) if KERNELS is not None a
 
 
 def _weights(fmt: QFormat, rows: int, cols: int, seed: int) -> QuantTensor:
-    raw = random_tensor(fmt.name, rows, cols, np.random.default_rng(seed), scale=0.02)
-    return QuantTensor(fmt, (rows, cols), torch.from_numpy(raw))
+    base = fmt.name.removesuffix("_ROWS")
+    raw = random_tensor(base, rows, cols, np.random.default_rng(seed), scale=0.02)
+    w = QuantTensor(QFormat[base], (rows, cols), torch.from_numpy(raw))
+    out = to_kernel_layout(w) if fmt.name.endswith("_ROWS") else w
+    assert out.fmt == fmt
+    return out
+
+
+@pytest.mark.parametrize("fmt", [QFormat.Q4_0, QFormat.Q4_1])
+def test_row_split_layout_is_the_same_bytes(fmt):
+    w = _weights(fmt, 5, 128, seed=2)
+    split = to_kernel_layout(w)
+    assert split.fmt.name == fmt.name + "_ROWS" and split.nbytes == w.nbytes
+    assert torch.equal(ggml_blocks(split).blocks, w.blocks)
+    assert to_kernel_layout(_weights(fmt, 5, 96, seed=2)).fmt == fmt  # odd block count: kept as it is
 
 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
@@ -64,6 +84,7 @@ def test_bfloat16_in_and_out_bias_and_column_slices(isa):
 def test_embedding_rows_equal_the_dequantized_rows_to_the_bit(fmt):
     w = _weights(fmt, 30, 256, seed=3)
     ids = torch.tensor([0, 29, 7, 7, 12])
+    assert torch.equal(w.dequantize(), ggml_blocks(w).dequantize())
     got = KERNELS.embed(w, ids, torch.float32)
     assert torch.equal(got.view(torch.int32), w.dequantize()[ids].view(torch.int32))
     whole = KERNELS.dequantize(w, torch.float32)
@@ -85,3 +106,16 @@ def test_load_time_quantizers_write_ggmls_blocks(quantize, fmt):
     ours = quantize(w)
     want = quants.quantize(w.numpy(), GGMLQuantizationType[fmt])
     assert np.array_equal(ours.blocks.numpy(), want)
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+@pytest.mark.parametrize("fmt", [QFormat.Q4_0_ROWS, QFormat.Q4_1_ROWS, QFormat.Q8_0], ids=lambda f: f.name)
+@pytest.mark.parametrize("K", [64, 576, 1536])
+def test_row_lengths_with_partial_scale_groups(fmt, isa, K):
+    """576 = 18 blocks: one group of 16 scales and a partial one (masked loads)."""
+    w = _weights(fmt, 19, K, seed=K)
+    x = torch.randn(5, K)
+    out = torch.empty(5, 19)
+    KERNELS.matmul(x, w, out, isa=isa)
+    ref, scale = reference_matmul(x, w)
+    assert torch.all((out.double() - ref).abs() <= 1e-4 * scale + 1e-6)

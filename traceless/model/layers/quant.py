@@ -4,6 +4,10 @@ csrc/qmatmul.c without ever being expanded.
 
     QuantTensor.blocks: uint8 [rows, row_bytes], row r = cols / block_size blocks of row r
 
+Q4_0 and Q4_1 rows with an even number of blocks are held regrouped (`Q4_0_ROWS`, `Q4_1_ROWS`):
+the same bytes, row r = [nb x 16 code bytes][nb x f16 d][nb x f16 m (Q4_1)], which the AVX-512
+kernel reads two blocks and sixteen scales at a time (`to_kernel_layout`; no value changes).
+
 Quantizing at load follows llama.cpp's reference quantizers (ggml-quants.c) step by step, so a
 checkpoint quantized here holds the blocks `gguf.quants.quantize` would write.
 """
@@ -26,6 +30,18 @@ class QFormat(Enum):
     Q4_K = 3
     Q5_K = 4
     Q6_K = 5
+    Q4_0_ROWS = 6
+    Q4_1_ROWS = 7
+
+
+_ROWS_OF = {QFormat.Q4_0: QFormat.Q4_0_ROWS, QFormat.Q4_1: QFormat.Q4_1_ROWS}
+_BASE_OF = {v: k for k, v in _ROWS_OF.items()}
+
+
+def _block_format(fmt: QFormat) -> tuple[int, int]:
+    """(values, bytes) per block; a row-split format counts two blocks as one (rows need an even count)."""
+    base = FORMATS[_BASE_OF.get(fmt, fmt).name]
+    return (2 * base.block_size, 2 * base.type_size) if fmt in _BASE_OF else (base.block_size, base.type_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +51,9 @@ class QuantTensor:
     blocks: torch.Tensor    # uint8 [rows, row_bytes], CPU, contiguous
 
     def __post_init__(self) -> None:
-        f = FORMATS[self.fmt.name]
+        block_size, type_size = _block_format(self.fmt)
         rows, cols = self.shape
-        if cols % f.block_size or tuple(self.blocks.shape) != (rows, cols // f.block_size * f.type_size):
+        if cols % block_size or tuple(self.blocks.shape) != (rows, cols // block_size * type_size):
             raise ValueError(f"{tuple(self.blocks.shape)} bytes do not hold a {self.fmt.name} matrix {self.shape}")
 
     @property
@@ -55,11 +71,33 @@ class QuantTensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 [rows, cols], equal to the reference dequantizer."""
-        return dequantize(self.blocks, self.fmt.name, self.shape)
+        g = ggml_blocks(self)
+        return dequantize(g.blocks, g.fmt.name, self.shape)
 
     def rows(self, index: torch.Tensor) -> QuantTensor:
         """The rows `index` (a permutation or selection), as blocks: no value changes."""
         return QuantTensor(self.fmt, (int(index.numel()), self.shape[1]), self.blocks[index].contiguous())
+
+
+def to_kernel_layout(w: QuantTensor) -> QuantTensor:
+    """Q4_0/Q4_1 with an even number of blocks per row -> the row-split layout; others unchanged."""
+    if w.fmt not in _ROWS_OF or (w.shape[1] // 32) % 2:
+        return w
+    rows, sz = w.shape[0], FORMATS[w.fmt.name].type_size
+    blk = w.blocks.reshape(rows, -1, sz)
+    parts = [blk[:, :, sz - 16:], blk[:, :, 0:2]] + ([blk[:, :, 2:4]] if w.fmt == QFormat.Q4_1 else [])
+    return QuantTensor(_ROWS_OF[w.fmt], w.shape, torch.cat([p.reshape(rows, -1) for p in parts], dim=1))
+
+
+def ggml_blocks(w: QuantTensor) -> QuantTensor:
+    """The GGML block layout of w (inverse of to_kernel_layout)."""
+    if w.fmt not in _BASE_OF:
+        return w
+    base = _BASE_OF[w.fmt]
+    rows, nb = w.shape[0], w.shape[1] // 32
+    codes = w.blocks[:, :16 * nb].reshape(rows, nb, 16)
+    scales = w.blocks[:, 16 * nb:].reshape(rows, -1, nb, 2).transpose(1, 2).reshape(rows, nb, -1)
+    return QuantTensor(base, w.shape, torch.cat([scales, codes], dim=2).reshape(rows, -1))
 
 
 def cat_rows(parts: list) -> torch.Tensor | QuantTensor | tuple:

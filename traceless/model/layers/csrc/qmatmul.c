@@ -42,7 +42,8 @@
 #define TL_CLONES
 #endif
 
-enum { F_Q8_0 = 0, F_Q4_0 = 1, F_Q4_1 = 2, F_Q4_K = 3, F_Q5_K = 4, F_Q6_K = 5 };
+/* F_Q4_0R / F_Q4_1R: the same blocks regrouped per row (see RowSplit below) */
+enum { F_Q8_0 = 0, F_Q4_0 = 1, F_Q4_1 = 2, F_Q4_K = 3, F_Q5_K = 4, F_Q6_K = 5, F_Q4_0R = 6, F_Q4_1R = 7 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 enum { QB = 32, QK_K = 256, TILE = 4, ROW_CHUNK = 16 };
 
@@ -152,9 +153,29 @@ typedef struct {
     int8_t sc[2];
 } Blk;
 
-static void get_block(int fmt, const uint8_t *w, long b, Blk *o) {
+/*
+ * Row-split Q4_0/Q4_1 (the layout the kernels read fastest; same bytes as the GGML blocks, no
+ * value changes): a row of nb blocks is [nb x 16 code bytes][nb x f16 d][nb x f16 m (Q4_1)], so
+ * 16 scales convert in one instruction and two blocks' codes are one 32-byte load.
+ */
+static inline const uint8_t *rs_codes(const uint8_t *row, long b) { return row + b * 16; }
+static inline const uint8_t *rs_d(const uint8_t *row, long nb, long b) { return row + nb * 16 + 2 * b; }
+static inline const uint8_t *rs_m(const uint8_t *row, long nb, long b) { return row + nb * 18 + 2 * b; }
+
+static void get_block_nb(int fmt, const uint8_t *w, long b, long nb, Blk *o);
+
+/* nb: blocks per row, needed by the row-split formats only */
+static void get_block_nb(int fmt, const uint8_t *w, long b, long nb, Blk *o) {
     o->m = 0.f;
-    if (fmt == F_Q8_0) {
+    if (fmt == F_Q4_0R || fmt == F_Q4_1R) {
+        const uint8_t *qs = rs_codes(w, b);
+        for (int i = 0; i < 16; i++) {
+            o->u[i] = qs[i] & 0xF;
+            o->u[i + 16] = qs[i] >> 4;
+        }
+        o->scale = rd_f16(rs_d(w, nb, b));
+        o->m = fmt == F_Q4_0R ? -8.f * o->scale : rd_f16(rs_m(w, nb, b));
+    } else if (fmt == F_Q8_0) {
         const uint8_t *blk = w + b * 34;
         memcpy(o->u, blk + 2, QB);
         o->scale = rd_f16(blk);
@@ -197,7 +218,7 @@ static void dot_portable(int fmt, const uint8_t *w, const Act *a, long t0, int n
     for (int t = 0; t < nt; t++) out[t] = 0.f;
     for (long b = 0; b < a->nb; b++) {
         Blk k;
-        get_block(fmt, w, b, &k);
+        get_block_nb(fmt, w, b, a->nb, &k);
         for (int t = 0; t < nt; t++) {
             const long ab = (t0 + t) * a->nb + b;
             const int8_t *q = a->q + ab * QB;
@@ -300,6 +321,14 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
         BLOCK_Q(DOT, u, b, d, m)                                                               \
     }
 
+#define BODY_Q4R(DOT)                                                                          \
+    for (long b = 0; b < nb; b++) {                                                            \
+        const float d = ld_f16(rs_d(w, nb, b));                                                \
+        const float m = fmt == F_Q4_0R ? -8.f * d : ld_f16(rs_m(w, nb, b));                    \
+        const __m256i u = nibbles16(rs_codes(w, b));                                           \
+        BLOCK_Q(DOT, u, b, d, m)                                                               \
+    }
+
 #define BODY_K45(DOT)                                                                          \
     const int sz = fmt == F_Q4_K ? 144 : 176, q0 = fmt == F_Q4_K ? 16 : 48;                    \
     for (long sb = 0; sb < nb / 8; sb++) {                                                     \
@@ -357,6 +386,7 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
         if (fmt == F_Q8_0) { BODY_Q8_0(DOT) }                                                  \
         else if (fmt == F_Q4_0 || fmt == F_Q4_1) { BODY_Q4(DOT) }                              \
         else if (fmt == F_Q4_K || fmt == F_Q5_K) { BODY_K45(DOT) }                             \
+        else if (fmt == F_Q4_0R || fmt == F_Q4_1R) { BODY_Q4R(DOT) }                           \
         else { BODY_Q6_K(DOT) }                                                                \
         for (int t = 0; t < NT; t++)                                                           \
             out[t] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t])) + (accm[0][t] + accm[1][t]);   \
@@ -372,7 +402,67 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
     }
 
 DEFINE_SIMD_DOT(dot_avx2, AVX2_TARGET, dot_us_avx2)
-DEFINE_SIMD_DOT(dot_avx512, VNNI_TARGET, dot_us_vnni)
+DEFINE_SIMD_DOT(dot_avx512_ymm, VNNI_TARGET, dot_us_vnni)
+
+/*
+ * Row-split Q4 on AVX-512: two blocks per 512-bit dot product, scales for 16 blocks at a time.
+ *   codes of blocks b, b+1 (32 bytes):  lo = [b: 0-15 | b+1: 0-15], hi = [b: 16-31 | b+1: 16-31]
+ *   u = [b lo | b hi | b+1 lo | b+1 hi]  (one vpermt2q), so lanes 0-7 are block b, 8-15 block b+1
+ *   sc[t] = d_w[16] * d_a[t][16]; the pair's scale vector picks sc[2p] x8, sc[2p+1] x8
+ *   offsets: sum_b m_b ds_a[b], 16 blocks per fused multiply-add
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void q4r_avx512_nt(
+    int fmt, const uint8_t *w, const Act *a, long t0, const int NT, float *out)
+{
+    const long nb = a->nb;
+    const __m512i perm = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m512 acc[2][TILE], accm[TILE];
+    for (int t = 0; t < NT; t++) { acc[0][t] = acc[1][t] = accm[t] = _mm512_setzero_ps(); }
+    for (long b0 = 0; b0 < nb; b0 += 16) {
+        const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
+        const __mmask16 mk = (__mmask16)((1u << n) - 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_d(w, nb, b0)));
+        const __m512 mw = fmt == F_Q4_0R ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.f))
+                                         : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_m(w, nb, b0)));
+        __m512 sc[TILE];
+        for (int t = 0; t < NT; t++) {
+            const long ab = (t0 + t) * nb + b0;
+            sc[t] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(mk, a->d + ab));
+            accm[t] = _mm512_fmadd_ps(mw, _mm512_maskz_loadu_ps(mk, a->ds + ab), accm[t]);
+        }
+        for (int p = 0; p < n / 2; p++) {
+            const long b = b0 + 2 * p;
+            const __m256i x = _mm256_loadu_si256((const __m256i *)rs_codes(w, b));
+            const __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+            const __m512i u = _mm512_permutex2var_epi64(_mm512_castsi256_si512(lo), perm, _mm512_castsi256_si512(hi));
+            const __m512i pick = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
+                                                   2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                                                   2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
+            for (int t = 0; t < NT; t++) {
+                const __m512i act = _mm512_loadu_si512((const void *)(a->q + ((t0 + t) * nb + b) * QB));
+                const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, act);
+                acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_permutexvar_ps(pick, sc[t]),
+                                                acc[p & 1][t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]), accm[t]));
+}
+
+VNNI_TARGET static void dot_avx512(int fmt, const uint8_t *w, const Act *a, long t0, int nt, float *out) {
+    if (fmt != F_Q4_0R && fmt != F_Q4_1R) {
+        dot_avx512_ymm(fmt, w, a, t0, nt, out);
+        return;
+    }
+    switch (nt) {
+    case 1: q4r_avx512_nt(fmt, w, a, t0, 1, out); break;
+    case 2: q4r_avx512_nt(fmt, w, a, t0, 2, out); break;
+    case 3: q4r_avx512_nt(fmt, w, a, t0, 3, out); break;
+    default: q4r_avx512_nt(fmt, w, a, t0, 4, out); break;
+    }
+}
 
 static int cpu_max_isa(void) {
     static int cached = -1;
@@ -402,8 +492,8 @@ static int cpu_max_isa(void) { return ISA_PORTABLE; }
 int tl_q_isa(void) { return cpu_max_isa(); }
 
 static int shape_ok(const QShape *s) {
-    static const long block[] = {32, 32, 32, 256, 256, 256}, bytes[] = {34, 18, 20, 144, 176, 210};
-    if (s->fmt < 0 || s->fmt > F_Q6_K || s->cols <= 0 || s->cols % block[s->fmt]) return 0;
+    static const long block[] = {32, 32, 32, 256, 256, 256, 64, 64}, bytes[] = {34, 18, 20, 144, 176, 210, 36, 40};
+    if (s->fmt < 0 || s->fmt > F_Q4_1R || s->cols <= 0 || s->cols % block[s->fmt]) return 0;
     return s->row_bytes == s->cols / block[s->fmt] * bytes[s->fmt];
 }
 
@@ -475,13 +565,14 @@ TL_EXACT_CLONES static void dequant_row(int fmt, const uint8_t *row, long K, flo
             const float d = rd_f16(blk);
             for (int i = 0; i < QB; i++) out[b * QB + i] = (float)(int8_t)blk[2 + i] * d;
         }
-    } else if (fmt == F_Q4_0 || fmt == F_Q4_1) {
-        const int sz = fmt == F_Q4_0 ? 18 : 20;
+    } else if (fmt == F_Q4_0 || fmt == F_Q4_1 || fmt == F_Q4_0R || fmt == F_Q4_1R) {
+        const int sz = fmt == F_Q4_0 ? 18 : 20, split = fmt >= F_Q4_0R;
         for (long b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * sz, *qs = blk + sz - 16;
-            const float d = rd_f16(blk), m = fmt == F_Q4_1 ? rd_f16(blk + 2) : 0.f;
+            const uint8_t *blk = row + b * sz, *qs = split ? rs_codes(row, b) : blk + sz - 16;
+            const float d = rd_f16(split ? rs_d(row, nb, b) : blk);
+            const float m = fmt == F_Q4_1 ? rd_f16(blk + 2) : fmt == F_Q4_1R ? rd_f16(rs_m(row, nb, b)) : 0.f;
             float *o = out + b * QB;
-            if (fmt == F_Q4_0) {
+            if (fmt == F_Q4_0 || fmt == F_Q4_0R) {
                 for (int i = 0; i < 16; i++) {
                     o[i] = d * (float)((int)(qs[i] & 0xF) - 8);
                     o[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
@@ -496,7 +587,7 @@ TL_EXACT_CLONES static void dequant_row(int fmt, const uint8_t *row, long K, flo
     } else {
         for (long b = 0; b < nb; b++) {
             Blk k;
-            get_block(fmt, row, b, &k);
+            get_block_nb(fmt, row, b, nb, &k);
             float *o = out + b * QB;
             if (fmt == F_Q6_K)
                 for (int i = 0; i < QB; i++) o[i] = (k.scale * (float)k.sc[i / 16]) * (float)((int)k.u[i] - 32);
