@@ -119,3 +119,23 @@ def test_row_lengths_with_partial_scale_groups(fmt, isa, K):
     KERNELS.matmul(x, w, out, isa=isa)
     ref, scale = reference_matmul(x, w)
     assert torch.all((out.double() - ref).abs() <= 1e-4 * scale + 1e-6)
+
+
+@pytest.mark.parametrize("cap,want", [("avx2", Isa.AVX2), ("portable", Isa.PORTABLE)])
+def test_the_isa_cap_lowers_the_path_and_refuses_calls_above_it(cap, want):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom traceless.model.layers.qkernels import QuantKernels, Isa\n"
+            "from traceless.model.layers.quant import quantize_q8_0\n"
+            "k = QuantKernels.load(); print(int(k.isa))\n"
+            "w = quantize_q8_0(torch.ones(2, 32))\n"
+            "try:\n    k.matmul(torch.ones(1, 32), w, torch.empty(1, 2), isa=Isa.AVX512)\n"
+            "except ValueError:\n    print('refused')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(TRACELESS_CPU_ISA=cap, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    lines = out.stdout.split()
+    assert int(lines[0]) == min(want, KERNELS.isa)
+    assert lines[1:] == (["refused"] if min(want, KERNELS.isa) < Isa.AVX512 else [])
