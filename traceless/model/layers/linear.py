@@ -58,7 +58,7 @@ class _Dense:
 class _Quant:
     """Quantized weight parts [N_i, K] stacked by rows; y: float32 [T, sum N_i]."""
 
-    __slots__ = ("parts", "bias", "out_features", "kernels", "dense_dtype")
+    __slots__ = ("parts", "bias", "out_features", "kernels", "dense_dtype", "bound")
 
     def __init__(self, parts: tuple, bias: torch.Tensor | None):
         self.parts = parts
@@ -66,16 +66,17 @@ class _Quant:
         self.out_features = sum(p.shape[0] for p in parts)
         self.kernels = _kernels()
         self.dense_dtype = _dense_dtype()
+        self.bound = [self.kernels.bind(p) if isinstance(p, QuantTensor) else None for p in parts]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         col = 0
-        for p in self.parts:
+        for p, bound in zip(self.parts, self.bound):
             n = p.shape[0]
             bias = None if self.bias is None else self.bias[col:col + n]
-            if isinstance(p, QuantTensor) and x.shape[0] < DENSE_MIN_ROWS:
-                self.kernels.matmul(x, p, y[:, col:col + n], bias)
+            if bound is not None and x.shape[0] < DENSE_MIN_ROWS:
+                bound(x if x.dtype == torch.float32 else x.float(), y, col, None if bias is None else bias.data_ptr())
             elif isinstance(p, QuantTensor):
                 w = self.kernels.dequantize(p, self.dense_dtype)  # weights only: no request data
                 dt = self.dense_dtype
