@@ -557,6 +557,20 @@ int tl_qmatmul(const QShape *s, const uint8_t *w, const void *x, long T, int x_b
 #define TL_EXACT_CLONES
 #endif
 
+TL_EXACT_CLONES static inline void q40_values(const uint8_t *restrict qs, float d, float *restrict o) {
+    for (int i = 0; i < 16; i++) {
+        o[i] = d * (float)((int)(qs[i] & 0xF) - 8);
+        o[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
+    }
+}
+
+TL_EXACT_CLONES static inline void q41_values(const uint8_t *restrict qs, float d, float m, float *restrict o) {
+    for (int i = 0; i < 16; i++) {
+        o[i] = d * (float)(qs[i] & 0xF) + m;
+        o[i + 16] = d * (float)(qs[i] >> 4) + m;
+    }
+}
+
 TL_EXACT_CLONES static void dequant_row(int fmt, const uint8_t *row, long K, float *out) {
     const long nb = K / QB;
     if (fmt == F_Q8_0) {
@@ -566,23 +580,15 @@ TL_EXACT_CLONES static void dequant_row(int fmt, const uint8_t *row, long K, flo
             for (int i = 0; i < QB; i++) out[b * QB + i] = (float)(int8_t)blk[2 + i] * d;
         }
     } else if (fmt == F_Q4_0 || fmt == F_Q4_1 || fmt == F_Q4_0R || fmt == F_Q4_1R) {
-        const int sz = fmt == F_Q4_0 ? 18 : 20, split = fmt >= F_Q4_0R;
+        /* (codes, d, m) of block b; then one branch-free loop per kind (so that it vectorizes) */
+        const int sz = fmt == F_Q4_0 ? 18 : 20, split = fmt >= F_Q4_0R, q40 = fmt == F_Q4_0 || fmt == F_Q4_0R;
         for (long b = 0; b < nb; b++) {
             const uint8_t *blk = row + b * sz, *qs = split ? rs_codes(row, b) : blk + sz - 16;
             const float d = rd_f16(split ? rs_d(row, nb, b) : blk);
-            const float m = fmt == F_Q4_1 ? rd_f16(blk + 2) : fmt == F_Q4_1R ? rd_f16(rs_m(row, nb, b)) : 0.f;
+            const float m = q40 ? 0.f : rd_f16(split ? rs_m(row, nb, b) : blk + 2);
             float *o = out + b * QB;
-            if (fmt == F_Q4_0 || fmt == F_Q4_0R) {
-                for (int i = 0; i < 16; i++) {
-                    o[i] = d * (float)((int)(qs[i] & 0xF) - 8);
-                    o[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
-                }
-            } else {
-                for (int i = 0; i < 16; i++) {
-                    o[i] = d * (float)(qs[i] & 0xF) + m;
-                    o[i + 16] = d * (float)(qs[i] >> 4) + m;
-                }
-            }
+            if (q40) q40_values(qs, d, o);
+            else q41_values(qs, d, m, o);
         }
     } else {
         for (long b = 0; b < nb; b++) {
