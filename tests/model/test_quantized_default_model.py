@@ -5,7 +5,7 @@ Prompt set: the ten chat prompts below (the parity tests' set) through the model
 plus two plain-text openings; each followed by the float32 model's own 32 greedy tokens. At every
 position of those sequences both models score the next token in one prefill (prompt_logprobs) and
 we count where their top-1 tokens agree. Required: >= 95% of positions. Prefill chunks of 16 tokens
-run every matmul on the int8 kernels; whole prompts (>= 32 rows) on the dequantized-copy path."""
+run every matmul on the int8 kernels, and so do whole prompts (one kernel for every row count)."""
 from __future__ import annotations
 
 import pytest
