@@ -63,7 +63,7 @@ def gpu_ms(fn, reps=20, warm=3):
 
 @section("env")
 def _env():
-    from traceless.bench.gpu_limits import measure_limits
+    from traceless_tools.bench.gpu_limits import measure_limits
     p = torch.cuda.get_device_properties(dev)
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
             "device": p.name, "sms": p.multi_processor_count, "mem_gib": round(p.total_memory / 2**30, 1),

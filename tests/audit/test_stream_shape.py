@@ -7,7 +7,15 @@ import random
 import numpy as np
 
 from tests.server.serving import serve
-from traceless.audit.stream_shape import (
+from traceless.config import EngineConfig
+from traceless.entrypoints.build import build_engine
+from traceless.node.app import create_node_app
+from traceless.node.identity import NodeIdentity
+from traceless.node.settings import NodeSettings
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.shape import OFF, STREAM_CHUNK, ShapePolicy
+from traceless.server.async_engine import AsyncEngine
+from traceless_tools.audit.stream_shape import (
     ModeResult,
     StreamAttackConfig,
     Trace,
@@ -18,14 +26,6 @@ from traceless.audit.stream_shape import (
     plot,
     report_for,
 )
-from traceless.config import EngineConfig
-from traceless.entrypoints.build import build_engine
-from traceless.node.app import create_node_app
-from traceless.node.identity import NodeIdentity
-from traceless.node.settings import NodeSettings
-from traceless.privacy.attestation.measurement import Measurement
-from traceless.privacy.shape import OFF, STREAM_CHUNK, ShapePolicy
-from traceless.server.async_engine import AsyncEngine
 
 TOPICS = ("w5 w6 w7", "w9 w10 w11 w12 w13 w14", "w20", "w30 w31 w32 w33 w34 w35 w36 w37 w38")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from traceless.cli.isolation import canonical_digest
 from traceless.cli.scrubbing import SCRUB_ENV
-from traceless.local.services import spawn_node
+from traceless_tools.local.services import spawn_node
 
 REPO = Path(__file__).resolve().parents[2]
 

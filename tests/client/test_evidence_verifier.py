@@ -15,14 +15,14 @@ from tests.privacy.attestation.fake_hardware import hardware_attester, write_pol
 from tests.privacy.attestation.forge import make_amd_chain
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
 from traceless import events
-from traceless.client.node_verifier import NodeRefused, NodeVerifier, _split_reason
-from traceless.client.private_client import ClientConfig
 from traceless.privacy.attestation import nvidia, snp, tdx
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy
 from traceless.privacy.attestation.hardware import evidence_to_json
 from traceless.privacy.attestation.policy_file import load_policy_file
 from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.ohttp.gateway import OhttpServer
+from traceless_tools.client.node_verifier import NodeRefused, NodeVerifier, _split_reason
+from traceless_tools.client.private_client import ClientConfig
 
 NONCE = b"n" * 16
 

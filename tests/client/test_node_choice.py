@@ -5,9 +5,9 @@ import random
 import pytest
 
 from tests.cluster._stats import chi_square_p
-from traceless.client.node_choice import draw_node
-from traceless.client.node_verifier import VerifiedNode
 from traceless.privacy.ohttp.gateway import OhttpServer
+from traceless_tools.client.node_choice import draw_node
+from traceless_tools.client.node_verifier import VerifiedNode
 
 KEY = OhttpServer().key_config
 

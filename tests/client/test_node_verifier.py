@@ -6,12 +6,12 @@ import time
 import pytest
 
 from tests.cluster._services import RELEASE, StubReleases
-from traceless.client.node_verifier import NodeRefused, NodeVerifier
-from traceless.client.private_client import ClientConfig
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.ohttp.gateway import OhttpServer
 from traceless.privacy.ohttp.keys import encode_ohttp_keys
+from traceless_tools.client.node_verifier import NodeRefused, NodeVerifier
+from traceless_tools.client.private_client import ClientConfig
 
 NONCE = b"n" * 16
 
@@ -171,7 +171,7 @@ def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):
 def test_one_node_listed_under_many_ids_refuses_the_round():
     """Node aliases: the gateway lists the attacker's node under 9 node ids next to one honest node;
     verifying every copy and drawing by their summed capacity gave the attacker 9/10 of the draws."""
-    from traceless.client.node_choice import draw_node
+    from traceless_tools.client.node_choice import draw_node
 
     honest, evil = SoftwareAttester(), SoftwareAttester()
     v = NodeVerifier(ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32,

@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from tests.cluster._services import running_app
-from traceless.client.proxy import create_proxy_app
-from traceless.client.routing_watch import RoutingWatch
+from traceless_tools.client.proxy import create_proxy_app
+from traceless_tools.client.routing_watch import RoutingWatch
 
 
 @dataclass

@@ -3,11 +3,11 @@ import json
 
 from cryptography.hazmat.primitives import serialization
 
-from traceless.cluster.log_service import build_server
 from traceless.http.serve import serve_in_thread
 from traceless.privacy.translog import log as tl
 from traceless.privacy.translog.merkle import leaf_hash, merkle_tree_hash
 from traceless.privacy.translog.tree_head import sign_tree_head
+from traceless_tools.cluster.log_service import build_server
 
 
 def running_log_service(log_dir, witness_keys=()):

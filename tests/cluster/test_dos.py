@@ -6,12 +6,12 @@ import pytest
 
 from tests import dos
 from tests.cluster._services import RELEASE, FakeNode, StubReleases, encrypt_for, mint_tokens
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
 from traceless.http.serve import serve_in_thread
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
 
 OHTTP_REQ = {"content-type": "message/ohttp-req"}
 INVALID_TOKEN = {**OHTTP_REQ, "authorization": "PrivateToken token=" + "A" * 400}

@@ -24,18 +24,18 @@ from tests.cluster._services import (
     running_app,
 )
 from traceless import events
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.health import check_all
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app
-from traceless.cluster.issuer_directory import IssuerDirectoryError, fetch_issuer_keys
 from traceless.http.upstream import upstream_client
-from traceless.local.processes import free_port
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
 from traceless.privacy.privacypass.http import parse_www_authenticate
 from traceless.privacy.privacypass.wire import TokenChallenge
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.health import check_all
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app
+from traceless_tools.cluster.issuer_directory import IssuerDirectoryError, fetch_issuer_keys
+from traceless_tools.local.processes import free_port
 
 ISSUER_URL = "http://issuer.test:8091"
 OHTTP_REQ = {"content-type": "message/ohttp-req"}

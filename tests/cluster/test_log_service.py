@@ -10,10 +10,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from tests.cluster._helpers import running_log_service
 from traceless import events
-from traceless.cluster import log_service
 from traceless.privacy.translog.log import TransparencyLog
 from traceless.privacy.translog.merkle import leaf_hash, merkle_tree_hash, verify_consistency, verify_inclusion
 from traceless.privacy.translog.tree_head import SignedTreeHead
+from traceless_tools.cluster import log_service
 
 LEAVES = [f"release-{i}".encode() for i in range(6)]
 

@@ -5,12 +5,12 @@ import httpx
 import pytest
 
 from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
 
 MARK = "clientchosen7f3a"
 OHTTP = {"content-type": "message/ohttp-req"}

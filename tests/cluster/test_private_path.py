@@ -15,14 +15,14 @@ import pytest
 
 from tests.cluster.tap import Tap
 from traceless import SamplingParams
-from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
-from traceless.local.up import Deployment, UpOptions
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import encapsulate_request
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.privacy.privacypass.http import format_authorization
 from traceless.privacy.translog.release_policy import ReleasePolicy
+from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
+from traceless_tools.local.up import Deployment, UpOptions
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def deployment(tmp_path_factory):
 
 
 def _free_port():
-    from traceless.local.services import free_port
+    from traceless_tools.local.services import free_port
 
     return free_port()
 
@@ -252,11 +252,11 @@ def _other_log(tmp_path) -> dict:
 
     import uvicorn
 
-    from traceless.cluster.log_service import create_app
-    from traceless.cluster.witness_service import run
-    from traceless.local.services import free_port
     from traceless.privacy.translog.log import TransparencyLog
     from traceless.privacy.translog.witness import Witness
+    from traceless_tools.cluster.log_service import create_app
+    from traceless_tools.cluster.witness_service import run
+    from traceless_tools.local.services import free_port
 
     log = TransparencyLog.create(tmp_path / "log")
     log.append(b"\x42" * 32)

@@ -14,9 +14,9 @@ import pytest
 
 from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
 from tests.cluster._stats import chi_square_p, shares
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.routing import NoNodeAvailableError, RoutingEntry, choose_nodes
 from traceless.privacy.attestation.policy import AttesterPolicy
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.routing import NoNodeAvailableError, RoutingEntry, choose_nodes
 
 CAPACITIES = {"n1": 1, "n2": 2, "n3": 3, "n4": 4}
 NODES = [RoutingEntry(node_id, "m", capacity, True) for node_id, capacity in CAPACITIES.items()]

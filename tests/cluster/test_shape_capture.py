@@ -11,10 +11,10 @@ import pytest
 
 from tests.cluster.tap import Tap
 from tests.cluster.test_private_path import _free_port, client_config
-from traceless.client.private_client import PrivateClient
-from traceless.local.up import Deployment, UpOptions
 from traceless.privacy.shape import BUCKETS, STREAM_CHUNK
 from traceless.privacy.wire import peek_varint
+from traceless_tools.client.private_client import PrivateClient
+from traceless_tools.local.up import Deployment, UpOptions
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,11 @@ import pytest
 
 from tests.deploy._dockerfile import exec_form, parse
 from tests.deploy.conftest import OVERLAYS
-from traceless.cli.parser import build_parser, check
+from traceless.cli.parser import COMMAND_MODULES, build_parser, check
+from traceless_tools.cli import ALL_MODULES
+
+# the node image runs the trusted core's command line; the services images the tools'
+CLI_MODULES = {"traceless.cli": COMMAND_MODULES, "traceless_tools.cli": ALL_MODULES}
 
 OPERATOR_VALUE = "b3BlcmF0b3ItcHJvdmlkZWQ="  # what an operator-created Secret or ConfigMap holds (base64)
 
@@ -41,17 +45,18 @@ def _environment(container: dict, configmaps: dict[str, dict]) -> dict[str, str]
     return env
 
 
-def _argv(container: dict, env: dict[str, str]) -> list[str]:
-    """What the container runs after `python -m traceless.cli`, $(VAR) expanded as Kubernetes does."""
+def _argv(container: dict, env: dict[str, str]) -> tuple[str, list[str]]:
+    """(command-line module, what the container runs after `python -m MODULE`), $(VAR) expanded as
+    Kubernetes does."""
     image = container["image"].split("/", 1)[1].split(":")[0]
     stages = parse().lineage(image)
     entry = container.get("command") or next(exec_form(v) for st in stages for v in st.values("ENTRYPOINT"))
     full = [*entry, *container.get("args", [])]
-    assert full[:3] == ["/opt/venv/bin/python", "-m", "traceless.cli"], full
-    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[3:]]
+    assert full[:2] == ["/opt/venv/bin/python", "-m"] and full[2] in CLI_MODULES, full
+    return full[2], [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[3:]]
 
 
-def start_check(argv: list[str], env: dict[str, str], monkeypatch) -> str | None:
+def start_check(argv: list[str], env: dict[str, str], monkeypatch, cli: str = "traceless_tools.cli") -> str | None:
     """None if the command line parses and passes its command's checks; else why not."""
     with monkeypatch.context() as m:
         for name in [n for n in __import__("os").environ if n.startswith("TRACELESS_")]:
@@ -61,7 +66,7 @@ def start_check(argv: list[str], env: dict[str, str], monkeypatch) -> str | None
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
-                args = build_parser().parse_args(argv)  # options read their environment defaults here
+                args = build_parser(CLI_MODULES[cli]).parse_args(argv)  # options read their environment defaults here
             check(args)
         except SystemExit as exc:
             return err.getvalue().strip().splitlines()[-1] if err.getvalue() else str(exc)
@@ -77,7 +82,8 @@ def test_every_container_command_line_starts(render, overlay, monkeypatch):
     failures, checked = {}, 0
     for where, container in _containers(objs):
         env = _environment(container, configmaps)
-        problem = start_check(_argv(container, env), env, monkeypatch)
+        cli, argv = _argv(container, env)
+        problem = start_check(argv, env, monkeypatch, cli)
         checked += 1
         if problem is not None:
             failures[where] = problem

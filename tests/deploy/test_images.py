@@ -57,7 +57,9 @@ def test_final_stages_run_no_command_as_root_and_start_in_exec_form():
         assert uid.isdigit() and int(uid) >= 10000, f"{name}: runs as UID {uid}, not a high non-root UID"
         entrypoints = [e for stage in chain for e in stage.values("ENTRYPOINT")]
         assert entrypoints and exec_form(entrypoints[0]) is not None, f"{name}: ENTRYPOINT not in exec form"
-        assert exec_form(entrypoints[0])[:3] == ["/opt/venv/bin/python", "-m", "traceless.cli"]
+        # the node runs the trusted core's command line; the untrusted hops the tools'
+        cli = "traceless.cli" if name == "node" else "traceless_tools.cli"
+        assert exec_form(entrypoints[0])[:3] == ["/opt/venv/bin/python", "-m", cli]
         assert exec_form(entrypoints[0])[3] == name
 
 
@@ -82,7 +84,7 @@ def test_no_secret_enters_an_image():
                 assert not re.search(r"(api-keys|\.pem|\.key|id_|secret)", value), f"{stage.name}: copies a secret"
     # The context is an allowlist: nothing outside these paths can be copied at all.
     tops = {rel.split("/")[0] for rel in context_files()}
-    assert tops <= {"README.md", "pyproject.toml", "setup.py", "deploy", "traceless"}
+    assert tops <= {"README.md", "pyproject.toml", "setup.py", "deploy", "traceless", "traceless_tools"}
     assert all(not rel.startswith("deploy/") or rel.startswith("deploy/requirements/") for rel in context_files())
 
 
@@ -104,6 +106,17 @@ def test_node_image_measures_like_the_checkout(tmp_path):
                               capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert f"code      {code_digest(image_tree / 'traceless').hex()}" in checkout.splitlines()
     assert code_digest(image_tree / "traceless") == code_digest(REPO / "traceless")
+
+
+def test_the_node_image_carries_the_trusted_core_alone():
+    """The node stage copies the kernels stage's traceless/ and nothing else of the sources; the
+    kernels stage copies traceless/ alone: no tool (traceless_tools/) reaches a node."""
+    dockerfile = parse()
+    node_sources = [c for c in dockerfile.stages["node"].values("COPY") if "traceless" in c and "venv" not in c]
+    assert node_sources == ["--from=kernels /src/traceless /opt/traceless/traceless"]
+    kernel_sources = dockerfile.stages["kernels"].values("COPY")
+    assert not any("traceless_tools" in c for c in kernel_sources)
+    assert any("traceless_tools/" in c for c in dockerfile.stages["services"].values("COPY"))
 
 
 def test_a_source_file_the_context_dropped_would_change_the_digest(tmp_path):
@@ -141,13 +154,13 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in BLOCKED:
             raise ImportError(name)
 sys.meta_path.insert(0, Block())
-from traceless.cli.parser import build_parser
+from traceless_tools.cli import build_parser
 build_parser()
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app
-from traceless.cluster.log_service import create_app
-from traceless.cluster.issuer_ports import DirectoryOnlyPort
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app
+from traceless_tools.cluster.log_service import create_app
+from traceless_tools.cluster.issuer_ports import DirectoryOnlyPort
 create_relay_app(RelayConfig(gateway_url="http://gateway", max_body_bytes=1024))
 class NoReleases:  # the gateway admits nodes by their logged release; none are logged here
     def release_for(self, combined):

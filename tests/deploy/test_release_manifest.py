@@ -38,7 +38,7 @@ def test_release_of_the_dev_overlay_is_what_its_node_measures(render):
     assert dict(entry.config) == node_measured_config(args)
     assert entry.code == code_digest(REPO / "traceless")
     assert entry.capacities == (args.capacity,)
-    from traceless.cli.log import default_model_path
+    from traceless.model.loader import default_model_path
 
     assert entry.combined == measure(default_model_path(), node_measured_config(args)).combined
 

@@ -8,8 +8,8 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-from traceless.local.netns import entered
 from traceless.privacy.wire import peek_varint
+from traceless_tools.local.netns import entered
 
 ETH_P_ALL = 0x0003
 SOL_PACKET, PACKET_STATISTICS = 263, 6

@@ -23,10 +23,10 @@ from tests.conftest import make_tiny_model
 from tests.local import wire_sizes
 from tests.local.capture import Capture, exchanges, response_records
 from traceless.errors import ModelNotFoundError
-from traceless.local import netns
-from traceless.local.netns_up import PORTS, NetnsDeployment
-from traceless.local.processes import free_port
-from traceless.local.up import UpOptions
+from traceless_tools.local import netns
+from traceless_tools.local.netns_up import PORTS, NetnsDeployment
+from traceless_tools.local.processes import free_port
+from traceless_tools.local.up import UpOptions
 
 _ok, _why = netns.available()
 pytestmark = pytest.mark.skipif(not _ok, reason=_why or "network namespaces available")
@@ -75,7 +75,7 @@ def deployment(tmp_path_factory):
     state = tmp_path_factory.mktemp("up-netns") / "state"
     out = open(state.parent / "up.out", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless.cli", "up", "--netns", "--nodes", "2", "--port", str(free_port()),
+        [sys.executable, "-m", "traceless_tools.cli", "up", "--netns", "--nodes", "2", "--port", str(free_port()),
          "--state-dir", str(state), "--node-args", f"--model {model} --dtype float32 --kv-cache-memory 64MiB",
          "--gateway-args", "--health-interval 1 --unhealthy-after 2"],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from tests.support.node import MODEL, call, tiny_node
-from traceless.audit.stream_observe import key_config, observe
 from traceless.node.settings import NodeSettings
 from traceless.privacy.shape import ShapePolicy
+from traceless_tools.audit.stream_observe import key_config, observe
 
 TICK, BUDGET_PER_KIB, DECODE_PER_TOKEN = 0.1, 0.3, 0.05
 

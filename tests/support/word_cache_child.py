@@ -32,7 +32,7 @@ def write_tokenizers(root: Path) -> None:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    from traceless.audit.canary import BYTE_LEVEL, CYRILLIC, LATIN
+    from traceless_tools.audit.canary import BYTE_LEVEL, CYRILLIC, LATIN
 
     symbols = [BYTE_LEVEL[b] for b in range(256)]
     merges = [f"Ġ {c}" for c in LATIN] + [f"{a} {b}" for a in "qjxaeiou" for b in "qjxaeiou"]
