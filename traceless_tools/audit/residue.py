@@ -62,7 +62,8 @@ class ProcessUnderAudit:
         args = [command, "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
                 "--metrics-port", str(metrics_port), "--metrics-min-requests", "0", "--metrics-window", "0.2",
                 "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
-                "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", _kv_budget(), "--max-model-len", "512",
+                "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", _kv_budget(cfg.model),
+                "--max-model-len", "512",
                 "--max-num-seqs", "8"] + (["--model", cfg.model] if cfg.model else [])
         with open(self.log_path, "wb") as log:
             cli = [sys.executable, "-m", "traceless_tools.cli", *args]
@@ -191,10 +192,12 @@ def print_report(rep: dict) -> None:
     print("RESULT: " + ("FAIL: residue found" if rep["failed"] else "no residue on the node or the plaintext server"))
 
 
-def _kv_budget() -> str:
-    """The audited server's KV cache: the same ~540 tokens of the default model whatever dtype `auto`
-    picks on this CPU (bfloat16 on AVX-512/AMX, float32 elsewhere), so the eight ~110-token requests
-    of the preemption path run out and spill alike."""
+def _kv_budget(model: str | None) -> str:
+    """The audited server's KV cache: the same ~540 tokens of the default model whatever dtype the
+    engine computes in, so the eight ~110-token requests of the preemption path run out and spill
+    alike. A GGUF file's weights stay quantized by default and quantized weights compute in float32;
+    otherwise `auto` picks bfloat16 on AVX-512/AMX and float32 elsewhere."""
     from traceless.runner.build import cpu_runs_bf16
 
-    return "12MiB" if cpu_runs_bf16() else "24MiB"
+    float32 = model is None or str(model).endswith(".gguf") or not cpu_runs_bf16()
+    return "24MiB" if float32 else "12MiB"
