@@ -1,13 +1,23 @@
 """House rules on the repository's text: no pointer to an issue tracker's number or to a document
 outside the repository, and every threat cited ("threat T7") is one docs/threat-model.md defines."""
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ("traceless", "traceless_tools", "tests", "docs", "bench", "deploy", "README.md", "Makefile",
-           "pyproject.toml")
+SCANNED = (
+    "traceless",
+    "traceless_tools",
+    "tests",
+    "docs",
+    "bench",
+    "deploy",
+    "README.md",
+    "Makefile",
+    "pyproject.toml",
+)
 SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".c", ".h", ".jinja", ".txt", ""}
 # third-party data kept byte for byte (licences, vendor samples) and recorded results
 SKIPPED = (ROOT / "tests" / "data", ROOT / "bench" / "results")
@@ -36,8 +46,12 @@ def _text_files():
 
 
 def _hits(pattern: re.Pattern[str]) -> list[str]:
-    return [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p, text in _text_files()
-            for n, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
+    return [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p, text in _text_files()
+        for n, line in enumerate(text.splitlines(), 1)
+        if pattern.search(line)
+    ]
 
 
 def test_no_issue_numbers():
@@ -59,9 +73,14 @@ def test_threats_are_numbered_once_in_order():
 
 def test_every_cited_threat_exists():
     defined = set(_defined_threats())
-    missing = [f"{p.relative_to(ROOT)}:{n}: T{t}" for p, text in _text_files()
-               for n, line in enumerate(text.splitlines(), 1) if THREAT_LINE.search(line)
-               for t in map(int, THREAT_NUMBER.findall(line)) if t not in defined]
+    missing = [
+        f"{p.relative_to(ROOT)}:{n}: T{t}"
+        for p, text in _text_files()
+        for n, line in enumerate(text.splitlines(), 1)
+        if THREAT_LINE.search(line)
+        for t in map(int, THREAT_NUMBER.findall(line))
+        if t not in defined
+    ]
     assert missing == []
 
 
