@@ -68,6 +68,13 @@ class EngineConfig:
     quantization: str = "auto"
 
     def __post_init__(self) -> None:
+        # One check per field, in this order: the first invalid field is the one named.
+        self._check_formats()
+        self._check_cache()
+        self._check_layout_and_sizes()
+        self._check_speculative()
+
+    def _check_formats(self) -> None:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}")
         if self.dtype not in DTYPES:
@@ -76,6 +83,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError("device must be auto, cpu, cuda or cuda:N")
+
+    def _check_cache(self) -> None:
         if self.prefix_cache not in PREFIX_CACHE_MODES:
             raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}")
         if self.prefix_cache_ttl < 0:
@@ -86,6 +95,8 @@ class EngineConfig:
             raise ValueError("kv_offload must be none, memory or disk")
         if self.kv_offload_dir is not None and self.kv_offload != "disk":
             raise ValueError("kv_offload_dir is for kv_offload='disk'")
+
+    def _check_layout_and_sizes(self) -> None:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
         if not 1 <= self.block_size <= 256:
@@ -101,7 +112,6 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        self._check_speculative()
 
     def _check_speculative(self) -> None:
         if self.speculative not in SPECULATIVE_MODES:

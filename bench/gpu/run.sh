@@ -4,7 +4,7 @@
 # --async-scheduling, the diagnostics (host vs device time per step, TTFT graphs vs eager, async
 # A/B), the device residue audit, and the privacy tax on the GPU. JSON under $OUT
 # (bench/results/<device>/ in the repo). Run from the checkout root with this tree in build/gpu16
-# and the wheels in .whl (bench/gpu/sync.sh). Sections in order of what the targets need
+# and the wheels in .whl (bench/gpu/sync.sh). Sections in order of what the GPU measurements need
 # first; each writes its own file, so a run cut short by the time limit keeps what it finished.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1

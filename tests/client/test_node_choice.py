@@ -1,4 +1,4 @@
-"""The client draws its node itself, by attested capacity (issue 12, finding 1: the client used to
+"""The client draws its node itself, by attested capacity (threat T14, docs/threat-model.md: the client used to
 take the gateway's order)."""
 import random
 

@@ -1,5 +1,5 @@
-"""NodeVerifier refusals (issue 12, finding 2: fresh attestations, attester policy, clock leeway;
-finding 1: the capacity a node may claim is the logged release's)."""
+"""NodeVerifier refusals (threat T15, docs/threat-model.md: fresh attestations, attester policy, clock leeway;
+threat T14: the capacity a node may claim is the logged release's)."""
 import base64
 import time
 

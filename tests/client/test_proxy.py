@@ -1,4 +1,4 @@
-"""The local proxy answers only the user's own software (issue 13, finding 7): a loopback Host, no
+"""The local proxy answers only the user's own software (threat T31, docs/threat-model.md): a loopback Host, no
 foreign Origin (CSRF, DNS rebinding), a JSON content type on POST; refusals echo no header value."""
 from dataclasses import dataclass
 

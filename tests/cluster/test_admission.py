@@ -1,4 +1,4 @@
-"""Issue 12, finding 1: capacity is attested, not announced. The gateway admits a node only with an
+"""Threat T14 (docs/threat-model.md): capacity is attested, not announced. The gateway admits a node only with an
 attestation that verifies, whose measurement is a logged release allowing the claimed capacity,
 keeps one record per attestation key, caps the registry, and lets no one else replace a node."""
 import time

@@ -1,5 +1,5 @@
 """The gateway and the relay under slowloris clients, 100 MiB bodies, 500 connections and a flood
-of invalid tokens: honest requests keep being served, memory stays bounded (issue 13, finding 6).
+of invalid tokens: honest requests keep being served, memory stays bounded (threat T28, docs/threat-model.md).
 Figures are printed (pytest -s shows them)."""
 import httpx
 import pytest

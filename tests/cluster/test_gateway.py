@@ -463,7 +463,7 @@ def test_gateway_fetches_the_issuer_key_from_its_directory(issuer):
 
 def test_an_issuer_key_rotation_is_taken_without_a_restart(issuer, other_issuer, node):
     """The issuer restarts with a new key: the gateway reads its directory again and takes it; tokens
-    under the key offered until then still verify for one refresh period (issue 12, finding 4)."""
+    under the key offered until then still verify for one refresh period (threat T22, docs/threat-model.md)."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route

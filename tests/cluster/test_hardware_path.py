@@ -1,4 +1,4 @@
-"""Issue 14's last check: the private path end to end with hardware attestation. A node on a tiny
+"""Threat T25 (docs/threat-model.md): the private path end to end with hardware attestation. A node on a tiny
 model whose attester is hardware-backed (SEV-SNP through a fake configfs-tsm, one GPU through a
 fake NVML, both signing with test keys as the hardware would) registers with a gateway and answers
 the openai client through relay and proxy, under a policy file that pins the test roots; the proxy's

@@ -1,4 +1,4 @@
-"""Error messages never carry client-chosen text (issue 13, finding 7): a marker placed in every
+"""Error messages never carry client-chosen text (threat T29, docs/threat-model.md): a marker placed in every
 client-controlled spot of a bad request (JSON keys and values, query parameters, path segments,
 header values) appears in no response of the gateway, relay or issuer."""
 import httpx

@@ -1,4 +1,4 @@
-"""The private request path end to end, every component a real process on loopback (issue checks:
+"""The private request path end to end, every component a real process on loopback (what it checks:
 openai client through the proxy, no plaintext at the relay or gateway, refusals, faults)."""
 from __future__ import annotations
 

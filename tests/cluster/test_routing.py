@@ -1,4 +1,4 @@
-"""Non-targetable routing (DESIGN invariants 5 and 6): measured, not assumed.
+"""Non-targetable routing (threats T13 and T14, docs/threat-model.md): measured, not assumed.
 
 The pure chooser is checked for capacity shares, distinctness and health; then the real
 gateway endpoint is checked for the same shares while the requests differ in every way a

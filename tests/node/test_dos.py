@@ -1,6 +1,6 @@
 """The node under slowloris clients, 100 MiB bodies, 500 connections and a flood of requests that
-do not decapsulate: honest encrypted requests keep being served, memory stays bounded (issue 13,
-finding 6). Figures are printed (pytest -s shows them)."""
+do not decapsulate: honest encrypted requests keep being served, memory stays bounded (threat T28,
+docs/threat-model.md). Figures are printed (pytest -s shows them)."""
 import json
 
 import httpx

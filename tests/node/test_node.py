@@ -144,7 +144,7 @@ def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
 
 
 def test_a_replayed_request_runs_once(node):
-    """Issue 12, finding 5: the gateway replays an encapsulated request; the node runs it once."""
+    """Threat T19 (docs/threat-model.md): the gateway replays an encapsulated request; the node runs it once."""
     inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
                                                json.dumps({"model": MODEL, "prompt": [5], "max_tokens": 2}).encode()))
     enc, _ = encapsulate_request(node.identity.keys.current.key_config, inner)

@@ -1,6 +1,6 @@
 """The node's HTTP app: GET /pcc/v1/attestation, GET /pcc/v1/ohttp-keys, POST /pcc/v1/ohttp,
-GET /health. Nothing else: no plaintext API, no debug or admin route, no metrics (DESIGN
-invariant 8); the windowed metrics are served on the operator's own listener
+GET /health. Nothing else: no plaintext API, no debug or admin route, no metrics (threat T11,
+docs/threat-model.md); the windowed metrics are served on the operator's own listener
 (server/operator_app.py, from the Telemetry given here)."""
 from __future__ import annotations
 

@@ -51,30 +51,6 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
     telemetry = telemetry or Telemetry(engine=engine)
     service = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
 
-    def generation(work: Work, name: str):
-        async def handle(request: Request) -> Response:
-            t0 = time.monotonic()
-            try:
-                body = await read_json(request, settings.max_body_bytes)
-                result = await race_disconnect(request, work(body))
-            except ApiError as exc:
-                telemetry.request(name, "rejected" if exc.status < 500 else "error")
-                raise
-            except Exception:
-                telemetry.request(name, "error")
-                raise
-            if result is None:
-                telemetry.request(name, "aborted")
-                return Response(status_code=499)
-            if isinstance(result, dict):
-                telemetry.e2e(time.monotonic() - t0)
-                telemetry.request(name, "ok")
-                return JSONResponse(result)
-            return StreamingResponse(_timed(result, telemetry, name, t0), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        return endpoint(settings.component, name, handle)
-
     async def models(request: Request) -> Response:
         return JSONResponse(service.models())
 
@@ -98,8 +74,10 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
 
     routes = [
         Route("/v1/models", endpoint(settings.component, "models", models), methods=["GET"]),
-        Route("/v1/completions", generation(service.completions, "completions"), methods=["POST"]),
-        Route("/v1/chat/completions", generation(service.chat, "chat_completions"), methods=["POST"]),
+        Route("/v1/completions", _generation(service.completions, "completions", settings, telemetry),
+              methods=["POST"]),
+        Route("/v1/chat/completions", _generation(service.chat, "chat_completions", settings, telemetry),
+              methods=["POST"]),
         Route("/tokenize", endpoint(settings.component, "tokenize", tokens(service.tokenize)), methods=["POST"]),
         Route("/detokenize", endpoint(settings.component, "detokenize", tokens(service.detokenize)), methods=["POST"]),
         Route("/tokenizer_info", endpoint(settings.component, "tokenizer_info", tokenizer_info), methods=["GET"]),
@@ -111,6 +89,34 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
     protect(app, AccessPolicy(settings.api_key, settings.allowed_origins), settings.component)
     return app
 
+
+
+def _generation(work: Work, name: str, settings: ServerSettings, telemetry: Telemetry):
+    """The handler of a generation route: the body read under its cap, the work raced against the
+    client's disconnect (None: the client left), its outcome counted in the telemetry window."""
+
+    async def handle(request: Request) -> Response:
+        t0 = time.monotonic()
+        try:
+            body = await read_json(request, settings.max_body_bytes)
+            result = await race_disconnect(request, work(body))
+        except ApiError as exc:
+            telemetry.request(name, "rejected" if exc.status < 500 else "error")
+            raise
+        except Exception:
+            telemetry.request(name, "error")
+            raise
+        if result is None:
+            telemetry.request(name, "aborted")
+            return Response(status_code=499)
+        if isinstance(result, dict):
+            telemetry.e2e(time.monotonic() - t0)
+            telemetry.request(name, "ok")
+            return JSONResponse(result)
+        return StreamingResponse(_timed(result, telemetry, name, t0), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return endpoint(settings.component, name, handle)
 
 def _unsupported(path: str):
     async def handle(request: Request) -> Response:

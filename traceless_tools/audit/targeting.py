@@ -1,6 +1,6 @@
 """`traceless audit targeting`: the non-targetability definition made executable.
 
-DESIGN section 1: servers S_1..S_n with capacity C(S_i); for any set T of servers an attacker
+Threat T13 (docs/threat-model.md): servers S_1..S_n with capacity C(S_i); for any set T of servers an attacker
 controls, a given user's request must land in T with probability sum C(T) / sum C(S). For each
 routing policy and an attacker strategy that fits it, N target requests are routed and
 P(target in T) is estimated with a 95% Wilson interval; the attacker "beats its share" when the

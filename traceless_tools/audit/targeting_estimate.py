@@ -1,5 +1,5 @@
 """One measurement of `traceless audit targeting`: where N target requests landed, against the
-attacker's capacity share (DESIGN section 1: P(u in R(T)) must equal sum C(T) / sum C(S))."""
+attacker's capacity share (threat T13, docs/threat-model.md: P(u in R(T)) must equal sum C(T) / sum C(S))."""
 from __future__ import annotations
 
 import math

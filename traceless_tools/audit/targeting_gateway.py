@@ -253,7 +253,7 @@ class PremiumPool(GatewayAttack):
     name = "premium_pool"
 
     def setup(self, run):
-        statuses = Counter()
+        statuses: Counter[int] = Counter()
         for node in list(run.farm.nodes.values()):
             if node.attacker:
                 body = {**node.registration(MODEL), "pool": PREMIUM}

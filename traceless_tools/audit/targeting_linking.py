@@ -1,4 +1,4 @@
-"""The linking and log attacks of `traceless audit targeting` (issue 12, finding 3 and 4), each run
+"""The linking and log attacks of `traceless audit targeting` (threats T21, T22 and T26, docs/threat-model.md), each run
 against the real components on loopback: the real issuer and gateway apps, the real transparency
 log service with a real witness, and the client's own TokenWallet and LogClient.
 

@@ -1,8 +1,8 @@
 """`traceless bench privacy-tax`: what the private path costs next to the plaintext server, in one run.
 
 The published confidential-computing benchmark (H100 with the TEE on, Llama-3.1-8B) reports
-about 7% lower output tokens/s and 19% higher time to first token; DESIGN.md asks our own privacy
-machinery to cost far less. This benchmark measures it the same way:
+about 7% lower output tokens/s and 19% higher time to first token; our own privacy machinery
+must cost far less. This benchmark measures it the same way:
 
   plain    `traceless serve` (no privacy path)
   private  `traceless up` with ONE node (the same compute as the plain server) behind the proxy:
@@ -159,7 +159,7 @@ def services(workdir: Path, args: list[str]):
 
     # Both log request.finished (the breakdown reads the engine's own timings from it): a benchmark's
     # switch, the same on both sides. The plain server is the privacy-off baseline, so it runs
-    # without freed-memory scrubbing (its default since issue 13), as it did before.
+    # without freed-memory scrubbing (its default), as it did before.
     args = [*args, "--request-events"]
     deployment = Deployment(UpOptions([1], free_port(), str(workdir / "up"), args))
     pool = ThreadPoolExecutor(1)

@@ -12,7 +12,7 @@ from typing import Any
 from traceless_tools.report.output import figure
 
 PUBLISHED: dict[str, Any] = {"tokens_per_s_pct": 7.0, "ttft_pct": 19.0,
-             "source": "GPU confidential computing, H100 with the TEE on, Llama-3.1-8B (DESIGN.md section 1)"}
+             "source": "GPU confidential computing, H100 with the TEE on, Llama-3.1-8B (published figures)"}
 # (key, label, where in a summary, kind): kind "throughput" or "latency" decides the overhead's sign.
 METRICS = (
     ("output_tokens_per_s", "output tokens/s", ("output_tokens_per_s",), "throughput"),

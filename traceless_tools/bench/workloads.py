@@ -39,8 +39,8 @@ def _repeated(seed: int, count: int, length: int, times: int) -> tuple[tuple[int
 
 
 def offline_workloads() -> dict[str, Workload]:
-    """W1 single stream, W2 batch, W3 long prompts (see issue: engine core, Speed); W4 repetitive
-    text (speculative decoding); W5 a large batch of longer prompts (the GPU issue's throughput case)."""
+    """W1 single stream, W2 batch, W3 long prompts (the engine's speed cases); W4 repetitive
+    text (speculative decoding); W5 a large batch of longer prompts (the GPU's throughput case)."""
     return {
         "W1": Workload("W1", "single stream: 1 x 128-token prompt, 128 output tokens", _prompts(1, 1, 128), 128),
         "W2": Workload("W2", "batch: 64 distinct 128-token prompts, 128 output tokens each", _prompts(2, 64, 128), 128),

@@ -1,5 +1,5 @@
-"""The client draws the node for a request itself (DESIGN invariant 6), and a failed request's draw
-is kept for the next request (invariant 6b).
+"""The client draws the node for a request itself (threat T13, docs/threat-model.md), and a failed request's
+draw is kept for the next request (threat T18).
 
 Among the candidates it verified, node i is drawn with probability C_i / sum(C), C_i the capacity
 the node's attestation claims (and its logged release allows). Nothing the gateway says enters:

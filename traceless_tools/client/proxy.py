@@ -74,61 +74,63 @@ def local_only(handler: Handler) -> Handler:
     return run
 
 
-def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20) -> Starlette:
-    cached: dict[str, dict] = {}  # the node's own answers to the two GETs, fetched once
+class _Handlers:
+    """The proxy's handlers over one client: every call goes over the private path, but the two GETs
+    whose answers never change (`/v1/models`, `/tokenizer_info`), fetched once."""
 
-    def routing_header() -> dict[str, str]:
-        return {"x-traceless-routing": "concentrated" if client.routing.concentrated else "ok"}
+    def __init__(self, client: AsyncPrivateClient, max_body_bytes: int) -> None:
+        self.client = client
+        self.max_body_bytes = max_body_bytes
+        self.cached: dict[str, dict] = {}  # the node's own answers to the two GETs
 
-    async def call(request: Request, path: str) -> Response:
+    def routing_header(self) -> dict[str, str]:
+        return {"x-traceless-routing": "concentrated" if self.client.routing.concentrated else "ok"}
+
+    async def call(self, request: Request, path: str) -> Response:
         body = None
         if request.method == "POST":
-            body = await read_json(request, max_body_bytes)
+            body = await read_json(request, self.max_body_bytes)
             if not isinstance(body, dict):
                 raise ApiError(400, "the request body must be a JSON object")
         try:
-            result = await client.request(path, body)
+            result = await self.client.request(path, body)
         except UpstreamError as exc:  # the node's (or a hop's) own error: passed on, not to be retried
-            return JSONResponse(exc.body, status_code=exc.status, headers={**NO_RETRY, **routing_header()})
+            return JSONResponse(exc.body, status_code=exc.status, headers={**NO_RETRY, **self.routing_header()})
         except PrivateClientError as exc:
-            raise path_failed(exc.cause, routing_header()) from None
+            raise path_failed(exc.cause, self.routing_header()) from None
         if isinstance(result, dict):
-            return JSONResponse(result, headers=routing_header())
+            return JSONResponse(result, headers=self.routing_header())
         return StreamingResponse(_ending_cleanly(result), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", **routing_header()})
+                                 headers={"Cache-Control": "no-cache", **self.routing_header()})
 
-    async def once(request: Request, path: str) -> Response:
+    async def once(self, request: Request, path: str) -> Response:
         """A GET over the private path the first time; its answer afterwards."""
-        if path not in cached:
-            response = await call(request, path)
+        if path not in self.cached:
+            response = await self.call(request, path)
             if response.status_code != 200 or not isinstance(response, JSONResponse):
                 return response
-            cached[path] = json.loads(bytes(response.body))
-        return JSONResponse(cached[path], headers=routing_header())
+            self.cached[path] = json.loads(bytes(response.body))
+        return JSONResponse(self.cached[path], headers=self.routing_header())
 
-    async def chat(request: Request) -> Response:
-        return await call(request, "/v1/chat/completions")
+    def forward(self, path: str) -> Handler:
+        async def handler(request: Request) -> Response:
+            return await self.call(request, path)
+        return handler
 
-    async def completions(request: Request) -> Response:
-        return await call(request, "/v1/completions")
+    def fetched_once(self, path: str) -> Handler:
+        async def handler(request: Request) -> Response:
+            return await self.once(request, path)
+        return handler
 
-    async def models(request: Request) -> Response:
-        return await once(request, "/v1/models")  # the node's own list: it knows max_model_len
-
-    async def tokenize(request: Request) -> Response:
-        return await call(request, "/tokenize")
-
-    async def detokenize(request: Request) -> Response:
-        return await call(request, "/detokenize")
-
-    async def tokenizer_info(request: Request) -> Response:
-        return await once(request, "/tokenizer_info")
-
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def status(request: Request) -> Response:
-        return JSONResponse(client.status())
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(self.client.status())
+
+
+def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20) -> Starlette:
+    h = _Handlers(client, max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -138,16 +140,19 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         finally:
             await client.aclose()
 
-    routes = [
-        Route("/v1/models", endpoint(COMPONENT, "models", local_only(models)), methods=["GET"]),
-        Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", local_only(chat)), methods=["POST"]),
-        Route("/v1/completions", endpoint(COMPONENT, "completions", local_only(completions)), methods=["POST"]),
-        Route("/tokenize", endpoint(COMPONENT, "tokenize", local_only(tokenize)), methods=["POST"]),
-        Route("/detokenize", endpoint(COMPONENT, "detokenize", local_only(detokenize)), methods=["POST"]),
-        Route("/tokenizer_info", endpoint(COMPONENT, "tokenizer_info", local_only(tokenizer_info)), methods=["GET"]),
-        Route("/health", endpoint(COMPONENT, "health", local_only(health)), methods=["GET"]),
-        Route("/status", endpoint(COMPONENT, "status", local_only(status)), methods=["GET"]),
+    # (path, endpoint name, handler, method); /v1/models is the node's own list: it knows max_model_len
+    table = [
+        ("/v1/models", "models", h.fetched_once("/v1/models"), "GET"),
+        ("/v1/chat/completions", "chat_completions", h.forward("/v1/chat/completions"), "POST"),
+        ("/v1/completions", "completions", h.forward("/v1/completions"), "POST"),
+        ("/tokenize", "tokenize", h.forward("/tokenize"), "POST"),
+        ("/detokenize", "detokenize", h.forward("/detokenize"), "POST"),
+        ("/tokenizer_info", "tokenizer_info", h.fetched_once("/tokenizer_info"), "GET"),
+        ("/health", "health", h.health, "GET"),
+        ("/status", "status", h.status, "GET"),
     ]
+    routes = [Route(path, endpoint(COMPONENT, name, local_only(handler)), methods=[method])
+              for path, name, handler, method in table]
     app = create_app(COMPONENT, routes, lifespan=lifespan)
     app.state.private_client = client
     return app

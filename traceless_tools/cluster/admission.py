@@ -1,4 +1,5 @@
-"""Which registrations the gateway admits (DESIGN invariant 6: capacity is attested, never announced).
+"""Which registrations the gateway admits (threat T14, docs/threat-model.md: capacity is
+attested, never announced).
 
 A registration is admitted only when
   1. its attestation verifies under the attester key it presents (proof that the registrant holds

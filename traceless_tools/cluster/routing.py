@@ -1,4 +1,4 @@
-"""Non-targetable routing: which nodes a client is offered (DESIGN invariants 5 and 6).
+"""Non-targetable routing: which nodes a client is offered (threats T13 and T14, docs/threat-model.md).
 
 The inputs are, by signature and nothing else: the model name, the nodes as
 (node_id, model, capacity, healthy), k, and a random source. There is no parameter through

@@ -100,7 +100,7 @@ def _residue_headline(r: dict) -> list:
     outside = sum(v for v in r["places"].values())
     rows = [("canaries left outside process memory", str(int(outside)), "none" if not r["failed"] else "FAIL"),
             ("canaries left in node process memory", str(r["process_memory_total"]), "none")]
-    if "serve" in r:  # audits since issue 13 also search the plaintext server
+    if "serve" in r:  # older result files lack the plaintext server's part
         serve = r["serve"]
         rows.append(("canaries left by the plaintext server (places + memory)",
                      str(int(sum(serve["places"].values())) + serve["process_memory_total"]), "none"))
