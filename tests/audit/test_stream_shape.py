@@ -1,8 +1,10 @@
 """The stream-shape attack (Whisper Leak style) against a real node: far above chance with shape
-hiding off, within chance with the node's defaults. Tiny model, a few topics."""
+hiding off, within chance with the node's defaults, for answers of a fixed length and of their
+natural length (EOS ends them, at a different token for each topic). Tiny model, a few topics."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 
@@ -42,18 +44,26 @@ def attack(model_dir, shape: ShapePolicy, mode: str, cfg: StreamAttackConfig) ->
 
 def test_padding_off_leaks_the_topic_and_the_defaults_do_not(tiny_llama_dir, tmp_path):
     cfg = StreamAttackConfig(TOPICS, trials=8, max_tokens=10, temperature=0.0, folds=4)
-    results = [attack(tiny_llama_dir, OFF, "off", cfg), attack(tiny_llama_dir, ShapePolicy(), "defaults", cfg)]
+    natural = replace(cfg, natural_length=True)
+    results = [attack(tiny_llama_dir, OFF, "off", cfg), attack(tiny_llama_dir, ShapePolicy(), "defaults", cfg),
+               attack(tiny_llama_dir, ShapePolicy(), "defaults", natural)]
     report = report_for(results, cfg)
-    off, on = report["results"]
+    off, on, on_natural = report["results"]
     print({k: off[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range")},
-          {k: on[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range", "chunks_per_response")})
+          *({k: r[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range", "chunks_per_response")}
+            for r in (on, on_natural)))
     lo, hi = off["chance_95_range"]
     assert off["above_chance"] and off["accuracy"] >= 0.9 and off["accuracy_95ci"][0] > hi
     assert len(off["request_sizes"]) >= len(TOPICS) and off["distinct_chunk_sizes"] > 3  # what it read
     # at chance: no better than a guesser does in 999 runs of 1000 (the 95% range alone would fail one
     # honest run in 40; the report still gives it)
-    assert on["accuracy"] <= _guesser_upper(len(TOPICS) * cfg.trials, 1 / len(TOPICS), 0.999), on
-    assert on["chunk_sizes"] == [STREAM_CHUNK + 16] and len(on["request_sizes"]) == 1
+    for r in (on, on_natural):
+        assert r["accuracy"] <= _guesser_upper(len(TOPICS) * cfg.trials, 1 / len(TOPICS), 0.999), r
+        assert r["chunk_sizes"] == [STREAM_CHUNK + 16] and len(r["request_sizes"]) == 1
+    # the natural lengths differ by topic (what the reading is about), and the streams do not
+    lengths = {label: t.tokens for label, t in zip(results[2].labels, results[2].traces)}
+    assert len(set(lengths.values())) > 1, lengths
+    assert len({len(t.sizes) for t in results[2].traces}) == 1
     plot(report, str(tmp_path / "attack.png"))
     assert (tmp_path / "attack.png").stat().st_size > 10_000
 
