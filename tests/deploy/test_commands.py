@@ -10,9 +10,11 @@ import re
 
 import pytest
 
-from tests.deploy._dockerfile import exec_form, parse
+from tests.deploy._dockerfile import NODE_BOOT, exec_form, parse
 from tests.deploy.conftest import OVERLAYS
+from traceless.cli.isolation import starts_isolated
 from traceless.cli.parser import build_parser, check
+from traceless.cli.scrubbing import SCRUB_ENV
 
 OPERATOR_VALUE = "b3BlcmF0b3ItcHJvdmlkZWQ="  # what an operator-created Secret or ConfigMap holds (base64)
 
@@ -42,13 +44,23 @@ def _environment(container: dict, configmaps: dict[str, dict]) -> dict[str, str]
 
 
 def _argv(container: dict, env: dict[str, str]) -> list[str]:
-    """What the container runs after `python -m traceless.cli`, $(VAR) expanded as Kubernetes does."""
-    image = container["image"].split("/", 1)[1].split(":")[0]
-    stages = parse().lineage(image)
+    """What the container runs after `python -m traceless.cli` (or the node's isolated boot), $(VAR)
+    expanded as Kubernetes does."""
+    full = _command(container)
+    prefix = NODE_BOOT if full[:len(NODE_BOOT)] == NODE_BOOT else ["/opt/venv/bin/python", "-m", "traceless.cli"]
+    assert full[:len(prefix)] == prefix, full
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[len(prefix):]]
+
+
+def _command(container: dict) -> list[str]:
+    """The container's whole command line: the image's ENTRYPOINT (or the manifest's command), then args."""
+    stages = parse().lineage(_image(container))
     entry = container.get("command") or next(exec_form(v) for st in stages for v in st.values("ENTRYPOINT"))
-    full = [*entry, *container.get("args", [])]
-    assert full[:3] == ["/opt/venv/bin/python", "-m", "traceless.cli"], full
-    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[3:]]
+    return [*entry, *container.get("args", [])]
+
+
+def _image(container: dict) -> str:
+    return container["image"].split("/", 1)[1].split(":")[0]
 
 
 def start_check(argv: list[str], env: dict[str, str], monkeypatch) -> str | None:
@@ -82,6 +94,19 @@ def test_every_container_command_line_starts(render, overlay, monkeypatch):
         if problem is not None:
             failures[where] = problem
     assert checked and failures == {}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_node_container_starts_isolated(render, overlay):
+    """The image's environment and the manifest's together are the isolated state the node's
+    measurement records, and its command line has the isolating flags: the first process serves."""
+    objs = render(overlay)
+    configmaps = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
+    nodes = [(where, c) for where, c in _containers(objs) if _image(c) == "node"]
+    for where, container in nodes:
+        env = {**parse().env("node"), **_environment(container, configmaps)}
+        assert starts_isolated(_command(container), env, SCRUB_ENV), where
+    assert nodes or overlay == "relay"
 
 
 def test_the_check_catches_an_unknown_flag_and_a_missing_option(monkeypatch):
