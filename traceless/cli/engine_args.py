@@ -6,7 +6,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from traceless.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS, PREFIX_CACHE_MODES, SPECULATIVE_MODES
+from traceless.config import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    LOAD_FORMATS,
+    PREFIX_CACHE_MODES,
+    QUANTIZATIONS,
+    SPECULATIVE_MODES,
+)
 
 
 def parse_size(text: str) -> int:
@@ -26,7 +33,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None,
                    help="GGUF file or Hugging Face directory (default: built-in SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights and KV cache dtype (auto: bfloat16 where the hardware runs it, else float32)")
+                   help="activations and KV cache (auto: bfloat16 on GPUs and AVX-512 CPUs, else float32); "
+                        "given explicitly with a GGUF file under --quantization auto, it dequantizes the weights "
+                        "to this type (exact parity runs)")
+    g.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                   help="CPU weights kept quantized, multiplied by int8 kernels with float32 activations. auto: "
+                        "a GGUF file keeps its own blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; other types are "
+                        "dequantized) unless --dtype is given; Hugging Face checkpoints stay dense. gguf: keep a "
+                        "GGUF file's blocks. q8_0, q4_0: quantize a Hugging Face checkpoint at load. none: dense")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
@@ -95,7 +109,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         ngram_min=args.ngram_min, ngram_max=args.ngram_max, draft_layers=args.draft_layers,
         request_events=args.request_events,
         load_format=args.load_format, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
-        chat_template=read_chat_template(args.chat_template),
+        chat_template=read_chat_template(args.chat_template), quantization=args.quantization,
     )
 
 

@@ -88,7 +88,8 @@ def node_measured_config(args: argparse.Namespace) -> dict:
     node does with a request. Placement and sizing (host, port, memory, capacity) are left out,
     so one logged release covers every deployment of it."""
     return {
-        "component": "node", "dtype": args.dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
+        "component": "node", "dtype": args.dtype, "quantization": args.quantization, "block_size": args.block_size,
+        "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_queued_requests": args.max_queued_requests, "attention_backend": args.attention_backend,
         "served_model_name": args.served_model_name, "attestation_ttl": args.attestation_ttl,

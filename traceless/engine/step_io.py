@@ -131,6 +131,7 @@ class ModelInfo:
     # LongRoPE: a prompt longer than this runs on the long factors from its first token, so its KV
     # differs from a shorter prompt's over the same tokens (the prefix cache keeps them apart)
     long_context_from: int | None = None
+    quantization: str = "none"  # "gguf" (a GGUF file's blocks), "q8_0"/"q4_0" (made at load) or "none"
 
 
 class PendingResult(Protocol):

@@ -25,24 +25,8 @@ import torch.nn.functional as F
 from traceless.errors import ModelLoadError
 from traceless.model.config import Activation, ModelConfig
 from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
+from traceless.model.layers.linear import Linear, QuantTensor, cat_rows, embedding
 from traceless.model.layers.ops import DecoderOps
-
-
-class Linear:
-    """y = x W^T + b. On CPU the weight can be prepacked for oneDNN, which runs the small-batch
-    matmuls of decoding about twice as fast as the plain path (same results)."""
-
-    __slots__ = ("weight", "bias", "packed")
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
-        self.bias = bias
-        self.packed = pack
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if pack else weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
 
 
 class GatedMLP:
@@ -81,12 +65,13 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
     return w
 
 
-def _fused(weights: dict[str, torch.Tensor], name: str, parts: list[tuple[str, int]], cols: int) -> torch.Tensor:
+def _fused(weights: dict[str, torch.Tensor], name: str, parts: list[tuple[str, int]],
+           cols: int) -> torch.Tensor | QuantTensor | tuple:
     """The fused matrix `name` as stored (Phi-3), or its parts concatenated by rows."""
     rows = sum(n for _, n in parts)
     if name in weights:
         return _take(weights, name, (rows, cols))
-    return torch.cat([_take(weights, p, (n, cols)) for p, n in parts])
+    return cat_rows([_take(weights, p, (n, cols)) for p, n in parts])
 
 
 class LlamaModel:
@@ -103,8 +88,10 @@ class LlamaModel:
         weights.pop("rope_freqs", None)  # consumed by Rope
         self.embed = self._dev(_take(weights, "embed", (c.vocab_size, H)))
         # Gemma: embeddings times sqrt(hidden), the factor rounded to the model's dtype as transformers does
+        # (a quantized table's rows come out in float32, the activations' dtype then)
+        embed_dtype = self.embed.dtype if isinstance(self.embed, torch.Tensor) else torch.float32
         self.embed_scale = (None if c.embed_scale is None
-                            else torch.tensor(c.embed_scale, dtype=self.embed.dtype, device=device))
+                            else torch.tensor(c.embed_scale, dtype=embed_dtype, device=device))
         self.act = ops.silu_mul if c.activation is Activation.SILU else ops.gelu_tanh_mul
         self.layers = [self._layer(weights, i) for i in range(c.num_layers)]
         self.norm = self._norm(_take(weights, "norm", (H,)))
@@ -113,7 +100,11 @@ class LlamaModel:
         if weights:
             raise ModelLoadError(f"unused tensors in weights: {', '.join(sorted(weights)[:5])}")
 
-    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+    def _dev(self, t):
+        """A weight on the model's device: a tensor, a QuantTensor (CPU only), or a tuple of parts
+        (a fused matrix whose parts came in different quantized formats)."""
+        if isinstance(t, tuple):
+            return tuple(self._dev(p) for p in t)
         return t.to(self.device).contiguous()
 
     def _norm(self, w: torch.Tensor) -> torch.Tensor:
@@ -156,7 +147,7 @@ class LlamaModel:
         """
         c, ops = self.config, self.ops
         layers = self.layers if num_layers is None else self.layers[:num_layers]
-        x = F.embedding(input_ids, self.embed)  # [T, H] residual stream
+        x = embedding(self.embed, input_ids)  # [T, H] residual stream
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
         h = torch.empty_like(x)  # normed input of the next matmul

