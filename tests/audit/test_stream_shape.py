@@ -29,7 +29,9 @@ from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.shape import OFF, STREAM_CHUNK, ShapePolicy
 from traceless.server.async_engine import AsyncEngine
 
-TOPICS = ("w5 w6 w7", "w9 w10 w11 w12 w13 w14", "w20", "w30 w31 w32 w33 w34 w35 w36 w37 w38")
+# prompts of different lengths whose greedy answers on the tiny model end (EOS) after 1, 3, 7 and
+# more than 10 tokens: what the natural-length reading is about
+TOPICS = ("w22 w67 w21 w8 w84 w81 w20", "w55 w18 w57 w90 w18 w67", "w39 w65 w7 w20", "w64 w17")
 
 
 def attack(model_dir, shape: ShapePolicy, mode: str, cfg: StreamAttackConfig) -> ModeResult:
@@ -93,3 +95,24 @@ def test_the_classifier_finds_a_signal_and_none_where_there_is_none():
     lo, hi = chance_interval(len(y), 0.25)
     assert 0.1 < lo < 0.25 < hi < 0.4
     assert (cross_validate(x, y_random, 4, 4, 0) == y_random).mean() <= hi
+
+
+def test_each_part_of_the_relays_view_is_read_alone():
+    """The report says which part of the view carries the topic: a signal in the gaps' jitter alone
+    (the node's timer is late by more while its engine works) is found by the gaps reading and not by
+    the sizes or length readings."""
+    from traceless.audit.stream_shape import FEATURE_GROUPS, by_feature_group
+
+    rng = np.random.default_rng(1)
+    traces = []
+    for c in range(4):
+        for _ in range(20):
+            late = rng.normal(0, 0.002 + 0.004 * (c % 2), 16).clip(0)  # topics 1, 3: a noisier timer
+            traces.append(Trace(1079, (4112,) * 16, tuple(0.1 * np.arange(1, 17) + late)))
+    y = np.repeat(np.arange(4), 20)
+    x = np.array([features(t) for t in traces])
+    accuracy = by_feature_group(x, y, 4, 4, 0)
+    assert set(accuracy) == set(FEATURE_GROUPS) == {"sizes", "length", "gaps"}
+    lo, hi = chance_interval(len(y), 0.25)
+    assert accuracy["gaps"] > hi, accuracy  # two of four told apart: about 0.5
+    assert accuracy["sizes"] <= hi and accuracy["length"] <= hi + 0.1, accuracy
