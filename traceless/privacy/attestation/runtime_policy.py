@@ -21,6 +21,8 @@ from traceless.privacy.attestation.software import AttestationError
 INITDATA_VERSION = "0.1.0"
 ALGORITHMS = ("sha256", "sha384", "sha512")
 FIELD_SIZE = {"snp": 32, "tdx": 48}  # HOST_DATA, MRCONFIGID
+# the checks a refusal names (evidence_policy.py: "snp:host-data", "tdx:mr-config-id")
+RUNTIME_POLICY_CHECKS = ("host-data", "mr-config-id")
 
 
 class InitdataError(AttestationError):
