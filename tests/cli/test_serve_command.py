@@ -50,6 +50,8 @@ def test_serve_holds_no_canary_after_requests_end(tiny_llama_dir):
     (["--port", "8123", "--metrics-port", "8123"], "--metrics-port must differ from --port"),
     (["--metrics-min-requests", "-1"], "minimum number of requests"),
     (["--metrics-window", "0"], "positive number of seconds"),
+    (["--metrics-epsilon", "0"], "telemetry epsilon must be a number from 0.01"),
+    (["--metrics-epsilon", "none"], "a number, or off"),
 ])
 def test_serve_refuses_metrics_on_the_public_port_and_bad_windows(extra, message):
     r = subprocess.run([sys.executable, "-m", "traceless_tools.cli", "serve", *extra], capture_output=True, text=True,

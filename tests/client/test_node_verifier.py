@@ -125,6 +125,9 @@ def test_an_unreadable_log_refuses_the_node():
     ({"load_format": "dummy"}, "release_dummy_weights"),
     ({"request_events": True}, "release_request_events"),
     ({"shape_padding": None}, "release_unpadded"),  # not stated counts as off
+    ({"metrics_epsilon": None}, "release_metrics_epsilon"),  # exact telemetry (off), or not stated
+    ({"metrics_epsilon": 4.0}, "release_metrics_epsilon"),  # noise weaker than the policy allows
+    ({"metrics_epsilon": True}, "release_metrics_epsilon"),
 ])
 def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, reason):
     from tests.cluster._services import PRIVATE_SETTINGS

@@ -28,7 +28,8 @@ STREAM_DELAY_S = 0.15
 # The release the fake nodes run: the capacities it allows are what a node may claim; its settings pass
 # the client's release policy.
 PRIVATE_SETTINGS = {"component": "node", "prefix_cache": "isolated", "shape_padding": "buckets",
-                    "scrub_freed_memory": True, "load_format": "auto", "request_events": False}
+                    "scrub_freed_memory": True, "load_format": "auto", "request_events": False,
+                    "metrics_epsilon": 1.0}
 RELEASE = ReleaseManifest(b"\x01" * 32, b"\x02" * 32, PRIVATE_SETTINGS, (1, 2, 3, 4, 5))
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.deploy._dockerfile import REPO, context_files, exec_form, parse
+from tests.deploy._dockerfile import NODE_BOOT, REPO, context_files, exec_form, parse
+from traceless.cli.isolation import starts_isolated
+from traceless.cli.scrubbing import SCRUB_ENV
 from traceless.privacy.attestation.measurement import code_digest
 
 FINAL_STAGES = ("node", "gateway", "relay", "issuer", "log")
@@ -57,10 +59,22 @@ def test_final_stages_run_no_command_as_root_and_start_in_exec_form():
         assert uid.isdigit() and int(uid) >= 10000, f"{name}: runs as UID {uid}, not a high non-root UID"
         entrypoints = [e for stage in chain for e in stage.values("ENTRYPOINT")]
         assert entrypoints and exec_form(entrypoints[0]) is not None, f"{name}: ENTRYPOINT not in exec form"
-        # the node runs the trusted core's command line; the untrusted hops the tools'
-        cli = "traceless.cli" if name == "node" else "traceless_tools.cli"
-        assert exec_form(entrypoints[0])[:3] == ["/opt/venv/bin/python", "-m", cli]
-        assert exec_form(entrypoints[0])[3] == name
+        entry = exec_form(entrypoints[0])
+        # the node boots the trusted core's command line; the untrusted hops run the tools'
+        prefix = NODE_BOOT if name == "node" else ["/opt/venv/bin/python", "-m", "traceless_tools.cli"]
+        assert entry == [*prefix, name], f"{name}: {entry}"
+
+
+def test_the_node_image_starts_isolated_from_its_first_instruction():
+    """Its ENTRYPOINT and ENV are the isolated state its measurement records: the first process is
+    the one that serves (it never restarts itself), so a PYTHONPATH or LD_PRELOAD given to the
+    image runs nowhere. The services' images are untrusted hops and may keep PYTHONPATH."""
+    dockerfile = parse()
+    entry = exec_form(dockerfile.lineage("node")[0].values("ENTRYPOINT")[0])
+    env = dockerfile.env("node")
+    assert starts_isolated(entry, env, SCRUB_ENV), (entry, env)
+    assert not starts_isolated(["/opt/venv/bin/python", "-m", "traceless.cli", "node"], env, SCRUB_ENV)
+    assert not starts_isolated(entry, {**env, "PYTHONPATH": "/opt/traceless"}, SCRUB_ENV)
 
 
 def test_shipped_virtual_environments_have_no_package_manager():
@@ -96,7 +110,9 @@ def test_node_image_measures_like_the_checkout(tmp_path):
     assert "--from=kernels /src/traceless /opt/traceless/traceless" in dockerfile.stages["node"].values("COPY")
     assert dockerfile.stages["kernels"].values("WORKDIR") == ["/src"]
     assert "traceless/ traceless/" in dockerfile.stages["kernels"].values("COPY")
-    assert "PYTHONPATH=/opt/traceless" in " ".join(dockerfile.stages["node"].values("ENV"))
+    # the package the node runs is that copy: its isolated boot puts /opt/traceless on the path
+    assert exec_form(dockerfile.stages["node"].values("ENTRYPOINT")[0])[:len(NODE_BOOT)] == NODE_BOOT
+    assert "/opt/traceless" in NODE_BOOT[-1]
     image_tree = tmp_path / "opt" / "traceless"
     for rel in context_files():
         if rel.startswith("traceless/"):

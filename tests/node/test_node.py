@@ -35,8 +35,8 @@ def node(tiny_llama_dir):
                                                 max_model_len=128)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
                             capacity=3, node_url="http://node.test:8100")
-    # min_requests=0: the telemetry's explicit off switch, so a test can count single requests
-    telemetry = Telemetry(WindowPolicy(1e-6, 0), engine)
+    # min_requests=0 and no noise: the telemetry's explicit off switches, so a test can count single requests
+    telemetry = Telemetry(WindowPolicy(1e-6, 0, None), engine)
     with serve(create_node_app(engine, identity, NodeSettings(MODEL), telemetry), engine) as s:
         s.identity = identity
         s.telemetry = telemetry

@@ -100,7 +100,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         # the isolated environment it runs in (cli/isolation.py): a node started otherwise refuses
         "environment": canonical_digest(SCRUB_ENV if args.scrub_freed_memory else {}),
         "request_events": args.request_events, "metrics_window": args.metrics_window,
-        "metrics_min_requests": args.metrics_min_requests,
+        "metrics_min_requests": args.metrics_min_requests, "metrics_epsilon": args.metrics_epsilon,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
         "load_format": args.load_format, **shape_policy(args).measured(),

@@ -41,6 +41,9 @@ ROUTES = {b"/v1/chat/completions": ("chat_completions", b"POST"), b"/v1/completi
           b"/tokenize": ("tokenize", b"POST"), b"/detokenize": ("detokenize", b"POST"),
           b"/v1/models": ("models", b"GET"), b"/tokenizer_info": ("tokenizer_info", b"GET")}
 METERED = ("completions", "chat_completions")
+# A shaped stream holds the engine's idle work off for this many ticks past each tick it sends: a
+# late tick (a loaded machine) does not let it in mid-stream; a stream that ends lets it in soon.
+IDLE_HOLD_TICKS = 3
 JSON_HEADERS = ((b"content-type", b"application/json"),)
 SSE_HEADERS = ((b"content-type", b"text/event-stream"),)
 
@@ -192,15 +195,29 @@ class NodeService:
                        req: _Arrival, filler: Callable[[int], bytes]) -> StreamingResponse:
         if self.shape.on and self.shape.tick_ms:
             pace = self._pace(req, filler is sse_filler)
+            wait = pace.first_due - asyncio.get_running_loop().time()
+            # the engine's idle work waits for the stream's end (AsyncEngine.defer_idle): from now to
+            # the first tick, then a few ticks past each tick
+            self.api.engine.defer_idle(max(0.0, wait) + IDLE_HOLD_TICKS * pace.tick_s)
             try:  # the response head leaves on the first tick, not when the first token is known
-                await asyncio.sleep(pace.first_due - asyncio.get_running_loop().time())
+                await asyncio.sleep(wait)
             except BaseException:
                 await events.aclose()  # the client left: the engine request is aborted
                 raise
-            return StreamingResponse(paced(ctx, status, headers, events, pace, filler), media_type=OHTTP_CHUNKED_RES)
+            body = paced(ctx, status, headers, events, pace, filler)
+            return StreamingResponse(self._holding_idle(body, pace.tick_s), media_type=OHTTP_CHUNKED_RES)
         if self.shape.on:
             return StreamingResponse(bucketed(ctx, status, headers, events, filler), media_type=OHTTP_CHUNKED_RES)
         return self._unshaped(ctx, status, headers, events)
+
+    async def _holding_idle(self, body: AsyncGenerator[bytes, None], tick_s: float) -> AsyncGenerator[bytes, None]:
+        """The paced stream, holding the engine's idle work off at every tick."""
+        try:
+            async for chunk in body:
+                self.api.engine.defer_idle(IDLE_HOLD_TICKS * tick_s)
+                yield chunk
+        finally:
+            await body.aclose()
 
     def _pace(self, req: _Arrival, sse: bool) -> Pace:
         tick = self.shape.tick_ms / 1000

@@ -262,6 +262,14 @@ class AsyncEngine:
         self._idle.activity.set()
         self._wake.set()
 
+    def defer_idle(self, seconds: float) -> None:
+        """Hold the idle work off for `seconds` from now (called by a shaped stream at its start and
+        each tick): a garbage collection holds the interpreter long enough to stall the stream's
+        timer, and run when the engine went idle it would fall at a fixed delay after the answer's
+        last token, showing the relay how long the answer was. A stream that stops calling lets it
+        run again within `seconds`: nothing can hold it off for good."""
+        self._idle.busy_until = max(self._idle.busy_until, time.monotonic() + seconds)
+
     async def call(self, fn):
         """Run fn(engine) on the engine thread (e.g. check_integrity in tests)."""
         return await asyncio.wrap_future(self._submit("call", fn))
@@ -271,6 +279,7 @@ class IdleWork:
     """What the engine thread does while no request runs, one short slice per call:
 
     1. expire cached prefix blocks past their TTL (engine.tick);
+    (nothing more while a shaped stream holds it off: AsyncEngine.defer_idle)
     2. after IDLE_GC_S of quiet, one garbage collection, so request objects caught in reference
        cycles are freed (and, with freed-memory scrubbing, overwritten) instead of lingering, and
        this thread's allocator cache is overwritten (server/thread_cache.py);
@@ -285,6 +294,7 @@ class IdleWork:
     def __init__(self, engine: LLMEngine):
         self._engine = engine
         self.activity = threading.Event()  # set from the event loop: a request ended (note_activity)
+        self.busy_until = 0.0  # monotonic time before which open streams hold the work below off
         self.residue: ResidueStats | None = None
         self._idle_since: float | None = None
         self._collected = True
@@ -311,6 +321,9 @@ class IdleWork:
         if self._idle_since is None:
             self._idle_since = now
         self._engine.tick(now)
+        if now < self.busy_until:  # start over, with a full quiet spell, once the streams have ended
+            self._idle_since, self._collected, self._cursor, self._nonzero = now, False, 0, 0
+            return False
         if not self._collected:
             if now - self._idle_since < self.IDLE_GC_S:
                 return False  # wait for quiet (the wake-up timeout brings us back)

@@ -14,8 +14,8 @@ TMPDIR point into the audit's directory), the metrics output, and the process's 
 (/proc/PID/mem). Any hit anywhere, process memory included, is a failure: with freed-memory
 scrubbing (the default of both commands) Python's immutable strings of finished requests are
 overwritten when freed, and no tokenizer keeps a word cache. The audited processes publish a
-telemetry window at every scrape (`--metrics-min-requests 0`: the audit's switch), so the gauges
-read the state of the moment.
+telemetry window at every scrape, exactly (`--metrics-min-requests 0 --metrics-epsilon off`: the
+audit's switches), so the gauges read the state of the moment.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ class ProcessUnderAudit:
         self.url, self.metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
         env = {**os.environ, "HOME": str(workdir / "home"), "TMPDIR": str(workdir / "tmp"), "PYTHONUNBUFFERED": "1"}
         args = [command, "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
-                "--metrics-port", str(metrics_port), "--metrics-min-requests", "0", "--metrics-window", "0.2",
+                "--metrics-port", str(metrics_port), "--metrics-min-requests", "0", "--metrics-epsilon", "off",
+                "--metrics-window", "0.2",
                 "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
                 "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", _kv_budget(cfg.model),
                 "--max-model-len", "512",

@@ -9,7 +9,7 @@ prompts itself to learn what each looks like, tries to tell which one from the t
 
   features    the request's length, when the response head came, the number of chunks, the
               stream's duration, mean and spread of chunk sizes and of gaps, and the first 32
-              chunk sizes and gaps
+              chunk sizes and gaps; each part (sizes, start and length, gaps) also read alone
   classifier  multinomial logistic regression (numpy; standardized features, L2), scored by
               stratified k-fold cross-validation: every trace is classified by a model that never
               saw it
@@ -95,6 +95,7 @@ class ModeResult:
                 "request_sizes": sorted({t.request_bytes for t in self.traces}),
                 "chunks_per_response": [min(len(t.sizes) for t in self.traces),
                                         max(len(t.sizes) for t in self.traces)],
+                "by_features": by_feature_group(x, y, n_topics, folds, seed),
                 "confusion": confusion(y, predicted, n_topics), "cost": cost(self.traces)}
 
 
@@ -132,6 +133,17 @@ def _body(cfg: StreamAttackConfig, model: str, prompt: str, rng: random.Random) 
 
 
 # ---- the classifier -----------------------------------------------------------------------------------
+
+
+# Which features belong to each part of the relay's view (indices into features()): what a message's
+# length shows, what a stream's start and length show, and what its timing within shows (the
+# timer's jitter: a node's timer runs late by more while its engine works, so the gaps can tell when
+# the content ended even where the chunk count cannot)
+FEATURE_GROUPS = {
+    "sizes": (0, 4, 5, *range(8, 8 + FIRST_K)),
+    "length": (1, 2, 3),
+    "gaps": (6, 7, *range(8 + FIRST_K, 8 + 2 * FIRST_K)),
+}
 
 
 def features(t: Trace) -> list[float]:
@@ -176,6 +188,12 @@ def cross_validate(x: np.ndarray, y: np.ndarray, classes: int, folds: int, seed:
         test = fold == f
         predicted[test] = predict(fit_softmax(x[~test], y[~test], classes), x[test])
     return predicted
+
+
+def by_feature_group(x: np.ndarray, y: np.ndarray, classes: int, folds: int, seed: int) -> dict[str, float]:
+    """The cross-validated accuracy of the classifier given one part of the view alone."""
+    return {name: float((cross_validate(x[:, list(cols)], y, classes, folds, seed) == y).mean())
+            for name, cols in FEATURE_GROUPS.items()}
 
 
 def confusion(y: np.ndarray, predicted: np.ndarray, classes: int) -> list[list[int]]:
@@ -268,6 +286,8 @@ def print_report(report: dict) -> None:
         print(f"{r['mode']:<10}{r['length']:<9}{r['accuracy']:>9.3f}{f'[{lo:.2f}, {hi:.2f}]':>15}"
               f"{f'[{clo:.2f}, {chi:.2f}]':>15}{r['p_value_at_chance']:>10.3g}{r['distinct_chunk_sizes']:>8}"
               f"{len(r['request_sizes']):>10}{r['cost']['ttft_s']:>8.2f}{r['cost']['tokens_per_s']:>7.1f}  {verdict}")
+    print("read alone: " + "; ".join(f"{r['mode']} {r['length']}: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in r["by_features"].items()) for r in report["results"]))
     print("(accuracy: each trace classified by a model trained on the other folds; chance range: where a "
           "classifier\n without information lands 95% of the time; sizes: distinct values the relay saw)")
 

@@ -34,7 +34,7 @@ MAX_AUDIT_CAPACITY = 100
 # the settings the client's release policy requires.
 AUDIT_RELEASE = ReleaseManifest(b"\xa1" * 32, b"\xa2" * 32, {
     "component": "audit-node", "prefix_cache": "isolated", "shape_padding": "buckets", "scrub_freed_memory": True,
-    "load_format": "auto", "request_events": False}, tuple(range(1, MAX_AUDIT_CAPACITY + 1)))
+    "load_format": "auto", "request_events": False, "metrics_epsilon": 1.0}, tuple(range(1, MAX_AUDIT_CAPACITY + 1)))
 
 
 class AuditReleases:
