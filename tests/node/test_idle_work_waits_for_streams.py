@@ -12,7 +12,6 @@ import time
 import httpx
 
 from tests.server.serving import serve
-from traceless_tools.audit.stream_observe import key_config, observe
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.node.app import create_node_app
@@ -22,6 +21,7 @@ from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import SoftwareAttester
 from traceless.privacy.shape import ShapePolicy
 from traceless.server.async_engine import AsyncEngine
+from traceless_tools.audit.stream_observe import key_config, observe
 
 
 def test_no_idle_collection_runs_while_a_shaped_stream_is_open(tiny_llama_dir):
