@@ -86,3 +86,13 @@ def test_canary_forms_cover_every_script_and_encoding():
     ids = token_needles(c, lambda text: [ord(ch) for ch in text])
     assert (b"".join(ord(ch).to_bytes(8, "little") for ch in " " + latin)) in ids["token ids (int64)"]
     assert repr(c) == "Canary(...)"
+
+
+def test_token_id_needles_skip_runs_too_plain_to_be_a_trace():
+    """A tokenizer that spells a word as one id repeated (an unknown token, a byte vocabulary's
+    zero) would make the needle match every zeroed page: such runs are not counted."""
+    from traceless_tools.audit.canary import new_canary, token_needles
+
+    c = new_canary()
+    assert token_needles(c, lambda text: [0] * len(text)) == {"token ids (int32)": [], "token ids (int64)": []}
+    assert all(token_needles(c, lambda text: [ord(ch) for ch in text]).values())

@@ -21,6 +21,9 @@ LATIN, CYRILLIC = "abcdefghijklmnopqrstuvwxyz", "абвгдежзийклмно�
 ANCHORS = ("qjx", "щъж", "鼷鼯")  # one per script; rare in any text
 _WIDE = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
 MIN_ID_RUN = 3  # fewer token ids in a row are not distinctive enough to count as a trace
+# nor are runs of fewer distinct ids: a small vocabulary spells a foreign word as one unknown id
+# over and over, and [0, 0, 0] as int32 is every zeroed page
+MIN_DISTINCT_IDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +81,7 @@ def token_needles(canary: Canary, encode: Callable[[str], list[int]]) -> dict[st
     """form -> needles: the token ids of the canary and of each word (at the start of a text and
     after a space), as little-endian int32 and int64 arrays."""
     runs = {tuple(encode(t)) for w in canary.words for t in (w, " " + w)} | {tuple(encode(canary.text))}
-    runs = {r for r in runs if len(r) >= MIN_ID_RUN}
+    runs = {r for r in runs if len(r) >= MIN_ID_RUN and len(set(r)) >= MIN_DISTINCT_IDS}
     return {f"token ids (int{bits})": sorted(b"".join(i.to_bytes(bits // 8, "little") for i in r) for r in runs)
             for bits in (32, 64)}
 
