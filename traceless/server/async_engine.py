@@ -32,7 +32,8 @@ from traceless.engine.llm_engine import LLMEngine, ResidueStats, StepOutput
 from traceless.errors import EngineDeadError, ShuttingDownError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
-from traceless.server.thread_cache import flush_thread_cache
+from traceless.server.dead_stack import check_available as check_dead_stack_scrubber
+from traceless.server.thread_cache import scrub_thread
 from traceless.structured.grammar import GrammarCompiler, Guide
 
 
@@ -49,6 +50,7 @@ class AsyncEngine:
     RESTART_WINDOW_S = 600.0
 
     def __init__(self, engine: LLMEngine):
+        check_dead_stack_scrubber()  # the idle work needs it: refuse now, not at the first idle period
         self._engine = engine
         self.model = engine.model
         self.tokenizer = engine.tokenizer
@@ -282,7 +284,7 @@ class IdleWork:
     (nothing more while a shaped stream holds it off: AsyncEngine.defer_idle)
     2. after IDLE_GC_S of quiet, one garbage collection, so request objects caught in reference
        cycles are freed (and, with freed-memory scrubbing, overwritten) instead of lingering, and
-       this thread's allocator cache is overwritten (server/thread_cache.py);
+       this thread's allocator cache and dead stack are overwritten (server/thread_cache.py);
     3. every SCAN_INTERVAL_S, a scan of the whole KV cache for non-zero blocks, SCAN_SLICE blocks
        at a time, whose totals the allowlisted residue metrics report.
     """
@@ -328,7 +330,7 @@ class IdleWork:
             if now - self._idle_since < self.IDLE_GC_S:
                 return False  # wait for quiet (the wake-up timeout brings us back)
             gc.collect()
-            flush_thread_cache()  # this thread's cached freed chunks, left unscrubbed by glibc
+            scrub_thread()  # this thread's cached freed chunks (left unscrubbed by glibc) and dead stack
             self._collected = self._just_collected = True
             return True
         if self._cursor == 0 and now - self._scanned_at < self.SCAN_INTERVAL_S:
