@@ -1,4 +1,5 @@
-"""A shaped stream on the node's timer: what the hops see is a grid of equal chunks.
+"""`--shape buckets` with a stream tick (the default): a shaped stream on the node's timer, what
+the hops see is a grid of equal chunks; whole responses in size buckets (framing/buckets.py).
 
     head + first chunk   on the first tick at least the request's prefill budget after it arrived
                          (privacy/shape.py: first_tick), never at the moment of the first token
@@ -17,11 +18,14 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
+from starlette.responses import StreamingResponse
+
+from traceless.node.framing.base import END_LEN, Arrival, Headers
+from traceless.node.framing.buckets import BucketFramer
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
-from traceless.privacy.shape import STREAM_CHUNK, bucket_for, content_room, pack, padded_ticks
-
-END_LEN = 2  # content terminator + empty trailer section
+from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES
+from traceless.privacy.shape import STREAM_CHUNK, ShapePolicy, content_room, first_tick, pack, padded_ticks, sse_filler
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +35,34 @@ class Pace:
     budget_ticks: int | None  # the stream's length if its content ends within it (None: pow2 ticks)
 
 
-async def paced(ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None], pace: Pace,
-                filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
+class PacedFramer(BucketFramer):
+    """Whole responses as BucketFramer; chunked ones on the tick grid of `policy`."""
+
+    def __init__(self, policy: ShapePolicy, max_model_len: int):
+        self.policy, self.max_model_len = policy, max_model_len
+
+    async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,
+                     events: AsyncGenerator[bytes, None], req: Arrival,
+                     filler: Callable[[int], bytes]) -> StreamingResponse:
+        pace = self._pace(req, filler is sse_filler)
+        try:  # the response head leaves on the first tick, not when the first token is known
+            await asyncio.sleep(pace.first_due - asyncio.get_running_loop().time())
+        except BaseException:
+            await events.aclose()  # the client left: the engine request is aborted
+            raise
+        return StreamingResponse(paced(ctx, status, headers, events, pace, filler), media_type=OHTTP_CHUNKED_RES)
+
+    def _pace(self, req: Arrival, sse: bool) -> Pace:
+        tick = self.policy.tick_ms / 1000
+        # no prompt longer than the context needs a longer prefill budget (8 bytes a token: token-id lists)
+        budget = self.policy.prefill_budget_s(req.request_bytes, 8 * self.max_model_len)
+        due = first_tick(req.arrived, asyncio.get_running_loop().time(), tick, budget)
+        # a JSON body comes whole at the end (its time shows anyway): powers of two only
+        return Pace(due, tick, self.policy.decode_budget_ticks(req.max_tokens) if sse else None)
+
+
+async def paced(ctx: ChunkedServerResponse, status: int, headers: Headers, events: AsyncGenerator[bytes, None],
+                pace: Pace, filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
     """One STREAM_CHUNK-byte chunk per tick, from pace.first_due: what arrived since the last tick."""
     loop = asyncio.get_running_loop()
     enc, msg = ctx.encryptor(), ResponseStreamEncoder()
@@ -69,26 +99,5 @@ async def paced(ctx: ChunkedServerResponse, status: int, headers, events: AsyncG
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await events.aclose()
-        pending[:] = bytes(len(pending))
-
-
-async def bucketed(ctx: ChunkedServerResponse, status: int, headers, events: AsyncGenerator[bytes, None],
-                   filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
-    """No timer (tick 0): one chunk per event as it comes, each padded to its size bucket."""
-    enc, msg = ctx.encryptor(), ResponseStreamEncoder()
-    pending = bytearray()
-    try:
-        head = msg.head(status, headers)
-        yield enc.seal_chunk(head + pack(pending, STREAM_CHUNK - len(head), filler)[0])
-        async for event in events:
-            pending.extend(event)
-            while pending:
-                size = bucket_for(len(pending) + 8)
-                chunk, took = pack(pending, size, filler)
-                del pending[:took]
-                yield enc.seal_chunk(chunk)
-        yield enc.seal_final(pack(pending, STREAM_CHUNK - END_LEN, filler)[0] + msg.end())
-    finally:
         await events.aclose()
         pending[:] = bytes(len(pending))
