@@ -19,6 +19,7 @@ from starlette.responses import Response
 from traceless.events import emit
 from traceless.http.body import parse_json
 from traceless.http.errors import ApiError, internal_error
+from traceless.http.openai_routes import BY_PATH, RouteKind
 from traceless.node.framing import Arrival, Framer
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import ReplayCacheFullError, ReplayedRequestError
@@ -30,11 +31,6 @@ from traceless.privacy.shape import json_filler, sse_filler
 from traceless.server.openai_api import OpenAIService
 from traceless.server.telemetry import Telemetry
 
-# inner path -> (route name, method): the OpenAI calls, vLLM's tokenizer calls, and the model list
-ROUTES = {b"/v1/chat/completions": ("chat_completions", b"POST"), b"/v1/completions": ("completions", b"POST"),
-          b"/tokenize": ("tokenize", b"POST"), b"/detokenize": ("detokenize", b"POST"),
-          b"/v1/models": ("models", b"GET"), b"/tokenizer_info": ("tokenizer_info", b"GET")}
-METERED = ("completions", "chat_completions")
 JSON_HEADERS = ((b"content-type", b"application/json"),)
 SSE_HEADERS = ((b"content-type", b"text/event-stream"),)
 
@@ -118,18 +114,18 @@ class NodeService:
                 head, content = bhttp.decode_request_buffer(buf)
             except OHTTP_ERRORS:
                 raise ApiError(400, "the inner request is not valid binary HTTP", code="invalid_bhttp") from None
-            found = ROUTES.get(head.path)
-            if found is None:
+            route = BY_PATH.get(head.path.decode("latin-1"))  # every byte maps to one character
+            if route is None:
                 raise ApiError(404, "no such route", code="not_found")
-            route, method = found
-            metered = route if route in METERED else None  # the telemetry counts generation calls only
-            if head.method != method:
+            # the telemetry counts generation calls only
+            metered = route.name if route.kind is RouteKind.GENERATION else None
+            if head.method != route.method.encode():
                 raise ApiError(405, "method not allowed", code="method_not_allowed")
-            if method == b"GET":
+            if route.kind is RouteKind.INFO:
                 _wipe(content)
-                result = self.api.models() if route == "models" else self.api.tokenizer_info()
+                result = self.api.handlers()[route.name]()
             else:
-                result = await self._post(route, content, chunked, req)
+                result = await self._post(route.name, content, chunked, req)
             if metered is not None:
                 self.telemetry.request(metered, "ok")
             if isinstance(result, dict):
@@ -159,9 +155,7 @@ class NodeService:
         if isinstance(parsed, dict) and parsed.get("stream") is True and not chunked:
             raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)",
                            param="stream")
-        handler = {"chat_completions": self.api.chat, "completions": self.api.completions,
-                   "tokenize": self.api.tokenize, "detokenize": self.api.detokenize}[route]
-        return await handler(parsed)
+        return await self.api.handlers()[route](parsed)
 
 
 async def _once(data: bytes) -> AsyncGenerator[bytes, None]:

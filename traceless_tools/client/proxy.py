@@ -42,6 +42,7 @@ from traceless.events import emit
 from traceless.http.app import Handler, create_app, endpoint
 from traceless.http.body import read_json, require_media_type
 from traceless.http.errors import ApiError
+from traceless.http.openai_routes import OPENAI_ROUTES, OpenAIRoute, RouteKind
 from traceless_tools.client.errors import FailureCause, PrivateClientError, UpstreamError
 from traceless_tools.client.private_client import AsyncPrivateClient
 
@@ -106,23 +107,12 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
             cached[path] = json.loads(bytes(response.body))
         return JSONResponse(cached[path], headers=routing_header())
 
-    async def chat(request: Request) -> Response:
-        return await call(request, "/v1/chat/completions")
+    def forward(r: OpenAIRoute):
+        # the node's own answers to the GETs (it knows max_model_len), fetched once
+        async def handle(request: Request) -> Response:
+            return await (once if r.kind is RouteKind.INFO else call)(request, r.path)
 
-    async def completions(request: Request) -> Response:
-        return await call(request, "/v1/completions")
-
-    async def models(request: Request) -> Response:
-        return await once(request, "/v1/models")  # the node's own list: it knows max_model_len
-
-    async def tokenize(request: Request) -> Response:
-        return await call(request, "/tokenize")
-
-    async def detokenize(request: Request) -> Response:
-        return await call(request, "/detokenize")
-
-    async def tokenizer_info(request: Request) -> Response:
-        return await once(request, "/tokenizer_info")
+        return handle
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -139,12 +129,8 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
             await client.aclose()
 
     routes = [
-        Route("/v1/models", endpoint(COMPONENT, "models", local_only(models)), methods=["GET"]),
-        Route("/v1/chat/completions", endpoint(COMPONENT, "chat_completions", local_only(chat)), methods=["POST"]),
-        Route("/v1/completions", endpoint(COMPONENT, "completions", local_only(completions)), methods=["POST"]),
-        Route("/tokenize", endpoint(COMPONENT, "tokenize", local_only(tokenize)), methods=["POST"]),
-        Route("/detokenize", endpoint(COMPONENT, "detokenize", local_only(detokenize)), methods=["POST"]),
-        Route("/tokenizer_info", endpoint(COMPONENT, "tokenizer_info", local_only(tokenizer_info)), methods=["GET"]),
+        *(Route(r.path, endpoint(COMPONENT, r.name, local_only(forward(r))), methods=[r.method])
+          for r in OPENAI_ROUTES),
         Route("/health", endpoint(COMPONENT, "health", local_only(health)), methods=["GET"]),
         Route("/status", endpoint(COMPONENT, "status", local_only(status)), methods=["GET"]),
     ]
