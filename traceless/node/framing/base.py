@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from starlette.responses import Response, StreamingResponse
 
+from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
 from traceless.privacy.ohttp.gateway import ServerResponse
+from traceless.privacy.ohttp.media import OHTTP_RES
 
 Headers = tuple[tuple[bytes, bytes], ...]
 END_LEN = 2  # content terminator + empty trailer section
@@ -33,9 +35,15 @@ class Arrival:
 class Framer(ABC):
     """One shape mode's framing of whole and chunked responses."""
 
-    @abstractmethod
     def whole(self, ctx: ServerResponse, status: int, headers: Headers, body: bytes) -> Response:
-        """A whole response to an unchunked request, encapsulated."""
+        """A whole response to an unchunked request, zero-padded (RFC 9292 §3.8), encapsulated."""
+        inner = bhttp.encode_response(bhttp.Response(status, headers, body))
+        inner += bytes(self.whole_padding(len(inner)))
+        return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
+
+    @abstractmethod
+    def whole_padding(self, length: int) -> int:
+        """Zero bytes to add to a whole response's binary HTTP message of `length` bytes."""
 
     @abstractmethod
     async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,

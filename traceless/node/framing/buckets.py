@@ -8,22 +8,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 
 from traceless.node.framing.base import END_LEN, Arrival, Framer, Headers
-from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
-from traceless.privacy.ohttp.gateway import ServerResponse
-from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES, OHTTP_RES
+from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES
 from traceless.privacy.shape import STREAM_CHUNK, bucket_for, bucket_padding, pack
 
 
 class BucketFramer(Framer):
-    def whole(self, ctx: ServerResponse, status: int, headers: Headers, body: bytes) -> Response:
-        inner = bhttp.encode_response(bhttp.Response(status, headers, body))
-        inner += bytes(bucket_padding(len(inner)))  # its length would tell the output's length
-        return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
+    def whole_padding(self, length: int) -> int:
+        return bucket_padding(length)  # its length would tell the output's length
 
     async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,
                      events: AsyncGenerator[bytes, None], req: Arrival,

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 
 from traceless.node.framing.base import END_LEN, Arrival, Framer, Headers
-from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
-from traceless.privacy.ohttp.gateway import ServerResponse
-from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES, OHTTP_RES
+from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES
 from traceless.privacy.wire import encode_varint
 from traceless.server.stream_shape import padding_event
 
@@ -25,11 +23,9 @@ class PlainFramer(Framer):
     def __init__(self, padding: int = 0):
         self.padding = padding  # bytes per chunk (the server's stream padding); 0: none
 
-    def whole(self, ctx: ServerResponse, status: int, headers: Headers, body: bytes) -> Response:
-        inner = bhttp.encode_response(bhttp.Response(status, headers, body))
-        if self.padding:  # whole responses too: their length would tell the output's length
-            inner = bhttp.encode_response(bhttp.Response(status, headers, body), padding=-len(inner) % self.padding)
-        return Response(ctx.encapsulate(inner), media_type=OHTTP_RES)
+    def whole_padding(self, length: int) -> int:
+        # whole responses too: their length would tell the output's length
+        return -length % self.padding if self.padding else 0
 
     async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,
                      events: AsyncGenerator[bytes, None], req: Arrival,
