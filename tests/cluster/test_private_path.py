@@ -16,8 +16,7 @@ import pytest
 from tests.cluster.tap import Tap
 from traceless import SamplingParams
 from traceless.privacy.attestation.policy import AttesterPolicy
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.privacy.privacypass.http import format_authorization
 from traceless.privacy.translog.release_policy import ReleasePolicy
@@ -146,8 +145,7 @@ def test_relay_and_gateway_never_see_plaintext(deployment):
 def _raw_request(e: dict, relay: str, node: dict, token_header: str | None, tamper: bool = False) -> httpx.Response:
     config = decode_ohttp_keys(base64.b64decode(node["ohttp_keys"]))[0]
     body = json.dumps({"model": e["model"], "prompt": "Hi", "max_tokens": 2}).encode()
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"t", b"/v1/completions", (), body))
-    enc, _ = encapsulate_request(config, inner)
+    enc = encapsulate_call(config, b"/v1/completions", body, stream=False).body
     if tamper:
         enc = enc[:-3] + bytes([enc[-3] ^ 1]) + enc[-2:]
     headers = {"content-type": "message/ohttp-req"}
