@@ -2,9 +2,7 @@
 token checks (missing, replayed, foreign issuer), forwarding and unbuffered streaming."""
 import asyncio
 import dataclasses
-import io
 import json
-import logging
 import socket
 import threading
 import time
@@ -23,7 +21,6 @@ from tests.cluster._services import (
     mint_tokens,
     running_app,
 )
-from traceless import events
 from traceless.http.upstream import upstream_client
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
@@ -406,19 +403,6 @@ def test_a_node_that_vanishes_has_its_calls_cut_when_it_is_dropped(issuer, node)
         response = http.post(f"/pcc/v1/ohttp/{node_id}", content=encrypt_for(node, b"x")[0], headers=sent)
         assert response.status_code == 502 and response.json()["error"]["code"] == "node_unavailable"
         assert len(app.state.gateway.cuts) == 0
-
-
-@pytest.fixture
-def captured_events():
-    stream = io.StringIO()
-    logger = logging.getLogger(events.LOGGER_NAME)
-    handler = logging.StreamHandler(stream)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
 
 
 def test_privacy_off_skips_the_token_check_and_says_so(node, captured_events):

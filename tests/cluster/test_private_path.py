@@ -14,13 +14,13 @@ import httpx
 import pytest
 
 from tests.cluster.tap import Tap
+from tests.support.private_path import client_config
 from traceless import SamplingParams
-from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.privacy.privacypass.http import format_authorization
-from traceless.privacy.translog.release_policy import ReleasePolicy
-from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
+from traceless_tools.client.private_client import AsyncPrivateClient, PrivateClient, PrivateClientError
+from traceless_tools.local.services import free_port
 from traceless_tools.local.up import Deployment, UpOptions
 
 pytestmark = pytest.mark.slow
@@ -41,31 +41,13 @@ class TappedDeployment(Deployment):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    d = TappedDeployment(UpOptions([1, 2], _free_port(), str(tmp_path_factory.mktemp("up")),
+    d = TappedDeployment(UpOptions([1, 2], free_port(), str(tmp_path_factory.mktemp("up")),
                                    ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"]))
     d.endpoints = d.start()
     try:
         yield d
     finally:
         d.stop()
-
-
-def _free_port():
-    from traceless_tools.local.services import free_port
-
-    return free_port()
-
-
-def client_config(e: dict, relay: str, **changes) -> ClientConfig:
-    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay,
-               log_url=e["log"],
-               log_public_key=base64.b64decode(e["log_public_key"]),
-               attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"],
-               witness_keys=(base64.b64decode(e["witness_public_key"]),),
-               release_policy=ReleasePolicy.from_waivers(e["release_waivers"]),
-               attester_policy=AttesterPolicy.DEVELOPMENT)  # as `traceless up` runs the proxy
-    cfg.update(changes)
-    return ClientConfig(**cfg)
 
 
 def test_the_openai_client_through_the_proxy_matches_the_offline_api(deployment, real_llm):

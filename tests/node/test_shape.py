@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from tests.server.serving import serve
-from tests.server.test_stream_shape import chunked_ciphertexts
 from tests.support.node import call
+from tests.support.ohttp_frames import chunked_ciphertexts
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.node.app import create_node_app

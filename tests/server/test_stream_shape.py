@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from tests.server.serving import make_served_app, serve
+from tests.support.ohttp_frames import chunked_ciphertexts
 from traceless.config import EngineConfig
 from traceless.server.stream_shape import StreamShape, pad_event, padding_event
 
@@ -58,22 +59,6 @@ def test_the_openai_client_reads_padded_streams(padded):
         model=padded.model, prompt="w5 w6", max_tokens=9, temperature=0, stream=True) if c.choices)
     want = client.completions.create(model=padded.model, prompt="w5 w6", max_tokens=9, temperature=0).choices[0].text
     assert text == want
-
-
-def chunked_ciphertexts(body: bytes, nonce_len: int = 16) -> list[int]:
-    """Lengths of the sealed chunks of a message/ohttp-chunked-res (framing only, no keys)."""
-    from traceless.privacy.wire import peek_varint
-
-    pos, sizes = nonce_len, []
-    while pos < len(body):
-        length, n = peek_varint(body[pos:])
-        pos += n
-        if length == 0:  # the final chunk: the rest of the body
-            sizes.append(len(body) - pos)
-            break
-        sizes.append(length)
-        pos += length
-    return sizes
 
 
 def test_node_chunks_all_have_the_same_length(tiny_llama_dir):

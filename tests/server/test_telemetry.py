@@ -2,15 +2,12 @@
 least K requests closes; no metrics on the public app."""
 from __future__ import annotations
 
-import io
 import json
-import logging
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from traceless import events
 from traceless.server.telemetry import TOKEN_UNIT, Telemetry, WindowPolicy
 
 
@@ -27,19 +24,6 @@ def values(text: str) -> dict[str, float]:
             if line and not line.startswith("#")}
 
 
-@pytest.fixture
-def captured():
-    stream = io.StringIO()
-    logger = logging.getLogger(events.LOGGER_NAME)
-    handler = logging.StreamHandler(stream)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
-
-
 def test_the_default_window_is_a_minute_and_twenty_requests():
     assert WindowPolicy() == WindowPolicy(60.0, 20)
     for bad in ((0.0, 20), (float("inf"), 20), (60.0, -1), (60.0, 2.5)):
@@ -47,7 +31,7 @@ def test_the_default_window_is_a_minute_and_twenty_requests():
             WindowPolicy(*bad)
 
 
-def test_nothing_is_published_before_a_window_has_k_requests_and_its_time(captured):
+def test_nothing_is_published_before_a_window_has_k_requests_and_its_time(captured_events):
     clock = Clock()
     t = Telemetry(WindowPolicy(60.0, 3), clock=clock)
     empty = t.render()
@@ -67,7 +51,7 @@ def test_nothing_is_published_before_a_window_has_k_requests_and_its_time(captur
     assert published["traceless_generation_tokens_total"] == 1024  # 48, rounded up
     assert published["traceless_window_requests"] == 3
     assert published['traceless_window_time_to_first_token_seconds{quantile="0.5"}'] == 0.05  # bucket bound
-    record = json.loads(captured.getvalue().strip().splitlines()[-1])
+    record = json.loads(captured_events.text().strip().splitlines()[-1])
     assert record["event"] == "metrics.window" and record["requests"] == 3 and record["ok"] == 3
     assert record["prompt_tokens"] == 3072 and record["output_tokens"] == 1024 and "ts" in record
     after = t.render()
