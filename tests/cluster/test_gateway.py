@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.cluster import _raw as raw
-from tests.cluster._services import (
+from tests.support.cluster_services import (
     RELEASE,
     STREAM_DELAY_S,
     FakeNode,

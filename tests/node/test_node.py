@@ -7,8 +7,8 @@ import time
 import httpx
 import pytest
 
-from tests.server.serving import serve
 from tests.support.node import call
+from tests.support.serving import serve
 from traceless import SamplingParams
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
@@ -166,7 +166,7 @@ def test_a_client_that_leaves_aborts_non_streamed_work(tiny_llama_dir):
     """A non-streamed OHTTP request whose client goes away is aborted on the node (its blocks
     freed and zeroed), not run to its end."""
     from tests.conftest import ExecutorSpy, llm_with_executor
-    from tests.server.serving import _SPIES
+    from tests.support.serving import _SPIES
 
     steps: list[int] = []
     spies: list[ExecutorSpy] = []
@@ -194,7 +194,7 @@ def test_a_stopping_node_ends_its_encrypted_streams_with_an_error_then_done(tiny
     plaintext one: an error event, then [DONE], in a whole encrypted response; nothing held after."""
     import threading
 
-    from tests.server.serving import make_served_app
+    from tests.support.serving import make_served_app
 
     _, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
                                              max_model_len=128))

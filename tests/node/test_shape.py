@@ -6,9 +6,9 @@ import json
 import httpx
 import pytest
 
-from tests.server.serving import serve
 from tests.support.node import call
 from tests.support.ohttp_frames import chunked_ciphertexts
+from tests.support.serving import serve
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.node.app import create_node_app

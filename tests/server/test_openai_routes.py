@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from starlette.routing import Route
 
-from tests.server.serving import make_served_app
+from tests.support.serving import make_served_app
 from traceless.config import EngineConfig
 from traceless.http.openai_routes import BY_PATH, OPENAI_ROUTES, RouteKind
 from traceless.server.openai_api import OpenAIService

@@ -6,8 +6,8 @@ import json
 import httpx
 import pytest
 
-from tests.server.serving import make_served_app, serve
 from tests.support.ohttp_frames import chunked_ciphertexts
+from tests.support.serving import make_served_app, serve
 from traceless.config import EngineConfig
 from traceless.server.stream_shape import StreamShape, pad_event, padding_event
 

@@ -133,7 +133,7 @@ def test_load_is_published_as_the_windows_rounded_peak():
 
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir):
-    from tests.server.serving import make_served_app, serve
+    from tests.support.serving import make_served_app, serve
     from traceless.config import EngineConfig
     from traceless.http.serve import serve_in_thread
     from traceless.server.operator_app import create_operator_app

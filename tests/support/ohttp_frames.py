@@ -8,7 +8,10 @@ def chunked_ciphertexts(body: bytes, nonce_len: int = 16) -> list[int]:
     """Lengths of the sealed chunks of a message/ohttp-chunked-res (framing only, no keys)."""
     pos, sizes = nonce_len, []
     while pos < len(body):
-        length, n = peek_varint(body[pos:])
+        got = peek_varint(body[pos:])
+        if got is None:  # a body cut inside a chunk's length
+            break
+        length, n = got
         pos += n
         if length == 0:  # the final chunk: the rest of the body
             sizes.append(len(body) - pos)
