@@ -176,6 +176,15 @@ class ExecutorSpy:
 
 
 @pytest.fixture
+def captured_events():
+    """The events emitted during the test: `captured_events()` as dicts, `.text()` the lines."""
+    from tests.support.events import capture_events
+
+    with capture_events() as log:
+        yield log
+
+
+@pytest.fixture
 def record_mkdtemp(tmp_path, monkeypatch):
     """record_mkdtemp(module): the module's tempfile.mkdtemp makes its directories under tmp_path
     and lists them, so a test can check that they were removed."""

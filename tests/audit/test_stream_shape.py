@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tests.server.serving import serve
+from tests.support.serving import serve
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.node.app import create_node_app

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.cluster._helpers import running_log_service
-from tests.cluster._services import RELEASE, FakeNode, encrypt_for, running_app
+from tests.support.cluster_services import RELEASE, FakeNode, encrypt_for, running_app
+from tests.support.log_service import running_log_service
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.http import format_authorization, parse_www_authenticate

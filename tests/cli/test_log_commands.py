@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster._helpers import rewrite_history
+from tests.support.log_service import rewrite_history
 from traceless.model import loader as model_loader
 from traceless.privacy.attestation.measurement import measure
 from traceless.privacy.translog.log import TransparencyLog

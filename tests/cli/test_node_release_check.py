@@ -6,8 +6,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from tests.cluster._helpers import running_log_service
-from tests.cluster._services import RELEASE
+from tests.support.cluster_services import RELEASE
+from tests.support.log_service import running_log_service
 from traceless.cli.node import check_release_allows
 from traceless.privacy.translog.log import TransparencyLog
 

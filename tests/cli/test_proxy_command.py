@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 import traceless_tools.cli as cli
-from tests.cluster._services import running_app
 from tests.privacy.attestation.fake_hardware import write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
+from tests.support.cluster_services import running_app
 from traceless.privacy.ohttp.gateway import OhttpServer
 from traceless_tools.client.node_verifier import VerifiedNode
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
+from tests.support.cluster_services import RELEASE, StubReleases
 from traceless import events
 from traceless.privacy.attestation import nvidia, snp, tdx
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tests.cluster._stats import chi_square_p
+from tests.support.stats import chi_square_p
 from traceless.privacy.ohttp.gateway import OhttpServer
 from traceless_tools.client.node_choice import draw_node
 from traceless_tools.client.node_verifier import VerifiedNode

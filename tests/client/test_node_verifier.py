@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases
+from tests.support.cluster_services import RELEASE, StubReleases
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.ohttp.gateway import OhttpServer
@@ -130,7 +130,7 @@ def test_an_unreadable_log_refuses_the_node():
     ({"metrics_epsilon": True}, "release_metrics_epsilon"),
 ])
 def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, reason):
-    from tests.cluster._services import PRIVATE_SETTINGS
+    from tests.support.cluster_services import PRIVATE_SETTINGS
     from traceless.privacy.translog.manifest import ReleaseManifest
 
     config = {k: v for k, v in (PRIVATE_SETTINGS | change).items() if v is not None}
@@ -151,7 +151,7 @@ def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, 
 def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):
     from dataclasses import replace
 
-    from tests.cluster._services import PRIVATE_SETTINGS
+    from tests.support.cluster_services import PRIVATE_SETTINGS
     from traceless.privacy.translog.manifest import ReleaseManifest
     from traceless.privacy.translog.release_policy import ReleasePolicy
 

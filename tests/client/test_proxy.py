@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.cluster._services import running_app
+from tests.support.cluster_services import running_app
 from traceless_tools.client.proxy import create_proxy_app
 from traceless_tools.client.routing_watch import RoutingWatch
 

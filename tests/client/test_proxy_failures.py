@@ -6,7 +6,7 @@ request: with a fresh draw, a gateway could steer the caller by failing it). Web
 import httpx
 import pytest
 
-from tests.cluster._services import running_app
+from tests.support.cluster_services import running_app
 from traceless_tools.client.private_client import PrivateClientError
 from traceless_tools.client.proxy import create_proxy_app
 from traceless_tools.client.routing_watch import RoutingWatch

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
 from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app

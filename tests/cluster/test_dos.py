@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from tests import dos
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, encrypt_for, mint_tokens
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, encrypt_for, mint_tokens
 from traceless.http.serve import serve_in_thread
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
 from traceless.node.attestation_route import attestation_app
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import KeyRing

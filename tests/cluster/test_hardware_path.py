@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases, mint_tokens, running_app
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
+from tests.support.cluster_services import RELEASE, StubReleases, mint_tokens, running_app
 from traceless import SamplingParams
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine

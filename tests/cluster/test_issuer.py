@@ -7,7 +7,7 @@ import math
 import httpx
 import pytest
 
-from tests.cluster._services import running_app
+from tests.support.cluster_services import running_app
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
 from traceless.privacy.privacypass.errors import DecodeError

@@ -9,9 +9,9 @@ import os
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases, mint_tokens, running_app
 from tests.privacy.attestation.fake_hardware import SnpGuestConfigFs, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
+from tests.support.cluster_services import RELEASE, StubReleases, mint_tokens, running_app
 from traceless.node.attestation_route import attestation_app
 from traceless.node.identity import NodeIdentity
 from traceless.node.registration import registration_body

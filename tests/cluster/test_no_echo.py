@@ -4,7 +4,7 @@ header values) appears in no response of the gateway, relay or issuer."""
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._services import (
+from tests.support.cluster_services import (
     RELEASE,
     STREAM_DELAY_S,
     FakeNode,

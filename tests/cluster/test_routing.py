@@ -12,8 +12,8 @@ import secrets
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
-from tests.cluster._stats import chi_square_p, shares
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
+from tests.support.stats import chi_square_p, shares
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
 from traceless_tools.cluster.routing import NoNodeAvailableError, RoutingEntry, choose_nodes

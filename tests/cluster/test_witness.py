@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._helpers import rewrite_history
+from tests.support.log_service import rewrite_history
 from traceless.privacy.translog.client import (
     InconsistentLogError,
     LogClient,

@@ -10,7 +10,7 @@ import pytest
 lm_eval = pytest.importorskip("lm_eval")
 
 from tests.conftest import TINY_VOCAB, make_tiny_model  # noqa: E402
-from tests.server.serving import make_served_app, serve  # noqa: E402
+from tests.support.serving import make_served_app, serve  # noqa: E402
 from traceless.config import EngineConfig  # noqa: E402
 from traceless_tools.eval.harness import TASKS_DIR, EvalConfig, EvalError, _resolved_tasks, run_eval, summary  # noqa: E402
 

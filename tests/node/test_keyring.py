@@ -3,8 +3,7 @@ dropped (threat T19, docs/threat-model.md: one key_id for the life of the proces
 import pytest
 
 from traceless.node.keyring import KeyRing, ReplayCacheFullError, ReplayedRequestError
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 
 
@@ -17,8 +16,7 @@ class Clock:
 
 
 def _request(config):
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"n", b"/v1/completions", (), b"{}"))
-    return encapsulate_request(config, inner)[0]
+    return encapsulate_call(config, b"/v1/completions", b"{}", stream=False).body
 
 
 def test_keys_rotate_with_an_overlap_window():

@@ -84,7 +84,7 @@ def test_padded_ticks():
 def test_after_its_content_a_stream_runs_on_to_its_budget_or_a_power_of_two(bound):
     import asyncio
 
-    from traceless.node.paced import Pace, paced
+    from traceless.node.framing.paced import Pace, paced
     from traceless.privacy.shape import sse_filler
 
     tick = 0.05

@@ -4,7 +4,7 @@ are printed (pytest -s shows them)."""
 import httpx
 
 from tests import dos
-from tests.server.serving import make_served_app, serve
+from tests.support.serving import make_served_app, serve
 from traceless.config import EngineConfig
 
 JSON = {"content-type": "application/json"}

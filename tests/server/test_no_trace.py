@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.serving import free_port
+from tests.support.serving import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -2,15 +2,12 @@
 least K requests closes; no metrics on the public app."""
 from __future__ import annotations
 
-import io
 import json
-import logging
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from traceless import events
 from traceless.server.telemetry import TOKEN_UNIT, Telemetry, WindowPolicy
 
 
@@ -27,19 +24,6 @@ def values(text: str) -> dict[str, float]:
             if line and not line.startswith("#")}
 
 
-@pytest.fixture
-def captured():
-    stream = io.StringIO()
-    logger = logging.getLogger(events.LOGGER_NAME)
-    handler = logging.StreamHandler(stream)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
-
-
 def test_the_default_window_is_a_minute_and_twenty_requests_with_noise_of_epsilon_one():
     assert WindowPolicy() == WindowPolicy(60.0, 20, 1.0)
     for bad in ((0.0, 20), (float("inf"), 20), (60.0, -1), (60.0, 2.5), (60.0, 20, 0.0), (60.0, 20, float("nan")),
@@ -48,7 +32,7 @@ def test_the_default_window_is_a_minute_and_twenty_requests_with_noise_of_epsilo
             WindowPolicy(*bad)
 
 
-def test_nothing_is_published_before_a_window_has_k_requests_and_its_time(captured):
+def test_nothing_is_published_before_a_window_has_k_requests_and_its_time(captured_events):
     clock = Clock()
     t = Telemetry(WindowPolicy(60.0, 3, None), clock=clock)  # exact: the figures can be checked
     empty = t.render()
@@ -70,7 +54,7 @@ def test_nothing_is_published_before_a_window_has_k_requests_and_its_time(captur
     assert published["traceless_generation_tokens_total"] == 1024  # 48, rounded up
     assert published["traceless_window_requests"] == 3
     assert published['traceless_window_time_to_first_token_seconds{quantile="0.5"}'] == 0.05  # bucket bound
-    record = json.loads(captured.getvalue().strip().splitlines()[-1])
+    record = json.loads(captured_events.text().strip().splitlines()[-1])
     assert record["event"] == "metrics.window" and record["requests"] == 3 and record["ok"] == 3
     assert record["ttft_p50_s"] == 0.05 and "prompt_tokens" not in record and "ts" in record
     after = t.render()
@@ -183,7 +167,7 @@ def test_with_noise_every_cell_is_published_and_nothing_a_request_moves_by_more_
 
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir):
-    from tests.server.serving import make_served_app, serve
+    from tests.support.serving import make_served_app, serve
     from traceless.config import EngineConfig
     from traceless.http.serve import serve_in_thread
     from traceless.server.operator_app import create_operator_app

@@ -107,3 +107,34 @@ def ours(llm, prompts: list[list[int]], n: int, batched: bool) -> list[list[int]
     else:
         outs = [llm.generate({"prompt_token_ids": p}, params, use_tqdm=False)[0] for p in prompts]
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def hf_model(path):
+    """transformers' float32 model of a checkpoint directory, in eval mode (the reference)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+# The family models the parity tests build: (model_type, config overrides), with the lengths that
+# straddle their sliding window (WINDOW) and LongRoPE's original context (ORIGINAL).
+WINDOW = 12
+ORIGINAL = 32  # LongRoPE's original context
+FAMILIES = {
+    "qwen3": ("qwen3", {}),
+    "qwen3-tied": ("qwen3", {"tie_word_embeddings": True}),
+    "phi3-longrope": ("phi3", {"rope_scaling": longrope_scaling(16, ORIGINAL),
+                               "original_max_position_embeddings": ORIGINAL}),
+    "phi3-partial": ("phi3", {"partial_rotary_factor": 0.5, "rope_scaling": longrope_scaling(8, ORIGINAL),
+                              "original_max_position_embeddings": ORIGINAL, "sliding_window": 20}),
+    "gemma2": ("gemma2", {"sliding_window": WINDOW, "final_logit_softcapping": 30.0,
+                          "attn_logit_softcapping": 50.0}),
+    "gemma3": ("gemma3", {"sliding_window": WINDOW, "num_hidden_layers": 3,
+                          "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    "mistral-window": ("mistral", {"sliding_window": WINDOW}),
+}
+# lengths around the window (12) and LongRoPE's original context (32); 20 new tokens each
+LENGTHS = (1, 5, 12, 13, 30, 45)
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 32}

@@ -59,14 +59,14 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shape", choices=("buckets", "off"), default="buckets",
                    help="pad responses to size buckets and stream on a steady cadence (default), or send "
                         "lengths and timings as they are (off: measurements only)")
-    g.add_argument("--stream-tick", type=int, default=DEFAULT_TICK_MS, metavar="MS",
+    g.add_argument("--stream-tick", type=int, default=None, metavar="MS",
                    help=f"with --shape buckets: one fixed-size stream chunk every MS milliseconds (default "
                         f"{DEFAULT_TICK_MS}; 0 = a bucket-padded chunk per event, timings visible)")
-    g.add_argument("--prefill-budget", type=int, default=DEFAULT_PREFILL_MS_PER_KIB, metavar="MS",
+    g.add_argument("--prefill-budget", type=int, default=None, metavar="MS",
                    help=f"with a stream tick: a stream's first tick (its response head) comes no sooner than MS "
                         f"milliseconds per KiB of the request's size bucket after the request arrived, so a "
                         f"prompt's prefill time does not show (default {DEFAULT_PREFILL_MS_PER_KIB}; measured)")
-    g.add_argument("--decode-budget", type=int, default=DEFAULT_DECODE_MS_PER_TOKEN, metavar="MS",
+    g.add_argument("--decode-budget", type=int, default=None, metavar="MS",
                    help=f"with a stream tick: a stream whose request sets max_tokens runs for max_tokens x MS "
                         f"milliseconds (padded after its last token), so the answer's length does not show; "
                         f"without max_tokens, to a power-of-two number of ticks (default "
@@ -75,12 +75,34 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
 
 
 def shape_policy(args: argparse.Namespace):
+    """The node's shape settings, checked: a flag its mode cannot apply is refused, never ignored."""
     from traceless.privacy.shape import ShapePolicy
 
+    _refuse_inapplicable_shape_flags(args)
+    tick = DEFAULT_TICK_MS if args.stream_tick is None else args.stream_tick
+    prefill = DEFAULT_PREFILL_MS_PER_KIB if args.prefill_budget is None else args.prefill_budget
+    decode = DEFAULT_DECODE_MS_PER_TOKEN if args.decode_budget is None else args.decode_budget
     try:
-        return ShapePolicy(args.shape, args.stream_tick, args.prefill_budget, args.decode_budget)
+        return ShapePolicy(args.shape, tick, prefill, decode)
     except ValueError as exc:
         raise SystemExit(f"traceless node: {exc}") from None
+
+
+def _refuse_inapplicable_shape_flags(args: argparse.Namespace) -> None:
+    # With --shape buckets every size the hops see is already fixed (whole responses and untimed
+    # chunks in size buckets, timed chunks all one size): per-event padding would only cost bytes.
+    if args.stream_padding and args.shape != "off":
+        raise SystemExit("traceless node: --stream-padding applies with --shape off only: with --shape buckets "
+                         "every response and chunk already has a size from the bucket table")
+    timing = {"--stream-tick": args.stream_tick, "--prefill-budget": args.prefill_budget,
+              "--decode-budget": args.decode_budget}
+    for flag, value in timing.items():
+        if value is not None and args.shape == "off":
+            raise SystemExit(f"traceless node: {flag} applies with --shape buckets only (--shape off sends "
+                             "chunks as they come)")
+        if value is not None and flag != "--stream-tick" and args.stream_tick == 0:
+            raise SystemExit(f"traceless node: {flag} applies with a stream tick only (--stream-tick 0 sends "
+                             "chunks as they come)")
 
 
 def node_measured_config(args: argparse.Namespace) -> dict:

@@ -16,6 +16,7 @@ from traceless.http.app import create_app, endpoint
 from traceless.http.body import read_body, require_media_type
 from traceless.http.disconnect import race_disconnect
 from traceless.node.attestation_route import attestation_handler
+from traceless.node.framing import framer_for
 from traceless.node.identity import NodeIdentity
 from traceless.node.registration import register_loop
 from traceless.node.service import NodeService
@@ -33,7 +34,8 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
                     telemetry: Telemetry | None = None) -> Starlette:
     telemetry = telemetry or Telemetry(engine=engine)
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
-    service = NodeService(identity, api, telemetry, settings.shape, settings.request_events)
+    framer = framer_for(settings.shape, settings.stream_shape.padding, api.max_model_len, api.engine.defer_idle)
+    service = NodeService(identity, api, telemetry, framer, settings.request_events)
 
     async def ohttp_keys(request: Request) -> Response:
         return Response(identity.ohttp_keys(), media_type=OHTTP_KEYS)

@@ -25,6 +25,7 @@ from traceless.http.app import endpoint
 from traceless.http.body import read_json
 from traceless.http.disconnect import race_disconnect
 from traceless.http.errors import ApiError
+from traceless.http.openai_routes import OPENAI_ROUTES, OpenAIRoute, RouteKind
 from traceless.server.access import AccessPolicy, protect
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.engine_routes import engine_routes
@@ -51,17 +52,24 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
     telemetry = telemetry or Telemetry(engine=engine)
     service = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
 
-    async def models(request: Request) -> Response:
-        return JSONResponse(service.models())
+    def info(work: Callable[[], dict]):
+        async def handle(request: Request) -> Response:
+            return JSONResponse(work())
 
-    async def tokenizer_info(request: Request) -> Response:
-        return JSONResponse(service.tokenizer_info())
+        return handle
 
     def tokens(work: Callable[[object], Awaitable[dict]]):
         async def handle(request: Request) -> Response:
             return JSONResponse(await work(await read_json(request, settings.max_body_bytes)))
 
         return handle
+
+    def route(r: OpenAIRoute) -> Route:
+        work = service.handlers()[r.name]
+        if r.kind is RouteKind.GENERATION:
+            return Route(r.path, _generation(work, r.name, settings, telemetry), methods=[r.method])
+        handle = info(work) if r.kind is RouteKind.INFO else tokens(work)
+        return Route(r.path, endpoint(settings.component, r.name, handle), methods=[r.method])
 
     @asynccontextmanager
     async def lifespan(app):
@@ -73,14 +81,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
             service.close()
 
     routes = [
-        Route("/v1/models", endpoint(settings.component, "models", models), methods=["GET"]),
-        Route("/v1/completions", _generation(service.completions, "completions", settings, telemetry),
-              methods=["POST"]),
-        Route("/v1/chat/completions", _generation(service.chat, "chat_completions", settings, telemetry),
-              methods=["POST"]),
-        Route("/tokenize", endpoint(settings.component, "tokenize", tokens(service.tokenize)), methods=["POST"]),
-        Route("/detokenize", endpoint(settings.component, "detokenize", tokens(service.detokenize)), methods=["POST"]),
-        Route("/tokenizer_info", endpoint(settings.component, "tokenizer_info", tokenizer_info), methods=["GET"]),
+        *(route(r) for r in OPENAI_ROUTES),
         *engine_routes(engine),
         *(Route(path, endpoint(settings.component, "other", _unsupported(path)), methods=["POST"])
           for path in UNSUPPORTED_ROUTES),
@@ -117,6 +118,7 @@ def _generation(work: Work, name: str, settings: ServerSettings, telemetry: Tele
                                  headers={"Cache-Control": "no-cache"})
 
     return endpoint(settings.component, name, handle)
+
 
 def _unsupported(path: str):
     async def handle(request: Request) -> Response:

@@ -75,6 +75,12 @@ class OpenAIService:
         """Stop the preparation threads (the app's shutdown)."""
         self._prep.shutdown(wait=False, cancel_futures=True)
 
+    def handlers(self) -> dict[str, Callable]:
+        """The work of each route in http/openai_routes.py, by its name: a GET's takes nothing and
+        returns JSON; a POST's takes the parsed body and is awaited."""
+        return {"models": self.models, "tokenizer_info": self.tokenizer_info, "tokenize": self.tokenize,
+                "detokenize": self.detokenize, "completions": self.completions, "chat_completions": self.chat}
+
     def models(self) -> dict:
         return {"object": "list",
                 "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless",

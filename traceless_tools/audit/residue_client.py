@@ -7,9 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.chunked import split_chunks
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.call import OhttpCall, encapsulate_call, open_response
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 
 
@@ -21,23 +19,22 @@ class OhttpTestClient:
         self.config = decode_ohttp_keys(httpx.get(node_url + "/pcc/v1/ohttp-keys").content)[0]
         self.spill_files_seen: set[str] = set()
 
-    def _inner(self, path: bytes, body: dict) -> bytes:
-        return bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", path, (), json.dumps(body).encode()))
+    def _call(self, path: bytes, body: dict, stream: bool) -> OhttpCall:
+        return encapsulate_call(self.config, path, json.dumps(body).encode(), stream=stream)  # as the client sends it
 
     def completion(self, body: dict, path: bytes = b"/v1/completions") -> int:
-        enc, ctx = encapsulate_request(self.config, self._inner(path, body))
-        r = httpx.post(self.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"},
+        call = self._call(path, body, stream=False)
+        r = httpx.post(self.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type},
                        timeout=600)
-        return bhttp.decode_response(ctx.decapsulate(r.content)).status
+        return open_response(call, r.content).status
 
     def chat(self, body: dict) -> int:
         return self.completion(body, b"/v1/chat/completions")
 
     def stream(self, body: dict, abort_after: int | None = None) -> None:
-        enc, ctx = encapsulate_chunked_request(self.config, split_chunks(self._inner(b"/v1/completions",
-                                                                                      {**body, "stream": True})))
-        with httpx.stream("POST", self.url + "/pcc/v1/ohttp", content=enc,
-                          headers={"content-type": "message/ohttp-chunked-req"}, timeout=600) as r:
+        call = self._call(b"/v1/completions", {**body, "stream": True}, stream=True)
+        with httpx.stream("POST", self.url + "/pcc/v1/ohttp", content=call.body,
+                          headers={"content-type": call.media_type}, timeout=600) as r:
             for i, _ in enumerate(r.iter_raw()):
                 if abort_after is not None and i + 1 >= abort_after:
                     return  # leaving the block closes the connection: the node must abort

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamDecoder
-from traceless.privacy.ohttp.chunked import split_chunks
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
+from traceless.privacy.ohttp.call import encapsulate_call
+from traceless.privacy.ohttp.chunked import ChunkedClientResponse
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
-from traceless.privacy.shape import bucket_padding, sse_event
+from traceless.privacy.shape import sse_event
 from traceless.privacy.wire import peek_varint
 
 RESPONSE_NONCE = 16  # AES-128-GCM's max(Nn, Nk): the key config's first choice
@@ -50,15 +49,12 @@ def key_config(url: str) -> KeyConfig:
 def observe(client: httpx.Client, url: str, config: KeyConfig, path: bytes, body: dict, pad: bool) -> Trace:
     """Send one streamed request to a node and record what a relay would see of it (and, apart, when
     the victim's tokens arrived, for the cost)."""
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
-                                               ((b"content-type", b"application/json"),), json.dumps(body).encode()))
-    if pad:
-        inner += bytes(bucket_padding(len(inner)))
-    enc, ctx = encapsulate_chunked_request(config, split_chunks(inner))
-    relay, victim = _RelayView(), _VictimView(ctx.decryptor())
+    call = encapsulate_call(config, path, json.dumps(body).encode(), stream=True, pad=pad)  # as the client sends it
+    assert isinstance(call.context, ChunkedClientResponse)
+    relay, victim = _RelayView(), _VictimView(call.context.decryptor())
     t0 = time.perf_counter()
-    with client.stream("POST", url.rstrip("/") + "/pcc/v1/ohttp", content=enc,
-                       headers={"content-type": "message/ohttp-chunked-req"}) as r:
+    with client.stream("POST", url.rstrip("/") + "/pcc/v1/ohttp", content=call.body,
+                       headers={"content-type": call.media_type}) as r:
         head = time.perf_counter() - t0
         if r.status_code != 200:
             raise RuntimeError(f"the node answered HTTP {r.status_code}")
@@ -70,7 +66,7 @@ def observe(client: httpx.Client, url: str, config: KeyConfig, path: bytes, body
     ok = victim.finish()
     if not ok:
         raise RuntimeError("the node refused the victim's request")
-    return Trace(len(enc), tuple(relay.sizes), tuple(relay.times), head, victim.first_token, victim.content_end,
+    return Trace(len(call.body), tuple(relay.sizes), tuple(relay.times), head, victim.first_token, victim.content_end,
                  victim.tokens)
 
 

@@ -48,8 +48,7 @@ import httpx
 
 from traceless.http.serve import serve_in_thread
 from traceless.privacy.attestation.policy import AttesterPolicy
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless_tools.audit.targeting_estimate import Estimate, Scenario
 from traceless_tools.audit.targeting_nodes import MAX_AUDIT_CAPACITY, AuditNode, AuditReleases, NodeFarm
@@ -153,10 +152,9 @@ def send_ohttp(http: httpx.Client, entry: dict, messages: list[dict], max_tokens
     """POST an encapsulated chat request to one listed node through the gateway; the status."""
     (config, *_) = decode_ohttp_keys(base64.b64decode(entry["ohttp_keys"]))
     body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens}).encode()
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/chat/completions", content=body))
-    enc, _ = encapsulate_request(config, inner)
-    response = http.post(f"/pcc/v1/ohttp/{entry['node_id']}", content=enc,
-                         headers={"content-type": "message/ohttp-req"})
+    call = encapsulate_call(config, b"/v1/chat/completions", body, stream=False)
+    response = http.post(f"/pcc/v1/ohttp/{entry['node_id']}", content=call.body,
+                         headers={"content-type": call.media_type})
     return response.status_code
 
 

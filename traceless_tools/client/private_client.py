@@ -44,13 +44,11 @@ import httpx
 from traceless.events import emit
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy
 from traceless.privacy.attestation.policy import CLOCK_LEEWAY_S, AttesterPolicy
-from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.bhttp.stream import ResponseStreamDecoder
-from traceless.privacy.ohttp.chunked import split_chunks
+from traceless.privacy.ohttp.call import encapsulate_call, open_response
 from traceless.privacy.ohttp.errors import OHTTP_ERRORS
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
 from traceless.privacy.privacypass.http import format_authorization
-from traceless.privacy.shape import bucket_padding, sse_event
+from traceless.privacy.shape import sse_event
 from traceless.privacy.translog.release_policy import ReleasePolicy
 from traceless_tools.client.errors import FailureCause, PathTimeoutError, PrivateClientError, UpstreamError
 from traceless_tools.client.node_choice import Draws
@@ -225,21 +223,6 @@ class AsyncPrivateClient:
                 "refused": dict(self.verifier.last_refused),
                 "routing": {**self.routing.status(), "kept_draws": len(self.draws)}}
 
-    def _encapsulate(self, node: VerifiedNode, path: bytes, body: bytes | None, stream: bool):
-        """body None: a GET (the model list)."""
-        if body is None:
-            inner = bhttp.encode_request(bhttp.Request(b"GET", b"https", b"traceless", path, (), b""))
-        else:
-            inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"traceless", path,
-                                                       ((b"content-type", b"application/json"),), body))
-        if self.config.pad_requests:
-            inner += bytes(bucket_padding(len(inner)))  # RFC 9292 §3.8 zero padding: the prompt's length hidden
-        if stream:
-            enc, chunked_ctx = encapsulate_chunked_request(node.key_config, split_chunks(inner))
-            return enc, chunked_ctx, "message/ohttp-chunked-req"
-        enc, ctx = encapsulate_request(node.key_config, inner)
-        return enc, ctx, "message/ohttp-req"
-
     # Above the complexity limit on purpose: one branch per documented failure cause and the one
     # resend allowed (threat T18); split, "never resend onto a fresh draw" would be read in pieces.
     async def request(self, path: str, body: dict | None) -> dict | AsyncIterator[bytes]:  # noqa: C901
@@ -341,22 +324,23 @@ class AsyncPrivateClient:
             warnings.warn(warning, RuntimeWarning, stacklevel=4)
 
     async def _send(self, node: VerifiedNode, path: bytes, payload: bytes | None, stream: bool, token):
-        enc, ctx, kind = self._encapsulate(node, path, payload, stream)
-        headers = {"content-type": kind, "authorization": format_authorization(token)}
+        # GET (body None: the model list) or POST; padded to its bucket unless measuring without
+        call = encapsulate_call(node.key_config, path, payload, stream=stream, pad=self.config.pad_requests)
+        headers = {"content-type": call.media_type, "authorization": format_authorization(token)}
         url = f"{self._relay}/pcc/v1/ohttp/{node.node_id}"
         if not stream:
-            r = await self._http.post(url, content=enc, headers=headers)
+            r = await self._http.post(url, content=call.body, headers=headers)
             if r.status_code >= 500 or r.headers.get("content-type", "").split(";")[0] != "message/ohttp-res":
                 _raise_outer(r.status_code, r.content)
             try:
-                msg = bhttp.decode_response(ctx.decapsulate(r.content))
+                msg = open_response(call, r.content)
             except OHTTP_ERRORS:
                 raise PrivateClientError("the response failed to decrypt") from None
             data = json.loads(msg.content)
             if msg.status != 200:
                 raise UpstreamError(msg.status, data)
             return data
-        return await self._open_stream(url, enc, headers, ctx)
+        return await self._open_stream(url, call.body, headers, call.context)
 
     async def _open_stream(self, url: str, enc: bytes, headers: dict, ctx) -> AsyncIterator[bytes]:
         req = self._http.build_request("POST", url, content=enc, headers=headers)

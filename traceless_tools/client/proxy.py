@@ -42,6 +42,7 @@ from traceless.events import emit
 from traceless.http.app import Handler, create_app, endpoint
 from traceless.http.body import read_json, require_media_type
 from traceless.http.errors import ApiError
+from traceless.http.openai_routes import OPENAI_ROUTES, OpenAIRoute, RouteKind
 from traceless_tools.client.errors import FailureCause, PrivateClientError, UpstreamError
 from traceless_tools.client.private_client import AsyncPrivateClient
 
@@ -112,14 +113,13 @@ class _Handlers:
             self.cached[path] = json.loads(bytes(response.body))
         return JSONResponse(self.cached[path], headers=self.routing_header())
 
-    def forward(self, path: str) -> Handler:
-        async def handler(request: Request) -> Response:
-            return await self.call(request, path)
-        return handler
+    def forward(self, r: OpenAIRoute) -> Handler:
+        """The handler of an OpenAI route: over the private path; the GETs' answers (the node's own:
+        it knows max_model_len) fetched once."""
+        fetch = self.once if r.kind is RouteKind.INFO else self.call
 
-    def fetched_once(self, path: str) -> Handler:
         async def handler(request: Request) -> Response:
-            return await self.once(request, path)
+            return await fetch(request, r.path)
         return handler
 
     async def health(self, request: Request) -> Response:
@@ -140,14 +140,8 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         finally:
             await client.aclose()
 
-    # (path, endpoint name, handler, method); /v1/models is the node's own list: it knows max_model_len
     table = [
-        ("/v1/models", "models", h.fetched_once("/v1/models"), "GET"),
-        ("/v1/chat/completions", "chat_completions", h.forward("/v1/chat/completions"), "POST"),
-        ("/v1/completions", "completions", h.forward("/v1/completions"), "POST"),
-        ("/tokenize", "tokenize", h.forward("/tokenize"), "POST"),
-        ("/detokenize", "detokenize", h.forward("/detokenize"), "POST"),
-        ("/tokenizer_info", "tokenizer_info", h.fetched_once("/tokenizer_info"), "GET"),
+        *((r.path, r.name, h.forward(r), r.method) for r in OPENAI_ROUTES),
         ("/health", "health", h.health, "GET"),
         ("/status", "status", h.status, "GET"),
     ]

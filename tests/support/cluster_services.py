@@ -15,8 +15,9 @@ from traceless.http.serve import serve_in_thread
 from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.bhttp import message as bhttp
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.chunked import split_chunks
-from traceless.privacy.ohttp.gateway import OhttpServer, encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.gateway import OhttpServer, encapsulate_chunked_request
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.http import format_authorization, parse_www_authenticate
 from traceless.privacy.privacypass.wire import TokenChallenge
@@ -151,14 +152,10 @@ class FakeNode:
                 "ohttp_keys": self.ohttp_keys_b64, "attester_key": self.attester_key_b64}
 
 
-def inner_request(content: bytes) -> bytes:
-    return bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/chat/completions",
-                                              content=content))
-
-
 def encrypt_for(node: FakeNode, content: bytes):
     """(message/ohttp-req body, response context) for the node's key."""
-    return encapsulate_request(node.ohttp.key_config, inner_request(content))
+    call = encapsulate_call(node.ohttp.key_config, b"/v1/chat/completions", content, stream=False)
+    return call.body, call.context
 
 
 def encrypt_chunked_for(node: FakeNode, payload: bytes):
