@@ -11,13 +11,22 @@ ModelConfig; model/llama.py runs any ModelConfig. What differs between the famil
     phi3     x*w (fused qkv, gate_up)  -         silu        -            window (optional)   longrope, partial
     gemma2   x*(1+w), post-attn/-mlp   -         gelu_tanh   sqrt(H)      softcap, window     -
     gemma3   x*(1+w), post-attn/-mlp   per head  gelu_tanh   sqrt(H)      window (local)      local/global base
+    mixtral  x*w                       -         silu        -            window (optional)   -
+    qwen3moe x*w                       per head  silu        -            -                   -
+
+Mixture-of-experts families (mixtral, qwen3_moe) carry `moe`: the experts' hyper-parameters and
+which layers have them (model/moe_checkpoint.py); the other layers keep the dense gated MLP.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from traceless.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from traceless.model.moe_checkpoint import MoESpec
 
 
 class Activation(Enum):
@@ -75,6 +84,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scale 1/sqrt(this) instead of 1/sqrt(D)
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    moe: MoESpec | None = None  # the experts of a mixture-of-experts model; None: every MLP is dense
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -146,3 +156,7 @@ class ModelConfig:
         """LongRoPE: prompts longer than this many tokens run on the long factors (see model/rope.py)."""
         s = self.rope_scaling
         return s.original_max_position_embeddings if s is not None and s.kind == "longrope" else None
+
+    def sparse(self, layer: int) -> bool:
+        """Whether layer `layer`'s feed-forward is the experts block (else the dense gated MLP)."""
+        return self.moe is not None and self.moe.sparse(layer)

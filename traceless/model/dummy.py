@@ -56,8 +56,11 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(c.num_layers):
         p = f"layers.{i}."
         shapes |= {p + "attn_norm": (H,), p + "q": (c.num_heads * D, H), p + "k": (c.num_kv_heads * D, H),
-                   p + "v": (c.num_kv_heads * D, H), p + "o": (H, c.num_heads * D), p + "mlp_norm": (H,),
-                   p + "gate": (F, H), p + "up": (F, H), p + "down": (H, F)}
+                   p + "v": (c.num_kv_heads * D, H), p + "o": (H, c.num_heads * D), p + "mlp_norm": (H,)}
+        if c.moe is not None and c.sparse(i):
+            shapes |= {p + name: shape for name, shape in c.moe.weight_shapes().items()}
+        else:
+            shapes |= {p + "gate": (F, H), p + "up": (F, H), p + "down": (H, F)}
         if c.qkv_bias:
             shapes |= {p + "q_bias": (c.num_heads * D,), p + "k_bias": (c.num_kv_heads * D,),
                        p + "v_bias": (c.num_kv_heads * D,)}
@@ -90,7 +93,8 @@ def iter_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
         elif name.endswith("_bias"):
             t.normal_(0.0, 0.02, generator=gen)
         else:
-            t.normal_(0.0, 1.0 if name == "embed" else 1.0 / math.sqrt(shape[1]), generator=gen)
+            # matrices [out, in] and stacked experts [E, out, in]: fan_in is the last dimension
+            t.normal_(0.0, 1.0 if name == "embed" else 1.0 / math.sqrt(shape[-1]), generator=gen)
         yield name, t
 
 

@@ -10,6 +10,7 @@ import math
 
 from traceless.errors import UnsupportedModelError
 from traceless.model.config import Activation, ModelConfig, RopeScaling
+from traceless.model.moe_checkpoint import moe_spec
 
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -20,12 +21,16 @@ HF_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # the text model of the checkpoint (text_config)
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 _GEMMA = {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 256, "query_pre_attn_scalar": 256,
           "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096}
 # transformers' defaults for fields a config.json may omit
 _DEFAULTS: dict[str, dict] = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {"head_dim": 128},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen3_moe": {"num_experts_per_tok": 8, "norm_topk_prob": False, "decoder_sparse_step": 1},
     "phi3": {"original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5},
     "gemma2": _GEMMA | {"vocab_size": 256000, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
                         "attn_logit_softcapping": 50.0, "rope_theta": 10000.0},
@@ -79,12 +84,13 @@ def from_hf_config(raw: dict) -> ModelConfig:
         rotary_dim=rotary,
         activation=_ACTIVATIONS[act],
         norm_offset=1.0 if gemma else 0.0,
-        qk_norm=arch in ("qwen3", "gemma3"),
+        qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3"),
         sandwich_norms=gemma,
         embed_scale=math.sqrt(hidden) if gemma else None,
         query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if gemma else None,
         attn_softcap=_positive(cfg, "attn_logit_softcapping") if arch == "gemma2" else None,
         final_softcap=_positive(cfg, "final_logit_softcapping") if gemma else None,
+        moe=moe_spec(cfg | {"architectures": [found]}),
     )
 
 
@@ -114,11 +120,11 @@ def _layer_windows(arch: str, cfg: dict) -> tuple[int, ...]:
     """Per layer: the sliding window (0: global attention), as transformers lays the layers out."""
     n = int(cfg["num_hidden_layers"])
     window = int(cfg.get("sliding_window") or 0)
-    if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
+    if arch in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         window = 0
     types = cfg.get("layer_types")
     if types is None:
-        if arch in ("mistral", "phi3"):
+        if arch in ("mistral", "phi3", "mixtral", "qwen3_moe"):  # qwen3_moe: no max_window_layers
             sliding = [True] * n
         elif arch in ("qwen2", "qwen3"):
             sliding = [i >= int(cfg.get("max_window_layers") or 0) for i in range(n)]

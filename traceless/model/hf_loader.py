@@ -1,5 +1,11 @@
 """Load a Hugging Face model directory: config.json, *.safetensors (one file, or the shards that
-model.safetensors.index.json lists), tokenizer files."""
+model.safetensors.index.json lists), tokenizer files.
+
+The weights come back as a LazyWeights (model/lazy_weights.py): each tensor is read from the
+memory-mapped files when the decoder takes it, under its canonical name (`layers.{i}.q`, ...).
+A mixture-of-experts layer's router and experts are read together and handed out stacked
+(`layers.{i}.router`, `layers.{i}.experts.gate_up` [E, 2I, H], `layers.{i}.experts.down` [E, H, I]:
+model/moe_checkpoint.py)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +17,8 @@ import torch
 from traceless.errors import ModelLoadError, UnsupportedModelError
 from traceless.model.config import ModelConfig
 from traceless.model.hf_config import from_hf_config
+from traceless.model.lazy_weights import LazyWeights, Read, SafetensorsFiles
+from traceless.model.moe_checkpoint import MOE_FIELDS, MoESpec, Take, read_moe_weights
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
@@ -91,29 +99,66 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    from safetensors import SafetensorError, safe_open
-
+def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, LazyWeights]:
+    """The config and the weights, to be read one tensor at a time as the model takes them."""
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{path} has no config.json")
     raw = read_json(config_path)
     config = from_hf_config(raw)
     multimodal = "Gemma3ForConditionalGeneration" in (raw.get("architectures") or [])
-    weights: dict[str, torch.Tensor] = {}
-    for file in weight_files(path):
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    text = _text_name(key, multimodal)
-                    if text is None or key.endswith(_IGNORED_SUFFIXES):
-                        continue
-                    name = canonical_name(text, config.architecture)
-                    if name is None:
-                        raise UnsupportedModelError(f"unexpected tensor {key!r} in {file.name}")
-                    if name in weights:
-                        raise ModelLoadError(f"tensor {key!r} appears in more than one file")
-                    weights[name] = f.get_tensor(key).to(dtype)
-        except (SafetensorError, OSError) as exc:
-            raise ModelLoadError(f"{file.name} is not a readable safetensors file ({type(exc).__name__})") from None
-    return config, weights
+
+    def rename(key: str) -> str | None:
+        return None if key.endswith(_IGNORED_SUFFIXES) else _text_name(key, multimodal)
+
+    files = SafetensorsFiles(weight_files(path), rename)
+    return config, _lazy_weights(files, files.take, config, dtype)
+
+
+def _lazy_weights(files: SafetensorsFiles, take: Take, config: ModelConfig, dtype: torch.dtype) -> LazyWeights:
+    """Every checkpoint tensor under its canonical name, read through `take` when taken; a sparse
+    layer's router and experts as that layer's stacked MoE tensors."""
+    weights = LazyWeights(files)
+    sparse: set[int] = set()
+    for name in files.names():
+        m = _LAYER.match(name)
+        if m and config.moe is not None and config.sparse(int(m.group(1))) \
+                and m.group(2).startswith(config.moe.checkpoint_prefix):
+            sparse.add(int(m.group(1)))  # read by the layer's MoE reader
+            continue
+        canonical = canonical_name(name, config.architecture)
+        if canonical is None:
+            raise UnsupportedModelError(f"unexpected tensor {name!r} in the checkpoint")
+        weights.add(canonical, _reader(take, name, dtype))
+    if config.moe is not None:
+        for i in sorted(sparse):
+            reader = _MoELayerReader(take, f"model.layers.{i}.", config.moe, dtype)
+            for field in config.moe.weight_shapes():
+                weights.add(f"layers.{i}.{field}", reader.field(field))
+    return weights
+
+
+def _reader(take: Take, name: str, dtype: torch.dtype) -> Read:
+    def read() -> torch.Tensor:
+        t = take(name)
+        if t is None:
+            raise ModelLoadError(f"tensor {name!r} was read twice")
+        return t.to(dtype)
+    return read
+
+
+class _MoELayerReader:
+    """One sparse layer's router and experts, read together on the first take (the checkpoint
+    stores experts one by one; the decoder takes them stacked) and handed out field by field."""
+
+    def __init__(self, take: Take, prefix: str, spec: MoESpec, dtype: torch.dtype):
+        self.take, self.prefix, self.spec, self.dtype = take, prefix, spec, dtype
+        self.fields: dict[str, torch.Tensor] | None = None
+
+    def field(self, name: str) -> Read:
+        def read() -> torch.Tensor:
+            if self.fields is None:
+                w = read_moe_weights(self.take, self.prefix, self.spec, self.dtype)
+                self.fields = {f: getattr(w, attr) for f, attr in MOE_FIELDS.items() if getattr(w, attr) is not None}
+            return self.fields.pop(name)
+        return read

@@ -12,12 +12,15 @@ One layer, with the residual add fused into the next norm (norm(x) = rms_norm(x)
     h = attn_norm(x)
     a = o(attention(rope(qk_norm(qkv(h)))))          qk_norm: Qwen3, Gemma 3
     x += post_attn_norm(a)  (or a);  h = mlp_norm(x) post_attn_norm: Gemma 2/3
-    m = mlp(h)                                        the MLP slot: GatedMLP (dense)
+    m = mlp(h)                                        the MLP slot: GatedMLP (dense) or
+                                                      ExpertsMLP (mixture of experts)
     x += post_mlp_norm(m)  (or m);   h = next layer's attn_norm(x), or the final norm
 """
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +28,11 @@ import torch.nn.functional as F
 from traceless.errors import ModelLoadError
 from traceless.model.config import Activation, ModelConfig
 from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
+from traceless.model.layers.moe import GroupedMoE, MoEWeights
 from traceless.model.layers.ops import DecoderOps
+
+if TYPE_CHECKING:
+    from traceless.model.layers.moe_triton import TritonMoE
 
 
 class Linear:
@@ -53,10 +60,27 @@ class GatedMLP:
     def __init__(self, gate_up: Linear, down: Linear, act):
         self.gate_up, self.down, self.act = gate_up, down, act
 
-    def __call__(self, h: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-        """h: [T, H] -> [T, H]; scratch: [T, F], the activation buffer shared by the layers."""
+    def __call__(self, h: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:
+        """h: [T, H] -> [T, H]; scratch: [T, F], the activation buffer shared by the dense layers."""
+        if scratch is None:
+            raise ValueError("GatedMLP needs the activation buffer")
         self.act(self.gate_up(h), scratch)
         return self.down(scratch)
+
+
+class ExpertsMLP:
+    """The MLP slot of a sparse layer: the experts block, GroupedMoE on the CPU (one matmul per
+    active expert) or TritonMoE on CUDA (a grouped GEMM over the sorted token/expert pairs). Each
+    expert's activation is its own buffer: the dense layers' scratch is theirs alone."""
+
+    __slots__ = ("block",)
+
+    def __init__(self, block: GroupedMoE | TritonMoE):
+        self.block = block
+
+    def __call__(self, h: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:
+        """h: [T, H] -> [T, H]."""
+        return self.block(h)
 
 
 @dataclass(slots=True)
@@ -65,14 +89,14 @@ class Layer:
     qkv: Linear
     o: Linear
     mlp_norm: torch.Tensor
-    mlp: GatedMLP
+    mlp: GatedMLP | ExpertsMLP
     q_norm: torch.Tensor | None = None  # [D], per head before RoPE
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None  # [H], on the attention output
     post_mlp_norm: torch.Tensor | None = None  # [H], on the MLP output
 
 
-def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+def _take(weights: Weights, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     w = weights.pop(name, None)
     if w is None:
         raise ModelLoadError(f"weights lack tensor {name!r}")
@@ -81,7 +105,10 @@ def _take(weights: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
     return w
 
 
-def _fused(weights: dict[str, torch.Tensor], name: str, parts: list[tuple[str, int]], cols: int) -> torch.Tensor:
+Weights = MutableMapping[str, torch.Tensor]  # a dict, or model/lazy_weights.py's LazyWeights
+
+
+def _fused(weights: Weights, name: str, parts: list[tuple[str, int]], cols: int) -> torch.Tensor:
     """The fused matrix `name` as stored (Phi-3), or its parts concatenated by rows."""
     rows = sum(n for _, n in parts)
     if name in weights:
@@ -90,7 +117,7 @@ def _fused(weights: dict[str, torch.Tensor], name: str, parts: list[tuple[str, i
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention: AttentionLayer,
+    def __init__(self, config: ModelConfig, weights: Weights, attention: AttentionLayer,
                  ops: DecoderOps, device: torch.device, pack: bool):
         """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors.
         `ops` is a DecoderOps implementation (native fused kernels or torch)."""
@@ -107,6 +134,7 @@ class LlamaModel:
                             else torch.tensor(c.embed_scale, dtype=self.embed.dtype, device=device))
         self.act = ops.silu_mul if c.activation is Activation.SILU else ops.gelu_tanh_mul
         self.layers = [self._layer(weights, i) for i in range(c.num_layers)]
+        self.dense_mlps = not all(c.sparse(i) for i in range(c.num_layers))
         self.norm = self._norm(_take(weights, "norm", (H,)))
         head = self.embed if c.tie_word_embeddings else self._dev(_take(weights, "lm_head", (c.vocab_size, H)))
         self.lm_head = Linear(head, None, pack)
@@ -120,18 +148,16 @@ class LlamaModel:
         """A norm weight as applied: Gemma stores w and multiplies by (1 + w)."""
         return self._dev(w + self.config.norm_offset if self.config.norm_offset else w)
 
-    def _layer(self, weights: dict[str, torch.Tensor], i: int) -> Layer:
+    def _layer(self, weights: Weights, i: int) -> Layer:
         c, p = self.config, f"layers.{i}."
-        H, D, nh, nkv, inter = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
+        H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads
         qkv = _fused(weights, p + "qkv", [(p + "q", nh * D), (p + "k", nkv * D), (p + "v", nkv * D)], H)
         bias = None
         if c.qkv_bias:
             bias = self._dev(torch.cat([_take(weights, p + "q_bias", (nh * D,)),
                                         _take(weights, p + "k_bias", (nkv * D,)),
                                         _take(weights, p + "v_bias", (nkv * D,))]))
-        gate_up = _fused(weights, p + "gate_up", [(p + "gate", inter), (p + "up", inter)], H)
-        mlp = GatedMLP(Linear(self._dev(gate_up), None, self.pack),
-                       Linear(self._dev(_take(weights, p + "down", (H, inter))), None, self.pack), self.act)
+        mlp = self._experts(weights, i) if c.sparse(i) else self._dense_mlp(weights, i)
         layer = Layer(attn_norm=self._norm(_take(weights, p + "attn_norm", (H,))),
                       qkv=Linear(self._dev(qkv), bias, self.pack),
                       o=Linear(self._dev(_take(weights, p + "o", (H, nh * D))), None, self.pack),
@@ -143,6 +169,28 @@ class LlamaModel:
             layer.post_attn_norm = self._norm(_take(weights, p + "post_attn_norm", (H,)))
             layer.post_mlp_norm = self._norm(_take(weights, p + "post_mlp_norm", (H,)))
         return layer
+
+    def _dense_mlp(self, weights: Weights, i: int) -> GatedMLP:
+        H, inter, p = self.config.hidden_size, self.config.intermediate_size, f"layers.{i}."
+        gate_up = _fused(weights, p + "gate_up", [(p + "gate", inter), (p + "up", inter)], H)
+        return GatedMLP(Linear(self._dev(gate_up), None, self.pack),
+                        Linear(self._dev(_take(weights, p + "down", (H, inter))), None, self.pack), self.act)
+
+    def _experts(self, weights: Weights, i: int) -> ExpertsMLP:
+        """Layer i's router and stacked experts, each tensor moved to the device as it is taken."""
+        spec = self.config.moe
+        if spec is None:
+            raise ModelLoadError("a sparse layer without an experts config")
+        p = f"layers.{i}."
+        t = {name: self._dev(_take(weights, p + name, shape)) for name, shape in spec.weight_shapes().items()}
+        moe = MoEWeights(router=t["router"], router_bias=t.get("router_bias"), gate_up=t["experts.gate_up"],
+                         down=t["experts.down"], gate_up_bias=t.get("experts.gate_up_bias"),
+                         down_bias=t.get("experts.down_bias"))
+        if self.device.type == "cuda":
+            from traceless.model.layers.moe_triton import TritonMoE
+
+            return ExpertsMLP(TritonMoE(spec.config, moe))
+        return ExpertsMLP(GroupedMoE(spec.config, moe))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 num_layers: int | None = None) -> torch.Tensor:
@@ -162,7 +210,7 @@ class LlamaModel:
         h = torch.empty_like(x)  # normed input of the next matmul
         post = torch.empty_like(x) if c.sandwich_norms else None  # a normed attention/MLP output
         ops.add_rms_norm(x, None, layers[0].attn_norm, h)
-        act = x.new_empty(x.shape[0], c.intermediate_size)
+        act = x.new_empty(x.shape[0], c.intermediate_size) if self.dense_mlps else None
         for i, layer in enumerate(layers):
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) D]
             if layer.q_norm is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def builtin_chat_template(name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: MutableMapping[str, torch.Tensor]  # a dict, or LazyWeights read as the model takes them
     tokenizer: Tokenizer
     path: Path
     name: str
@@ -82,6 +83,7 @@ def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = 
     if load_format != "auto":
         raise ValueError("load_format must be auto or dummy")
     path = resolve_model_path(model)
+    weights: MutableMapping[str, torch.Tensor]
     if path.is_dir():
         from traceless.model.hf_loader import load_hf_dir
 
