@@ -7,6 +7,7 @@ ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
 LOAD_FORMATS = ("auto", "dummy")
 PREFIX_CACHE_MODES = ("off", "isolated", "global")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("auto", "none", "fp8")
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
 SPECULATIVE_MODES = ("off", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
@@ -31,7 +32,11 @@ class EngineConfig:
     benchmarks that break a request's time down, never for a production node.
     chat_template: a Jinja chat template (its text) used instead of the model's own; None: the
     model's own, except the built-in model, which uses templates/smollm2-tools.jinja (its GGUF's
-    template plus SmolLM2's tool-call format, identical without tools)."""
+    template plus SmolLM2's tool-call format, identical without tools).
+    quantization: "auto": an FP8 checkpoint's matmuls run in FP8 on CUDA (its FP8 Linears) and its
+    weights are dequantized on the CPU; "fp8" (CUDA only): a bf16 checkpoint's layer matrices are
+    also quantized to FP8 at load, per output channel (the experts of a mixture stay in dtype);
+    "none": an FP8 checkpoint is dequantized to dtype on CUDA too."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -60,12 +65,15 @@ class EngineConfig:
     enforce_eager: bool = False
     async_scheduling: bool = False
     chat_template: str | None = None
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError("device must be auto, cpu, cuda or cuda:N")
         if self.prefix_cache not in PREFIX_CACHE_MODES:

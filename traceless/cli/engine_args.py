@@ -6,7 +6,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from traceless.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS, PREFIX_CACHE_MODES, SPECULATIVE_MODES
+from traceless.config import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    LOAD_FORMATS,
+    PREFIX_CACHE_MODES,
+    QUANTIZATIONS,
+    SPECULATIVE_MODES,
+)
 
 
 def parse_size(text: str) -> int:
@@ -27,6 +34,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="GGUF file or Hugging Face directory (default: built-in SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="weights and KV cache dtype (auto: bfloat16 where the hardware runs it, else float32)")
+    g.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                   help="auto: an FP8 checkpoint runs its matmuls in FP8 on CUDA and is dequantized on the CPU; "
+                        "fp8 (CUDA): also quantize a bf16 checkpoint's layer matrices to FP8 at load, per output "
+                        "channel, activations per token; none: dequantize an FP8 checkpoint")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
@@ -95,7 +106,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         ngram_min=args.ngram_min, ngram_max=args.ngram_max, draft_layers=args.draft_layers,
         request_events=args.request_events,
         load_format=args.load_format, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
-        chat_template=read_chat_template(args.chat_template),
+        chat_template=read_chat_template(args.chat_template), quantization=args.quantization,
     )
 
 

@@ -102,7 +102,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "metrics_min_requests": args.metrics_min_requests,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
-        "load_format": args.load_format, **shape_policy(args).measured(),
+        "load_format": args.load_format, "quantization": args.quantization, **shape_policy(args).measured(),
         "chat_template": (None if args.chat_template is None
                           else hashlib.sha256(Path(args.chat_template).read_bytes()).hexdigest()),
         # What a client may conclude from a document depends on who signs it and with which evidence.

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from traceless.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
+    from traceless.model.fp8.config import Fp8Config
     from traceless.model.moe_checkpoint import MoESpec
 
 
@@ -85,6 +86,7 @@ class ModelConfig:
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
     moe: MoESpec | None = None  # the experts of a mixture-of-experts model; None: every MLP is dense
+    fp8: Fp8Config | None = None  # an FP8 checkpoint's quantization_config (its weights are FP8)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

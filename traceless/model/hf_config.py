@@ -10,6 +10,7 @@ import math
 
 from traceless.errors import UnsupportedModelError
 from traceless.model.config import Activation, ModelConfig, RopeScaling
+from traceless.model.fp8.config import Fp8Config, parse_fp8_config
 from traceless.model.moe_checkpoint import moe_spec
 
 HF_ARCHITECTURES = {
@@ -91,6 +92,7 @@ def from_hf_config(raw: dict) -> ModelConfig:
         attn_softcap=_positive(cfg, "attn_logit_softcapping") if arch == "gemma2" else None,
         final_softcap=_positive(cfg, "final_logit_softcapping") if gemma else None,
         moe=moe_spec(cfg | {"architectures": [found]}),
+        fp8=_quantization(arch, cfg),
     )
 
 
@@ -105,6 +107,26 @@ def _refuse_unsupported(arch: str, cfg: dict) -> None:
     if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window") and "layer_types" not in cfg:
         if cfg.get("max_window_layers") is None:
             raise UnsupportedModelError(f"{arch}: use_sliding_window=true needs max_window_layers")
+
+
+def _quantization(arch: str, cfg: dict) -> Fp8Config | None:
+    """The checkpoint's FP8 form, or None for unquantized weights. Any other quantization is
+    refused naming the field (a quantized checkpoint must never load as if it were not)."""
+    raw = cfg.get("quantization_config")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise UnsupportedModelError("quantization_config must be an object")
+    if raw.get("quant_method") == "mxfp4":
+        # gpt-oss publishes its experts in MXFP4 (<proj>_blocks / _scales), dequantized at load
+        if arch != "gpt_oss":
+            raise UnsupportedModelError(
+                f"quantization_config.quant_method 'mxfp4' is read for gpt-oss only, not {arch}")
+        unknown = sorted(set(raw) - {"quant_method", "modules_to_not_convert"})
+        if unknown:
+            raise UnsupportedModelError(f"quantization_config has unsupported key(s): {', '.join(unknown)}")
+        return None
+    return parse_fp8_config(raw)
 
 
 def _positive(cfg: dict, key: str) -> float | None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from traceless.errors import ModelLoadError, UnsupportedModelError
 from traceless.model.config import ModelConfig
+from traceless.model.fp8.checkpoint import Fp8Weight, dequantizing_take, read_fp8_weight
+from traceless.model.fp8.config import Fp8Config
 from traceless.model.hf_config import from_hf_config
 from traceless.model.lazy_weights import LazyWeights, Read, SafetensorsFiles
 from traceless.model.moe_checkpoint import MOE_FIELDS, MoESpec, Take, read_moe_weights
@@ -39,6 +42,9 @@ _GEMMA_LAYER_NAMES = _LAYER_NAMES | {
     "pre_feedforward_layernorm.weight": "mlp_norm",
     "post_feedforward_layernorm.weight": "post_mlp_norm",
 }
+_LINEARS = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
+# an FP8 checkpoint's scales beside <module>.weight
+_FP8_SCALES = (".weight_scale", ".weight_scale_inv", ".input_scale")
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 # Buffers some checkpoints carry that are recomputed, not loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -99,8 +105,10 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, LazyWeights]:
-    """The config and the weights, to be read one tensor at a time as the model takes them."""
+def load_hf_dir(path: Path, dtype: torch.dtype, keep_fp8: bool = False) -> tuple[ModelConfig, LazyWeights]:
+    """The config and the weights, to be read one tensor at a time as the model takes them.
+    An FP8 checkpoint's weights are dequantized to dtype, or with keep_fp8 (the GPU path) its
+    FP8 Linears are kept FP8 for Fp8Linear (LazyWeights.take_fp8)."""
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{path} has no config.json")
@@ -112,13 +120,15 @@ def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, LazyWeight
         return None if key.endswith(_IGNORED_SUFFIXES) else _text_name(key, multimodal)
 
     files = SafetensorsFiles(weight_files(path), rename)
-    return config, _lazy_weights(files, files.take, config, dtype)
+    return config, _lazy_weights(files, config, dtype, keep_fp8)
 
 
-def _lazy_weights(files: SafetensorsFiles, take: Take, config: ModelConfig, dtype: torch.dtype) -> LazyWeights:
-    """Every checkpoint tensor under its canonical name, read through `take` when taken; a sparse
-    layer's router and experts as that layer's stacked MoE tensors."""
+def _lazy_weights(files: SafetensorsFiles, config: ModelConfig, dtype: torch.dtype, keep_fp8: bool) -> LazyWeights:
+    """Every checkpoint tensor under its canonical name, read when taken; a sparse layer's router
+    and experts as that layer's stacked MoE tensors; FP8 weights dequantized or kept."""
     weights = LazyWeights(files)
+    fp8 = config.fp8
+    take = files.take if fp8 is None else dequantizing_take(files.take, fp8, dtype)
     sparse: set[int] = set()
     for name in files.names():
         m = _LAYER.match(name)
@@ -126,10 +136,15 @@ def _lazy_weights(files: SafetensorsFiles, take: Take, config: ModelConfig, dtyp
                 and m.group(2).startswith(config.moe.checkpoint_prefix):
             sparse.add(int(m.group(1)))  # read by the layer's MoE reader
             continue
+        if fp8 is not None and name.endswith(_FP8_SCALES):
+            continue  # read with its weight
         canonical = canonical_name(name, config.architecture)
         if canonical is None:
             raise UnsupportedModelError(f"unexpected tensor {name!r} in the checkpoint")
-        weights.add(canonical, _reader(take, name, dtype))
+        if fp8 is not None and keep_fp8 and _is_linear(canonical) and files.stored_dtype(name) == "F8_E4M3":
+            weights.add_fp8(canonical, _fp8_reader(files.take, name.removesuffix(".weight"), fp8))
+        else:
+            weights.add(canonical, _reader(take, name, dtype))
     if config.moe is not None:
         for i in sorted(sparse):
             reader = _MoELayerReader(take, f"model.layers.{i}.", config.moe, dtype)
@@ -145,6 +160,16 @@ def _reader(take: Take, name: str, dtype: torch.dtype) -> Read:
             raise ModelLoadError(f"tensor {name!r} was read twice")
         return t.to(dtype)
     return read
+
+
+def _is_linear(canonical: str) -> bool:
+    """The decoder's matrices that may run as Fp8Linear: a layer's projections (not the
+    embedding, the output head, norms or routers)."""
+    return canonical.rsplit(".", 1)[-1] in _LINEARS and canonical.startswith("layers.")
+
+
+def _fp8_reader(take: Take, module: str, fp8: Fp8Config) -> Callable[[], Fp8Weight]:
+    return lambda: read_fp8_weight(take, module, fp8)
 
 
 class _MoELayerReader:

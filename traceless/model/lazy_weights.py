@@ -7,6 +7,8 @@ the whole model in host memory beside its device copy.
     weights = LazyWeights(files)
     weights.add("layers.0.q", read)               read() -> the tensor, called when taken
     t = weights.pop("layers.0.q")                 read now; the mapping forgets it
+    weights.add_fp8("layers.0.q", read_fp8)       a Linear an FP8 checkpoint stores in FP8, kept so
+    w = weights.take_fp8("layers.0.q")            for the GPU's Fp8Linear (model/fp8/checkpoint.py)
 
 LlamaModel consumes a LazyWeights exactly as it consumes a dict: it pops each tensor, moves it to
 the device and drops the host copy before taking the next. What the model leaves is unused: the
@@ -17,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from traceless.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from traceless.model.fp8.checkpoint import Fp8Weight
 
 Read = Callable[[], torch.Tensor]
 
@@ -48,6 +53,11 @@ class SafetensorsFiles:
             except (SafetensorError, OSError) as exc:
                 raise ModelLoadError(f"{file.name} is not a readable safetensors file ({type(exc).__name__})") from None
 
+    def stored_dtype(self, name: str) -> str:
+        """The dtype in the file's header ("BF16", "F8_E4M3", ...), read without the data."""
+        handle, _, key = self._where[name]
+        return str(handle.get_slice(key).get_dtype())
+
     def names(self) -> list[str]:
         """The names not read yet."""
         return list(self._where)
@@ -71,12 +81,24 @@ class LazyWeights(MutableMapping[str, torch.Tensor]):
 
     def __init__(self, files: SafetensorsFiles | None = None):
         self._readers: dict[str, Read] = {}
+        self._fp8: dict[str, Callable[[], Fp8Weight]] = {}
         self._files = files
 
     def add(self, name: str, read: Read) -> None:
-        if name in self._readers:
+        if name in self._readers or name in self._fp8:
             raise ModelLoadError(f"two checkpoint tensors give weight {name!r}")
         self._readers[name] = read
+
+    def add_fp8(self, name: str, read: Callable[[], Fp8Weight]) -> None:
+        if name in self._readers or name in self._fp8:
+            raise ModelLoadError(f"two checkpoint tensors give weight {name!r}")
+        self._fp8[name] = read
+
+    def has_fp8(self, name: str) -> bool:
+        return name in self._fp8
+
+    def take_fp8(self, name: str) -> Fp8Weight:
+        return self._fp8.pop(name)()
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """Read without taking: the tensor is kept for the later pop."""
@@ -104,12 +126,12 @@ class LazyWeights(MutableMapping[str, torch.Tensor]):
     def _unread(self) -> list[str]:
         """Checkpoint tensors nobody read, counted once every reader has run (before, a reader
         still to run may take them)."""
-        if self._readers or self._files is None:
+        if self._readers or self._fp8 or self._files is None:
             return []
         return self._files.names()
 
     def __iter__(self) -> Iterator[str]:
-        return iter([*self._readers, *self._unread()])
+        return iter([*self._readers, *self._fp8, *self._unread()])
 
     def __len__(self) -> int:
-        return len(self._readers) + len(self._unread())
+        return len(self._readers) + len(self._fp8) + len(self._unread())

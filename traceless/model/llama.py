@@ -27,9 +27,12 @@ import torch.nn.functional as F
 
 from traceless.errors import ModelLoadError
 from traceless.model.config import Activation, ModelConfig
+from traceless.model.fp8.checkpoint import Fp8Weight, fuse_fp8_weights
+from traceless.model.fp8.linear import Fp8Linear
 from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
 from traceless.model.layers.moe import GroupedMoE, MoEWeights
 from traceless.model.layers.ops import DecoderOps
+from traceless.model.lazy_weights import LazyWeights
 
 if TYPE_CHECKING:
     from traceless.model.layers.moe_triton import TritonMoE
@@ -57,7 +60,7 @@ class GatedMLP:
 
     __slots__ = ("gate_up", "down", "act")
 
-    def __init__(self, gate_up: Linear, down: Linear, act):
+    def __init__(self, gate_up: Linear | Fp8Linear, down: Linear | Fp8Linear, act):
         self.gate_up, self.down, self.act = gate_up, down, act
 
     def __call__(self, h: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:
@@ -86,8 +89,8 @@ class ExpertsMLP:
 @dataclass(slots=True)
 class Layer:
     attn_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
+    qkv: Linear | Fp8Linear
+    o: Linear | Fp8Linear
     mlp_norm: torch.Tensor
     mlp: GatedMLP | ExpertsMLP
     q_norm: torch.Tensor | None = None  # [D], per head before RoPE
@@ -116,16 +119,37 @@ def _fused(weights: Weights, name: str, parts: list[tuple[str, int]], cols: int)
     return torch.cat([_take(weights, p, (n, cols)) for p, n in parts])
 
 
+def _fp8_parts(weights: Weights, name: str, parts: list[tuple[str, int]], cols: int) -> list[Fp8Weight] | None:
+    """The FP8 weights of a matrix (stored whole as `name`, or as its parts), or None when the
+    loader kept none of them in FP8."""
+    if not isinstance(weights, LazyWeights):
+        return None
+    names = [(name, sum(rows for _, rows in parts))] if weights.has_fp8(name) else parts
+    kept = [weights.has_fp8(n) for n, _ in names]
+    if not any(kept):
+        return None
+    if not all(kept):
+        raise ModelLoadError(f"the parts of {name!r} mix FP8 and unquantized weights")
+    out = []
+    for n, rows in names:
+        w = weights.take_fp8(n)
+        if tuple(w.weight.shape) != (rows, cols):
+            raise ModelLoadError(f"tensor {n!r} has shape {tuple(w.weight.shape)}, expected {(rows, cols)}")
+        out.append(w)
+    return out
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: Weights, attention: AttentionLayer,
-                 ops: DecoderOps, device: torch.device, pack: bool):
+                 ops: DecoderOps, device: torch.device, pack: bool, quantize_fp8: bool = False):
         """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors.
-        `ops` is a DecoderOps implementation (native fused kernels or torch)."""
+        `ops` is a DecoderOps implementation (native fused kernels or torch). quantize_fp8: the
+        layers' dense matrices quantized to FP8 per output channel (`--quantization fp8`)."""
         c = config
         self.config = c
         self.attention = attention
         self.ops = ops
-        self.device, self.pack = device, pack
+        self.device, self.pack, self.quantize_fp8 = device, pack, quantize_fp8
         H = c.hidden_size
         weights.pop("rope_freqs", None)  # consumed by Rope
         self.embed = self._dev(_take(weights, "embed", (c.vocab_size, H)))
@@ -151,7 +175,6 @@ class LlamaModel:
     def _layer(self, weights: Weights, i: int) -> Layer:
         c, p = self.config, f"layers.{i}."
         H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads
-        qkv = _fused(weights, p + "qkv", [(p + "q", nh * D), (p + "k", nkv * D), (p + "v", nkv * D)], H)
         bias = None
         if c.qkv_bias:
             bias = self._dev(torch.cat([_take(weights, p + "q_bias", (nh * D,)),
@@ -159,8 +182,9 @@ class LlamaModel:
                                         _take(weights, p + "v_bias", (nkv * D,))]))
         mlp = self._experts(weights, i) if c.sparse(i) else self._dense_mlp(weights, i)
         layer = Layer(attn_norm=self._norm(_take(weights, p + "attn_norm", (H,))),
-                      qkv=Linear(self._dev(qkv), bias, self.pack),
-                      o=Linear(self._dev(_take(weights, p + "o", (H, nh * D))), None, self.pack),
+                      qkv=self._linear(weights, p + "qkv", [(p + "q", nh * D), (p + "k", nkv * D),
+                                                            (p + "v", nkv * D)], H, bias),
+                      o=self._linear(weights, p + "o", [(p + "o", H)], nh * D),
                       mlp_norm=self._norm(_take(weights, p + "mlp_norm", (H,))), mlp=mlp)
         if c.qk_norm:
             layer.q_norm = self._norm(_take(weights, p + "q_norm", (D,)))
@@ -172,9 +196,24 @@ class LlamaModel:
 
     def _dense_mlp(self, weights: Weights, i: int) -> GatedMLP:
         H, inter, p = self.config.hidden_size, self.config.intermediate_size, f"layers.{i}."
-        gate_up = _fused(weights, p + "gate_up", [(p + "gate", inter), (p + "up", inter)], H)
-        return GatedMLP(Linear(self._dev(gate_up), None, self.pack),
-                        Linear(self._dev(_take(weights, p + "down", (H, inter))), None, self.pack), self.act)
+        return GatedMLP(self._linear(weights, p + "gate_up", [(p + "gate", inter), (p + "up", inter)], H),
+                        self._linear(weights, p + "down", [(p + "down", H)], inter), self.act)
+
+    def _linear(self, weights: Weights, name: str, parts: list[tuple[str, int]], cols: int,
+                bias: torch.Tensor | None = None) -> Linear | Fp8Linear:
+        """One matmul of a layer: the matrix `name` as stored, or its parts (name, rows) stacked by
+        rows. What an FP8 checkpoint keeps in FP8 (the loader's keep_fp8, on CUDA) runs as
+        Fp8Linear; with quantize_fp8 a dense matrix is quantized per output channel; every other
+        one is a Linear."""
+        fp8 = _fp8_parts(weights, name, parts, cols)
+        if fp8 is not None:
+            w = fuse_fp8_weights(fp8)
+            input_scale = None if w.input_scale is None else self._dev(w.input_scale)
+            return Fp8Linear(self._dev(w.weight), self._dev(w.scale), bias, input_scale, self.embed.dtype)
+        weight = self._dev(_fused(weights, name, parts, cols))
+        if self.quantize_fp8:
+            return Fp8Linear.from_weight(weight, bias, weight.dtype)
+        return Linear(weight, bias, self.pack)
 
     def _experts(self, weights: Weights, i: int) -> ExpertsMLP:
         """Layer i's router and stacked experts, each tensor moved to the device as it is taken."""

@@ -75,9 +75,10 @@ def _looks_like_hub_id(name: str) -> bool:
 
 
 def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = "auto",
-               device: torch.device | None = None) -> LoadedModel:
+               device: torch.device | None = None, keep_fp8: bool = False) -> LoadedModel:
     """load_format "auto": the weights of a GGUF file or HF directory; "dummy": random weights of
-    the shapes in the model's config.json, drawn on `device` (model/dummy.py)."""
+    the shapes in the model's config.json, drawn on `device` (model/dummy.py). keep_fp8: an FP8
+    checkpoint's FP8 Linears stay FP8 (the GPU's Fp8Linear), else every weight comes in dtype."""
     if load_format == "dummy":
         return _load_dummy(model, dtype, device or torch.device("cpu"))
     if load_format != "auto":
@@ -87,7 +88,7 @@ def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = 
     if path.is_dir():
         from traceless.model.hf_loader import load_hf_dir
 
-        config, weights = load_hf_dir(path, dtype)
+        config, weights = load_hf_dir(path, dtype, keep_fp8)
         tokenizer = Tokenizer.from_hf_dir(path)
         name = path.name
     elif path.suffix == ".gguf" or _has_gguf_magic(path):

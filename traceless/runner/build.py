@@ -120,10 +120,22 @@ def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
     return max_model_len
 
 
+def _fp8(cfg: EngineConfig, device: torch.device) -> tuple[bool, bool]:
+    """(keep an FP8 checkpoint's Linears in FP8, quantize dense layer matrices to FP8)."""
+    if cfg.quantization == "fp8" and device.type != "cuda":
+        # no FP8 arithmetic on the CPU: an emulated FP8 matmul widens every weight to float32 on
+        # each call, slower than the dense model it would replace
+        raise ValueError("quantization='fp8' runs FP8 matmuls on CUDA only; on the CPU an FP8 checkpoint is "
+                         "dequantized at load (quantization='auto')")
+    keep = device.type == "cuda" and cfg.quantization in ("auto", "fp8")
+    return keep, cfg.quantization == "fp8"
+
+
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    loaded = load_model(cfg.model, dtype, cfg.load_format, device)
+    keep_fp8, quantize_fp8 = _fp8(cfg, device)
+    loaded = load_model(cfg.model, dtype, cfg.load_format, device, keep_fp8)
     mc = loaded.config
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
@@ -143,7 +155,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     pack = (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and cpu_runs_bf16())
     try:
-        model = LlamaModel(mc, loaded.weights, attention, ops, device, pack)
+        model = LlamaModel(mc, loaded.weights, attention, ops, device, pack, quantize_fp8)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
     runner = ModelRunner(model, cfg.block_size, device, backend == "native", cfg.seed, draft_layers,
