@@ -130,13 +130,13 @@ def load_tokenizer(model: str | Path | None) -> Tokenizer:
 
 
 def _load_dummy(model: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer
+    from traceless.model.dummy import lazy_dummy_weights, read_dummy_config, synthetic_tokenizer
 
     if model is None:
         raise ModelLoadError("load_format dummy needs --model: a directory holding the model's config.json")
     path = resolve_model_path(model)
     config = read_dummy_config(path)
-    weights = dummy_weights(config, dtype, device)
+    weights = lazy_dummy_weights(config, dtype, device)
     name = (path if path.is_dir() else path.parent).name
     return LoadedModel(config, weights, synthetic_tokenizer(config.vocab_size), path, name)
 

@@ -137,6 +137,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     keep_fp8, quantize_fp8 = _fp8(cfg, device)
     loaded = load_model(cfg.model, dtype, cfg.load_format, device, keep_fp8)
     mc = loaded.config
+    # dummy weights of an FP8 checkpoint's config cost what the checkpoint would: FP8 matmuls
+    quantize_fp8 = quantize_fp8 or (cfg.load_format == "dummy" and keep_fp8 and mc.fp8 is not None)
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
     backend = _attention_backend(cfg, device, dtype)
