@@ -229,7 +229,7 @@ class LlamaModel:
             from traceless.model.layers.moe_triton import TritonMoE
 
             return ExpertsMLP(TritonMoE(spec.config, moe))
-        return ExpertsMLP(GroupedMoE(spec.config, moe))
+        return ExpertsMLP(GroupedMoE(spec.config, moe, lambda w, b: Linear(w.contiguous(), b, self.pack)))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 num_layers: int | None = None) -> torch.Tensor:
