@@ -13,9 +13,9 @@ setup(
     ext_modules=[
         Extension(
             "traceless.model.layers._kernels",
-            sources=["traceless/model/layers/csrc/kernels.c"],
+            sources=["traceless/model/layers/csrc/kernels.c", "traceless/model/layers/csrc/qmatmul.c"],
             extra_compile_args=flags,
-            extra_link_args=["-fopenmp", "-lm", "-lmvec"] if platform.machine() in ("x86_64", "AMD64") else ["-fopenmp", "-lm"],
+            extra_link_args=["-fopenmp", "-lm", *(["-lmvec"] if platform.machine() in ("x86_64", "AMD64") else [])],
         )
     ]
 )

@@ -7,9 +7,9 @@
 # and the wheels in .whl (bench/gpu/sync.sh). Sections in order of what the targets need
 # first; each writes its own file, so a run cut short by the time limit keeps what it finished.
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
 cd build/gpu16 || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 tl() { python3 -m traceless.cli "$@" 2>&1 | grep -v '"event"'; }
 M8=bench/models/llama-3.1-8b
 M1=bench/models/llama-3.2-1b

@@ -219,3 +219,68 @@ def test_a_silent_stream_fails_with_a_timeout_error_and_is_not_resent(with_head)
                        ("next chunk" if with_head else "response head")):
         asyncio.run(asyncio.wait_for(go(), 10))
     assert len(posts) == 1
+
+
+class _Shaped(httpx.AsyncByteStream):
+    """A node's shaped stream: the answer's events, then padding chunks until its budget; `sent`
+    counts the chunks the client pulled."""
+
+    def __init__(self, chunks: list[bytes]):
+        self.chunks, self.sent = chunks, 0
+
+    async def __aiter__(self):
+        for chunk in self.chunks:
+            self.sent += 1
+            yield chunk
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("leaves", ["closes", "is_cancelled"])
+def test_a_stream_left_at_done_is_still_read_to_its_shaped_end(leaves):
+    """The openai SDK stops reading at `[DONE]` and hangs up (the proxy's handler is cancelled);
+    closing the upstream then would end the stream at the relay where the answer ended (its natural
+    length), not where the node's padding ends. The client reads the rest, unread, so the hops see
+    the whole shaped stream."""
+    from traceless.privacy.bhttp.stream import ResponseStreamEncoder
+
+    streams: list[_Shaped] = []
+
+    def handler(request):
+        _, context = SERVERS[0].decapsulate_chunked_request(request.content)
+        enc, msg = context.encryptor(), ResponseStreamEncoder()
+        chunks = [enc.seal_chunk(msg.head(200, ((b"content-type", b"text/event-stream"),))),
+                  enc.seal_chunk(msg.chunk(b'data: {"choices": []}\n\n')),
+                  enc.seal_chunk(msg.chunk(b"data: [DONE]\n\n"))]
+        chunks += [enc.seal_chunk(msg.chunk(b": padding\n\n")) for _ in range(8)]
+        chunks.append(enc.seal_final(msg.end()))
+        streams.append(_Shaped(chunks))
+        return httpx.Response(200, headers={"content-type": "message/ohttp-chunked-res"}, stream=streams[-1])
+
+    client = _client(handler)
+    client._verified_candidates = lambda: asyncio.sleep(0, [NODES[0]])
+
+    async def read_until_done(events):
+        async for event in events:
+            if event.startswith(b"data: [DONE]"):
+                if leaves == "closes":
+                    return  # what the SDK does
+                await asyncio.sleep(60)  # then hangs up: the handler reading the stream is cancelled
+
+    async def go():
+        try:
+            events = await client.request("/v1/completions", {"model": "m", "prompt": "p", "stream": True})
+            reader = asyncio.ensure_future(read_until_done(events))
+            await asyncio.sleep(0.05)
+            if leaves == "is_cancelled":
+                reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await events.aclose()
+            for _ in range(200):
+                if streams[0].sent == len(streams[0].chunks):
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 10))
+    assert streams[0].sent == len(streams[0].chunks)

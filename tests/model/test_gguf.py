@@ -231,10 +231,10 @@ def bad_file(tiny, path: Path, case: str) -> None:
     elif case in ("arch-gpt2", "arch-mamba"):
         arch = case.split("-")[1]
         write_gguf(path, dataclasses.replace(tiny.spec("F32"), hyper=dataclasses.replace(h, arch=arch)))
-    elif case == "q5_k-tensor":
-        # ffn_down rows are 256 wide: one Q5_K block (176 bytes) each; the bytes need not be sensible
+    elif case == "q5_0-tensor":
+        # ffn_down rows are 256 wide: eight Q5_0 blocks (22 bytes) each; the bytes need not be sensible
         raw = np.frombuffer(random.Random(3).randbytes(64 * 176), dtype=np.uint8).reshape(64, 176)
-        write_gguf(path, tiny.spec("Q8_0", replace={"blk.1.ffn_down.weight": (raw, qtype("Q5_K"))}))
+        write_gguf(path, tiny.spec("Q8_0", replace={"blk.1.ffn_down.weight": (raw, qtype("Q5_0"))}))
     elif case == "missing-ffn_up":
         write_gguf(path, tiny.spec("Q8_0", drop=("blk.1.ffn_up.weight",)))
     elif case == "missing-token_embd":
@@ -271,7 +271,7 @@ BAD_FILES = {
     "magic-then-random-bytes": (ModelLoadError, ["bad.gguf"]),
     "arch-gpt2": (UnsupportedModelError, ["'gpt2'", "llama"]),
     "arch-mamba": (UnsupportedModelError, ["'mamba'", "llama"]),
-    "q5_k-tensor": (UnsupportedModelError, ["Q5_K", "blk.1.ffn_down.weight"]),
+    "q5_0-tensor": (UnsupportedModelError, ["Q5_0", "blk.1.ffn_down.weight"]),
     "missing-ffn_up": (ModelLoadError, ["up"]),
     "missing-token_embd": (ModelLoadError, ["emb"]),
     "wrong-shape-attn_v": (ModelLoadError, ["(48, 64)", "(32, 64)"]),

@@ -1,7 +1,8 @@
-"""The CUDA path's release-time scrub, on a CPU: the range-zeroing kernel under Triton's
-interpreter (it writes host addresses there), the ranges a sweep builds (freed KV blocks, the
-allocator's free blocks from a stand-in memory snapshot, the graphs' pool), and the engine calling
-one sweep per step however many requests ended."""
+"""The CUDA path's release-time scrub, on the GPU where there is one, else on a CPU: the
+range-zeroing kernel (under Triton's interpreter on a CPU, where it writes host addresses), the
+ranges a sweep builds (freed KV blocks, the allocator's free blocks from a stand-in memory
+snapshot, the graphs' pool), and the engine calling one sweep per step however many requests
+ended."""
 from __future__ import annotations
 
 import os
@@ -22,6 +23,8 @@ from traceless.runner import zero_kernel  # noqa: E402
 from traceless.runner.device_scrub import DeviceScrubber, free_ranges, kv_block_ranges  # noqa: E402
 
 CPU = torch.device("cpu")
+# the kernel writes the addresses it is given: device memory on a GPU, host memory when interpreted
+DEV = torch.device("cuda") if torch.cuda.is_available() else CPU
 
 
 def _config() -> ModelConfig:
@@ -41,9 +44,9 @@ def test_pieces_cut_ranges_into_chunks(monkeypatch):
 
 def test_one_launch_zeroes_every_range_and_nothing_else(monkeypatch):
     monkeypatch.setattr(zero_kernel, "CHUNK_WORDS", 64)  # many pieces per range
-    a = torch.randn(1000, dtype=torch.float64)
-    b = torch.randn(300)
-    z = zero_kernel.RangeZeroer(CPU)
+    a = torch.randn(1000, dtype=torch.float64, device=DEV)
+    b = torch.randn(300, device=DEV)
+    z = zero_kernel.RangeZeroer(DEV)
     ranges = np.array([[a.data_ptr() + 8 * 10, 8 * 900], [b.data_ptr(), 4 * 300]])
     z.reserve(len(zero_kernel.pieces(ranges)))
     assert z.zero(ranges) == 8 * 900 + 4 * 300
@@ -53,10 +56,10 @@ def test_one_launch_zeroes_every_range_and_nothing_else(monkeypatch):
 
 
 def test_kv_block_ranges_cover_the_blocks_in_every_layer():
-    cache = KVCache(_config(), num_blocks=6, block_size=4, dtype=torch.float32, device=CPU)
+    cache = KVCache(_config(), num_blocks=6, block_size=4, dtype=torch.float32, device=DEV)
     cache.k.normal_()
     cache.v.normal_()
-    z = zero_kernel.RangeZeroer(CPU)
+    z = zero_kernel.RangeZeroer(DEV)
     r = kv_block_ranges(cache, [2, 5])
     z.reserve(len(zero_kernel.pieces(r)))
     z.zero(r)
@@ -73,12 +76,12 @@ def test_free_ranges_take_inactive_default_blocks_and_whole_graph_pools():
 
 
 def test_a_sweep_zeroes_freed_blocks_and_free_memory_in_one_launch():
-    cache = KVCache(_config(), num_blocks=6, block_size=4, dtype=torch.float32, device=CPU)
-    stale = torch.randn(256, dtype=torch.float64)  # a freed activation, say
-    graph_pool = torch.randn(128, dtype=torch.float64)
+    cache = KVCache(_config(), num_blocks=6, block_size=4, dtype=torch.float32, device=DEV)
+    stale = torch.randn(256, dtype=torch.float64, device=DEV)  # a freed activation, say
+    graph_pool = torch.randn(128, dtype=torch.float64, device=DEV)
     segs = [segment(0, stale.data_ptr(), (0, 0), [(8 * 256, "inactive")]),
             segment(0, graph_pool.data_ptr(), (0, 7), [(8 * 128, "active_allocated")])]
-    scrubber = DeviceScrubber(cache, CPU, snapshot=lambda: segs)
+    scrubber = DeviceScrubber(cache, DEV, snapshot=lambda: segs)
     scrubber.graph_pools.add((0, 7))
     cache.k.normal_()
     cache.v.normal_()

@@ -68,9 +68,9 @@ class UpUnderTest:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if "traceless.cli" not in argv:
+            cmd = _command(argv)
+            if cmd is None:
                 continue
-            cmd = argv[argv.index("traceless.cli") + 1:]
             if cmd[0] == "node":
                 found[node_ports.get(cmd[cmd.index("--port") + 1], "node?")] = pid
             elif cmd[0] == "log":
@@ -187,3 +187,15 @@ def _wait_endpoints(proc: subprocess.Popen, state: Path, log: Path) -> dict:
             raise RuntimeError("traceless up exited during startup:\n" + log.read_text()[-2000:] + "\n".join(tails))
         time.sleep(0.5)
     raise RuntimeError("traceless up did not start")
+
+
+def _command(argv: list[str]) -> list[str] | None:
+    """The traceless command in a process's argv: after `-m traceless.cli`, or after the `-c` boot line
+    a node uses once it has restarted itself isolated from its environment (cli/isolation.py)."""
+    if "traceless.cli" in argv:
+        return argv[argv.index("traceless.cli") + 1:]
+    if "-c" in argv:
+        at = argv.index("-c")
+        if at + 1 < len(argv) and "traceless.cli.parser" in argv[at + 1]:
+            return argv[at + 2:]
+    return None

@@ -95,7 +95,8 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
     workloads = offline_workloads()
     m = engine.model
     report: dict[str, Any] = {
-        "engine": "traceless", "model": engine.model_name, "dtype": m.dtype, "device": m.device,
+        "engine": "traceless", "model": engine.model_name, "dtype": m.dtype, "quantization": m.quantization,
+        "device": m.device,
         "attention": m.attention, "load_s": load_s, "load_format": m.load_format,
         "cuda_graphs": m.cuda_graphs, "capture_s": m.capture_s,
     }
@@ -170,6 +171,7 @@ def _run_peer(device: str, model: str | None, dtype: str, names: list[str], work
 
 def print_table(report: dict, names: list[str]) -> None:
     print(f"\ntraceless bench offline  model={report['model']}  dtype={report['dtype']}  "
+          f"quantization={report.get('quantization', 'none')}  "
           f"device={report['device']}  attention={report['attention']}  load={report['load_s']:.1f}s  "
           f"load_format={report['load_format']}  cuda_graphs={report['cuda_graphs']} "
           f"(captured in {report['capture_s']:.2f}s)")

@@ -88,7 +88,8 @@ def node_measured_config(args: argparse.Namespace) -> dict:
     node does with a request. Placement and sizing (host, port, memory, capacity) are left out,
     so one logged release covers every deployment of it."""
     return {
-        "component": "node", "dtype": args.dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
+        "component": "node", "dtype": args.dtype, "quantization": args.quantization, "block_size": args.block_size,
+        "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_queued_requests": args.max_queued_requests, "attention_backend": args.attention_backend,
         "served_model_name": args.served_model_name, "attestation_ttl": args.attestation_ttl,
@@ -102,7 +103,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "metrics_min_requests": args.metrics_min_requests,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
-        "load_format": args.load_format, "quantization": args.quantization, **shape_policy(args).measured(),
+        "load_format": args.load_format, **shape_policy(args).measured(),
         "chat_template": (None if args.chat_template is None
                           else hashlib.sha256(Path(args.chat_template).read_bytes()).hexdigest()),
         # What a client may conclude from a document depends on who signs it and with which evidence.

@@ -151,12 +151,15 @@ class AsyncPrivateClient:
         self.draws = Draws(self._rng)
         self._verified: list[VerifiedNode] = []
         self._verified_at = -float("inf")
+        self._pumps: set[asyncio.Task] = set()  # each open stream's reader (read to the end: _Pump)
 
     def start(self) -> None:
         """Start the token wallet's refill schedule now (from a running event loop), ahead of requests."""
         self.wallet.start()
 
     async def aclose(self) -> None:
+        for task in list(self._pumps):
+            await _settle(task)
         await self.wallet.aclose()
         await self._http.aclose()
         self.verifier.close()
@@ -364,10 +367,11 @@ class AsyncPrivateClient:
         head_it = _silence_limited(r.aiter_raw(), self.config.first_byte_timeout_s, "response head")
         head, first = await _read_head(head_it, decryptor, parser, r)
         it = _silence_limited(head_it.source, self.config.idle_timeout_s, "next chunk")
+        pump = _Pump(it, r, self._pumps)
         if head.status != 200:
-            rest = first + b"".join([c async for c in _events(it, decryptor, parser, r)])
+            rest = first + b"".join([c async for c in _events(pump, decryptor, parser)])
             raise UpstreamError(head.status, json.loads(rest or b"{}"))
-        return _sse_events(_stream_with(first, _events(it, decryptor, parser, r)))
+        return _sse_events(_stream_with(first, _events(pump, decryptor, parser)))
 
 
 class _NodeFailed(Exception):
@@ -450,12 +454,48 @@ async def _read_head(it, decryptor, parser, response):
     raise _NodeFailed("the stream ended before the response head")
 
 
-async def _events(it, decryptor, parser, response) -> AsyncGenerator[bytes, None]:
+class _Pump:
+    """Reads a streamed response to its end on a task of its own, whoever reads the stream. The SDK
+    stops at `[DONE]` and hangs up, which cancels the proxy's handler; if that closed the upstream, the
+    hops would see the stream end where the answer ended instead of where the node's shaping ends (its
+    padded length and tick count). So the reader only takes chunks from this queue, and when it leaves
+    early the pump reads the rest, unread and undecrypted, then closes the response."""
+
+    def __init__(self, it: AsyncIterator[bytes], response: httpx.Response, tasks: set[asyncio.Task]):
+        self.chunks: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self._abandoned = False
+        task = asyncio.get_running_loop().create_task(self._run(it, response))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _run(self, it: AsyncIterator[bytes], response: httpx.Response) -> None:
+        try:
+            async for raw in it:  # bounded by the iterator's silence limit and the node's own end
+                if not self._abandoned:
+                    self.chunks.put_nowait(raw)
+            self.chunks.put_nowait(None)
+        except Exception as exc:  # handed to the reader, which maps it to the client's errors
+            self.chunks.put_nowait(exc)
+        finally:
+            await response.aclose()
+
+    def abandon(self) -> None:
+        self._abandoned = True
+        while not self.chunks.empty():
+            self.chunks.get_nowait()
+
+
+async def _events(pump: _Pump, decryptor, parser) -> AsyncGenerator[bytes, None]:
+    ended = False  # read to the node's final chunk, or failed on the way
     try:
-        async for raw in it:
+        while (raw := await pump.chunks.get()) is not None:
+            if isinstance(raw, BaseException):
+                ended = True
+                raise raw
             for plain in decryptor.feed(raw):
                 for item in parser.feed(plain):
                     yield item
+        ended = True
         for item in parser.feed(decryptor.finish()):  # the final chunk (raises if the stream was cut before it)
             yield item
         if not parser.complete:
@@ -466,7 +506,8 @@ async def _events(it, decryptor, parser, response) -> AsyncGenerator[bytes, None
         raise PrivateClientError("the response stream broke off (the node or a hop failed)") from None
     finally:
         parser.wipe()
-        await response.aclose()
+        if not ended:
+            pump.abandon()
 
 
 async def _stream_with(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:

@@ -1,8 +1,9 @@
-"""Load a GGUF file: metadata, tokenizer source and weights (dequantized at load with `gguf`).
+"""Load a GGUF file: metadata, tokenizer source and weights (dequantized at load: layers/ggml_blocks.py).
 
-Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1. llama.cpp's converter permutes the rows of the
-Q and K projections of `llama` models (to suit its interleaved RoPE); we undo that so GGUF and
-Hugging Face weights share one model implementation (rotate-half RoPE).
+Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+llama.cpp's converter permutes the rows of the Q and K projections of `llama` models (to suit its
+interleaved RoPE); we undo that so GGUF and Hugging Face weights share one model implementation
+(rotate-half RoPE).
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import torch
 from traceless.errors import ModelLoadError, UnsupportedModelError
 from traceless.model.config import ModelConfig
 from traceless.model.gguf_config import from_gguf_metadata
+from traceless.model.layers.ggml_blocks import FORMATS, dequantize
+from traceless.model.layers.quant import QFormat, QuantTensor, to_kernel_layout
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SUPPORTED_TYPES = ("F32", "F16", "BF16") + tuple(FORMATS)
 
 _LAYER_NAMES = {
     "attn_norm.weight": "attn_norm",
@@ -85,7 +88,7 @@ def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _dequantize(tensor) -> np.ndarray:
+def _dequantize(tensor) -> np.ndarray | torch.Tensor:
     from gguf import quants
 
     kind = tensor.tensor_type.name
@@ -94,6 +97,10 @@ def _dequantize(tensor) -> np.ndarray:
             f"tensor {tensor.name} has GGUF type {kind}; supported: {', '.join(SUPPORTED_TYPES)}"
         )
     try:
+        if kind in FORMATS:
+            rows, cols = int(np.prod(tensor.shape[1:])), int(tensor.shape[0])  # GGUF lists dims innermost first
+            raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True))
+            return dequantize(raw, kind, (rows, cols)).reshape(tuple(int(d) for d in reversed(tensor.shape)))
         out = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     except Exception:
         raise ModelLoadError(f"tensor {tensor.name} is corrupt or truncated") from None
@@ -108,21 +115,46 @@ def read_gguf_config(path: Path) -> ModelConfig:
     return from_gguf_metadata(read_metadata(reader), "output.weight" in names, "blk.0.attn_q.bias" in names)
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
-    """(config, canonical weights in `dtype`, metadata) of a GGUF model file."""
+def _kept(tensor, name: str, config: ModelConfig) -> QuantTensor | None:
+    """The tensor's own blocks when the kernels multiply its format (2-D weights only), rows
+    un-permuted like the dense path (a row of blocks moves as a whole)."""
+    kind = tensor.tensor_type.name
+    if kind not in QFormat.__members__ or len(tensor.shape) != 2:
+        return None
+    rows, cols = int(tensor.shape[1]), int(tensor.shape[0])
+    blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).reshape(rows, -1)
+    short = name.rsplit(".", 1)[-1]
+    if config.architecture == "llama" and short in ("q", "k"):
+        blocks = unpermute_rows(blocks, config.num_heads if short == "q" else config.num_kv_heads).contiguous()
+    try:
+        return to_kernel_layout(QuantTensor(QFormat[kind], (rows, cols), blocks))
+    except ValueError:
+        raise ModelLoadError(f"tensor {tensor.name} is corrupt or truncated") from None
+
+
+def load_gguf(path: Path, dtype: torch.dtype, keep_quantized: bool = False) -> tuple[ModelConfig, dict, dict]:
+    """(config, canonical weights, metadata) of a GGUF model file: dense tensors in `dtype`, or with
+    `keep_quantized` the file's own blocks (QuantTensor) for every matrix in a format the CPU
+    kernels multiply (the rest dense in `dtype`)."""
     reader = _reader(path)
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
-    factors = {t.name.removesuffix(".weight"): _dequantize(t) for t in reader.tensors if t.name in _ROPE_FACTORS}
+    factors = {t.name.removesuffix(".weight"): np.asarray(_dequantize(t), dtype=np.float32)
+               for t in reader.tensors if t.name in _ROPE_FACTORS}
     config = from_gguf_metadata(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, factors)
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict = {}
     for tensor in reader.tensors:
         if tensor.name in _ROPE_FACTORS:
             continue
         name = canonical_name(tensor.name, config.architecture)
         if name is None:
             raise UnsupportedModelError(f"unexpected tensor {tensor.name!r} in GGUF file")
-        w = torch.from_numpy(_dequantize(tensor))
+        kept = _kept(tensor, name, config) if keep_quantized else None
+        if kept is not None:
+            weights[name] = kept
+            continue
+        values = _dequantize(tensor)
+        w = values if isinstance(values, torch.Tensor) else torch.from_numpy(values)
         if config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("q", "q_bias"):
             w = unpermute_rows(w, config.num_heads)
         elif config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("k", "k_bias"):

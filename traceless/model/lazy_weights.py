@@ -7,6 +7,7 @@ the whole model in host memory beside its device copy.
     weights = LazyWeights(files)
     weights.add("layers.0.q", read)               read() -> the tensor, called when taken
     t = weights.pop("layers.0.q")                 read now; the mapping forgets it
+    weights.convert(fn)                           each read tensor t becomes fn(name, t) (quantized at load)
     weights.add_fp8("layers.0.q", read_fp8)       a Linear an FP8 checkpoint stores in FP8, kept so
     w = weights.take_fp8("layers.0.q")            for the GPU's Fp8Linear (model/fp8/checkpoint.py)
 
@@ -17,6 +18,7 @@ asked for (a scale beside an unquantized weight, a stray expert), both refused a
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,6 +78,10 @@ class SafetensorsFiles:
             raise ModelLoadError(f"cannot read tensor {name!r} from {file} ({type(exc).__name__})") from None
 
 
+def _converted(convert: Callable[[str, torch.Tensor], Any], name: str, read: Read) -> Any:
+    return convert(name, read())
+
+
 class LazyWeights(MutableMapping[str, torch.Tensor]):
     """Canonical weight name -> a reader of that tensor; reading happens on pop (or indexing)."""
 
@@ -93,6 +99,12 @@ class LazyWeights(MutableMapping[str, torch.Tensor]):
         if name in self._readers or name in self._fp8:
             raise ModelLoadError(f"two checkpoint tensors give weight {name!r}")
         self._fp8[name] = read
+
+    def convert(self, convert: Callable[[str, torch.Tensor], Any]) -> None:
+        """Each tensor not read yet becomes convert(name, tensor) when it is read (a quantizer at
+        load: the dense copy lives only while it is converted)."""
+        self._readers = {name: functools.partial(_converted, convert, name, read)
+                         for name, read in self._readers.items()}
 
     def has_fp8(self, name: str) -> bool:
         return name in self._fp8

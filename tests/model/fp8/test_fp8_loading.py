@@ -80,18 +80,20 @@ def test_a_quantization_config_we_do_not_read_is_refused_naming_the_field(quant,
 
 
 def test_quantization_fp8_is_refused_on_the_cpu(dense_dir):
-    with pytest.raises(ValueError, match="CUDA"):
-        LLM(str(dense_dir), dtype="float32", kv_cache_memory=4 * 2**20, quantization="fp8")
+    for load_format in ("auto", "dummy"):
+        with pytest.raises(ValueError, match="CUDA"):
+            LLM(str(dense_dir), dtype="float32", kv_cache_memory=4 * 2**20, quantization="fp8",
+                load_format=load_format)
 
 
-def _kept_fp8_model(path, quantize: bool = False):
+def _kept_fp8_model(path):
     """The decoder as CUDA builds it (the checkpoint's FP8 Linears kept), built on the CPU."""
     from traceless.model.hf_loader import load_hf_dir
     from traceless.model.llama import LlamaModel
 
     config, weights = load_hf_dir(path, torch.float32, keep_fp8=True)
     no_ops = SimpleNamespace(silu_mul=None, gelu_tanh_mul=None)  # built, never run
-    return LlamaModel(config, weights, None, no_ops, torch.device("cpu"), False, quantize)
+    return LlamaModel(config, weights, None, no_ops, torch.device("cpu"), False)
 
 
 def test_the_linears_the_checkpoint_quantizes_become_fp8_linears(dense_dir, tmp_path):
@@ -125,7 +127,7 @@ def test_emulated_fp8_matmuls_agree_with_the_dequantized_model(peaked_dir, tmp_p
 
     fp8, _ = write_fp8_checkpoint(peaked_dir, tmp_path, "fp8-block")
     reference = LLM(str(fp8), dtype="float32", kv_cache_memory=4 * 2**20)
-    monkeypatch.setattr(build, "_fp8", lambda cfg, device: (True, False))
+    monkeypatch.setattr(build, "_keep_fp8", lambda cfg, device: True)
     emulated = LLM(str(fp8), dtype="float32", kv_cache_memory=4 * 2**20)
     assert isinstance(emulated.engine._executor.model.layers[0].qkv, Fp8Linear)
     got = top1_agreement(emulated, reference, _prompts("agree", (5, 9, 13)), 40, margin=1.0)

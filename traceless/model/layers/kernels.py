@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 

@@ -1,0 +1,110 @@
+"""The model's matmuls: y = x W^T + b over dense or quantized weights, and the embedding lookup.
+
+    dense     a torch tensor; on CPU in bfloat16 prepacked for oneDNN, which runs the small-batch
+              matmuls of decoding about twice as fast as the plain path (same results)
+    quantized a QuantTensor (layers/quant.py): GGML blocks multiplied by the native int8 kernels
+              (csrc/qmatmul.c), float32 activations in and out. From DENSE_MIN_ROWS rows on
+              (prefill chunks, large batches) the weight is dequantized for the call into a
+              transient dense copy and multiplied by oneDNN/MKL instead: the int8 kernels' cost
+              grows with the rows, the copy's does not (measured on AVX-512: even at ~24-32 rows)
+    stacked   a tuple of parts of either kind (a fused QKV whose tensors came in different
+              formats): each part writes its own columns of y
+
+Every matmul of the model goes through `Linear`, which is built from the weight alone.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from traceless.model.layers.quant import QuantTensor, cat_rows, weight_nbytes
+
+__all__ = ["Linear", "QuantTensor", "cat_rows", "embedding", "weight_nbytes"]
+
+
+DENSE_MIN_ROWS = 32
+
+
+def _dense_dtype() -> torch.dtype:
+    """bfloat16 where the CPU multiplies it in hardware (AVX-512), float32 elsewhere."""
+    return torch.bfloat16 if torch.backends.mkldnn.is_available() and torch.cpu._is_avx512_supported() \
+        else torch.float32
+
+
+@lru_cache(maxsize=1)
+def _kernels():
+    """The quantized kernels, loaded once (an immutable library handle)."""
+    from traceless.model.layers.qkernels import load_quant_kernels
+
+    return load_quant_kernels()
+
+
+class _Dense:
+    __slots__ = ("weight", "bias", "packed")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool):
+        self.bias = bias
+        self.packed = pack
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if pack else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class _Quant:
+    """Quantized weight parts [N_i, K] stacked by rows; y: float32 [T, sum N_i]."""
+
+    __slots__ = ("parts", "bias", "out_features", "kernels", "dense_dtype", "bound")
+
+    def __init__(self, parts: tuple, bias: torch.Tensor | None):
+        self.parts = parts
+        self.bias = None if bias is None else bias.float().contiguous()
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.kernels = _kernels()
+        self.dense_dtype = _dense_dtype()
+        self.bound = [self.kernels.bind(p) if isinstance(p, QuantTensor) else None for p in parts]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        col = 0
+        for p, bound in zip(self.parts, self.bound):
+            n = p.shape[0]
+            bias = None if self.bias is None else self.bias[col:col + n]
+            if bound is not None and x.shape[0] < DENSE_MIN_ROWS:
+                bound(x if x.dtype == torch.float32 else x.float(), y, col, None if bias is None else bias.data_ptr())
+            elif isinstance(p, QuantTensor):
+                w = self.kernels.dequantize(p, self.dense_dtype)  # weights only: no request data
+                dt = self.dense_dtype
+                y[:, col:col + n] = F.linear(x.to(dt), w, None if bias is None else bias.to(dt))
+            else:
+                y[:, col:col + n] = F.linear(x.to(p.dtype), p, None if bias is None else bias.to(p.dtype))
+            col += n
+        return y
+
+
+class Linear:
+    """y = x W^T + b, W dense (torch tensor), quantized (QuantTensor) or a tuple of parts."""
+
+    __slots__ = ("impl",)
+
+    def __init__(self, weight, bias: torch.Tensor | None, pack: bool):
+        if isinstance(weight, torch.Tensor):
+            self.impl: _Dense | _Quant = _Dense(weight, bias, pack)
+        else:
+            self.impl = _Quant(weight if isinstance(weight, tuple) else (weight,), bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.impl(x)
+
+
+def embedding(table, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [T] of the embedding table: [T, hidden] (float32 for a quantized table, whose
+    rows are dequantized exactly as the reference dequantizer does)."""
+    if isinstance(table, QuantTensor):
+        return _kernels().embed(table, ids, torch.float32)
+    return F.embedding(ids, table)
