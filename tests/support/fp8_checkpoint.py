@@ -27,7 +27,15 @@ FORMS = {
             "weights": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "channel", "dynamic": False},
             "input_activations": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "token",
                                   "dynamic": True}}}},
+    "ct-tensor-static": {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "tensor", "dynamic": False},
+            "input_activations": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "tensor",
+                                  "dynamic": False}}}},
 }
+_STATIC = ("fp8-static", "ct-tensor-static")  # forms with a calibrated input_scale per Linear
 
 
 def _quantized_module(name: str, ignore: tuple[str, ...]) -> bool:
@@ -75,7 +83,7 @@ def write_fp8_checkpoint(src: Path, dst: Path, form: str, ignore: tuple[str, ...
         fp8[name], ref[name] = q, deq.to(w.dtype)
         fp8[module + (".weight_scale_inv" if form == "fp8-block" else ".weight_scale")] = scale.float().reshape(
             scale.shape if scale.dim() else ())
-        if form == "fp8-static":
+        if form in _STATIC:
             fp8[module + ".input_scale"] = torch.tensor(STATIC_INPUT_SCALE)
     config = json.loads((src / "config.json").read_text())
     quant = dict(FORMS[form])
