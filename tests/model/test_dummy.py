@@ -116,7 +116,7 @@ def test_a_dummy_model_of_each_new_family_generates(tmp_path, arch):
 
 
 @pytest.mark.parametrize(("name", "billions"), [("mixtral-8x7b", 46.70), ("qwen3-30b-a3b", 30.53),
-                                                ("llama-3.1-70b", 70.55)])
+                                                ("gpt-oss-20b", 20.91), ("llama-3.1-70b", 70.55)])
 def test_the_dummy_shapes_of_the_moe_and_70b_configs_count_the_published_parameters(name, billions):
     c = read_dummy_config(MODELS / name)
     params = sum(torch.Size(s).numel() for s in weight_shapes(c).values())

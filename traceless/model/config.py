@@ -13,8 +13,9 @@ ModelConfig; model/llama.py runs any ModelConfig. What differs between the famil
     gemma3   x*(1+w), post-attn/-mlp   per head  gelu_tanh   sqrt(H)      window (local)      local/global base
     mixtral  x*w                       -         silu        -            window (optional)   -
     qwen3moe x*w                       per head  silu        -            -                   -
+    gpt_oss  x*w                       -         silu        -            sinks, window       yarn
 
-Mixture-of-experts families (mixtral, qwen3_moe) carry `moe`: the experts' hyper-parameters and
+Mixture-of-experts families (mixtral, qwen3_moe, gpt_oss) carry `moe`: the experts' hyper-parameters and
 which layers have them (model/moe_checkpoint.py); the other layers keep the dense gated MLP.
 """
 from __future__ import annotations
@@ -37,15 +38,20 @@ class Activation(Enum):
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    kind: str  # "linear" | "llama3" | "longrope"
+    kind: str  # "linear" | "llama3" | "longrope" | "yarn"
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     # longrope: per-frequency divisors for short and long contexts, and the cos/sin multiplier
+    # (yarn's too)
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    # yarn: the rotations bounding the ramp between interpolated and extrapolated frequencies
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # the ramp's bounds rounded outwards to whole dimensions
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,8 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    o_bias: bool = False  # a bias on the attention output projection (gpt-oss)
+    attn_sinks: bool = False  # a learned logit per head joining each softmax, attending nothing (gpt-oss)
     rope_scaling: RopeScaling | None = None
     # Sliding-window attention: layer i sees the last layer_windows[i] keys (0: every key). Empty:
     # no layer has a window.

@@ -70,6 +70,10 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.qkv_bias:
             shapes |= {p + "q_bias": (c.num_heads * D,), p + "k_bias": (c.num_kv_heads * D,),
                        p + "v_bias": (c.num_kv_heads * D,)}
+        if c.o_bias:
+            shapes[p + "o_bias"] = (H,)
+        if c.attn_sinks:
+            shapes[p + "sinks"] = (c.num_heads,)
         if c.qk_norm:
             shapes |= {p + "q_norm": (D,), p + "k_norm": (D,)}
         if c.sandwich_norms:
@@ -112,6 +116,8 @@ def _draw(c: ModelConfig, name: str, shape: tuple[int, ...], dtype: torch.dtype,
         t.fill_(1.0 - c.norm_offset)  # a norm of ones as applied (Gemma applies 1 + w)
     elif name.endswith("_bias"):
         t.normal_(0.0, 0.02, generator=gen)
+    elif name.endswith("sinks"):
+        t.normal_(0.0, 1.0, generator=gen)  # logits of the order of the scores
     else:
         # matrices [out, in] and stacked experts [E, out, in]: fan_in is the last dimension
         t.normal_(0.0, 1.0 if name == "embed" else 1.0 / math.sqrt(shape[-1]), generator=gen)

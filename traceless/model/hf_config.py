@@ -24,6 +24,7 @@ HF_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "gemma3",  # the text model of the checkpoint (text_config)
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "GptOssForCausalLM": "gpt_oss",
 }
 _GEMMA = {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 256, "query_pre_attn_scalar": 256,
           "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096}
@@ -32,6 +33,8 @@ _DEFAULTS: dict[str, dict] = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {"head_dim": 128},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "qwen3_moe": {"num_experts_per_tok": 8, "norm_topk_prob": False, "decoder_sparse_step": 1},
+    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "attention_bias": True, "rms_norm_eps": 1e-5,
+                "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0},
     "phi3": {"original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5},
     "gemma2": _GEMMA | {"vocab_size": 256000, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
                         "attn_logit_softcapping": 50.0, "rope_theta": 10000.0},
@@ -79,6 +82,8 @@ def from_hf_config(raw: dict) -> ModelConfig:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        o_bias=arch == "gpt_oss" and bool(cfg.get("attention_bias", False)),
+        attn_sinks=arch == "gpt_oss",
         rope_scaling=scaling,
         layer_windows=_layer_windows(arch, cfg),
         local_rope_theta=local_theta,
@@ -209,7 +214,28 @@ def _scaling(arch: str, raw: dict | None, cfg: dict) -> RopeScaling | None:
         )
     if kind == "longrope":
         return _longrope(raw, cfg)
-    raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope)")
+    if kind == "yarn":
+        return _yarn(raw, cfg)
+    raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope, yarn)")
+
+
+def _yarn(raw: dict, cfg: dict) -> RopeScaling:
+    """transformers' _compute_yarn_parameters: the factor defaults to the context's growth, the
+    attention factor to 0.1 ln(factor) + 1 (or the ratio of mscale and mscale_all_dim's)."""
+    original = int(raw.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    factor = raw.get("factor")
+    factor = float(factor) if factor is not None else int(cfg["max_position_embeddings"]) / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = raw.get("attention_factor")
+    if attention is None:
+        m, m_all = raw.get("mscale"), raw.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return RopeScaling("yarn", factor, original_max_position_embeddings=original, attention_factor=float(attention),
+                       beta_fast=float(raw.get("beta_fast") or 32), beta_slow=float(raw.get("beta_slow") or 1),
+                       truncate=bool(raw.get("truncate", True)))
 
 
 def _longrope(raw: dict, cfg: dict) -> RopeScaling:

@@ -30,7 +30,8 @@ _LAYER_NAMES = {
     "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",
     "self_attn.qkv_proj.weight": "qkv",  # Phi-3: fused, rows [q | k | v]
     "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
-    "self_attn.o_proj.weight": "o",
+    "self_attn.o_proj.weight": "o", "self_attn.o_proj.bias": "o_bias",  # gpt-oss: biased
+    "self_attn.sinks": "sinks",  # gpt-oss: a logit per head in each softmax
     "post_attention_layernorm.weight": "mlp_norm",
     "mlp.gate_proj.weight": "gate", "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
     "mlp.gate_up_proj.weight": "gate_up",  # Phi-3: fused, rows [gate | up]

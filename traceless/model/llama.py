@@ -82,6 +82,7 @@ class Layer:
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None  # [H], on the attention output
     post_mlp_norm: torch.Tensor | None = None  # [H], on the MLP output
+    sinks: torch.Tensor | None = None  # [heads] float32, a logit per head in each softmax (gpt-oss)
 
 
 def _take(weights: Weights, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -178,8 +179,11 @@ class LlamaModel:
         layer = Layer(attn_norm=self._norm(_take(weights, p + "attn_norm", (H,))),
                       qkv=self._linear(weights, p + "qkv", [(p + "q", nh * D), (p + "k", nkv * D),
                                                             (p + "v", nkv * D)], H, bias),
-                      o=self._linear(weights, p + "o", [(p + "o", H)], nh * D),
+                      o=self._linear(weights, p + "o", [(p + "o", H)], nh * D,
+                                     self._dev(_take(weights, p + "o_bias", (H,))) if c.o_bias else None),
                       mlp_norm=self._norm(_take(weights, p + "mlp_norm", (H,))), mlp=mlp)
+        if c.attn_sinks:
+            layer.sinks = self._dev(_take(weights, p + "sinks", (nh,)).float())
         if c.qk_norm:
             layer.q_norm = self._norm(_take(weights, p + "q_norm", (D,)))
             layer.k_norm = self._norm(_take(weights, p + "k_norm", (D,)))
@@ -256,7 +260,7 @@ class LlamaModel:
             if layer.q_norm is not None:
                 self._qk_norm(qkv, layer)
             ops.rope_cache(i, qkv, positions, meta.slots)
-            a = layer.o(self.attention(i, qkv, meta).view(x.shape[0], -1))  # [T, H]
+            a = layer.o(self.attention(i, qkv, meta, layer.sinks).view(x.shape[0], -1))  # [T, H]
             if post is not None and layer.post_attn_norm is not None:
                 ops.add_rms_norm(a, None, layer.post_attn_norm, post)
                 a = post

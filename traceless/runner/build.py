@@ -92,6 +92,9 @@ def _layers(backend: str, cache: KVCache, ropes: list[Rope], mc: ModelConfig) ->
         if mc.attn_softcap is not None:
             raise ModelLoadError(f"{mc.architecture}: attn_logit_softcapping is not supported by the Triton "
                                  "attention; use attention_backend='torch'")
+        if mc.attn_sinks:
+            raise ModelLoadError(f"{mc.architecture}: attention sinks are not supported by the Triton attention; "
+                                 "use attention_backend='torch'")
         return TritonAttention(cache, heads, mc.layer_windows), TritonOps(cache, ropes, heads, mc.rms_norm_eps)
     if backend == "native":
         kernels = NativeKernels.load()
