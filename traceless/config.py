@@ -7,7 +7,7 @@ ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
 LOAD_FORMATS = ("auto", "dummy")
 PREFIX_CACHE_MODES = ("off", "isolated", "global")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0")
+QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "fp8")
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
 SPECULATIVE_MODES = ("off", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
@@ -33,10 +33,13 @@ class EngineConfig:
     chat_template: a Jinja chat template (its text) used instead of the model's own; None: the
     model's own, except the built-in model, which uses templates/smollm2-tools.jinja (its GGUF's
     template plus SmolLM2's tool-call format, identical without tools).
-    quantization: how weights are held on the CPU (model/quantization.py has the rule). "auto": a
-    GGUF file keeps its quantized blocks when dtype is "auto" (an explicit dtype dequantizes to it,
-    as for exact parity runs); a Hugging Face checkpoint stays dense. "gguf": keep a GGUF file's
-    blocks; "q8_0"/"q4_0": quantize a Hugging Face checkpoint at load; "none": dense weights."""
+    quantization: how weights are held (model/quantization.py has the rule). "auto": a GGUF file
+    on the CPU keeps its quantized blocks when dtype is "auto" (an explicit dtype dequantizes to
+    it, as for exact parity runs); an FP8 checkpoint runs its matmuls in FP8 on CUDA and is
+    dequantized on the CPU; other checkpoints stay dense. "gguf": keep a GGUF file's blocks;
+    "q8_0"/"q4_0": quantize a Hugging Face checkpoint at load (CPU); "fp8" (CUDA): quantize a
+    checkpoint's layer matrices to FP8 at load, per output channel, activations per token;
+    "none": dense weights in dtype (an FP8 checkpoint dequantized)."""
 
     model: str | None = None
     dtype: str = "auto"
