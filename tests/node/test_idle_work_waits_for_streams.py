@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from tests.server.serving import serve
+from tests.support.serving import serve
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.node.app import create_node_app
