@@ -19,7 +19,8 @@ import statistics
 import torch
 
 
-def _time_ms(fn, device: torch.device, repeats: int = 10) -> float:
+def time_ms(fn, device: torch.device, repeats: int = 10) -> float:
+    """Median milliseconds of `fn` on the device (CUDA events), after three warm-up calls."""
     for _ in range(3):
         fn()
     times = []
@@ -49,13 +50,13 @@ def measure_limits(device: torch.device) -> dict:
 def _copy_ms(device: torch.device) -> float:
     src = torch.randn(2**28, device=device)  # 1 GiB of float32, freed on return
     dst = torch.empty_like(src)
-    return _time_ms(lambda: dst.copy_(src), device)
+    return time_ms(lambda: dst.copy_(src), device)
 
 
 def _matmul_ms(device: torch.device, n: int) -> float:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    return _time_ms(lambda: a @ b, device)
+    return time_ms(lambda: a @ b, device)
 
 
 def step_read_shapes(shapes: dict[str, tuple[int, ...]], tie_word_embeddings: bool) -> dict[str, tuple[int, ...]]:
