@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(VENV)/bin/traceless up
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check traceless tests bench
+	$(VENV)/bin/ruff check traceless traceless_tools tests bench
 	$(VENV)/bin/mypy
 
 test: lint

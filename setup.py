@@ -16,6 +16,12 @@ setup(
             sources=["traceless/model/layers/csrc/kernels.c", "traceless/model/layers/csrc/qmatmul.c"],
             extra_compile_args=flags,
             extra_link_args=["-fopenmp", "-lm", *(["-lmvec"] if platform.machine() in ("x86_64", "AMD64") else [])],
-        )
+        ),
+        # the dead part of a thread's stack cleared (server/dead_stack.py); plain C, no OpenMP
+        Extension(
+            "traceless.server._dead_stack",
+            sources=["traceless/server/csrc/dead_stack.c"],
+            extra_compile_args=["-O2", "-std=c11"],
+        ),
     ]
 )

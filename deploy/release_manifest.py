@@ -58,7 +58,7 @@ def _locked_model_version() -> str:
 
 def model_file(args: argparse.Namespace, given: Path | None) -> Path:
     """The model file whose digest the node will attest."""
-    from traceless.cli.log import default_model_path
+    from traceless.model.loader import default_model_path
 
     if args.model is not None:
         if given is None:

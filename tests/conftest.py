@@ -9,6 +9,14 @@ from pathlib import Path
 
 import pytest
 
+# Triton's kernels run under its interpreter where no GPU is: set before any test module imports
+# triton (a module imported first in compiled mode would leave every later one without a driver)
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two pytest-xdist workers on this 2-core machine: each worker, and every service
     # it starts (they inherit the variable), computes on one thread. Two OpenMP pools of two threads
@@ -173,6 +181,15 @@ class ExecutorSpy:
 
     def num_held(self):
         return self.real.num_held()
+
+
+@pytest.fixture
+def captured_events():
+    """The events emitted during the test: `captured_events()` as dicts, `.text()` the lines."""
+    from tests.support.events import capture_events
+
+    with capture_events() as log:
+        yield log
 
 
 @pytest.fixture

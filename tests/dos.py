@@ -1,4 +1,4 @@
-"""Denial-of-service checks shared by every component's test (issue 13, finding 6): slowloris
+"""Denial-of-service checks shared by every component's test (threat T28, docs/threat-model.md): slowloris
 clients, a 100 MiB body (declared and chunked), 500 concurrent connections and a flood of refused
 requests, each while an honest client keeps being served; the process's resident memory is
 sampled throughout and its growth printed and bounded.

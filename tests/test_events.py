@@ -1,6 +1,4 @@
-import io
 import json
-import logging
 
 import pytest
 
@@ -8,23 +6,9 @@ from traceless import events
 from traceless.events import EventSchemaError, emit
 
 
-@pytest.fixture
-def captured():
-    stream = io.StringIO()
-    logger = logging.getLogger(events.LOGGER_NAME)
-    handler = logging.StreamHandler(stream)
-    old_level, old_prop = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
-    logger.propagate = old_prop
-
-
-def test_emit_writes_one_json_line(captured):
+def test_emit_writes_one_json_line(captured_events):
     emit("request.finished", finish="stop", prompt_tokens=12, output_tokens=3, ttft_s=0.1, e2e_s=0.5)
-    record = json.loads(captured.getvalue().strip())
+    record = json.loads(captured_events.text().strip())
     assert record["event"] == "request.finished"
     assert record["finish"] == "stop" and record["prompt_tokens"] == 12
 
@@ -41,10 +25,10 @@ def test_emit_writes_one_json_line(captured):
         ("http.request", {"stream": 1}),
     ],
 )
-def test_schema_rejects_anything_undeclared(captured, event, fields):
+def test_schema_rejects_anything_undeclared(captured_events, event, fields):
     with pytest.raises(EventSchemaError):
         emit(event, **fields)
-    assert captured.getvalue() == ""
+    assert captured_events.text() == ""
 
 
 def test_schema_has_no_free_text_fields():

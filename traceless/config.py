@@ -7,7 +7,7 @@ ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
 LOAD_FORMATS = ("auto", "dummy")
 PREFIX_CACHE_MODES = ("off", "isolated", "global")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0")
+QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "fp8")
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
 SPECULATIVE_MODES = ("off", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
@@ -33,10 +33,13 @@ class EngineConfig:
     chat_template: a Jinja chat template (its text) used instead of the model's own; None: the
     model's own, except the built-in model, which uses templates/smollm2-tools.jinja (its GGUF's
     template plus SmolLM2's tool-call format, identical without tools).
-    quantization: how weights are held on the CPU (model/quantization.py has the rule). "auto": a
-    GGUF file keeps its quantized blocks when dtype is "auto" (an explicit dtype dequantizes to it,
-    as for exact parity runs); a Hugging Face checkpoint stays dense. "gguf": keep a GGUF file's
-    blocks; "q8_0"/"q4_0": quantize a Hugging Face checkpoint at load; "none": dense weights."""
+    quantization: how weights are held (model/quantization.py has the rule). "auto": a GGUF file
+    on the CPU keeps its quantized blocks when dtype is "auto" (an explicit dtype dequantizes to
+    it, as for exact parity runs); an FP8 checkpoint runs its matmuls in FP8 on CUDA and is
+    dequantized on the CPU; other checkpoints stay dense. "gguf": keep a GGUF file's blocks;
+    "q8_0"/"q4_0": quantize a Hugging Face checkpoint at load (CPU); "fp8" (CUDA): quantize a
+    checkpoint's layer matrices to FP8 at load, per output channel, activations per token;
+    "none": dense weights in dtype (an FP8 checkpoint dequantized)."""
 
     model: str | None = None
     dtype: str = "auto"
@@ -68,6 +71,13 @@ class EngineConfig:
     quantization: str = "auto"
 
     def __post_init__(self) -> None:
+        # One check per field, in this order: the first invalid field is the one named.
+        self._check_formats()
+        self._check_cache()
+        self._check_layout_and_sizes()
+        self._check_speculative()
+
+    def _check_formats(self) -> None:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}")
         if self.dtype not in DTYPES:
@@ -76,6 +86,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError("device must be auto, cpu, cuda or cuda:N")
+
+    def _check_cache(self) -> None:
         if self.prefix_cache not in PREFIX_CACHE_MODES:
             raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}")
         if self.prefix_cache_ttl < 0:
@@ -86,6 +98,8 @@ class EngineConfig:
             raise ValueError("kv_offload must be none, memory or disk")
         if self.kv_offload_dir is not None and self.kv_offload != "disk":
             raise ValueError("kv_offload_dir is for kv_offload='disk'")
+
+    def _check_layout_and_sizes(self) -> None:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
         if not 1 <= self.block_size <= 256:
@@ -101,7 +115,6 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        self._check_speculative()
 
     def _check_speculative(self) -> None:
         if self.speculative not in SPECULATIVE_MODES:

@@ -60,7 +60,7 @@ EVIDENCE_CHECK = Choice.of(
     "none", "report-format", "cert-chain", "report-signature", "tcb-binding", "minimum-tcb", "guest-policy",
     "measurement", "report-data", "revocation", "quote-format", "pck-chain", "qe-report-signature", "qe-binding",
     "quote-signature", "collateral-signatures", "collateral-current", "tcb-status", "td-attributes", "mr-td",
-    "rtmrs", "fwid-binding", "nonce", "reference-measurements", "rim-signature",
+    "rtmrs", "fwid-binding", "nonce", "reference-measurements", "rim-signature", "host-data", "mr-config-id",
 )
 
 SCHEMA: dict[str, dict[str, FieldKind]] = {

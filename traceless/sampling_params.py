@@ -85,6 +85,13 @@ class SamplingParams:
     structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
+        # Checked in this order (the first invalid field is the one named); numbers are normalized
+        # in place (the dataclass is frozen, hence object.__setattr__).
+        self._check_sampling()
+        self._check_stops_and_penalties()
+        self._check_outputs()
+
+    def _check_sampling(self) -> None:
         set_ = object.__setattr__
         _in_range("n", _integer("n", self.n), 1, MAX_N)
         if self.max_tokens is not None and _integer("max_tokens", self.max_tokens) < 1:
@@ -102,6 +109,9 @@ class SamplingParams:
         _in_range("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
             _in_range("seed", _integer("seed", self.seed), -(2**63), 2**63 - 1)
+
+    def _check_stops_and_penalties(self) -> None:
+        set_ = object.__setattr__
         set_(self, "stop", self._stop_strings(self.stop))
         set_(self, "stop_token_ids", self._token_ids(self.stop_token_ids))
         for name in ("ignore_eos", "skip_special_tokens"):
@@ -113,11 +123,13 @@ class SamplingParams:
         set_(self, "repetition_penalty", _number("repetition_penalty", self.repetition_penalty))
         if not 0.0 < self.repetition_penalty <= 10.0:
             raise InvalidRequestError("repetition_penalty must be in (0, 10]")
+
+    def _check_outputs(self) -> None:
         if self.logprobs is not None:
             _in_range("logprobs", _integer("logprobs", self.logprobs), 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
             _in_range("prompt_logprobs", _integer("prompt_logprobs", self.prompt_logprobs), 0, MAX_LOGPROBS)
-        set_(self, "logit_bias", self._logit_bias(self.logit_bias))
+        object.__setattr__(self, "logit_bias", self._logit_bias(self.logit_bias))
         if not isinstance(self.output_kind, OutputKind):
             raise InvalidRequestError("output_kind must be an OutputKind")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):

@@ -22,6 +22,8 @@ import traceback
 import torch
 import triton
 
+from traceless_tools.bench.gpu_limits import time_ms
+
 OUT = os.environ.get("OUT", ".")
 MODEL = sys.argv[1]
 TAG = os.path.basename(MODEL.rstrip("/"))
@@ -47,23 +49,13 @@ def section(name):
     return wrap
 
 
-def gpu_ms(fn, reps=20, warm=3):
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def gpu_ms(fn, reps=20):
+    return time_ms(fn, torch.device("cuda"), reps)
 
 
 @section("env")
 def _env():
-    from traceless.bench.gpu_limits import measure_limits
+    from traceless_tools.bench.gpu_limits import measure_limits
     p = torch.cuda.get_device_properties(dev)
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
             "device": p.name, "sms": p.multi_processor_count, "mem_gib": round(p.total_memory / 2**30, 1),

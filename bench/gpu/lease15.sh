@@ -4,33 +4,15 @@
 # the device residue audit and the privacy tax on the 1B shape. Each section has its own time limit
 # and writes its own file under $OUT, so a slow section costs only itself. Run from the checkout
 # root with the tree in build/gpu16 and the wheels in .whl (bench/gpu/sync.sh); carry both.
-# The wheels (gguf starlette uvicorn httptools cryptography cffi pycparser llguidance) go into the
-# interpreter itself, not a --target folder: `traceless up` starts its nodes isolated, with a clean
-# environment, so a PYTHONPATH entry does not reach them.
+# The wheels: gguf starlette uvicorn httptools cryptography cffi pycparser llguidance (env.sh).
 # Seen on an H100 on 2026-11-27 (bench/results/h100-2026-11-27): limits ~10 s, tests ~150 s, W1/W2
 # on 8B ~60 s, residue audit ~60 s; the privacy tax needs more than 170 s (run it in its own call).
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
-cd build/gpu16 || exit 1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
-tl() { python3 -m traceless.cli "$@" 2>&1 | grep -v '"event"'; }
-M8=bench/models/llama-3.1-8b
-M1=bench/models/llama-3.2-1b
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee $OUT/gpu_device.txt
-timeout 40 python3 - <<'PY' 2>&1 | tee $OUT/gpu_limits.json
-import json, os, torch
-d = torch.device("cuda"); e = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-a = torch.empty(2**31, dtype=torch.uint8, device=d); b = torch.empty_like(a)
-for _ in range(3): b.copy_(a)
-e[0].record(); [b.copy_(a) for _ in range(10)]; e[1].record(); torch.cuda.synchronize()
-copy = 2 * a.numel() * 10 / (e[0].elapsed_time(e[1]) / 1e3) / 1e12
-x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=d); y = torch.randn_like(x)
-for _ in range(3): x @ y
-e[0].record(); [x @ y for _ in range(10)]; e[1].record(); torch.cuda.synchronize()
-mm = 2 * 8192**3 * 10 / (e[0].elapsed_time(e[1]) / 1e3) / 1e12
-print(json.dumps({"device": torch.cuda.get_device_name(), "copy_tb_s_read_plus_write": round(copy, 3),
-                  "bf16_matmul_tflop_s": round(mm, 1), "torch": torch.__version__}))
-PY
+timeout 60 python3 -c "import json, torch
+from traceless_tools.bench.gpu_limits import measure_limits
+print(json.dumps({'device': torch.cuda.get_device_name(), **measure_limits(torch.device('cuda'))}))" \
+  2>&1 | tee $OUT/gpu_limits.json
 timeout 210 python3 -m pytest -q -p no:cacheprovider --durations=10 tests/runner/test_graph_scrub.py \
   tests/runner/test_device_scrub.py tests/runner/test_cuda.py tests/model/layers/test_triton_kernels.py \
   tests/runner/test_cuda_graphs.py tests/runner/test_triton_recompile.py tests/model/layers/test_moe_triton.py \

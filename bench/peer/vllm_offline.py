@@ -5,7 +5,7 @@ Runs in vLLM's own virtual environment, not traceless's; see bench/peer/README.m
     /work/vllm-venv/bin/python bench/peer/vllm_offline.py --model /work/hf-smollm2 \
         [--dtype bfloat16] [--repeats 3] [--json FILE] [--env KEY=VALUE ...] [--keep-prefix-cache]
 
-The workloads come from traceless/bench/workloads.py, loaded by file path so that nothing else of
+The workloads come from traceless_tools/bench/workloads.py, loaded by file path so that nothing else of
 traceless is imported. Prompts are fed as token ids, greedy, ignore_eos, max_tokens fixed.
 
 Method (one untimed warm-up run of each measurement, then ``--repeats`` timed runs, medians):

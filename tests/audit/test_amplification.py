@@ -3,7 +3,7 @@ a paid one a signature each and no evidence collection, and the design before (n
 document) shows the attack: one collection per node per anonymous request."""
 import pytest
 
-from traceless.audit.amplification import measure_amplification, measure_row
+from traceless_tools.audit.amplification import measure_amplification, measure_row
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,8 @@ def test_the_weakened_design_shows_the_attack(rows):
 
 
 def test_the_report_carries_the_rows_and_prints_them(rows, capsys):
-    from traceless.audit.targeting import build_report, print_amplification
-    from traceless.audit.targeting_estimate import Scenario
+    from traceless_tools.audit.targeting import build_report, print_amplification
+    from traceless_tools.audit.targeting_estimate import Scenario
 
     report = build_report(Scenario(seed=3), [], [], [], list(rows.values()))
     assert report["summary"]["amplification_rows_failed"] == []

@@ -1,4 +1,4 @@
-from traceless.audit.attestation_freshness import MAX_AGES_S, measure
+from traceless_tools.audit.attestation_freshness import MAX_AGES_S, measure
 
 
 def test_the_freshness_benchmark_measures_rounds_and_amortizes_them():

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from traceless.audit.fault_load import Outcome
-from traceless.audit.fault_offload import CONTEXT_TOKENS, SpillCounts, offload_sizing, spill_counts
-from traceless.audit.faults import FAULTS, FaultConfig, _row, run
+from traceless_tools.audit.fault_load import Outcome
+from traceless_tools.audit.fault_offload import CONTEXT_TOKENS, SpillCounts, offload_sizing, spill_counts
+from traceless_tools.audit.faults import FAULTS, FaultConfig, _row, run
 
 NODE_ARGS = ("--dtype", "float32", "--kv-cache-memory", "64MiB")
 

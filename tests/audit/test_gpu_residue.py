@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from traceless.audit.gpu_residue import GpuResidueConfig, Needle, count_hits, run, search
+from traceless_tools.audit.gpu_residue import GpuResidueConfig, Needle, count_hits, run, search
 
 
 def test_search_finds_planted_needles_at_aligned_offsets_only():

@@ -1,7 +1,7 @@
 """The prefix-timing attack harness against live servers (real default model, few trials)."""
 import pytest
 
-from traceless.audit.prefix_timing import AttackConfig, run
+from traceless_tools.audit.prefix_timing import AttackConfig, run
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from traceless.audit.memscan import scan_process
+from traceless_tools.audit.memscan import scan_process
 
 
 def test_memscan_finds_a_string_a_process_holds():
@@ -22,7 +22,7 @@ def test_memscan_finds_a_string_a_process_holds():
 
 @pytest.mark.slow
 def test_residue_audit_finds_nothing_on_the_node_or_the_plaintext_server(tmp_path):
-    from traceless.audit.residue import ResidueConfig, run
+    from traceless_tools.audit.residue import ResidueConfig, run
 
     rep = run(ResidueConfig(ttl_s=2.0), str(tmp_path / "r.json"))
     assert rep["failed"] is False and all(v == 0 for v in rep["places"].values())
@@ -35,7 +35,7 @@ def test_residue_audit_finds_nothing_on_the_node_or_the_plaintext_server(tmp_pat
 
 
 def test_memscan_with_anchors_counts_like_without():
-    from traceless.audit.canary import anchors, new_canary, text_needles
+    from traceless_tools.audit.canary import anchors, new_canary, text_needles
 
     forms = text_needles(new_canary())
     needles = [n for ns in forms.values() for n in ns]
@@ -54,7 +54,7 @@ def test_memscan_with_anchors_counts_like_without():
 
 
 def test_memscan_finds_a_needle_across_a_chunk_boundary():
-    from traceless.audit.memscan import _count_in, _plan
+    from traceless_tools.audit.memscan import _count_in, _plan
 
     needle = b"xx-ANCHOR-yy"
     plan = _plan([needle], [b"ANCHOR"])
@@ -70,7 +70,7 @@ def test_memscan_finds_a_needle_across_a_chunk_boundary():
 
 
 def test_canary_forms_cover_every_script_and_encoding():
-    from traceless.audit.canary import BYTE_LEVEL, byte_level, new_canary, text_needles, token_needles
+    from traceless_tools.audit.canary import BYTE_LEVEL, byte_level, new_canary, text_needles, token_needles
 
     c = new_canary()
     latin, cyrillic, cjk = c.words
@@ -86,3 +86,13 @@ def test_canary_forms_cover_every_script_and_encoding():
     ids = token_needles(c, lambda text: [ord(ch) for ch in text])
     assert (b"".join(ord(ch).to_bytes(8, "little") for ch in " " + latin)) in ids["token ids (int64)"]
     assert repr(c) == "Canary(...)"
+
+
+def test_token_id_needles_skip_runs_too_plain_to_be_a_trace():
+    """A tokenizer that spells a word as one id repeated (an unknown token, a byte vocabulary's
+    zero) would make the needle match every zeroed page: such runs are not counted."""
+    from traceless_tools.audit.canary import new_canary, token_needles
+
+    c = new_canary()
+    assert token_needles(c, lambda text: [0] * len(text)) == {"token ids (int32)": [], "token ids (int64)": []}
+    assert all(token_needles(c, lambda text: [ord(ch) for ch in text]).values())

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from traceless.audit.stats import (
+from traceless_tools.audit.stats import (
     auc_interval,
     auc_p_value,
     best_threshold_accuracy,

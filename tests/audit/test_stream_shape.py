@@ -1,13 +1,23 @@
 """The stream-shape attack (Whisper Leak style) against a real node: far above chance with shape
-hiding off, within chance with the node's defaults. Tiny model, a few topics."""
+hiding off, within chance with the node's defaults, for answers of a fixed length and of their
+natural length (EOS ends them, at a different token for each topic). Tiny model, a few topics."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 
-from tests.server.serving import serve
-from traceless.audit.stream_shape import (
+from tests.support.serving import serve
+from traceless.config import EngineConfig
+from traceless.entrypoints.build import build_engine
+from traceless.node.app import create_node_app
+from traceless.node.identity import NodeIdentity
+from traceless.node.settings import NodeSettings
+from traceless.privacy.attestation.measurement import Measurement
+from traceless.privacy.shape import OFF, STREAM_CHUNK, ShapePolicy
+from traceless.server.async_engine import AsyncEngine
+from traceless_tools.audit.stream_shape import (
     ModeResult,
     StreamAttackConfig,
     Trace,
@@ -18,16 +28,10 @@ from traceless.audit.stream_shape import (
     plot,
     report_for,
 )
-from traceless.config import EngineConfig
-from traceless.entrypoints.build import build_engine
-from traceless.node.app import create_node_app
-from traceless.node.identity import NodeIdentity
-from traceless.node.settings import NodeSettings
-from traceless.privacy.attestation.measurement import Measurement
-from traceless.privacy.shape import OFF, STREAM_CHUNK, ShapePolicy
-from traceless.server.async_engine import AsyncEngine
 
-TOPICS = ("w5 w6 w7", "w9 w10 w11 w12 w13 w14", "w20", "w30 w31 w32 w33 w34 w35 w36 w37 w38")
+# prompts of different lengths whose greedy answers on the tiny model end (EOS) after 1, 3, 7 and
+# more than 10 tokens: what the natural-length reading is about
+TOPICS = ("w22 w67 w21 w8 w84 w81 w20", "w55 w18 w57 w90 w18 w67", "w39 w65 w7 w20", "w64 w17")
 
 
 def attack(model_dir, shape: ShapePolicy, mode: str, cfg: StreamAttackConfig) -> ModeResult:
@@ -42,18 +46,26 @@ def attack(model_dir, shape: ShapePolicy, mode: str, cfg: StreamAttackConfig) ->
 
 def test_padding_off_leaks_the_topic_and_the_defaults_do_not(tiny_llama_dir, tmp_path):
     cfg = StreamAttackConfig(TOPICS, trials=8, max_tokens=10, temperature=0.0, folds=4)
-    results = [attack(tiny_llama_dir, OFF, "off", cfg), attack(tiny_llama_dir, ShapePolicy(), "defaults", cfg)]
+    natural = replace(cfg, natural_length=True)
+    results = [attack(tiny_llama_dir, OFF, "off", cfg), attack(tiny_llama_dir, ShapePolicy(), "defaults", cfg),
+               attack(tiny_llama_dir, ShapePolicy(), "defaults", natural)]
     report = report_for(results, cfg)
-    off, on = report["results"]
+    off, on, on_natural = report["results"]
     print({k: off[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range")},
-          {k: on[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range", "chunks_per_response")})
+          *({k: r[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range", "chunks_per_response")}
+            for r in (on, on_natural)))
     lo, hi = off["chance_95_range"]
     assert off["above_chance"] and off["accuracy"] >= 0.9 and off["accuracy_95ci"][0] > hi
     assert len(off["request_sizes"]) >= len(TOPICS) and off["distinct_chunk_sizes"] > 3  # what it read
     # at chance: no better than a guesser does in 999 runs of 1000 (the 95% range alone would fail one
     # honest run in 40; the report still gives it)
-    assert on["accuracy"] <= _guesser_upper(len(TOPICS) * cfg.trials, 1 / len(TOPICS), 0.999), on
-    assert on["chunk_sizes"] == [STREAM_CHUNK + 16] and len(on["request_sizes"]) == 1
+    for r in (on, on_natural):
+        assert r["accuracy"] <= _guesser_upper(len(TOPICS) * cfg.trials, 1 / len(TOPICS), 0.999), r
+        assert r["chunk_sizes"] == [STREAM_CHUNK + 16] and len(r["request_sizes"]) == 1
+    # the natural lengths differ by topic (what the reading is about), and the streams do not
+    lengths = {label: t.tokens for label, t in zip(results[2].labels, results[2].traces)}
+    assert len(set(lengths.values())) > 1, lengths
+    assert len({len(t.sizes) for t in results[2].traces}) == 1
     plot(report, str(tmp_path / "attack.png"))
     assert (tmp_path / "attack.png").stat().st_size > 10_000
 
@@ -83,3 +95,24 @@ def test_the_classifier_finds_a_signal_and_none_where_there_is_none():
     lo, hi = chance_interval(len(y), 0.25)
     assert 0.1 < lo < 0.25 < hi < 0.4
     assert (cross_validate(x, y_random, 4, 4, 0) == y_random).mean() <= hi
+
+
+def test_each_part_of_the_relays_view_is_read_alone():
+    """The report says which part of the view carries the topic: a signal in the gaps' jitter alone
+    (the node's timer is late by more while its engine works) is found by the gaps reading and not by
+    the sizes or length readings."""
+    from traceless_tools.audit.stream_shape import FEATURE_GROUPS, by_feature_group
+
+    rng = np.random.default_rng(1)
+    traces = []
+    for c in range(4):
+        for _ in range(20):
+            late = rng.normal(0, 0.002 + 0.004 * (c % 2), 16).clip(0)  # topics 1, 3: a noisier timer
+            traces.append(Trace(1079, (4112,) * 16, tuple(0.1 * np.arange(1, 17) + late)))
+    y = np.repeat(np.arange(4), 20)
+    x = np.array([features(t) for t in traces])
+    accuracy = by_feature_group(x, y, 4, 4, 0)
+    assert set(accuracy) == set(FEATURE_GROUPS) == {"sizes", "length", "gaps"}
+    lo, hi = chance_interval(len(y), 0.25)
+    assert accuracy["gaps"] > hi, accuracy  # two of four told apart: about 0.5
+    assert accuracy["sizes"] <= hi and accuracy["length"] <= hi + 0.1, accuracy

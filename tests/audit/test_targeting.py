@@ -7,18 +7,18 @@ import json
 import httpx
 import pytest
 
-import traceless.audit.targeting_gateway as targeting_gateway
-from traceless.audit.targeting import run
-from traceless.audit.targeting_estimate import AT, BEATS, Scenario
-from traceless.audit.targeting_gateway import (
+import traceless_tools.audit.targeting_gateway as targeting_gateway
+from traceless_tools.audit.targeting import run
+from traceless_tools.audit.targeting_estimate import AT, BEATS, Scenario
+from traceless_tools.audit.targeting_gateway import (
     GATEWAY_STRATEGIES,
     MODEL,
     GatewayRouting,
     GatewayRun,
     measure_gateway,
 )
-from traceless.audit.targeting_nodes import NodeFarm
-from traceless.audit.targeting_policies import (
+from traceless_tools.audit.targeting_nodes import NodeFarm
+from traceless_tools.audit.targeting_policies import (
     PREMIUM,
     ClusterState,
     LeastLoaded,
@@ -28,8 +28,8 @@ from traceless.audit.targeting_policies import (
     UserAffinity,
     ring_position,
 )
-from traceless.cli.parser import main
-from traceless.client.node_choice import draw_node
+from traceless_tools.cli import main
+from traceless_tools.client.node_choice import draw_node
 
 SCENARIO = Scenario(capacities=(1.0, 2.0, 3.0, 4.0), attacker_nodes=frozenset({0, 1}), requests=1000, seed=3)
 FITTING = (("least_loaded", "flood"), ("user_affinity", "sybil"), ("prefix_aware", "seed_prefix"),

@@ -3,9 +3,9 @@ level, the attack does not beat it against our client, and it does beat it again
 the defence the attack targets (so each row can fail)."""
 import pytest
 
-from traceless.audit.targeting_collusion import measure_collusion_linking
-from traceless.audit.targeting_collusion_routing import measure_collusion_routing
-from traceless.audit.targeting_estimate import AT, BEATS, Scenario
+from traceless_tools.audit.targeting_collusion import measure_collusion_linking
+from traceless_tools.audit.targeting_collusion_routing import measure_collusion_routing
+from traceless_tools.audit.targeting_estimate import AT, BEATS, Scenario
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_linking_attacks_beat_only_the_weakened_client(linking, strategy):
 
 
 def test_the_report_carries_the_rows_and_prints_them(routing, capsys):
-    from traceless.audit.targeting import build_report, print_collusion
+    from traceless_tools.audit.targeting import build_report, print_collusion
 
     report = build_report(Scenario(seed=3), [], [], list(routing.values()))
     assert report["summary"]["collusion_rows_failed"] == []

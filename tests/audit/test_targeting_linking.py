@@ -3,8 +3,8 @@ witness: every attack fails (0/N) while the honest baseline is accepted (N/N); a
 succeed against a client that skips the check it targets, so the rows can fail."""
 import pytest
 
-from traceless.audit import targeting_linking as tl
-from traceless.audit.targeting_linking import LINKING_STRATEGIES, measure_linking
+from traceless_tools.audit import targeting_linking as tl
+from traceless_tools.audit.targeting_linking import LINKING_STRATEGIES, measure_linking
 
 TRIALS = 5
 
@@ -25,9 +25,9 @@ def test_every_linking_attack_fails_and_the_honest_baseline_passes(rows, strateg
 
 def test_the_attacks_succeed_against_a_client_without_the_checks(monkeypatch):
     """Disable each check the rows rely on: the same attacks then succeed (the harness can see them)."""
-    from traceless.client.tokens import TokenWallet
     from traceless.privacy.privacypass.http import b64url_decode
     from traceless.privacy.privacypass.keys import IssuerPublicKey
+    from traceless_tools.client.tokens import TokenWallet
 
     async def unchecked_challenge(self, key):  # the relayed copy, not compared with the public one
         return await self._challenge_from(self._config.relay_url, key)

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from tests.support.word_cache_child import load, write_tokenizers
-from traceless.audit.canary import Canary, anchors, new_canary, text_needles, token_needles
-from traceless.audit.memscan import scan_process
+from traceless_tools.audit.canary import Canary, anchors, new_canary, text_needles, token_needles
+from traceless_tools.audit.memscan import scan_process
 
 REPO = Path(__file__).resolve().parents[2]
 

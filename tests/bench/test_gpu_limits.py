@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from traceless.bench.offline import _add_limit_ratios
-from traceless.bench.workloads import Workload
+from traceless_tools.bench.offline import _add_limit_ratios
+from traceless_tools.bench.workloads import Workload
 
 LIMITS = {"copy_bytes_per_s": 2.96e12, "bf16_flops_per_s": 7.71e14}
 W1 = Workload("W1", "one stream", ((5,) * 128,), 128)

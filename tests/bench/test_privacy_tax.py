@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from traceless.bench import privacy_tax_report as report
-from traceless.bench.privacy_tax import CLASSES, PATHS, QUICK, TaxConfig, class_prompts, config_from, order
-from traceless.bench.privacy_tax_breakdown import events
-from traceless.report.output import finish
+from traceless_tools.bench import privacy_tax_report as report
+from traceless_tools.bench.privacy_tax import CLASSES, PATHS, QUICK, TaxConfig, class_prompts, config_from, order
+from traceless_tools.bench.privacy_tax_breakdown import events
+from traceless_tools.report.output import finish
 
 
 # --- definitions and workload ------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def test_config_validation_and_quick_defaults():
 
 
 def test_the_command_is_registered_and_rejects_bad_options(capsys):
-    from traceless.cli.parser import build_parser, main
+    from traceless_tools.cli import build_parser, main
 
     args = build_parser().parse_args(["bench", "privacy-tax", "--quick", "--classes", "short,long", "--json", "x"])
     assert args.quick and args.classes == "short,long" and args.json == "x"
@@ -116,7 +116,7 @@ def test_report_table_comparison_json_and_plot(tmp_path, capsys):
 # --- end to end --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_tiny_run_measures_both_paths_and_really_uses_the_private_path(tmp_path, capsys):
-    from traceless.cli.parser import main
+    from traceless_tools.cli import main
 
     work, out_json, out_png = tmp_path / "work", tmp_path / "tax.json", tmp_path / "tax.png"
     n, out_len, conc, probes = 2, 4, 2, 2

@@ -2,8 +2,8 @@
 is a passage repeated, the case prompt lookup is made for."""
 import hashlib
 
-from traceless.bench.speculative import print_table
-from traceless.bench.workloads import offline_workloads
+from traceless_tools.bench.speculative import print_table
+from traceless_tools.bench.workloads import offline_workloads
 
 # sha256(repr((prompts, max_tokens)))[:16] of W1-W3 as first published
 FIXED = {"W1": "b0aad352cace8633", "W2": "c559c3e206d10222", "W3": "b7f6431d3eec037d"}

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from tests.vectors import DATA, vector_path
-from traceless.cli import main
+from traceless_tools.cli import main
 
 MEASUREMENT = "7a1e5c266c0108dbc9bb94fa926951320940915d0aafb42464bd88b579ea158d3e1a0dc39b2c60bd95b9c480cd81841f"
 NONCE = "931d8dd0add203ac3d8b4fbde75e115278eefcdceac5b87671a748f32364dfcb"

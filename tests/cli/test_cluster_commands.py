@@ -13,9 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.cluster._helpers import running_log_service
-from tests.cluster._services import RELEASE, FakeNode, encrypt_for, running_app
-from traceless.cli.parser import main
+from tests.support.cluster_services import RELEASE, FakeNode, encrypt_for, running_app
+from tests.support.log_service import running_log_service
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.http import format_authorization, parse_www_authenticate
@@ -23,6 +22,7 @@ from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.token_batch import decode_batch, encode_batch
 from traceless.privacy.privacypass.wire import TokenChallenge, TokenResponse
 from traceless.privacy.translog.log import TransparencyLog
+from traceless_tools.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "demo-key-0123456789abcdef"
@@ -39,7 +39,7 @@ def _command(args, ready_url, logs):
     """Run `traceless ARGS` until the block ends; wait until ready_url answers. Its stderr
     lines are appended to `logs` after it stops."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", *args], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
@@ -142,8 +142,8 @@ def test_command_errors(tmp_path, capsys):
 
 
 def test_services_and_their_commands_do_not_load_torch():
-    code = ("import sys, traceless.cli.parser, traceless.cli.cluster, traceless.cluster.gateway, "
-            "traceless.cluster.relay, traceless.cluster.issuer; traceless.cli.parser.build_parser(); "
+    code = ("import sys, traceless_tools.cli, traceless_tools.cli.cluster, traceless_tools.cluster.gateway, "
+            "traceless_tools.cluster.relay, traceless_tools.cluster.issuer; traceless_tools.cli.build_parser(); "
             "print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

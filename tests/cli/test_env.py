@@ -2,7 +2,7 @@
 import pytest
 
 from traceless.cli.env import VARIABLES, describe, env_value
-from traceless.cli.parser import build_parser
+from traceless_tools.cli import build_parser
 
 
 def test_a_variable_fills_a_required_option(monkeypatch):

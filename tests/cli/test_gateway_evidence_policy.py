@@ -6,9 +6,9 @@ import base64
 
 import pytest
 
+import traceless_tools.cli as cli
 from tests.privacy.attestation.fake_hardware import write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
-from traceless.cli import parser as cli
 
 BASE = ["gateway", "--privacy", "off", "--log", "http://log.invalid", "--log-public-key",
         base64.b64encode(bytes(32)).decode(), "--port", "0"]

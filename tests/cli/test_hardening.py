@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from traceless.local.services import spawn_node, spawn_serve
+from traceless_tools.local.services import spawn_node, spawn_serve
 
 
 def core_limit(pid: int) -> str:

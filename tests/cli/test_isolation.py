@@ -11,7 +11,7 @@ from pathlib import Path
 
 from traceless.cli.isolation import canonical_digest
 from traceless.cli.scrubbing import SCRUB_ENV
-from traceless.local.services import spawn_node
+from traceless_tools.local.services import spawn_node
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,3 +47,20 @@ def test_the_isolated_state_is_measured():
     on = node_measured_config(node_parser().parse_args([]))
     off = node_measured_config(node_parser().parse_args(["--no-scrub-freed-memory"]))
     assert on["environment"] == canonical_digest(SCRUB_ENV) != off["environment"] == canonical_digest({})
+
+
+def test_a_process_started_as_the_image_starts_the_node_is_already_isolated(tmp_path):
+    """The image's ENTRYPOINT (boot_argv) and an environment of scrubbing's variables alone: the
+    process that starts is in the measured state, so the node never restarts itself there."""
+    from traceless.cli.isolation import boot_argv, starts_isolated
+
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", ""), **SCRUB_ENV}
+    argv = [*boot_argv(sys.executable, str(REPO)), "node"]
+    assert starts_isolated(argv, env, SCRUB_ENV)
+    assert not starts_isolated([sys.executable, "-m", "traceless.cli", "node"], env, SCRUB_ENV)
+    assert not starts_isolated(argv, {**env, "LD_PRELOAD": "x.so"}, SCRUB_ENV)
+    probe = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from traceless.cli.isolation import canonical_digest, "
+             "current_digest; from traceless.cli.scrubbing import SCRUB_ENV; "
+             "print(current_digest() == canonical_digest(SCRUB_ENV))")
+    r = subprocess.run([*argv[:-2], probe], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.stdout.strip() == "True", r.stderr

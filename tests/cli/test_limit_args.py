@@ -2,8 +2,8 @@
 import pytest
 
 from traceless.cli.limits import connection_limits
-from traceless.cli.parser import build_parser
 from traceless.http.limits import ConnectionLimits
+from traceless_tools.cli import build_parser
 
 COMMANDS = [
     ["relay", "--gateway", "http://g"],

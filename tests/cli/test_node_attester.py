@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+import traceless_tools.cli as cli
 from tests.privacy.attestation.fake_hardware import CcGpuNvml
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
-from traceless.cli import parser as cli
 from traceless.cli.node import MAX_GPUS, build_attester, node_measured_config, node_parser
 from traceless.privacy.attestation import hardware
 from traceless.privacy.attestation.hardware import HardwareAttester

@@ -1,12 +1,13 @@
 """`traceless node --log`: a node refuses to start unless its release is logged and allows its capacity
-(issue 12: a node started with a capacity no logged release allows is refused with a clear error)."""
+(threat T14, docs/threat-model.md: a node started with a capacity no logged release allows is
+refused with a clear error)."""
 import base64
 from contextlib import ExitStack
 
 import pytest
 
-from tests.cluster._helpers import running_log_service
-from tests.cluster._services import RELEASE
+from tests.support.cluster_services import RELEASE
+from tests.support.log_service import running_log_service
 from traceless.cli.node import check_release_allows
 from traceless.privacy.translog.log import TransparencyLog
 

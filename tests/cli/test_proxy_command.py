@@ -9,12 +9,12 @@ import re
 import httpx
 import pytest
 
-from tests.cluster._services import running_app
+import traceless_tools.cli as cli
 from tests.privacy.attestation.fake_hardware import write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
-from traceless.cli import parser as cli
-from traceless.client.node_verifier import VerifiedNode
+from tests.support.cluster_services import running_app
 from traceless.privacy.ohttp.gateway import OhttpServer
+from traceless_tools.client.node_verifier import VerifiedNode
 
 BASE = ["proxy", "--issuer", "http://issuer.invalid", "--api-key", "k" * 32, "--relay", "http://relay.invalid",
         "--log", "http://log.invalid", "--log-public-key", base64.b64encode(bytes(32)).decode(), "--model", "m",

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from traceless.audit.memscan import scan_process
-from traceless.local.services import spawn_serve
+from traceless_tools.audit.memscan import scan_process
+from traceless_tools.local.services import spawn_serve
 
 
 def _send(url: str, model: str, canaries: dict[str, str]) -> None:
@@ -50,17 +50,19 @@ def test_serve_holds_no_canary_after_requests_end(tiny_llama_dir):
     (["--port", "8123", "--metrics-port", "8123"], "--metrics-port must differ from --port"),
     (["--metrics-min-requests", "-1"], "minimum number of requests"),
     (["--metrics-window", "0"], "positive number of seconds"),
+    (["--metrics-epsilon", "0"], "telemetry epsilon must be a number from 0.01"),
+    (["--metrics-epsilon", "none"], "a number, or off"),
 ])
 def test_serve_refuses_metrics_on_the_public_port_and_bad_windows(extra, message):
-    r = subprocess.run([sys.executable, "-m", "traceless.cli", "serve", *extra], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "traceless_tools.cli", "serve", *extra], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0 and message in r.stderr
 
 
 def test_serve_exits_70_when_its_engine_stops_for_good(tiny_llama_dir, tmp_path):
     from traceless.cli.serve import ENGINE_STOPPED_EXIT
-    from traceless.local.processes import free_port, wait_ready
     from traceless.server.async_engine import AsyncEngine
+    from traceless_tools.local.processes import free_port, wait_ready
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import traceless
-from traceless.cli.parser import build_parser, main
+from traceless_tools.cli import build_parser, main
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = ""):
@@ -48,7 +48,7 @@ def test_version(capsys):
 
 
 def test_ctrl_c_in_any_command_is_one_line_and_status_130(monkeypatch, capsys):
-    from traceless.cli import generate
+    from traceless_tools.cli import generate
 
     def interrupted(args):
         raise KeyboardInterrupt  # what main's handlers make of Ctrl-C, SIGTERM and SIGHUP
@@ -60,7 +60,7 @@ def test_ctrl_c_in_any_command_is_one_line_and_status_130(monkeypatch, capsys):
 
 def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-m", "traceless.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "traceless_tools.cli", *argv], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 

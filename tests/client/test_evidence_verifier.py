@@ -10,19 +10,20 @@ from dataclasses import replace
 
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
+from tests.support.cluster_services import RELEASE, StubReleases
 from traceless import events
-from traceless.client.node_verifier import NodeRefused, NodeVerifier, _split_reason
-from traceless.client.private_client import ClientConfig
 from traceless.privacy.attestation import nvidia, snp, tdx
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy
 from traceless.privacy.attestation.hardware import evidence_to_json
 from traceless.privacy.attestation.policy_file import load_policy_file
+from traceless.privacy.attestation.runtime_policy import RUNTIME_POLICY_CHECKS
 from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.ohttp.gateway import OhttpServer
+from traceless_tools.client.node_verifier import NodeRefused, NodeVerifier, _split_reason
+from traceless_tools.client.private_client import ClientConfig
 
 NONCE = b"n" * 16
 
@@ -162,7 +163,22 @@ def test_refusal_reasons_split_into_event_fields(reason, split):
     assert _split_reason(reason) == split
 
 
+def test_a_report_of_another_runtime_policy_is_refused_with_its_check_named(policy, chains, tmp_path, caplog):
+    """A node whose SEV-SNP HOST_DATA is not an allowed runtime policy's is refused, and the event
+    names the check (not "other")."""
+    caplog.set_level(logging.INFO, logger="traceless.events")
+    v = _verifier(replace(policy, host_data=frozenset({b"\x01" * 32})))
+    try:
+        with pytest.raises(NodeRefused):
+            v.verify(_entry(hardware_attester(tmp_path / "tsm", *chains)), expected_nonce=NONCE)
+    finally:
+        v.close()
+    refusals = [r.getMessage() for r in caplog.records if '"client.evidence_refused"' in r.getMessage()]
+    assert len(refusals) == 1 and '"check":"host-data"' in refusals[0] and '"kind":"snp"' in refusals[0], refusals
+    assert '"reason":"report_failed"' in refusals[0]
+
+
 def test_the_event_schema_knows_every_check_and_kind():
-    every_check = set(snp.CHECKS) | set(tdx.CHECKS) | set(nvidia.CHECKS)
+    every_check = set(snp.CHECKS) | set(tdx.CHECKS) | set(nvidia.CHECKS) | set(RUNTIME_POLICY_CHECKS)
     assert every_check | {"none"} == events.EVIDENCE_CHECK.values
     assert {"software", "snp", "tdx", "nvidia", "snp+nvidia", "tdx+nvidia"} == events.ATTESTATION_KIND.values

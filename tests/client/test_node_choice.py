@@ -1,13 +1,13 @@
-"""The client draws its node itself, by attested capacity (issue 12, finding 1: the client used to
+"""The client draws its node itself, by attested capacity (threat T14, docs/threat-model.md: the client used to
 take the gateway's order)."""
 import random
 
 import pytest
 
-from tests.cluster._stats import chi_square_p
-from traceless.client.node_choice import draw_node
-from traceless.client.node_verifier import VerifiedNode
+from tests.support.stats import chi_square_p
 from traceless.privacy.ohttp.gateway import OhttpServer
+from traceless_tools.client.node_choice import draw_node
+from traceless_tools.client.node_verifier import VerifiedNode
 
 KEY = OhttpServer().key_config
 

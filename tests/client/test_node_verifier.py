@@ -1,17 +1,17 @@
-"""NodeVerifier refusals (issue 12, finding 2: fresh attestations, attester policy, clock leeway;
-finding 1: the capacity a node may claim is the logged release's)."""
+"""NodeVerifier refusals (threat T15, docs/threat-model.md: fresh attestations, attester policy, clock leeway;
+threat T14: the capacity a node may claim is the logged release's)."""
 import base64
 import time
 
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases
-from traceless.client.node_verifier import NodeRefused, NodeVerifier
-from traceless.client.private_client import ClientConfig
+from tests.support.cluster_services import RELEASE, StubReleases
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.attestation.software import NodeStatement, SoftwareAttester, new_claims
 from traceless.privacy.ohttp.gateway import OhttpServer
 from traceless.privacy.ohttp.keys import encode_ohttp_keys
+from traceless_tools.client.node_verifier import NodeRefused, NodeVerifier
+from traceless_tools.client.private_client import ClientConfig
 
 NONCE = b"n" * 16
 
@@ -125,9 +125,12 @@ def test_an_unreadable_log_refuses_the_node():
     ({"load_format": "dummy"}, "release_dummy_weights"),
     ({"request_events": True}, "release_request_events"),
     ({"shape_padding": None}, "release_unpadded"),  # not stated counts as off
+    ({"metrics_epsilon": None}, "release_metrics_epsilon"),  # exact telemetry (off), or not stated
+    ({"metrics_epsilon": 4.0}, "release_metrics_epsilon"),  # noise weaker than the policy allows
+    ({"metrics_epsilon": True}, "release_metrics_epsilon"),
 ])
 def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, reason):
-    from tests.cluster._services import PRIVATE_SETTINGS
+    from tests.support.cluster_services import PRIVATE_SETTINGS
     from traceless.privacy.translog.manifest import ReleaseManifest
 
     config = {k: v for k, v in (PRIVATE_SETTINGS | change).items() if v is not None}
@@ -148,7 +151,7 @@ def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, 
 def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):
     from dataclasses import replace
 
-    from tests.cluster._services import PRIVATE_SETTINGS
+    from tests.support.cluster_services import PRIVATE_SETTINGS
     from traceless.privacy.translog.manifest import ReleaseManifest
     from traceless.privacy.translog.release_policy import ReleasePolicy
 
@@ -171,7 +174,7 @@ def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):
 def test_one_node_listed_under_many_ids_refuses_the_round():
     """Node aliases: the gateway lists the attacker's node under 9 node ids next to one honest node;
     verifying every copy and drawing by their summed capacity gave the attacker 9/10 of the draws."""
-    from traceless.client.node_choice import draw_node
+    from traceless_tools.client.node_choice import draw_node
 
     honest, evil = SoftwareAttester(), SoftwareAttester()
     v = NodeVerifier(ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32,

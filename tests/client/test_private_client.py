@@ -8,11 +8,11 @@ import random
 import httpx
 import pytest
 
-from traceless.client.node_verifier import VerifiedNode
-from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClientError
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.ohttp.gateway import OhttpServer
 from traceless.privacy.privacypass.wire import Token
+from traceless_tools.client.node_verifier import VerifiedNode
+from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClientError
 
 SERVERS = [OhttpServer(key_id=1), OhttpServer(key_id=2)]
 NODES = [VerifiedNode(f"node{i}", 1, s.key_config, b"\x00" * 32, f"kid{i}", 0.0) for i, s in enumerate(SERVERS)]
@@ -187,7 +187,7 @@ def _stalling(with_head: bool):
 def test_a_silent_stream_fails_with_a_timeout_error_and_is_not_resent(with_head):
     """A node that stalls before its response head, or between chunks, does not hold the request
     forever: PathTimeoutError after the configured silence, and the prompt went out once."""
-    from traceless.client.private_client import PathTimeoutError
+    from traceless_tools.client.private_client import PathTimeoutError
 
     posts = []
 

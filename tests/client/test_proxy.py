@@ -1,13 +1,13 @@
-"""The local proxy answers only the user's own software (issue 13, finding 7): a loopback Host, no
+"""The local proxy answers only the user's own software (threat T31, docs/threat-model.md): a loopback Host, no
 foreign Origin (CSRF, DNS rebinding), a JSON content type on POST; refusals echo no header value."""
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.cluster._services import running_app
-from traceless.client.proxy import create_proxy_app
-from traceless.client.routing_watch import RoutingWatch
+from tests.support.cluster_services import running_app
+from traceless_tools.client.proxy import create_proxy_app
+from traceless_tools.client.routing_watch import RoutingWatch
 
 
 @dataclass

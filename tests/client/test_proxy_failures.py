@@ -6,10 +6,10 @@ request: with a fresh draw, a gateway could steer the caller by failing it). Web
 import httpx
 import pytest
 
-from tests.cluster._services import running_app
-from traceless.client.private_client import PrivateClientError
-from traceless.client.proxy import create_proxy_app
-from traceless.client.routing_watch import RoutingWatch
+from tests.support.cluster_services import running_app
+from traceless_tools.client.private_client import PrivateClientError
+from traceless_tools.client.proxy import create_proxy_app
+from traceless_tools.client.routing_watch import RoutingWatch
 
 
 class _Config:
@@ -39,7 +39,7 @@ class FailingClient:
 
 
 def _error(cause: str) -> PrivateClientError:
-    from traceless.client.errors import FailureCause
+    from traceless_tools.client.errors import FailureCause
 
     return PrivateClientError("x", FailureCause(cause))
 
@@ -70,9 +70,9 @@ def test_the_openai_sdk_makes_one_attempt():
 def test_the_relay_down_is_503_relay_unreachable_not_500():
     """The real client, holding tokens (the candidate list costs one), against a relay that accepts no
     connection."""
-    from traceless.client.private_client import AsyncPrivateClient, ClientConfig
     from traceless.privacy.privacypass import protocol as privacypass
     from traceless.privacy.privacypass.wire import TokenChallenge
+    from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig
 
     config = ClientConfig("http://127.0.0.1:9", "k", "http://127.0.0.1:9", "http://127.0.0.1:9", bytes(32),
                           (bytes(32),), "m", token_wait_s=0.5)
@@ -90,7 +90,7 @@ def test_the_relay_down_is_503_relay_unreachable_not_500():
 def test_with_no_token_to_pay_for_the_candidate_list_nothing_is_sent():
     """The relay and the issuer down, the wallet empty: the candidate list waits for a token (it makes
     the nodes sign), so the cause named is the tokens."""
-    from traceless.client.private_client import AsyncPrivateClient, ClientConfig
+    from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig
 
     config = ClientConfig("http://127.0.0.1:9", "k", "http://127.0.0.1:9", "http://127.0.0.1:9", bytes(32),
                           (bytes(32),), "m", token_wait_s=0.5)

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from traceless.client.private_client import PrivateClientError
-from traceless.client.proxy import create_proxy_app
-from traceless.client.routing_watch import RoutingWatch
 from traceless.http.serve import serve_in_thread
+from traceless_tools.client.private_client import PrivateClientError
+from traceless_tools.client.proxy import create_proxy_app
+from traceless_tools.client.routing_watch import RoutingWatch
 
 
 class BreakingClient:
@@ -60,14 +60,14 @@ class SilentClient(BreakingClient):
     """A stand-in whose path goes silent: a non-streamed call, and a stream after one event, time out."""
 
     async def request(self, path: str, body: dict):
-        from traceless.client.private_client import PathTimeoutError
+        from traceless_tools.client.private_client import PathTimeoutError
 
         if not body.get("stream"):
             raise PathTimeoutError("no answer within 300s; the request was abandoned")
         return self._silent()
 
     async def _silent(self):
-        from traceless.client.private_client import PathTimeoutError
+        from traceless_tools.client.private_client import PathTimeoutError
 
         yield b'data: {"id":"x","object":"text_completion","created":0,"model":"m","choices":[]}\n\n'
         raise PathTimeoutError("nothing arrived for 30s while waiting for the next chunk")

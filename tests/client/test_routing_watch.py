@@ -1,6 +1,6 @@
 import random
 
-from traceless.client.routing_watch import RoutingWatch
+from traceless_tools.client.routing_watch import RoutingWatch
 
 
 def answered(rng, caps):

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from traceless.client.tokens import TokenError, TokenWallet
 from traceless.privacy.privacypass.http import b64url_encode
 from traceless.privacy.privacypass.redemption_schedule import RedemptionSchedule
 from traceless.privacy.translog.manifest import IssuerKeyEntry
+from traceless_tools.client.tokens import TokenError, TokenWallet
 
 EPOCH_S = 3600.0
 

@@ -2,7 +2,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from tests.cluster._helpers import running_log_service
+from tests.support.log_service import running_log_service
 
 
 @pytest.fixture

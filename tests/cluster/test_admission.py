@@ -1,4 +1,4 @@
-"""Issue 12, finding 1: capacity is attested, not announced. The gateway admits a node only with an
+"""Threat T14 (docs/threat-model.md): capacity is attested, not announced. The gateway admits a node only with an
 attestation that verifies, whose measurement is a logged release allowing the claimed capacity,
 keeps one record per attestation key, caps the registry, and lets no one else replace a node."""
 import time
@@ -6,10 +6,10 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
 from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.policy import AttesterPolicy
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
 
 
 def _gateway(**overrides):

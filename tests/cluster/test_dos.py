@@ -1,17 +1,17 @@
 """The gateway and the relay under slowloris clients, 100 MiB bodies, 500 connections and a flood
-of invalid tokens: honest requests keep being served, memory stays bounded (issue 13, finding 6).
+of invalid tokens: honest requests keep being served, memory stays bounded (threat T28, docs/threat-model.md).
 Figures are printed (pytest -s shows them)."""
 import httpx
 import pytest
 
 from tests import dos
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, encrypt_for, mint_tokens
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, encrypt_for, mint_tokens
 from traceless.http.serve import serve_in_thread
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
 
 OHTTP_REQ = {"content-type": "message/ohttp-req"}
 INVALID_TOKEN = {**OHTTP_REQ, "authorization": "PrivateToken token=" + "A" * 400}

@@ -10,10 +10,9 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
-from traceless.cluster.gateway import GatewayConfig, capped_listing, create_gateway_app
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
 from traceless.node.attestation_route import attestation_app
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import KeyRing
@@ -23,6 +22,7 @@ from traceless.privacy.attestation.evidence_policy import AttestationPolicy, Pol
 from traceless.privacy.attestation.hardware import MAX_EVIDENCE_ITEMS, evidence_from_json
 from traceless.privacy.attestation.policy_file import load_policy_file
 from traceless.privacy.attestation.vouched import verify_with_base
+from traceless_tools.cluster.gateway import GatewayConfig, capped_listing, create_gateway_app
 
 
 @pytest.fixture(scope="module")

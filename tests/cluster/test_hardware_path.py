@@ -1,4 +1,4 @@
-"""Issue 14's last check: the private path end to end with hardware attestation. A node on a tiny
+"""Threat T25 (docs/threat-model.md): the private path end to end with hardware attestation. A node on a tiny
 model whose attester is hardware-backed (SEV-SNP through a fake configfs-tsm, one GPU through a
 fake NVML, both signing with test keys as the hardware would) registers with a gateway and answers
 the openai client through relay and proxy, under a policy file that pins the test roots; the proxy's
@@ -17,18 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases, mint_tokens, running_app
 from tests.privacy.attestation.fake_hardware import hardware_attester, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 from tests.privacy.attestation.forge_nvidia import GpuTestChain
+from tests.support.cluster_services import RELEASE, StubReleases, mint_tokens, running_app
 from traceless import SamplingParams
-from traceless.client.node_verifier import NodeRefused, NodeVerifier
-from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
-from traceless.client.proxy import create_proxy_app
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app
-from traceless.cluster.log_service import create_app as create_log_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.entrypoints.llm import LLM
@@ -46,6 +39,13 @@ from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
 from traceless.privacy.privacypass.protocol import Issuer
 from traceless.privacy.translog.log import TransparencyLog
 from traceless.server.async_engine import AsyncEngine
+from traceless_tools.client.node_verifier import NodeRefused, NodeVerifier
+from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
+from traceless_tools.client.proxy import create_proxy_app
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app
+from traceless_tools.cluster.log_service import create_app as create_log_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
 
 MODEL = "tiny"
 API_KEY = "k" * 32
@@ -70,10 +70,10 @@ def policy_file(amd, gpu, tmp_path_factory) -> Path:
 def services(tmp_path_factory):
     """The parts of the path that do not depend on the node or the gateway's policy: the issuer, and
     the log (holding the node's release and the issuer's key) with a witness that has cosigned it."""
-    from traceless.cluster.issuer_directory import fetch_issuer_keys, issuer_name
-    from traceless.cluster.witness_service import run as run_witness
     from traceless.privacy.translog.manifest import IssuerKeyEntry
     from traceless.privacy.translog.witness import Witness
+    from traceless_tools.cluster.issuer_directory import fetch_issuer_keys, issuer_name
+    from traceless_tools.cluster.witness_service import run as run_witness
 
     issuer = Issuer.generate()
     tmp = tmp_path_factory.mktemp("log")

@@ -7,8 +7,7 @@ import math
 import httpx
 import pytest
 
-from tests.cluster._services import running_app
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app, load_api_keys
+from tests.support.cluster_services import running_app
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
 from traceless.privacy.privacypass.errors import DecodeError
@@ -16,6 +15,7 @@ from traceless.privacy.privacypass.http import b64url_decode
 from traceless.privacy.privacypass.keys import IssuerPublicKey
 from traceless.privacy.privacypass.token_batch import decode_batch, encode_batch
 from traceless.privacy.privacypass.wire import TOKEN_TYPE_BLIND_RSA, TokenChallenge, TokenRequest
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app, load_api_keys
 
 ALICE, BOB = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
 CHALLENGE = TokenChallenge(TOKEN_TYPE_BLIND_RSA, "issuer.test", b"\x07" * 32, "")

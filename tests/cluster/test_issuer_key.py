@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from traceless.cluster.issuer_key import IssuerKeyFileError, load_or_create_issuer
+from traceless_tools.cluster.issuer_key import IssuerKeyFileError, load_or_create_issuer
 
 
 def test_a_restarted_issuer_keeps_its_key(tmp_path):
@@ -29,7 +29,7 @@ def test_a_key_file_others_can_read_or_that_holds_no_key_is_refused(tmp_path):
 
 
 def test_the_issuer_command_takes_a_key_file(tmp_path):
-    from traceless.cli.parser import build_parser
+    from traceless_tools.cli import build_parser
 
     args = build_parser().parse_args(["issuer", "--api-keys", "k.json", "--key-file", str(tmp_path / "k.pem")])
     assert args.key_file == str(tmp_path / "k.pem")

@@ -3,9 +3,9 @@ import asyncio
 
 import httpx
 
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app
-from traceless.cluster.issuer_ports import DirectoryOnlyPort
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app
+from traceless_tools.cluster.issuer_ports import DirectoryOnlyPort
 
 SIGNING_PORT, DIRECTORY_PORT = 8091, 8094
 

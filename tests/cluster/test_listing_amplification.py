@@ -9,12 +9,9 @@ import os
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, StubReleases, mint_tokens, running_app
 from tests.privacy.attestation.fake_hardware import SnpGuestConfigFs, write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
-from traceless.client.node_verifier import NodeVerifier
-from traceless.client.private_client import ClientConfig
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
+from tests.support.cluster_services import RELEASE, StubReleases, mint_tokens, running_app
 from traceless.node.attestation_route import attestation_app
 from traceless.node.identity import NodeIdentity
 from traceless.node.registration import registration_body
@@ -23,6 +20,9 @@ from traceless.privacy.attestation.hardware import HardwareAttester
 from traceless.privacy.attestation.policy_file import load_policy_file
 from traceless.privacy.attestation.tsm import TsmCollector
 from traceless.privacy.privacypass import protocol as privacypass
+from traceless_tools.client.node_verifier import NodeVerifier
+from traceless_tools.client.private_client import ClientConfig
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
 
 LISTINGS = 6
 

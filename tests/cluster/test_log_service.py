@@ -1,19 +1,16 @@
 """The log's HTTP service over real loopback HTTP: every endpoint, proofs verified client-side."""
 import base64
-import io
 import json
-import logging
 
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from tests.cluster._helpers import running_log_service
-from traceless import events
-from traceless.cluster import log_service
+from tests.support.log_service import running_log_service
 from traceless.privacy.translog.log import TransparencyLog
 from traceless.privacy.translog.merkle import leaf_hash, merkle_tree_hash, verify_consistency, verify_inclusion
 from traceless.privacy.translog.tree_head import SignedTreeHead
+from traceless_tools.cluster import log_service
 
 LEAVES = [f"release-{i}".encode() for i in range(6)]
 
@@ -146,21 +143,11 @@ def test_corrupted_directory_is_503(served, tmp_path):
     assert response.status_code == 503 and response.json()["error"]["code"] == "log_unavailable"
 
 
-def test_events_only(shared):
+def test_events_only(shared, captured_events):
     _, http = shared
-    stream = io.StringIO()
-    logger = logging.getLogger(events.LOGGER_NAME)
-    handler = logging.StreamHandler(stream)
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        http.get("/sth")
-        http.get("/proof/inclusion", params={"leaf_hash": SECRETISH, "tree_size": 6})
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
-    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    http.get("/sth")
+    http.get("/proof/inclusion", params={"leaf_hash": SECRETISH, "tree_size": 6})
+    records = captured_events()
     assert {r["event"] for r in records} == {"http.request", "http.error"}
     assert all(r.get("component") == "log" for r in records)
-    assert SECRETISH not in stream.getvalue()
+    assert SECRETISH not in captured_events.text()

@@ -4,7 +4,7 @@ import base64
 import httpx
 import pytest
 
-from tests.cluster._helpers import rewrite_history
+from tests.support.log_service import rewrite_history
 from traceless.privacy.translog import log as tl
 from traceless.privacy.translog.client import (
     InclusionProofError,

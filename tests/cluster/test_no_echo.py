@@ -1,16 +1,16 @@
-"""Error messages never carry client-chosen text (issue 13, finding 7): a marker placed in every
+"""Error messages never carry client-chosen text (threat T29, docs/threat-model.md): a marker placed in every
 client-controlled spot of a bad request (JSON keys and values, query parameters, path segments,
 header values) appears in no response of the gateway, relay or issuer."""
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.privacypass import protocol as privacypass
 from traceless.privacy.privacypass.batch_issuance import ApiKeyStore
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
 
 MARK = "clientchosen7f3a"
 OHTTP = {"content-type": "message/ohttp-req"}

@@ -1,4 +1,4 @@
-"""The private request path end to end, every component a real process on loopback (issue checks:
+"""The private request path end to end, every component a real process on loopback (what it checks:
 openai client through the proxy, no plaintext at the relay or gateway, refusals, faults)."""
 from __future__ import annotations
 
@@ -14,15 +14,14 @@ import httpx
 import pytest
 
 from tests.cluster.tap import Tap
+from tests.support.private_path import client_config
 from traceless import SamplingParams
-from traceless.client.private_client import AsyncPrivateClient, ClientConfig, PrivateClient, PrivateClientError
-from traceless.local.up import Deployment, UpOptions
-from traceless.privacy.attestation.policy import AttesterPolicy
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 from traceless.privacy.privacypass.http import format_authorization
-from traceless.privacy.translog.release_policy import ReleasePolicy
+from traceless_tools.client.private_client import AsyncPrivateClient, PrivateClient, PrivateClientError
+from traceless_tools.local.services import free_port
+from traceless_tools.local.up import Deployment, UpOptions
 
 pytestmark = pytest.mark.slow
 
@@ -42,31 +41,13 @@ class TappedDeployment(Deployment):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    d = TappedDeployment(UpOptions([1, 2], _free_port(), str(tmp_path_factory.mktemp("up")),
+    d = TappedDeployment(UpOptions([1, 2], free_port(), str(tmp_path_factory.mktemp("up")),
                                    ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"]))
     d.endpoints = d.start()
     try:
         yield d
     finally:
         d.stop()
-
-
-def _free_port():
-    from traceless.local.services import free_port
-
-    return free_port()
-
-
-def client_config(e: dict, relay: str, **changes) -> ClientConfig:
-    cfg = dict(issuer_url=e["issuer"], api_key=e["api_key"], relay_url=relay,
-               log_url=e["log"],
-               log_public_key=base64.b64decode(e["log_public_key"]),
-               attester_keys=tuple(base64.b64decode(k) for k in e["attester_keys"]), model=e["model"],
-               witness_keys=(base64.b64decode(e["witness_public_key"]),),
-               release_policy=ReleasePolicy.from_waivers(e["release_waivers"]),
-               attester_policy=AttesterPolicy.DEVELOPMENT)  # as `traceless up` runs the proxy
-    cfg.update(changes)
-    return ClientConfig(**cfg)
 
 
 def test_the_openai_client_through_the_proxy_matches_the_offline_api(deployment, real_llm):
@@ -146,8 +127,7 @@ def test_relay_and_gateway_never_see_plaintext(deployment):
 def _raw_request(e: dict, relay: str, node: dict, token_header: str | None, tamper: bool = False) -> httpx.Response:
     config = decode_ohttp_keys(base64.b64decode(node["ohttp_keys"]))[0]
     body = json.dumps({"model": e["model"], "prompt": "Hi", "max_tokens": 2}).encode()
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"t", b"/v1/completions", (), body))
-    enc, _ = encapsulate_request(config, inner)
+    enc = encapsulate_call(config, b"/v1/completions", body, stream=False).body
     if tamper:
         enc = enc[:-3] + bytes([enc[-3] ^ 1]) + enc[-2:]
     headers = {"content-type": "message/ohttp-req"}
@@ -252,11 +232,11 @@ def _other_log(tmp_path) -> dict:
 
     import uvicorn
 
-    from traceless.cluster.log_service import create_app
-    from traceless.cluster.witness_service import run
-    from traceless.local.services import free_port
     from traceless.privacy.translog.log import TransparencyLog
     from traceless.privacy.translog.witness import Witness
+    from traceless_tools.cluster.log_service import create_app
+    from traceless_tools.cluster.witness_service import run
+    from traceless_tools.local.services import free_port
 
     log = TransparencyLog.create(tmp_path / "log")
     log.append(b"\x42" * 32)

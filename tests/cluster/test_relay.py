@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._services import (
+from tests.support.cluster_services import (
     RELEASE,
     STREAM_DELAY_S,
     FakeNode,
@@ -16,11 +16,11 @@ from tests.cluster._services import (
     mint_tokens,
     running_app,
 )
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
 from traceless.privacy.attestation.policy import AttesterPolicy
 from traceless.privacy.bhttp import message as bhttp
 from traceless.privacy.privacypass import protocol as privacypass
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
 
 # Sent by the client on every request; none of it may pass the relay.
 IDENTIFYING = {

@@ -1,4 +1,4 @@
-"""Non-targetable routing (DESIGN invariants 5 and 6): measured, not assumed.
+"""Non-targetable routing (threats T13 and T14, docs/threat-model.md): measured, not assumed.
 
 The pure chooser is checked for capacity shares, distinctness and health; then the real
 gateway endpoint is checked for the same shares while the requests differ in every way a
@@ -12,11 +12,11 @@ import secrets
 import httpx
 import pytest
 
-from tests.cluster._services import RELEASE, FakeNode, StubReleases, running_app
-from tests.cluster._stats import chi_square_p, shares
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.routing import NoNodeAvailableError, RoutingEntry, choose_nodes
+from tests.support.cluster_services import RELEASE, FakeNode, StubReleases, running_app
+from tests.support.stats import chi_square_p, shares
 from traceless.privacy.attestation.policy import AttesterPolicy
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.routing import NoNodeAvailableError, RoutingEntry, choose_nodes
 
 CAPACITIES = {"n1": 1, "n2": 2, "n3": 3, "n4": 4}
 NODES = [RoutingEntry(node_id, "m", capacity, True) for node_id, capacity in CAPACITIES.items()]

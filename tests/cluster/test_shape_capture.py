@@ -10,18 +10,19 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.cluster.tap import Tap
-from tests.cluster.test_private_path import _free_port, client_config
-from traceless.client.private_client import PrivateClient
-from traceless.local.up import Deployment, UpOptions
+from tests.support.ohttp_frames import chunked_ciphertexts
+from tests.support.private_path import client_config
 from traceless.privacy.shape import BUCKETS, STREAM_CHUNK
-from traceless.privacy.wire import peek_varint
+from traceless_tools.client.private_client import PrivateClient
+from traceless_tools.local.services import free_port
+from traceless_tools.local.up import Deployment, UpOptions
 
 pytestmark = pytest.mark.slow
 
 REQ_OVERHEAD = 7 + 32 + 16  # message/ohttp-req: key id and algorithms, X25519 share, AES-128-GCM tag
 CHUNKED_REQ_OVERHEAD = REQ_OVERHEAD + 1  # message/ohttp-chunked-req: the final chunk's indicator (one chunk)
 RES_OVERHEAD = 16 + 16  # message/ohttp-res: response nonce, tag
-NONCE, TAG = 16, 16
+TAG = 16  # AES-128-GCM, the key config's first choice
 
 
 class FlowTap(Tap):
@@ -65,7 +66,7 @@ class TappedRelay(Deployment):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    d = TappedRelay(UpOptions([1], _free_port(), str(tmp_path_factory.mktemp("up")),
+    d = TappedRelay(UpOptions([1], free_port(), str(tmp_path_factory.mktemp("up")),
                               ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"]))
     d.endpoints = d.start()
     try:
@@ -110,19 +111,6 @@ def exchanges(flow: dict[str, bytearray]) -> list[tuple[str, dict, bytes, dict, 
     return out
 
 
-def sealed_chunks(body: bytes) -> list[int]:
-    pos, sizes = NONCE, []
-    while pos < len(body):
-        length, n = peek_varint(body[pos:])
-        pos += n
-        if length == 0:
-            sizes.append(len(body) - pos)
-            break
-        sizes.append(length)
-        pos += length
-    return sizes
-
-
 def test_every_request_and_response_chunk_at_the_relay_has_a_bucket_size(deployment):
     e = deployment.endpoints
     assert deployment.tap is not None
@@ -157,7 +145,7 @@ def test_every_request_and_response_chunk_at_the_relay_has_a_bucket_size(deploym
                 assert rh["content-type"] == "message/ohttp-chunked-req"
                 assert len(body) - CHUNKED_REQ_OVERHEAD in BUCKETS, len(body)
                 assert sh["content-type"] == "message/ohttp-chunked-res"
-                sizes = sealed_chunks(answer)
+                sizes = chunked_ciphertexts(answer)
                 assert set(sizes) == {STREAM_CHUNK + TAG}, sizes
                 seen["chunked-req"].add(len(body))
                 seen["chunk"].update(sizes)

@@ -7,8 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster._helpers import rewrite_history
-from traceless.cluster.witness_service import run, witness_once
+from tests.support.log_service import rewrite_history
 from traceless.privacy.translog.client import (
     InconsistentLogError,
     LogClient,
@@ -19,6 +18,7 @@ from traceless.privacy.translog.client import (
 from traceless.privacy.translog.cosignature import WitnessPolicy, cosign
 from traceless.privacy.translog.log import TransparencyLog
 from traceless.privacy.translog.witness import KEY_FILE, STATE_FILE, Witness, WitnessError
+from traceless_tools.cluster.witness_service import run, witness_once
 
 LEAVES = [bytes([i]) * 32 for i in range(1, 4)]
 

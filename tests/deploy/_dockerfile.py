@@ -7,9 +7,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from traceless.cli.isolation import boot_argv
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+# The node image's isolated start: the interpreter's flags and the folder the image copies traceless/ into
+NODE_BOOT = boot_argv("/opt/venv/bin/python", "/opt/traceless")
 
 
 @dataclass
@@ -29,6 +33,14 @@ class Dockerfile:
 
     def resolve(self, text: str) -> str:
         return re.sub(r"\$\{(\w+)\}", lambda m: self.args.get(m.group(1), m.group(0)), text)
+
+    def env(self, name: str) -> dict[str, str]:
+        """The variables a final stage's ENV instructions set (KEY=VALUE pairs, the nearest wins)."""
+        out: dict[str, str] = {}
+        for stage in reversed(self.lineage(name)):
+            for value in stage.values("ENV"):
+                out.update(pair.split("=", 1) for pair in value.split())
+        return out
 
     def lineage(self, name: str) -> list[Stage]:
         """The stage and the stages it is built FROM, nearest first."""

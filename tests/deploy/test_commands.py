@@ -10,9 +10,15 @@ import re
 
 import pytest
 
-from tests.deploy._dockerfile import exec_form, parse
+from tests.deploy._dockerfile import NODE_BOOT, exec_form, parse
 from tests.deploy.conftest import OVERLAYS
-from traceless.cli.parser import build_parser, check
+from traceless.cli.isolation import starts_isolated
+from traceless.cli.parser import COMMAND_MODULES, build_parser, check
+from traceless.cli.scrubbing import SCRUB_ENV
+from traceless_tools.cli import ALL_MODULES
+
+# the node image runs the trusted core's command line; the services images the tools'
+CLI_MODULES = {"traceless.cli": COMMAND_MODULES, "traceless_tools.cli": ALL_MODULES}
 
 OPERATOR_VALUE = "b3BlcmF0b3ItcHJvdmlkZWQ="  # what an operator-created Secret or ConfigMap holds (base64)
 
@@ -41,17 +47,30 @@ def _environment(container: dict, configmaps: dict[str, dict]) -> dict[str, str]
     return env
 
 
-def _argv(container: dict, env: dict[str, str]) -> list[str]:
-    """What the container runs after `python -m traceless.cli`, $(VAR) expanded as Kubernetes does."""
-    image = container["image"].split("/", 1)[1].split(":")[0]
-    stages = parse().lineage(image)
+def _argv(container: dict, env: dict[str, str]) -> tuple[str, list[str]]:
+    """(command-line module, what the container runs after `python -m MODULE` or the node's isolated
+    boot), $(VAR) expanded as Kubernetes does. The node boots the core's command line."""
+    full = _command(container)
+    if full[:len(NODE_BOOT)] == NODE_BOOT:
+        cli, prefix = "traceless.cli", NODE_BOOT
+    else:
+        assert full[:2] == ["/opt/venv/bin/python", "-m"] and full[2] in CLI_MODULES, full
+        cli, prefix = full[2], full[:3]
+    return cli, [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[len(prefix):]]
+
+
+def _command(container: dict) -> list[str]:
+    """The container's whole command line: the image's ENTRYPOINT (or the manifest's command), then args."""
+    stages = parse().lineage(_image(container))
     entry = container.get("command") or next(exec_form(v) for st in stages for v in st.values("ENTRYPOINT"))
-    full = [*entry, *container.get("args", [])]
-    assert full[:3] == ["/opt/venv/bin/python", "-m", "traceless.cli"], full
-    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[3:]]
+    return [*entry, *container.get("args", [])]
 
 
-def start_check(argv: list[str], env: dict[str, str], monkeypatch) -> str | None:
+def _image(container: dict) -> str:
+    return container["image"].split("/", 1)[1].split(":")[0]
+
+
+def start_check(argv: list[str], env: dict[str, str], monkeypatch, cli: str = "traceless_tools.cli") -> str | None:
     """None if the command line parses and passes its command's checks; else why not."""
     with monkeypatch.context() as m:
         for name in [n for n in __import__("os").environ if n.startswith("TRACELESS_")]:
@@ -61,7 +80,7 @@ def start_check(argv: list[str], env: dict[str, str], monkeypatch) -> str | None
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
-                args = build_parser().parse_args(argv)  # options read their environment defaults here
+                args = build_parser(CLI_MODULES[cli]).parse_args(argv)  # options read their environment defaults here
             check(args)
         except SystemExit as exc:
             return err.getvalue().strip().splitlines()[-1] if err.getvalue() else str(exc)
@@ -77,11 +96,25 @@ def test_every_container_command_line_starts(render, overlay, monkeypatch):
     failures, checked = {}, 0
     for where, container in _containers(objs):
         env = _environment(container, configmaps)
-        problem = start_check(_argv(container, env), env, monkeypatch)
+        cli, argv = _argv(container, env)
+        problem = start_check(argv, env, monkeypatch, cli)
         checked += 1
         if problem is not None:
             failures[where] = problem
     assert checked and failures == {}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_node_container_starts_isolated(render, overlay):
+    """The image's environment and the manifest's together are the isolated state the node's
+    measurement records, and its command line has the isolating flags: the first process serves."""
+    objs = render(overlay)
+    configmaps = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
+    nodes = [(where, c) for where, c in _containers(objs) if _image(c) == "node"]
+    for where, container in nodes:
+        env = {**parse().env("node"), **_environment(container, configmaps)}
+        assert starts_isolated(_command(container), env, SCRUB_ENV), where
+    assert nodes or overlay == "relay"
 
 
 def test_the_check_catches_an_unknown_flag_and_a_missing_option(monkeypatch):

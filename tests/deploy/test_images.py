@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tests.deploy._dockerfile import REPO, context_files, exec_form, parse
+from tests.deploy._dockerfile import NODE_BOOT, REPO, context_files, exec_form, parse
+from traceless.cli.isolation import starts_isolated
+from traceless.cli.scrubbing import SCRUB_ENV
 from traceless.privacy.attestation.measurement import code_digest
 
 FINAL_STAGES = ("node", "gateway", "relay", "issuer", "log")
@@ -57,8 +59,22 @@ def test_final_stages_run_no_command_as_root_and_start_in_exec_form():
         assert uid.isdigit() and int(uid) >= 10000, f"{name}: runs as UID {uid}, not a high non-root UID"
         entrypoints = [e for stage in chain for e in stage.values("ENTRYPOINT")]
         assert entrypoints and exec_form(entrypoints[0]) is not None, f"{name}: ENTRYPOINT not in exec form"
-        assert exec_form(entrypoints[0])[:3] == ["/opt/venv/bin/python", "-m", "traceless.cli"]
-        assert exec_form(entrypoints[0])[3] == name
+        entry = exec_form(entrypoints[0])
+        # the node boots the trusted core's command line; the untrusted hops run the tools'
+        prefix = NODE_BOOT if name == "node" else ["/opt/venv/bin/python", "-m", "traceless_tools.cli"]
+        assert entry == [*prefix, name], f"{name}: {entry}"
+
+
+def test_the_node_image_starts_isolated_from_its_first_instruction():
+    """Its ENTRYPOINT and ENV are the isolated state its measurement records: the first process is
+    the one that serves (it never restarts itself), so a PYTHONPATH or LD_PRELOAD given to the
+    image runs nowhere. The services' images are untrusted hops and may keep PYTHONPATH."""
+    dockerfile = parse()
+    entry = exec_form(dockerfile.lineage("node")[0].values("ENTRYPOINT")[0])
+    env = dockerfile.env("node")
+    assert starts_isolated(entry, env, SCRUB_ENV), (entry, env)
+    assert not starts_isolated(["/opt/venv/bin/python", "-m", "traceless.cli", "node"], env, SCRUB_ENV)
+    assert not starts_isolated(entry, {**env, "PYTHONPATH": "/opt/traceless"}, SCRUB_ENV)
 
 
 def test_shipped_virtual_environments_have_no_package_manager():
@@ -82,7 +98,7 @@ def test_no_secret_enters_an_image():
                 assert not re.search(r"(api-keys|\.pem|\.key|id_|secret)", value), f"{stage.name}: copies a secret"
     # The context is an allowlist: nothing outside these paths can be copied at all.
     tops = {rel.split("/")[0] for rel in context_files()}
-    assert tops <= {"README.md", "pyproject.toml", "setup.py", "deploy", "traceless"}
+    assert tops <= {"README.md", "pyproject.toml", "setup.py", "deploy", "traceless", "traceless_tools"}
     assert all(not rel.startswith("deploy/") or rel.startswith("deploy/requirements/") for rel in context_files())
 
 
@@ -94,7 +110,9 @@ def test_node_image_measures_like_the_checkout(tmp_path):
     assert "--from=kernels /src/traceless /opt/traceless/traceless" in dockerfile.stages["node"].values("COPY")
     assert dockerfile.stages["kernels"].values("WORKDIR") == ["/src"]
     assert "traceless/ traceless/" in dockerfile.stages["kernels"].values("COPY")
-    assert "PYTHONPATH=/opt/traceless" in " ".join(dockerfile.stages["node"].values("ENV"))
+    # the package the node runs is that copy: its isolated boot puts /opt/traceless on the path
+    assert exec_form(dockerfile.stages["node"].values("ENTRYPOINT")[0])[:len(NODE_BOOT)] == NODE_BOOT
+    assert "/opt/traceless" in NODE_BOOT[-1]
     image_tree = tmp_path / "opt" / "traceless"
     for rel in context_files():
         if rel.startswith("traceless/"):
@@ -104,6 +122,17 @@ def test_node_image_measures_like_the_checkout(tmp_path):
                               capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert f"code      {code_digest(image_tree / 'traceless').hex()}" in checkout.splitlines()
     assert code_digest(image_tree / "traceless") == code_digest(REPO / "traceless")
+
+
+def test_the_node_image_carries_the_trusted_core_alone():
+    """The node stage copies the kernels stage's traceless/ and nothing else of the sources; the
+    kernels stage copies traceless/ alone: no tool (traceless_tools/) reaches a node."""
+    dockerfile = parse()
+    node_sources = [c for c in dockerfile.stages["node"].values("COPY") if "traceless" in c and "venv" not in c]
+    assert node_sources == ["--from=kernels /src/traceless /opt/traceless/traceless"]
+    kernel_sources = dockerfile.stages["kernels"].values("COPY")
+    assert not any("traceless_tools" in c for c in kernel_sources)
+    assert any("traceless_tools/" in c for c in dockerfile.stages["services"].values("COPY"))
 
 
 def test_a_source_file_the_context_dropped_would_change_the_digest(tmp_path):
@@ -141,13 +170,13 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in BLOCKED:
             raise ImportError(name)
 sys.meta_path.insert(0, Block())
-from traceless.cli.parser import build_parser
+from traceless_tools.cli import build_parser
 build_parser()
-from traceless.cluster.gateway import GatewayConfig, create_gateway_app
-from traceless.cluster.relay import RelayConfig, create_relay_app
-from traceless.cluster.issuer import IssuerConfig, create_issuer_app
-from traceless.cluster.log_service import create_app
-from traceless.cluster.issuer_ports import DirectoryOnlyPort
+from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
+from traceless_tools.cluster.relay import RelayConfig, create_relay_app
+from traceless_tools.cluster.issuer import IssuerConfig, create_issuer_app
+from traceless_tools.cluster.log_service import create_app
+from traceless_tools.cluster.issuer_ports import DirectoryOnlyPort
 create_relay_app(RelayConfig(gateway_url="http://gateway", max_body_bytes=1024))
 class NoReleases:  # the gateway admits nodes by their logged release; none are logged here
     def release_for(self, combined):

@@ -261,3 +261,30 @@ def test_the_confidential_overlay_binds_hardware_evidence(render):
     # the development overlay keeps the development attester
     dev_node = _pod_spec(_one(render("dev"), "StatefulSet", "traceless-node"))["containers"][0]
     assert _arg(dev_node, "--attestation") in (None, "software")
+
+
+INITDATA_ANNOTATION = "io.katacontainers.config.hypervisor.cc_init_data"
+
+
+def test_confidential_nodes_launch_with_the_restrictive_agent_policy_the_evidence_binds(render):
+    """The confidential runtime starts each node's VM with the initdata shipped beside the overlay
+    (gzip + base64 in the pod annotation Kata reads); its agent policy refuses exec and replacing
+    the policy, and its digest is what the client's evidence policy pins (`kata_initdata`)."""
+    import base64
+    import gzip
+    import re
+
+    from traceless.privacy.attestation.runtime_policy import initdata_digest
+
+    shipped = (REPO / "deploy/k8s/overlays/confidential/initdata.toml").read_bytes()
+    template = _one(render("confidential"), "StatefulSet", "traceless-node")["spec"]["template"]
+    annotation = template["metadata"].get("annotations", {}).get(INITDATA_ANNOTATION)
+    assert annotation is not None
+    assert gzip.decompress(base64.b64decode(annotation, validate=True)) == shipped
+    assert len(initdata_digest(shipped, "snp")) == 32
+    rules = dict(re.findall(r"^default (\w+) := (true|false)$", shipped.decode(), re.M))
+    for denied in ("ExecProcessRequest", "SetPolicyRequest", "WriteStreamRequest", "AllowRequestsFailingPolicy"):
+        assert rules.get(denied) == "false", denied
+    assert rules.get("CreateContainerRequest") == "true"
+    dev = _one(render("dev"), "StatefulSet", "traceless-node")["spec"]["template"]
+    assert INITDATA_ANNOTATION not in dev["metadata"].get("annotations", {})

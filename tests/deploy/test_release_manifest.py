@@ -38,7 +38,7 @@ def test_release_of_the_dev_overlay_is_what_its_node_measures(render):
     assert dict(entry.config) == node_measured_config(args)
     assert entry.code == code_digest(REPO / "traceless")
     assert entry.capacities == (args.capacity,)
-    from traceless.cli.log import default_model_path
+    from traceless.model.loader import default_model_path
 
     assert entry.combined == measure(default_model_path(), node_measured_config(args)).combined
 
@@ -48,9 +48,9 @@ def test_a_changed_node_argument_changes_the_release(render):
     objs = json.loads(json.dumps(render("dev")))
     before = _script().release_manifest(objs)
     args = _node_args(objs)
-    args[args.index("--stream-padding=256")] = "--stream-padding=512"
+    args.append("--decode-budget=100")  # the default is 200
     after = _script().release_manifest(objs)
-    assert after.config["stream_padding"] == 512 and after.combined != before.combined
+    assert after.config["decode_ms_per_token"] == 100 and after.combined != before.combined
 
 
 def test_nodes_that_disagree_are_refused_and_a_model_flag_needs_its_file(render):

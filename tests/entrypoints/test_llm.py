@@ -6,6 +6,7 @@ import random
 import pytest
 
 from tests.conftest import ExecutorSpy, llm_with_executor
+from tests.support.sampling import mixed_params
 from traceless import LLM, SamplingParams
 from traceless.config import EngineConfig
 from traceless.errors import ContextLengthError, InvalidRequestError, ModelLoadError, ModelNotFoundError
@@ -22,17 +23,6 @@ def tiny(tiny_llama_dir):
 def prompts(n, lo=3, hi=40, seed=0):
     rng = random.Random(seed)
     return [{"prompt_token_ids": [rng.randrange(3, 384) for _ in range(rng.randrange(lo, hi))]} for _ in range(n)]
-
-
-def mixed_params() -> list[SamplingParams]:
-    """Greedy, top-p with a seed, top-k with a stop string, min-p with penalties and logprobs."""
-    return [
-        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
-        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=25, seed=3, ignore_eos=True),
-        SamplingParams(temperature=1.0, top_k=5, max_tokens=20, stop=["w100 w"], ignore_eos=True),
-        SamplingParams(temperature=0.5, min_p=0.1, max_tokens=40, repetition_penalty=1.3, presence_penalty=0.5,
-                       logprobs=3, ignore_eos=True),
-    ]
 
 
 def test_mixed_workload_with_preemption_aborts_and_stops_leaves_nothing(tiny):

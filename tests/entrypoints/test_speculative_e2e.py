@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import ExecutorSpy, llm_with_executor, make_tiny_model
-from tests.entrypoints.test_llm import mixed_params
 from tests.support.logprobs import assert_same_logprobs
+from tests.support.sampling import mixed_params
 from traceless import LLM, SamplingParams
 from traceless.config import EngineConfig
 

@@ -10,9 +10,9 @@ import pytest
 lm_eval = pytest.importorskip("lm_eval")
 
 from tests.conftest import TINY_VOCAB, make_tiny_model  # noqa: E402
-from tests.server.serving import make_served_app, serve  # noqa: E402
+from tests.support.serving import make_served_app, serve  # noqa: E402
 from traceless.config import EngineConfig  # noqa: E402
-from traceless.eval.harness import TASKS_DIR, EvalConfig, EvalError, _resolved_tasks, run_eval, summary  # noqa: E402
+from traceless_tools.eval.harness import TASKS_DIR, EvalConfig, EvalError, _resolved_tasks, run_eval, summary  # noqa: E402
 
 
 def _task_words() -> list[str]:
@@ -104,7 +104,7 @@ def test_unknown_task_and_unreachable_server_are_clear_errors():
 
 
 def test_the_eval_command_prints_figures_only(server, tmp_path, capsys):
-    from traceless.cli import main
+    from traceless_tools.cli import main
 
     out = tmp_path / "figures.json"
     assert main(["eval", "--base-url", server.url, "--tasks", "traceless_mc", "--limit", "4",

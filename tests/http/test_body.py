@@ -1,32 +1,15 @@
 """Bodies at the boundary: a client that leaves (or is cut off) mid-body is a client error in the
 events, not a server error; a streamed body is capped on the way."""
-import io
-import json
-import logging
 import time
 
 import pytest
 from starlette.routing import Route
 
 from tests.cluster import _raw as raw
-from traceless import events
 from traceless.http.app import create_app, endpoint
 from traceless.http.body import read_body, stream_body
 from traceless.http.limits import ConnectionLimits
 from traceless.http.serve import serve_in_thread
-
-
-@pytest.fixture
-def captured_events():
-    stream = io.StringIO()
-    logger = logging.getLogger(events.LOGGER_NAME)
-    handler = logging.StreamHandler(stream)
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
 
 
 async def _whole(request):

@@ -8,8 +8,8 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-from traceless.local.netns import entered
-from traceless.privacy.wire import peek_varint
+from tests.support.ohttp_frames import chunked_ciphertexts
+from traceless_tools.local.netns import entered
 
 ETH_P_ALL = 0x0003
 SOL_PACKET, PACKET_STATISTICS = 263, 6
@@ -174,16 +174,4 @@ def response_records(request_body: bytes, response: Message) -> list[int]:
     if response.headers.get("content-type") == "message/ohttp-res":
         return [len(response.body)]
     aead = int.from_bytes(request_body[5:7], "big")  # key_id(1) kem(2) kdf(2) aead(2)
-    body, pos, sizes = response.body, _RESPONSE_NONCE[aead], []
-    while pos < len(body):
-        got = peek_varint(body[pos:])
-        if got is None:
-            break
-        length, n = got
-        pos += n
-        if length == 0:  # the final chunk runs to the end
-            sizes.append(len(body) - pos)
-            break
-        sizes.append(length)
-        pos += length
-    return sizes
+    return chunked_ciphertexts(response.body, _RESPONSE_NONCE[aead])

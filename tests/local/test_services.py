@@ -1,7 +1,7 @@
 """The audit tools' helper that runs `traceless serve`: its temporary work directory goes with it."""
 import httpx
 
-from traceless.local import services
+from traceless_tools.local import services
 
 
 def test_spawn_serve_removes_the_temporary_directory_it_made(tiny_llama_dir, record_mkdtemp):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from traceless.local.supervisor import GaveUp, RestartPolicy, Supervisor
+from traceless_tools.local.supervisor import GaveUp, RestartPolicy, Supervisor
 
 
 class Proc:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from traceless.local.services import free_port
+from traceless_tools.local.services import free_port
 
 
 def _alive(pid: int) -> bool:
@@ -33,7 +33,8 @@ def test_up_stops_every_service_it_started_on_kill(tmp_path, tiny_llama_dir, sig
     port, state = free_port(), tmp_path / "state"
     # start_new_session: like a service manager's process, and so the test's own group is not signalled
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless.cli", "up", "--nodes", "1", "--port", str(port), "--state-dir", str(state),
+        [sys.executable, "-m", "traceless_tools.cli", "up", "--nodes", "1", "--port", str(port),
+         "--state-dir", str(state),
          "--node-args", f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -66,7 +67,7 @@ def test_a_node_that_fails_at_start_fails_up_and_its_log_is_kept(tiny_llama_dir)
     """Once: the message pointed at a log in a temporary directory `up` had already deleted, and the
     status was 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "traceless.cli", "up", "--nodes", "1", "--port", str(free_port()),
+        [sys.executable, "-m", "traceless_tools.cli", "up", "--nodes", "1", "--port", str(free_port()),
          "--node-args", f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB --max-model-len 100000"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]

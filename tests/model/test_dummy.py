@@ -113,3 +113,41 @@ def test_a_dummy_model_of_each_new_family_generates(tmp_path, arch):
                        use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 6
     llm.engine.check_integrity()
+
+
+@pytest.mark.parametrize(("name", "billions"), [("mixtral-8x7b", 46.70), ("qwen3-30b-a3b", 30.53),
+                                                ("gpt-oss-20b", 20.91), ("llama-3.1-70b", 70.55)])
+def test_the_dummy_shapes_of_the_moe_and_70b_configs_count_the_published_parameters(name, billions):
+    c = read_dummy_config(MODELS / name)
+    params = sum(torch.Size(s).numel() for s in weight_shapes(c).values())
+    assert abs(params / 1e9 - billions) < 0.01
+
+
+def test_lazy_dummy_weights_are_the_same_in_any_order(tmp_path):
+    """The loader draws each tensor when the decoder takes it: the order must not change them."""
+    from traceless.model.dummy import lazy_dummy_weights
+
+    c = from_hf_config(json.loads((_tiny_config(tmp_path) / "config.json").read_text()))
+    eager = dummy_weights(c, torch.float32, torch.device("cpu"), seed=3)
+    lazy = lazy_dummy_weights(c, torch.float32, torch.device("cpu"), seed=3)
+    for name in reversed(list(eager)):
+        assert torch.equal(lazy.pop(name), eager[name]), name
+    assert len(lazy) == 0
+
+
+@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
+def test_a_dummy_mixture_of_experts_generates(tmp_path, arch):
+    folder = _tiny_config(tmp_path, architectures=[arch], num_local_experts=4, num_experts=8,
+                          num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[1])
+    c = read_dummy_config(folder)
+    shapes = weight_shapes(c)
+    E = 4 if arch.startswith("Mixtral") else 8
+    inter = 128 if arch.startswith("Mixtral") else 32
+    assert shapes["layers.0.experts.gate_up"] == (E, 2 * inter, 64) and shapes["layers.0.router"] == (E, 64)
+    # Qwen3-MoE's mlp_only_layers keep a dense MLP; Mixtral has no such field
+    assert ("layers.1.gate" in shapes) == arch.startswith("Qwen3")
+    llm = LLM(str(folder), dtype="float32", device="cpu", load_format="dummy", kv_cache_memory=2**20)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": list(range(5, 25))}], params, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 6 and len(set(out.token_ids)) > 1
+    llm.engine.check_integrity()

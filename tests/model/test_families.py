@@ -7,29 +7,17 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
-from tests.support.families import as_multimodal_gemma3, hf_greedy, longrope_scaling, make_family_model, ours
+from tests.support.families import (
+    FAMILIES,
+    LENGTHS,
+    as_multimodal_gemma3,
+    hf_greedy,
+    hf_model,
+    make_family_model,
+    ours,
+)
 from traceless import LLM
-
-WINDOW = 12
-ORIGINAL = 32  # LongRoPE's original context
-FAMILIES = {
-    "qwen3": ("qwen3", {}),
-    "qwen3-tied": ("qwen3", {"tie_word_embeddings": True}),
-    "phi3-longrope": ("phi3", {"rope_scaling": longrope_scaling(16, ORIGINAL),
-                               "original_max_position_embeddings": ORIGINAL}),
-    "phi3-partial": ("phi3", {"partial_rotary_factor": 0.5, "rope_scaling": longrope_scaling(8, ORIGINAL),
-                              "original_max_position_embeddings": ORIGINAL, "sliding_window": 20}),
-    "gemma2": ("gemma2", {"sliding_window": WINDOW, "final_logit_softcapping": 30.0,
-                          "attn_logit_softcapping": 50.0}),
-    "gemma3": ("gemma3", {"sliding_window": WINDOW, "num_hidden_layers": 3,
-                          "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
-    "mistral-window": ("mistral", {"sliding_window": WINDOW}),
-}
-# lengths around the window (12) and LongRoPE's original context (32); 20 new tokens each
-LENGTHS = (1, 5, 12, 13, 30, 45)
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +31,10 @@ def _prompts(seed: str, lengths=LENGTHS) -> list[list[int]]:
     return [[rng.randrange(3, 384) for _ in range(n)] for n in lengths]
 
 
-def _hf(path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_matches_transformers(name, family_dirs):
     path = family_dirs[name]
-    hf = _hf(path)
+    hf = hf_model(path)
     prompts = _prompts(name)
     want = [hf_greedy(hf, p, 20) for p in prompts]
     for backend, block_size in (("native", 4), ("torch", 16)):
@@ -74,7 +56,7 @@ def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
     which must not take those blocks."""
     windowed = name == "mistral-window"
     path = family_dirs[name]
-    hf = _hf(path)
+    hf = hf_model(path)
     base = _prompts(name + "-base", (24,))[0]
     tails = _prompts(name + "-tails", (3, 20, 28, 9, 30))
     prompts = [base + t for t in tails]
@@ -107,7 +89,7 @@ def test_gemma3_multimodal_checkpoint_runs_its_text_model(family_dirs, tmp_path)
     """A Gemma3ForConditionalGeneration directory (sharded, with an index, tensors under
     model.language_model., a vision tensor) gives the text model's tokens."""
     text = family_dirs["gemma3"]
-    hf = _hf(text)
+    hf = hf_model(text)
     prompts = _prompts("gemma3-mm", (7, 20))
     want = [hf_greedy(hf, p, 12) for p in prompts]
     llm = LLM(str(as_multimodal_gemma3(text, tmp_path / "mm")), dtype="float32", kv_cache_memory=4 * 2**20)

@@ -6,28 +6,8 @@ import random
 import pytest
 import torch
 
-from traceless import LLM, SamplingParams
-
-
-def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    """Reference: transformers' own greedy decoding, one prompt at a time (no padding)."""
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0, eos_token_id=None)
-    return out[0, len(prompt_ids):].tolist()
-
-
-def ours(llm: LLM, prompts: list[list[int]], n: int, batched: bool) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    if batched:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    else:
-        outs = [llm.generate({"prompt_token_ids": p}, params, use_tqdm=False)[0] for p in prompts]
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 32}
+from tests.support.families import LLAMA3_SCALING, hf_greedy, ours
+from traceless import LLM
 
 
 @pytest.fixture(scope="module")

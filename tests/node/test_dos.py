@@ -1,12 +1,12 @@
 """The node under slowloris clients, 100 MiB bodies, 500 connections and a flood of requests that
-do not decapsulate: honest encrypted requests keep being served, memory stays bounded (issue 13,
-finding 6). Figures are printed (pytest -s shows them)."""
+do not decapsulate: honest encrypted requests keep being served, memory stays bounded (threat T28,
+docs/threat-model.md). Figures are printed (pytest -s shows them)."""
 import json
 
 import httpx
 
 from tests import dos
-from tests.server.serving import serve
+from tests.support.serving import serve
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.node.app import create_node_app
@@ -14,8 +14,7 @@ from traceless.node.identity import NodeIdentity
 from traceless.node.settings import NodeSettings
 from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import SoftwareAttester
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call, open_response
 from traceless.server.async_engine import AsyncEngine
 
 OHTTP_REQ = {"content-type": "message/ohttp-req"}
@@ -26,13 +25,12 @@ def test_the_node_holds(tiny_llama_dir):
                                                    max_model_len=128)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     body = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True}).encode()
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (), body))
     with serve(create_node_app(engine, identity, NodeSettings("tiny")), engine, dos.TEST_LIMITS) as s:
         def honest():
-            enc, ctx = encapsulate_request(identity.keys.current.key_config, inner)
-            response = httpx.post(s.url + "/pcc/v1/ohttp", content=enc, headers=OHTTP_REQ, timeout=30)
+            call = encapsulate_call(identity.keys.current.key_config, b"/v1/completions", body, stream=False)
+            response = httpx.post(s.url + "/pcc/v1/ohttp", content=call.body, headers=OHTTP_REQ, timeout=30)
             assert response.status_code == 200, (response.status_code, response.text)
-            reply = bhttp.decode_response(ctx.decapsulate(response.content))
+            reply = open_response(call, response.content)
             assert reply.status == 200 and json.loads(reply.content)["usage"]["completion_tokens"] == 2
 
         garbage = b"\x01\x00\x20" + b"\x00" * 200  # names the key, but does not decapsulate

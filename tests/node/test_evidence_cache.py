@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.cluster._services import RELEASE
+from tests.support.cluster_services import RELEASE
 from traceless.node.evidence_cache import EvidenceLimits, EvidenceRateLimitedError
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import KeyRing

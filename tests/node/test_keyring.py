@@ -1,10 +1,9 @@
 """OHTTP keys rotate on a schedule with an overlap window, and a repeated encapsulated request is
-dropped (issue 12, finding 5: one key_id for the life of the process, no replay cache)."""
+dropped (threat T19, docs/threat-model.md: one key_id for the life of the process, no replay cache)."""
 import pytest
 
 from traceless.node.keyring import KeyRing, ReplayCacheFullError, ReplayedRequestError
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.gateway import encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
 
 
@@ -17,8 +16,7 @@ class Clock:
 
 
 def _request(config):
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"n", b"/v1/completions", (), b"{}"))
-    return encapsulate_request(config, inner)[0]
+    return encapsulate_call(config, b"/v1/completions", b"{}", stream=False).body
 
 
 def test_keys_rotate_with_an_overlap_window():

@@ -7,7 +7,8 @@ import time
 import httpx
 import pytest
 
-from tests.server.serving import serve
+from tests.support.node import call
+from tests.support.serving import serve
 from traceless import SamplingParams
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
@@ -17,12 +18,8 @@ from traceless.node.identity import NodeIdentity
 from traceless.node.settings import NodeSettings
 from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import SoftwareAttester, verify_attestation
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.bhttp.stream import ResponseStreamDecoder
-from traceless.privacy.ohttp.chunked import split_chunks
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
-from traceless.privacy.shape import split_sse
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.telemetry import Telemetry, WindowPolicy
 
@@ -35,34 +32,12 @@ def node(tiny_llama_dir):
                                                 max_model_len=128)))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
                             capacity=3, node_url="http://node.test:8100")
-    # min_requests=0: the telemetry's explicit off switch, so a test can count single requests
-    telemetry = Telemetry(WindowPolicy(1e-6, 0), engine)
+    # min_requests=0 and no noise: the telemetry's explicit off switches, so a test can count single requests
+    telemetry = Telemetry(WindowPolicy(1e-6, 0, None), engine)
     with serve(create_node_app(engine, identity, NodeSettings(MODEL), telemetry), engine) as s:
         s.identity = identity
         s.telemetry = telemetry
         yield s
-
-
-def call(node, path: bytes, body, stream=False, method=b"POST"):
-    """(status, decoded JSON) or (status, SSE events) for one encapsulated call."""
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    inner = bhttp.encode_request(bhttp.Request(method, b"https", b"node", path, (), content))
-    config = node.identity.keys.current.key_config
-    if stream:
-        enc, ctx = encapsulate_chunked_request(config, split_chunks(inner))
-        r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-chunked-req"})
-        assert r.status_code == 200 and r.headers["content-type"] == "message/ohttp-chunked-res"
-        dec, parser = ctx.decryptor(), ResponseStreamDecoder()
-        items = [i for plain in [*dec.feed(r.content), dec.finish()] for i in parser.feed(plain)]
-        head, chunks = items[0], items[1:]
-        if head.status != 200:
-            return head.status, json.loads(b"".join(chunks))
-        return 200, split_sse(b"".join(chunks))  # as a client reads it: whole events, padding dropped
-    enc, ctx = encapsulate_request(config, inner)
-    r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
-    assert r.status_code == 200 and r.headers["content-type"] == "message/ohttp-res"
-    msg = bhttp.decode_response(ctx.decapsulate(r.content))
-    return msg.status, json.loads(msg.content)
 
 
 def test_attestation_binds_the_served_key(node):
@@ -130,9 +105,8 @@ def test_models_tokenize_and_detokenize_over_ohttp(node):
 
 
 def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
-                                               json.dumps({"model": MODEL, "prompt": [5]}).encode()))
-    enc, _ = encapsulate_request(node.identity.keys.current.key_config, inner)
+    enc = encapsulate_call(node.identity.keys.current.key_config, b"/v1/completions",
+                           json.dumps({"model": MODEL, "prompt": [5]}).encode(), stream=False).body
     bad = bytearray(enc)
     bad[-5] ^= 0x01
     r = httpx.post(node.url + "/pcc/v1/ohttp", content=bytes(bad), headers={"content-type": "message/ohttp-req"})
@@ -144,10 +118,9 @@ def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
 
 
 def test_a_replayed_request_runs_once(node):
-    """Issue 12, finding 5: the gateway replays an encapsulated request; the node runs it once."""
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
-                                               json.dumps({"model": MODEL, "prompt": [5], "max_tokens": 2}).encode()))
-    enc, _ = encapsulate_request(node.identity.keys.current.key_config, inner)
+    """Threat T19 (docs/threat-model.md): the gateway replays an encapsulated request; the node runs it once."""
+    enc = encapsulate_call(node.identity.keys.current.key_config, b"/v1/completions",
+                           json.dumps({"model": MODEL, "prompt": [5], "max_tokens": 2}).encode(), stream=False).body
     before = _requests_total(node)
     first = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
     again = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
@@ -193,7 +166,7 @@ def test_a_client_that_leaves_aborts_non_streamed_work(tiny_llama_dir):
     """A non-streamed OHTTP request whose client goes away is aborted on the node (its blocks
     freed and zeroed), not run to its end."""
     from tests.conftest import ExecutorSpy, llm_with_executor
-    from tests.server.serving import _SPIES
+    from tests.support.serving import _SPIES
 
     steps: list[int] = []
     spies: list[ExecutorSpy] = []
@@ -205,10 +178,9 @@ def test_a_client_that_leaves_aborts_non_streamed_work(tiny_llama_dir):
     _SPIES[engine] = spies[0]
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 120, "ignore_eos": True}
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"node", b"/v1/completions", (),
-                                               json.dumps(body).encode()))
     with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s, s.slowed(0.05):
-        enc, _ = encapsulate_request(identity.keys.current.key_config, inner)
+        enc = encapsulate_call(identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(),
+                               stream=False).body
         with pytest.raises(httpx.ReadTimeout):  # 120 steps take >= 6 s; the client leaves after 0.3 s
             httpx.post(s.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"},
                        timeout=0.3)
@@ -222,7 +194,7 @@ def test_a_stopping_node_ends_its_encrypted_streams_with_an_error_then_done(tiny
     plaintext one: an error event, then [DONE], in a whole encrypted response; nothing held after."""
     import threading
 
-    from tests.server.serving import make_served_app
+    from tests.support.serving import make_served_app
 
     _, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
                                              max_model_len=128))

@@ -6,9 +6,9 @@ import json
 import httpx
 import pytest
 
-from tests.node.test_node import call
-from tests.server.serving import serve
-from tests.server.test_stream_shape import chunked_ciphertexts
+from tests.support.node import call
+from tests.support.ohttp_frames import chunked_ciphertexts
+from tests.support.serving import serve
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
 from traceless.node.app import create_node_app
@@ -16,9 +16,7 @@ from traceless.node.identity import NodeIdentity
 from traceless.node.settings import NodeSettings
 from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import SoftwareAttester
-from traceless.privacy.bhttp import message as bhttp
-from traceless.privacy.ohttp.chunked import split_chunks
-from traceless.privacy.ohttp.gateway import encapsulate_chunked_request, encapsulate_request
+from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.shape import BUCKETS, STREAM_CHUNK
 from traceless.server.async_engine import AsyncEngine
 
@@ -36,16 +34,9 @@ def node(tiny_llama_dir):
 
 
 def raw(node, body: dict, stream: bool) -> bytes:
-    inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"n", b"/v1/completions", (),
-                                               json.dumps(body).encode()))
-    config = node.identity.keys.current.key_config
-    if stream:
-        enc, _ = encapsulate_chunked_request(config, split_chunks(inner))
-        kind = "message/ohttp-chunked-req"
-    else:
-        enc, _ = encapsulate_request(config, inner)
-        kind = "message/ohttp-req"
-    return httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": kind}).content
+    call = encapsulate_call(node.identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(),
+                            stream=stream)
+    return httpx.post(node.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type}).content
 
 
 @pytest.mark.parametrize("prompt_len,max_tokens", [(1, 1), (3, 9), (40, 30)])

@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from tests.support.node import MODEL, call, tiny_node
-from traceless.audit.stream_observe import key_config, observe
 from traceless.node.settings import NodeSettings
 from traceless.privacy.shape import ShapePolicy
+from traceless_tools.audit.stream_observe import key_config, observe
 
 TICK, BUDGET_PER_KIB, DECODE_PER_TOKEN = 0.1, 0.3, 0.05
 
@@ -84,7 +84,7 @@ def test_padded_ticks():
 def test_after_its_content_a_stream_runs_on_to_its_budget_or_a_power_of_two(bound):
     import asyncio
 
-    from traceless.node.paced import Pace, paced
+    from traceless.node.framing.paced import Pace, paced
     from traceless.privacy.shape import sse_filler
 
     tick = 0.05

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from traceless.report import html as report
+from traceless_tools.report import html as report
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 RECORDED = {"offline": "offline.json", "privacy_tax": "privacy_tax.json", "prefix_timing": "prefix_timing.json",

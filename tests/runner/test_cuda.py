@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from tests.model.test_parity import LLAMA3_SCALING, hf_greedy, ours
+from tests.support.families import LLAMA3_SCALING, hf_greedy, ours
 from traceless import LLM, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -173,8 +173,7 @@ def test_no_kernel_compiles_after_warm_up(tiny_llama_dir):
 
 @pytest.fixture(scope="module")
 def family_dirs_gpu(tmp_path_factory):
-    from tests.model.test_families import FAMILIES
-    from tests.support.families import make_family_model
+    from tests.support.families import FAMILIES, make_family_model
 
     return {name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=7 + i, **overrides)
             for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())}
@@ -186,9 +185,7 @@ def test_families_on_triton_match_transformers(name, family_dirs_gpu):
     """Qwen3 (q/k norms), Phi-3 (LongRoPE past the original context, partial rotary), Gemma 3
     (local and global layers, two RoPE bases) and a windowed Mistral: the Triton attention and
     ops with CUDA graphs give transformers' greedy tokens."""
-    from tests.model.test_families import LENGTHS, _hf
-    from tests.support.families import hf_greedy as family_greedy
-    from tests.support.families import ours as family_ours
+    from tests.support.families import LENGTHS, hf_model
 
     path = family_dirs_gpu[name]
     rng = random.Random(name)
@@ -197,13 +194,13 @@ def test_families_on_triton_match_transformers(name, family_dirs_gpu):
     # context is compared with the CPU engine only: transformers' own `generate` changed there
     # between versions (5.17 keeps the short-factor cache where 5.24 recomputes), and the GPU
     # image's transformers is not the one the suite pins
-    want = family_ours(LLM(str(path), dtype="float32", kv_cache_memory=8 * 2**20), prompts, 20, batched=True)
+    want = ours(LLM(str(path), dtype="float32", kv_cache_memory=8 * 2**20), prompts, 20, batched=True)
     if not name.startswith("phi3"):
-        assert [family_greedy(_hf(path), p, 20) for p in prompts] == want
+        assert [hf_greedy(hf_model(path), p, 20) for p in prompts] == want
     llm = _gpu(path, max_num_batched_tokens=24)
     assert llm.engine.model.attention == "triton"
-    assert family_ours(llm, prompts, 20, batched=True) == want
-    assert family_ours(llm, prompts[2:5], 20, batched=False) == want[2:5]
+    assert ours(llm, prompts, 20, batched=True) == want
+    assert ours(llm, prompts[2:5], 20, batched=False) == want[2:5]
     llm.engine.check_integrity()
 
 

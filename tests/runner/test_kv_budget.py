@@ -3,13 +3,8 @@ configuration can use (not a fixed 2 GiB: `make run` once held 6.2 GB for a 135M
 engine says at start what it chose; gpu_memory_utilization is refused on the CPU."""
 from __future__ import annotations
 
-import io
-import json
-import logging
-
 import pytest
 
-from traceless import events
 from traceless.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from traceless.runner.kv_budget import MODEL_LEN_SHARE, KVSizing, check_blocks, kv_budget
 
@@ -41,24 +36,11 @@ def test_gpu_memory_utilization_is_refused_on_the_cpu():
         kv_budget(EngineConfig(gpu_memory_utilization=0.5), 8192, 16 * SMOLLM2_TOKEN_BYTES)
 
 
-@pytest.fixture
-def engine_events():
-    stream = io.StringIO()
-    logger = logging.getLogger(events.LOGGER_NAME)
-    handler = logging.StreamHandler(stream)
-    old = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    logger.removeHandler(handler)
-    logger.setLevel(old)
-
-
-def test_an_engine_says_how_big_its_cache_is_and_why(tiny_llama_dir, engine_events):
+def test_an_engine_says_how_big_its_cache_is_and_why(tiny_llama_dir, captured_events):
     from traceless import LLM
 
     llm = LLM(str(tiny_llama_dir), dtype="float32", device="cpu")  # no size given: the CPU default
-    ready = next(e for e in engine_events() if e["event"] == "engine.ready")
+    ready = next(e for e in captured_events() if e["event"] == "engine.ready")
     token_bytes = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16, float32
     tokens = max(256, 128 * 256 // MODEL_LEN_SHARE)
     assert ready["num_blocks"] == llm.engine.num_kv_blocks == tokens // 16 + 1  # was 2 GiB: 262,144 blocks

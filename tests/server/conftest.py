@@ -1,6 +1,6 @@
 import pytest
 
-from tests.server.serving import make_served_app, serve
+from tests.support.serving import make_served_app, serve
 from traceless.config import EngineConfig
 
 

@@ -130,7 +130,7 @@ def test_client_disconnect_during_non_streaming_request_aborts(tiny_server, mode
 
 
 def test_queue_full_is_503_with_retry_after(tiny_llama_dir):
-    from tests.server.serving import make_served_app, serve
+    from tests.support.serving import make_served_app, serve
     from traceless.config import EngineConfig
 
     app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,

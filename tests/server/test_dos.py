@@ -1,10 +1,10 @@
 """`traceless serve` under slowloris clients, 100 MiB bodies, 500 connections and a flood of bad
-requests: honest requests keep being served, memory stays bounded (issue 13, finding 6). Figures
+requests: honest requests keep being served, memory stays bounded (threat T28, docs/threat-model.md). Figures
 are printed (pytest -s shows them)."""
 import httpx
 
 from tests import dos
-from tests.server.serving import make_served_app, serve
+from tests.support.serving import make_served_app, serve
 from traceless.config import EngineConfig
 
 JSON = {"content-type": "application/json"}

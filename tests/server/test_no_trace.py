@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.serving import free_port
+from tests.support.serving import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def test_canaries_leave_no_trace(tmp_path, real_llm):
     env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(home / ".cache"),
            "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
+        [sys.executable, "-m", "traceless_tools.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
          "--kv-cache-memory", "256MiB", "--max-model-len", "512"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"

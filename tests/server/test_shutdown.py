@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.serving import make_served_app, serve
+from tests.support.serving import make_served_app, serve
 from traceless.config import EngineConfig
 
 

@@ -6,7 +6,8 @@ import json
 import httpx
 import pytest
 
-from tests.server.serving import make_served_app, serve
+from tests.support.ohttp_frames import chunked_ciphertexts
+from tests.support.serving import make_served_app, serve
 from traceless.config import EngineConfig
 from traceless.server.stream_shape import StreamShape, pad_event, padding_event
 
@@ -60,33 +61,15 @@ def test_the_openai_client_reads_padded_streams(padded):
     assert text == want
 
 
-def chunked_ciphertexts(body: bytes, nonce_len: int = 16) -> list[int]:
-    """Lengths of the sealed chunks of a message/ohttp-chunked-res (framing only, no keys)."""
-    from traceless.privacy.wire import peek_varint
-
-    pos, sizes = nonce_len, []
-    while pos < len(body):
-        length, n = peek_varint(body[pos:])
-        pos += n
-        if length == 0:  # the final chunk: the rest of the body
-            sizes.append(len(body) - pos)
-            break
-        sizes.append(length)
-        pos += length
-    return sizes
-
-
 def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
-    from tests.node.test_node import call as node_call
+    from tests.support.node import call as node_call
     from traceless.entrypoints.build import build_engine
     from traceless.node.app import create_node_app
     from traceless.node.identity import NodeIdentity
     from traceless.node.settings import NodeSettings
     from traceless.privacy.attestation.measurement import Measurement
     from traceless.privacy.attestation.software import SoftwareAttester
-    from traceless.privacy.bhttp import message as bhttp
-    from traceless.privacy.ohttp.chunked import split_chunks
-    from traceless.privacy.ohttp.gateway import encapsulate_chunked_request
+    from traceless.privacy.ohttp.call import encapsulate_call
     from traceless.server.async_engine import AsyncEngine
 
     engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
@@ -100,10 +83,9 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
         node.identity = identity
         body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 15, "temperature": 0, "ignore_eos": True,
                 "stream": True}
-        inner = bhttp.encode_request(bhttp.Request(b"POST", b"https", b"n", b"/v1/completions", (),
-                                                   json.dumps(body).encode()))
-        enc, _ = encapsulate_chunked_request(identity.keys.current.key_config, split_chunks(inner))
-        r = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-chunked-req"})
+        call = encapsulate_call(identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(),
+                                stream=True)
+        r = httpx.post(node.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type})
         sizes = chunked_ciphertexts(r.content)
         assert len(sizes) >= 10 and len(set(sizes)) == 1, sizes  # head, data chunks and final chunk alike
         status, events = node_call(node, b"/v1/completions", body, stream=True)  # and it still decodes

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 
-from traceless.bench.structured import _run
-from traceless.bench.workloads import Workload
 from traceless.entrypoints.llm import LLM
 from traceless.structured.spec import StructuredKind, StructuredOutput
+from traceless_tools.bench.structured import _run
+from traceless_tools.bench.workloads import Workload
 
 
 def test_a_pass_constrained_and_free(byte_model_dir):

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.server.serving import make_served_app, serve
+from tests.support.serving import make_served_app, serve
 from traceless.config import EngineConfig
 from traceless.events import LOGGER_NAME
 

@@ -15,7 +15,7 @@ def _failing_step(self):
 
 
 if __name__ == "__main__":
-    from traceless.cli.parser import main
+    from traceless_tools.cli import main
 
     LLMEngine.step = _failing_step  # type: ignore[method-assign]  # every engine, restarted ones too
     sys.exit(main(["serve", *sys.argv[1:]]))

@@ -14,7 +14,7 @@ import time
 class Terminal:
     def __init__(self, *args: str):
         master, slave = pty.openpty()
-        self.proc = subprocess.Popen([sys.executable, "-m", "traceless.cli", *args], stdin=slave, stdout=slave,
+        self.proc = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", *args], stdin=slave, stdout=slave,
                                      stderr=slave, close_fds=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         os.close(slave)
         self._master = master

@@ -4,10 +4,12 @@
 
 DIR holds `gguf_meta.json` (a `tokenizer.ggml.*` vocabulary), `bpe/` and `unigram/` (tokenizer.json
 directories). The canary arrives hex-encoded on stdin (read with os.read: no long-lived buffer keeps
-it). On a long-lived thread, as the server's preparation threads do, every tokenizer encodes it and
-the grammar compiler compiles a JSON schema `const`, a regex and a choice holding it, with each
-guide's forced tokens computed; then everything is dropped, collected and the threads' malloc
-caches overwritten, and the process prints "ready" and sleeps.
+it). On long-lived threads, as the server's preparation threads do, every tokenizer encodes it and
+the grammar compiler compiles a JSON schema `const`, a regex, a choice and a Lark grammar holding it, with each
+guide's forced tokens computed: each on a thread of its own, so no later work on the same thread
+overwrites what an earlier one left in its stack. Then everything is dropped, collected and each
+thread scrubbed as an idle server does (its malloc cache and dead stack overwritten), and the
+process prints "ready" and sleeps.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from traceless.model.tokenizer import Tokenizer
-from traceless.server.thread_cache import flush_thread_cache
+from traceless.server.thread_cache import scrub_thread
 from traceless.structured.grammar import GrammarCompiler
 from traceless.structured.spec import StructuredKind, StructuredOutput
 
@@ -32,7 +35,7 @@ def write_tokenizers(root: Path) -> None:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    from traceless.audit.canary import BYTE_LEVEL, CYRILLIC, LATIN
+    from traceless_tools.audit.canary import BYTE_LEVEL, CYRILLIC, LATIN
 
     symbols = [BYTE_LEVEL[b] for b in range(256)]
     merges = [f"Ġ {c}" for c in LATIN] + [f"{a} {b}" for a in "qjxaeiou" for b in "qjxaeiou"]
@@ -63,31 +66,38 @@ def load(root: Path) -> list[Tokenizer]:
             Tokenizer.from_hf_dir(root / "unigram")]
 
 
-def use(tokenizers: list[Tokenizer], compiler: GrammarCompiler, text: str) -> None:
-    for tok in tokenizers:
-        tok.encode(f"Say {text} twice")
-    specs = [StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({"const": text})),
-             StructuredOutput(StructuredKind.REGEX, re.escape(text)),
-             StructuredOutput(StructuredKind.CHOICE, json.dumps([text, "other"]))]
-    for spec in specs:
-        guide = compiler.guide(compiler.compile(spec))
-        guide.matcher.compute_ff_tokens()
-        guide.release()
+def uses(tokenizers: list[Tokenizer], compiler: GrammarCompiler) -> list[Callable[[str], None]]:
+    """One piece of request work per entry: a tokenizer encoding, or a structured output compiled."""
+    def encode(tok: Tokenizer) -> Callable[[str], None]:
+        return lambda text: tok.encode(f"Say {text} twice") and None
+
+    def constrain(kind: StructuredKind, source: Callable[[str], str]) -> Callable[[str], None]:
+        def run(text: str) -> None:
+            guide = compiler.guide(compiler.compile(StructuredOutput(kind, source(text))))
+            guide.matcher.compute_ff_tokens()
+            guide.release()
+        return run
+
+    return [*(encode(tok) for tok in tokenizers),
+            constrain(StructuredKind.JSON_SCHEMA, lambda t: json.dumps({"const": t})),
+            constrain(StructuredKind.REGEX, re.escape),
+            constrain(StructuredKind.CHOICE, lambda t: json.dumps([t, "other"])),
+            constrain(StructuredKind.GRAMMAR, lambda t: f"start: {json.dumps(t)} | \"other\"")]
 
 
 def main() -> None:
     tokenizers = load(Path(sys.argv[1]))
     compiler = GrammarCompiler(tokenizers[1], tokenizers[1].vocab_size)
-    pool = ThreadPoolExecutor(max_workers=1)
-
-    def work() -> None:
-        use(tokenizers, compiler, bytes.fromhex(os.read(0, 1 << 16).decode()).decode())
-        gc.collect()
-        flush_thread_cache()
-
-    pool.submit(work).result()
+    text = bytes.fromhex(os.read(0, 1 << 16).decode()).decode()
+    work = uses(tokenizers, compiler)
+    pools = [ThreadPoolExecutor(max_workers=1) for _ in work]
+    for pool, fn in zip(pools, work):
+        pool.submit(fn, text).result()
+    del text
     gc.collect()
-    flush_thread_cache()
+    for pool in pools:
+        pool.submit(scrub_thread).result()
+    scrub_thread()
     print("ready", flush=True)
     time.sleep(600)
 

@@ -37,10 +37,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "given explicitly with a GGUF file under --quantization auto, it dequantizes the weights "
                         "to this type (exact parity runs)")
     g.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
-                   help="CPU weights kept quantized, multiplied by int8 kernels with float32 activations. auto: "
-                        "a GGUF file keeps its own blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; other types are "
-                        "dequantized) unless --dtype is given; Hugging Face checkpoints stay dense. gguf: keep a "
-                        "GGUF file's blocks. q8_0, q4_0: quantize a Hugging Face checkpoint at load. none: dense")
+                   help="how weights are held. auto: a GGUF file on the CPU keeps its own blocks (Q8_0, Q4_0, "
+                        "Q4_1, Q4_K, Q5_K, Q6_K; other types are dequantized) unless --dtype is given; an FP8 "
+                        "checkpoint runs its matmuls in FP8 on CUDA and is dequantized on the CPU; other "
+                        "checkpoints stay dense. gguf (CPU): keep a GGUF file's blocks. q8_0, q4_0 (CPU): "
+                        "quantize a Hugging Face checkpoint at load, int8 kernels with float32 activations. "
+                        "fp8 (CUDA): quantize a checkpoint's layer matrices to FP8 at load, per output "
+                        "channel, activations per token. none: dense weights (an FP8 checkpoint dequantized)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     g.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",

@@ -12,6 +12,12 @@ drop PYTHONMALLOC, which scrubbing needs.)
 The rule is part of the node's measurement: `environment` in its measured configuration is the
 digest of the isolated state (`canonical_digest`), so a node built to run otherwise is a
 different release.
+
+The node image starts isolated from its first instruction: its ENTRYPOINT is `boot_argv` (the
+interpreter with `-s -P`, the package root put on the path by the command itself) and its
+environment holds no PYTHON*/LD_* variable but scrubbing's, so nothing of the environment ever
+runs, not even in a first process that would restart itself (`starts_isolated` checks a command
+line and environment; the deployment tests run it on the image and every manifest).
 """
 from __future__ import annotations
 
@@ -24,7 +30,22 @@ from pathlib import Path
 import traceless
 
 INJECTING = ("PYTHON", "LD_", "GLIBC_TUNABLES")
+ISOLATED_FLAGS = ("-s", "-P")  # no user site directory; no script or working directory on the path
 _BOOT = "import sys; sys.path.insert(0, {root!r}); from traceless.cli.parser import main; sys.exit(main())"
+
+
+def boot_argv(python: str, root: str) -> list[str]:
+    """The command line, before the command's own arguments, that runs traceless from `root`
+    (the folder holding the package) isolated: flags on the interpreter, no PYTHONPATH needed."""
+    return [python, *ISOLATED_FLAGS, "-c", _BOOT.format(root=root)]
+
+
+def starts_isolated(argv: list[str], env: dict[str, str], scrub_env: dict[str, str]) -> bool:
+    """Whether `argv` run with exactly `env` is already in the isolated state (so the node does not
+    restart itself): the interpreter's flags before its -c/-m, and the injecting variables."""
+    end = next((i for i, a in enumerate(argv) if a in ("-c", "-m")), len(argv))
+    flags = argv[1:end]
+    return _state(("-s" in flags, "-P" in flags), env, []) == canonical_digest(scrub_env)
 
 
 def _state(flags: tuple[bool, bool], env: dict[str, str], customize: list[str]) -> str:
@@ -52,8 +73,7 @@ def reexec_isolated(scrub_env: dict[str, str]) -> None:
     if current_digest() == canonical_digest(scrub_env):
         return
     root = str(Path(traceless.__file__).resolve().parent.parent)
-    os.execve(sys.executable, [sys.executable, "-s", "-P", "-c", _BOOT.format(root=root), *sys.argv[1:]],
-              isolated_env(scrub_env))
+    os.execve(sys.executable, [*boot_argv(sys.executable, root), *sys.argv[1:]], isolated_env(scrub_env))
 
 
 def require_isolated(scrub_env: dict[str, str]) -> None:

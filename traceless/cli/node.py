@@ -59,14 +59,14 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shape", choices=("buckets", "off"), default="buckets",
                    help="pad responses to size buckets and stream on a steady cadence (default), or send "
                         "lengths and timings as they are (off: measurements only)")
-    g.add_argument("--stream-tick", type=int, default=DEFAULT_TICK_MS, metavar="MS",
+    g.add_argument("--stream-tick", type=int, default=None, metavar="MS",
                    help=f"with --shape buckets: one fixed-size stream chunk every MS milliseconds (default "
                         f"{DEFAULT_TICK_MS}; 0 = a bucket-padded chunk per event, timings visible)")
-    g.add_argument("--prefill-budget", type=int, default=DEFAULT_PREFILL_MS_PER_KIB, metavar="MS",
+    g.add_argument("--prefill-budget", type=int, default=None, metavar="MS",
                    help=f"with a stream tick: a stream's first tick (its response head) comes no sooner than MS "
                         f"milliseconds per KiB of the request's size bucket after the request arrived, so a "
                         f"prompt's prefill time does not show (default {DEFAULT_PREFILL_MS_PER_KIB}; measured)")
-    g.add_argument("--decode-budget", type=int, default=DEFAULT_DECODE_MS_PER_TOKEN, metavar="MS",
+    g.add_argument("--decode-budget", type=int, default=None, metavar="MS",
                    help=f"with a stream tick: a stream whose request sets max_tokens runs for max_tokens x MS "
                         f"milliseconds (padded after its last token), so the answer's length does not show; "
                         f"without max_tokens, to a power-of-two number of ticks (default "
@@ -75,12 +75,34 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
 
 
 def shape_policy(args: argparse.Namespace):
+    """The node's shape settings, checked: a flag its mode cannot apply is refused, never ignored."""
     from traceless.privacy.shape import ShapePolicy
 
+    _refuse_inapplicable_shape_flags(args)
+    tick = DEFAULT_TICK_MS if args.stream_tick is None else args.stream_tick
+    prefill = DEFAULT_PREFILL_MS_PER_KIB if args.prefill_budget is None else args.prefill_budget
+    decode = DEFAULT_DECODE_MS_PER_TOKEN if args.decode_budget is None else args.decode_budget
     try:
-        return ShapePolicy(args.shape, args.stream_tick, args.prefill_budget, args.decode_budget)
+        return ShapePolicy(args.shape, tick, prefill, decode)
     except ValueError as exc:
         raise SystemExit(f"traceless node: {exc}") from None
+
+
+def _refuse_inapplicable_shape_flags(args: argparse.Namespace) -> None:
+    # With --shape buckets every size the hops see is already fixed (whole responses and untimed
+    # chunks in size buckets, timed chunks all one size): per-event padding would only cost bytes.
+    if args.stream_padding and args.shape != "off":
+        raise SystemExit("traceless node: --stream-padding applies with --shape off only: with --shape buckets "
+                         "every response and chunk already has a size from the bucket table")
+    timing = {"--stream-tick": args.stream_tick, "--prefill-budget": args.prefill_budget,
+              "--decode-budget": args.decode_budget}
+    for flag, value in timing.items():
+        if value is not None and args.shape == "off":
+            raise SystemExit(f"traceless node: {flag} applies with --shape buckets only (--shape off sends "
+                             "chunks as they come)")
+        if value is not None and flag != "--stream-tick" and args.stream_tick == 0:
+            raise SystemExit(f"traceless node: {flag} applies with a stream tick only (--stream-tick 0 sends "
+                             "chunks as they come)")
 
 
 def node_measured_config(args: argparse.Namespace) -> dict:
@@ -100,7 +122,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         # the isolated environment it runs in (cli/isolation.py): a node started otherwise refuses
         "environment": canonical_digest(SCRUB_ENV if args.scrub_freed_memory else {}),
         "request_events": args.request_events, "metrics_window": args.metrics_window,
-        "metrics_min_requests": args.metrics_min_requests,
+        "metrics_min_requests": args.metrics_min_requests, "metrics_epsilon": args.metrics_epsilon,
         "speculative": args.speculative, "num_speculative_tokens": args.num_speculative_tokens,
         "ngram_min": args.ngram_min, "ngram_max": args.ngram_max, "draft_layers": args.draft_layers,
         "load_format": args.load_format, **shape_policy(args).measured(),
@@ -151,19 +173,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     node = sub.add_parser("node", help="private node: the engine behind OHTTP, with attestation")
     add_node_args(node)
     node.set_defaults(handler=_node, check=_node_check)
-    up = sub.add_parser("up", help="all-in-one local deployment of the private path on loopback")
-    up.add_argument("--nodes", type=int, default=2, help="how many nodes to start")
-    up.add_argument("--capacities", default=None, help="comma-separated node capacities, e.g. 1,2")
-    up.add_argument("--port", type=int, default=8000, help="port of the OpenAI-compatible proxy")
-    up.add_argument("--state-dir", default=None,
-                    help="where endpoints.json goes (default: a fresh temporary directory)")
-    up.add_argument("--node-args", default="", help="extra options for every node, e.g. \"--dtype float32\"")
-    up.add_argument("--gateway-args", default="",
-                    help="extra options for the gateway, e.g. \"--health-interval 1 --unhealthy-after 2\"")
-    up.add_argument("--netns", action="store_true",
-                    help="each component in its own Linux network namespace with its own address, so every hop "
-                         "crosses a real interface (needs root; docs/deploy.md)")
-    up.set_defaults(handler=_up)
 
 
 def node_parser() -> argparse.ArgumentParser:
@@ -268,28 +277,3 @@ def check_release_allows(log_url: str, log_public_key: str, combined: bytes, cap
         raise SystemExit(f"traceless node: --capacity {capacity} is not allowed by the logged release "
                          f"(it allows: {allowed})")
 
-
-def _up(args: argparse.Namespace) -> int:
-    from traceless.local.up import Deployment, UpOptions
-
-    caps = [int(c) for c in args.capacities.split(",")] if args.capacities else [1] * args.nodes
-    if len(caps) != args.nodes or min(caps) < 1 or args.nodes < 1:
-        raise SystemExit("traceless up: --capacities must list one positive capacity per node")
-    if args.state_dir is not None:
-        from traceless.cli.paths import writable_dir
-
-        writable_dir(args.state_dir, "--state-dir")
-    if not args.netns:  # the proxy's port, checked before anything starts (then freed for the proxy)
-        from traceless.http.serve import reserve
-
-        reserve("127.0.0.1", args.port, "up").close()
-    opts = UpOptions(caps, args.port, args.state_dir, args.node_args.split(), tuple(args.gateway_args.split()))
-    if args.netns:
-        from traceless.local.netns import available
-        from traceless.local.netns_up import NetnsDeployment
-
-        ok, why = available()
-        if not ok:
-            raise SystemExit(f"traceless up: --netns: {why}")
-        return NetnsDeployment(opts).run()
-    return Deployment(opts).run()

@@ -10,18 +10,13 @@ import threading
 
 from traceless.errors import ConfigError, ModelLoadError, ModelNotFoundError
 
-# Modules exposing `register(subparsers)`; each adds one or more subcommands.
+# Modules exposing `register(subparsers)`; each adds one or more subcommands. These are the
+# trusted core's commands (what a node image runs); `traceless_tools.cli` adds the tools' commands
+# to the same parser for the `traceless` console script.
 COMMAND_MODULES = (
-    "traceless.cli.generate",
-    "traceless.cli.bench",
     "traceless.cli.serve",
     "traceless.cli.node",
-    "traceless.cli.proxy",
-    "traceless.cli.log",
-    "traceless.cli.audit",
-    "traceless.cli.cluster",
-    "traceless.cli.attest",
-    "traceless.cli.eval",
+    "traceless.cli.measure",
 )
 
 
@@ -40,14 +35,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
     from traceless import __version__
 
     parser = argparse.ArgumentParser(prog="traceless", description="traceless: LLM inference for private cloud compute",
                                      formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"traceless {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).register(sub)
     _format_all(parser)
     return parser
@@ -74,8 +69,8 @@ def check(args: argparse.Namespace) -> None:
         requirements(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, modules: tuple[str, ...] = COMMAND_MODULES) -> int:
+    args = build_parser(modules).parse_args(argv)
     # `kill`, a closed terminal or a service manager's stop take the same clean path as Ctrl-C:
     # commands that start services (up, benches, audits) stop them in their `finally` blocks
     # instead of leaving them orphaned. SIGINT is set too: a shell starts background jobs with

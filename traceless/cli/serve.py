@@ -8,6 +8,8 @@ from traceless.cli.hardening import make_undumpable
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import add_scrub_arg, reexec_with_scrubbing
 
+DEFAULT_EPSILON = 1.0  # server/telemetry.py's (not imported here: the CLI loads it lazily)
+
 
 def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -22,6 +24,10 @@ def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> N
     g.add_argument("--metrics-min-requests", type=int, default=20, metavar="K",
                    help="a window is published only once it holds at least K requests (0 = every window: "
                         "for audits and benchmarks only)")
+    g.add_argument("--metrics-epsilon", type=_epsilon, default=DEFAULT_EPSILON, metavar="EPS",
+                   help=f"noise on every count a window publishes: the window is EPS-differentially private for "
+                        f"one request, discrete Laplace noise (default {DEFAULT_EPSILON}; off = exact figures, for "
+                        f"audits and benchmarks only)")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's name)")
     p.add_argument("--max-body-bytes", type=parse_size, default=None, help="largest request body (default 4MiB)")
     p.add_argument("--stream-padding", type=int, default=0, metavar="BYTES",
@@ -31,6 +37,15 @@ def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> N
     p.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
                    help="on Ctrl-C or SIGTERM, how long open requests may run on before they are ended (a "
                         "stream with an error event and [DONE]; a second Ctrl-C ends them at once)")
+
+
+def _epsilon(value: str) -> float | None:
+    if value == "off":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a number, or off") from None
 
 
 def shutdown_policy(args: argparse.Namespace, engine, component: str):
@@ -89,7 +104,7 @@ def window_policy(args: argparse.Namespace, component: str):
         raise SystemExit(f"traceless {component}: --metrics-port must differ from --port (metrics are never "
                          "served on the public port)")
     try:
-        return WindowPolicy(args.metrics_window, args.metrics_min_requests)
+        return WindowPolicy(args.metrics_window, args.metrics_min_requests, args.metrics_epsilon)
     except ValueError as exc:
         raise SystemExit(f"traceless {component}: {exc}") from None
 

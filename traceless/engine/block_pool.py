@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 NULL_BLOCK_ID = 0
 
@@ -74,9 +74,11 @@ class FreeBlockQueue:
         self.remove(block)
         return block
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KVBlock]:
         block = self._head.next_free
         while block is not self._tail:
+            if block is None:
+                raise RuntimeError("free queue is broken: a block before the tail is unlinked")
             yield block
             block = block.next_free
 

@@ -1,6 +1,6 @@
 """Speculative decoding, the engine side (no torch): where drafts come from, and counters.
 
-Drafts come only from the request itself or from the model (DESIGN.md: never from a database
+Drafts come only from the request itself or from the model (threat T7, docs/threat-model.md: never from a database
 shared across users, which would hold other users' tokens):
 
     ngram   prompt lookup: the request's last n tokens (n from ngram_max down to ngram_min) are

@@ -131,7 +131,8 @@ class ModelInfo:
     # LongRoPE: a prompt longer than this runs on the long factors from its first token, so its KV
     # differs from a shorter prompt's over the same tokens (the prefix cache keeps them apart)
     long_context_from: int | None = None
-    quantization: str = "none"  # "gguf" (a GGUF file's blocks), "q8_0"/"q4_0" (made at load) or "none"
+    # "gguf" (a GGUF file's blocks), "q8_0"/"q4_0" (made at load), "fp8" (FP8 matmuls on CUDA) or "none"
+    quantization: str = "none"
 
 
 class PendingResult(Protocol):

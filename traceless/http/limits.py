@@ -1,4 +1,4 @@
-"""Connection limits every service runs under (issue 13, "limits everywhere"): how many connections
+"""Connection limits every service runs under (threat T28, docs/threat-model.md): how many connections
 it holds, how long a client may take to send a request's head and its body (slowloris), how long
 an idle keep-alive connection stays, and a lingering close for requests answered before their body
 was read.

@@ -11,13 +11,24 @@ ModelConfig; model/llama.py runs any ModelConfig. What differs between the famil
     phi3     x*w (fused qkv, gate_up)  -         silu        -            window (optional)   longrope, partial
     gemma2   x*(1+w), post-attn/-mlp   -         gelu_tanh   sqrt(H)      softcap, window     -
     gemma3   x*(1+w), post-attn/-mlp   per head  gelu_tanh   sqrt(H)      window (local)      local/global base
+    mixtral  x*w                       -         silu        -            window (optional)   -
+    qwen3moe x*w                       per head  silu        -            -                   -
+    gpt_oss  x*w                       -         silu        -            sinks, window       yarn
+
+Mixture-of-experts families (mixtral, qwen3_moe, gpt_oss) carry `moe`: the experts' hyper-parameters and
+which layers have them (model/moe_checkpoint.py); the other layers keep the dense gated MLP.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from traceless.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from traceless.model.fp8.config import Fp8Config
+    from traceless.model.moe_checkpoint import MoESpec
 
 
 class Activation(Enum):
@@ -27,15 +38,20 @@ class Activation(Enum):
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    kind: str  # "linear" | "llama3" | "longrope"
+    kind: str  # "linear" | "llama3" | "longrope" | "yarn"
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     # longrope: per-frequency divisors for short and long contexts, and the cos/sin multiplier
+    # (yarn's too)
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    # yarn: the rotations bounding the ramp between interpolated and extrapolated frequencies
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # the ramp's bounds rounded outwards to whole dimensions
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +77,8 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    o_bias: bool = False  # a bias on the attention output projection (gpt-oss)
+    attn_sinks: bool = False  # a learned logit per head joining each softmax, attending nothing (gpt-oss)
     rope_scaling: RopeScaling | None = None
     # Sliding-window attention: layer i sees the last layer_windows[i] keys (0: every key). Empty:
     # no layer has a window.
@@ -75,6 +93,8 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scale 1/sqrt(this) instead of 1/sqrt(D)
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    moe: MoESpec | None = None  # the experts of a mixture-of-experts model; None: every MLP is dense
+    fp8: Fp8Config | None = None  # an FP8 checkpoint's quantization_config (its weights are FP8)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -146,3 +166,7 @@ class ModelConfig:
         """LongRoPE: prompts longer than this many tokens run on the long factors (see model/rope.py)."""
         s = self.rope_scaling
         return s.original_max_position_embeddings if s is not None and s.kind == "longrope" else None
+
+    def sparse(self, layer: int) -> bool:
+        """Whether layer `layer`'s feed-forward is the experts block (else the dense gated MLP)."""
+        return self.moe is not None and self.moe.sparse(layer)

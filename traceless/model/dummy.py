@@ -2,8 +2,11 @@
 
 Benchmarks need the cost of a model (its shapes), not what it says. The weights are drawn from a
 seeded generator on the target device (an 8B model is drawn on the GPU in well under a second,
-where copying 16 GB from the host would take many), in a fixed order, so the same seed on the same
-device gives the same weights.
+where copying 16 GB from the host would take many), each tensor from its own seed (the model's
+seed and the tensor's place in `weight_shapes`), so the same seed on the same device gives the
+same weights in whatever order they are drawn. The loader draws each tensor when the decoder takes
+it (`lazy_dummy_weights`): with `--quantization fp8` a layer's bf16 matrices exist only while they
+are quantized, which is how the 70B shape loads on one H200.
 
 Scale: every matrix is N(0, 1 / fan_in), so each matmul keeps unit variance; norms are ones. With
 RMSNorm in front of every block the residual stream grows only as the square root of the depth,
@@ -15,6 +18,7 @@ decodes, so detokenization and stop checks run their real code paths.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +30,11 @@ from tokenizers import Tokenizer as HFTokenizer
 from traceless.errors import ModelLoadError
 from traceless.model.config import ModelConfig
 from traceless.model.hf_config import from_hf_config
+from traceless.model.lazy_weights import LazyWeights
 from traceless.model.tokenizer import Tokenizer
 
 DUMMY_SEED = 0
+_SEED_STRIDE = 1 << 20  # tensor i of seed s is drawn from seed s * stride + i
 # A plain "role: content" template, so chat requests work against a dummy model too.
 _CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                   "{% if add_generation_prompt %}assistant:{% endif %}")
@@ -56,11 +62,18 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(c.num_layers):
         p = f"layers.{i}."
         shapes |= {p + "attn_norm": (H,), p + "q": (c.num_heads * D, H), p + "k": (c.num_kv_heads * D, H),
-                   p + "v": (c.num_kv_heads * D, H), p + "o": (H, c.num_heads * D), p + "mlp_norm": (H,),
-                   p + "gate": (F, H), p + "up": (F, H), p + "down": (H, F)}
+                   p + "v": (c.num_kv_heads * D, H), p + "o": (H, c.num_heads * D), p + "mlp_norm": (H,)}
+        if c.moe is not None and c.sparse(i):
+            shapes |= {p + name: shape for name, shape in c.moe.weight_shapes().items()}
+        else:
+            shapes |= {p + "gate": (F, H), p + "up": (F, H), p + "down": (H, F)}
         if c.qkv_bias:
             shapes |= {p + "q_bias": (c.num_heads * D,), p + "k_bias": (c.num_kv_heads * D,),
                        p + "v_bias": (c.num_kv_heads * D,)}
+        if c.o_bias:
+            shapes[p + "o_bias"] = (H,)
+        if c.attn_sinks:
+            shapes[p + "sinks"] = (c.num_heads,)
         if c.qk_norm:
             shapes |= {p + "q_norm": (D,), p + "k_norm": (D,)}
         if c.sandwich_norms:
@@ -81,17 +94,34 @@ def iter_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
                        seed: int = DUMMY_SEED) -> Iterator[tuple[str, torch.Tensor]]:
     """The same weights one tensor at a time (a peer engine copies each into its own model, so
     two full copies never share the device)."""
+    for index, (name, shape) in enumerate(weight_shapes(c).items()):
+        yield name, _draw(c, name, shape, dtype, device, seed, index)
+
+
+def lazy_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
+                       seed: int = DUMMY_SEED) -> LazyWeights:
+    """The same weights, each drawn when the decoder takes it."""
+    weights = LazyWeights()
+    for index, (name, shape) in enumerate(weight_shapes(c).items()):
+        weights.add(name, functools.partial(_draw, c, name, shape, dtype, device, seed, index))
+    return weights
+
+
+def _draw(c: ModelConfig, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+          seed: int, index: int) -> torch.Tensor:
     gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    for name, shape in weight_shapes(c).items():
-        t = torch.empty(shape, dtype=dtype, device=device)
-        if name.endswith("norm"):
-            t.fill_(1.0 - c.norm_offset)  # a norm of ones as applied (Gemma applies 1 + w)
-        elif name.endswith("_bias"):
-            t.normal_(0.0, 0.02, generator=gen)
-        else:
-            t.normal_(0.0, 1.0 if name == "embed" else 1.0 / math.sqrt(shape[1]), generator=gen)
-        yield name, t
+    gen.manual_seed(seed * _SEED_STRIDE + index)
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if name.endswith("norm"):
+        t.fill_(1.0 - c.norm_offset)  # a norm of ones as applied (Gemma applies 1 + w)
+    elif name.endswith("_bias"):
+        t.normal_(0.0, 0.02, generator=gen)
+    elif name.endswith("sinks"):
+        t.normal_(0.0, 1.0, generator=gen)  # logits of the order of the scores
+    else:
+        # matrices [out, in] and stacked experts [E, out, in]: fan_in is the last dimension
+        t.normal_(0.0, 1.0 if name == "embed" else 1.0 / math.sqrt(shape[-1]), generator=gen)
+    return t
 
 
 def synthetic_tokenizer(vocab_size: int) -> Tokenizer:

@@ -10,6 +10,8 @@ import math
 
 from traceless.errors import UnsupportedModelError
 from traceless.model.config import Activation, ModelConfig, RopeScaling
+from traceless.model.fp8.config import Fp8Config, parse_fp8_config
+from traceless.model.moe_checkpoint import moe_spec
 
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -20,12 +22,19 @@ HF_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # the text model of the checkpoint (text_config)
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "GptOssForCausalLM": "gpt_oss",
 }
 _GEMMA = {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 256, "query_pre_attn_scalar": 256,
           "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096}
 # transformers' defaults for fields a config.json may omit
 _DEFAULTS: dict[str, dict] = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {"head_dim": 128},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen3_moe": {"num_experts_per_tok": 8, "norm_topk_prob": False, "decoder_sparse_step": 1},
+    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "attention_bias": True, "rms_norm_eps": 1e-5,
+                "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0},
     "phi3": {"original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5},
     "gemma2": _GEMMA | {"vocab_size": 256000, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
                         "attn_logit_softcapping": 50.0, "rope_theta": 10000.0},
@@ -73,18 +82,22 @@ def from_hf_config(raw: dict) -> ModelConfig:
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        o_bias=arch == "gpt_oss" and bool(cfg.get("attention_bias", False)),
+        attn_sinks=arch == "gpt_oss",
         rope_scaling=scaling,
         layer_windows=_layer_windows(arch, cfg),
         local_rope_theta=local_theta,
         rotary_dim=rotary,
         activation=_ACTIVATIONS[act],
         norm_offset=1.0 if gemma else 0.0,
-        qk_norm=arch in ("qwen3", "gemma3"),
+        qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3"),
         sandwich_norms=gemma,
         embed_scale=math.sqrt(hidden) if gemma else None,
         query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if gemma else None,
         attn_softcap=_positive(cfg, "attn_logit_softcapping") if arch == "gemma2" else None,
         final_softcap=_positive(cfg, "final_logit_softcapping") if gemma else None,
+        moe=moe_spec(cfg | {"architectures": [found]}),
+        fp8=_quantization(arch, cfg),
     )
 
 
@@ -101,6 +114,26 @@ def _refuse_unsupported(arch: str, cfg: dict) -> None:
             raise UnsupportedModelError(f"{arch}: use_sliding_window=true needs max_window_layers")
 
 
+def _quantization(arch: str, cfg: dict) -> Fp8Config | None:
+    """The checkpoint's FP8 form, or None for unquantized weights. Any other quantization is
+    refused naming the field (a quantized checkpoint must never load as if it were not)."""
+    raw = cfg.get("quantization_config")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise UnsupportedModelError("quantization_config must be an object")
+    if raw.get("quant_method") == "mxfp4":
+        # gpt-oss publishes its experts in MXFP4 (<proj>_blocks / _scales), dequantized at load
+        if arch != "gpt_oss":
+            raise UnsupportedModelError(
+                f"quantization_config.quant_method 'mxfp4' is read for gpt-oss only, not {arch}")
+        unknown = sorted(set(raw) - {"quant_method", "modules_to_not_convert"})
+        if unknown:
+            raise UnsupportedModelError(f"quantization_config has unsupported key(s): {', '.join(unknown)}")
+        return None
+    return parse_fp8_config(raw)
+
+
 def _positive(cfg: dict, key: str) -> float | None:
     value = cfg.get(key)
     if value is None:
@@ -114,11 +147,11 @@ def _layer_windows(arch: str, cfg: dict) -> tuple[int, ...]:
     """Per layer: the sliding window (0: global attention), as transformers lays the layers out."""
     n = int(cfg["num_hidden_layers"])
     window = int(cfg.get("sliding_window") or 0)
-    if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
+    if arch in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         window = 0
     types = cfg.get("layer_types")
     if types is None:
-        if arch in ("mistral", "phi3"):
+        if arch in ("mistral", "phi3", "mixtral", "qwen3_moe"):  # qwen3_moe: no max_window_layers
             sliding = [True] * n
         elif arch in ("qwen2", "qwen3"):
             sliding = [i >= int(cfg.get("max_window_layers") or 0) for i in range(n)]
@@ -181,7 +214,28 @@ def _scaling(arch: str, raw: dict | None, cfg: dict) -> RopeScaling | None:
         )
     if kind == "longrope":
         return _longrope(raw, cfg)
-    raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope)")
+    if kind == "yarn":
+        return _yarn(raw, cfg)
+    raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3, longrope, yarn)")
+
+
+def _yarn(raw: dict, cfg: dict) -> RopeScaling:
+    """transformers' _compute_yarn_parameters: the factor defaults to the context's growth, the
+    attention factor to 0.1 ln(factor) + 1 (or the ratio of mscale and mscale_all_dim's)."""
+    original = int(raw.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    factor = raw.get("factor")
+    factor = float(factor) if factor is not None else int(cfg["max_position_embeddings"]) / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = raw.get("attention_factor")
+    if attention is None:
+        m, m_all = raw.get("mscale"), raw.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return RopeScaling("yarn", factor, original_max_position_embeddings=original, attention_factor=float(attention),
+                       beta_fast=float(raw.get("beta_fast") or 32), beta_slow=float(raw.get("beta_slow") or 1),
+                       truncate=bool(raw.get("truncate", True)))
 
 
 def _longrope(raw: dict, cfg: dict) -> RopeScaling:

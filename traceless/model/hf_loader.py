@@ -1,16 +1,27 @@
 """Load a Hugging Face model directory: config.json, *.safetensors (one file, or the shards that
-model.safetensors.index.json lists), tokenizer files."""
+model.safetensors.index.json lists), tokenizer files.
+
+The weights come back as a LazyWeights (model/lazy_weights.py): each tensor is read from the
+memory-mapped files when the decoder takes it, under its canonical name (`layers.{i}.q`, ...).
+A mixture-of-experts layer's router and experts are read together and handed out stacked
+(`layers.{i}.router`, `layers.{i}.experts.gate_up` [E, 2I, H], `layers.{i}.experts.down` [E, H, I]:
+model/moe_checkpoint.py)."""
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from traceless.errors import ModelLoadError, UnsupportedModelError
 from traceless.model.config import ModelConfig
+from traceless.model.fp8.checkpoint import Fp8Weight, dequantizing_take, read_fp8_weight
+from traceless.model.fp8.config import Fp8Config
 from traceless.model.hf_config import from_hf_config
+from traceless.model.lazy_weights import LazyWeights, Read, SafetensorsFiles
+from traceless.model.moe_checkpoint import MOE_FIELDS, MoESpec, Take, read_moe_weights
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
@@ -19,7 +30,8 @@ _LAYER_NAMES = {
     "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",
     "self_attn.qkv_proj.weight": "qkv",  # Phi-3: fused, rows [q | k | v]
     "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
-    "self_attn.o_proj.weight": "o",
+    "self_attn.o_proj.weight": "o", "self_attn.o_proj.bias": "o_bias",  # gpt-oss: biased
+    "self_attn.sinks": "sinks",  # gpt-oss: a logit per head in each softmax
     "post_attention_layernorm.weight": "mlp_norm",
     "mlp.gate_proj.weight": "gate", "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
     "mlp.gate_up_proj.weight": "gate_up",  # Phi-3: fused, rows [gate | up]
@@ -31,6 +43,9 @@ _GEMMA_LAYER_NAMES = _LAYER_NAMES | {
     "pre_feedforward_layernorm.weight": "mlp_norm",
     "post_feedforward_layernorm.weight": "post_mlp_norm",
 }
+_LINEARS = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
+# an FP8 checkpoint's scales beside <module>.weight
+_FP8_SCALES = (".weight_scale", ".weight_scale_inv", ".input_scale")
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
 # Buffers some checkpoints carry that are recomputed, not loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -91,29 +106,85 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    from safetensors import SafetensorError, safe_open
-
+def load_hf_dir(path: Path, dtype: torch.dtype, keep_fp8: bool = False) -> tuple[ModelConfig, LazyWeights]:
+    """The config and the weights, to be read one tensor at a time as the model takes them.
+    An FP8 checkpoint's weights are dequantized to dtype, or with keep_fp8 (the GPU path) its
+    FP8 Linears are kept FP8 for Fp8Linear (LazyWeights.take_fp8)."""
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{path} has no config.json")
     raw = read_json(config_path)
     config = from_hf_config(raw)
     multimodal = "Gemma3ForConditionalGeneration" in (raw.get("architectures") or [])
-    weights: dict[str, torch.Tensor] = {}
-    for file in weight_files(path):
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    text = _text_name(key, multimodal)
-                    if text is None or key.endswith(_IGNORED_SUFFIXES):
-                        continue
-                    name = canonical_name(text, config.architecture)
-                    if name is None:
-                        raise UnsupportedModelError(f"unexpected tensor {key!r} in {file.name}")
-                    if name in weights:
-                        raise ModelLoadError(f"tensor {key!r} appears in more than one file")
-                    weights[name] = f.get_tensor(key).to(dtype)
-        except (SafetensorError, OSError) as exc:
-            raise ModelLoadError(f"{file.name} is not a readable safetensors file ({type(exc).__name__})") from None
-    return config, weights
+
+    def rename(key: str) -> str | None:
+        return None if key.endswith(_IGNORED_SUFFIXES) else _text_name(key, multimodal)
+
+    files = SafetensorsFiles(weight_files(path), rename)
+    return config, _lazy_weights(files, config, dtype, keep_fp8)
+
+
+def _lazy_weights(files: SafetensorsFiles, config: ModelConfig, dtype: torch.dtype, keep_fp8: bool) -> LazyWeights:
+    """Every checkpoint tensor under its canonical name, read when taken; a sparse layer's router
+    and experts as that layer's stacked MoE tensors; FP8 weights dequantized or kept."""
+    weights = LazyWeights(files)
+    fp8 = config.fp8
+    take = files.take if fp8 is None else dequantizing_take(files.take, fp8, dtype)
+    sparse: set[int] = set()
+    for name in files.names():
+        m = _LAYER.match(name)
+        if m and config.moe is not None and config.sparse(int(m.group(1))) \
+                and m.group(2).startswith(config.moe.checkpoint_prefix):
+            sparse.add(int(m.group(1)))  # read by the layer's MoE reader
+            continue
+        if fp8 is not None and name.endswith(_FP8_SCALES):
+            continue  # read with its weight
+        canonical = canonical_name(name, config.architecture)
+        if canonical is None:
+            raise UnsupportedModelError(f"unexpected tensor {name!r} in the checkpoint")
+        if fp8 is not None and keep_fp8 and _is_linear(canonical) and files.stored_dtype(name) == "F8_E4M3":
+            weights.add_fp8(canonical, _fp8_reader(files.take, name.removesuffix(".weight"), fp8))
+        else:
+            weights.add(canonical, _reader(take, name, dtype))
+    if config.moe is not None:
+        for i in sorted(sparse):
+            reader = _MoELayerReader(take, f"model.layers.{i}.", config.moe, dtype)
+            for field in config.moe.weight_shapes():
+                weights.add(f"layers.{i}.{field}", reader.field(field))
+    return weights
+
+
+def _reader(take: Take, name: str, dtype: torch.dtype) -> Read:
+    def read() -> torch.Tensor:
+        t = take(name)
+        if t is None:
+            raise ModelLoadError(f"tensor {name!r} was read twice")
+        return t.to(dtype)
+    return read
+
+
+def _is_linear(canonical: str) -> bool:
+    """The decoder's matrices that may run as Fp8Linear: a layer's projections (not the
+    embedding, the output head, norms or routers)."""
+    return canonical.rsplit(".", 1)[-1] in _LINEARS and canonical.startswith("layers.")
+
+
+def _fp8_reader(take: Take, module: str, fp8: Fp8Config) -> Callable[[], Fp8Weight]:
+    return lambda: read_fp8_weight(take, module, fp8)
+
+
+class _MoELayerReader:
+    """One sparse layer's router and experts, read together on the first take (the checkpoint
+    stores experts one by one; the decoder takes them stacked) and handed out field by field."""
+
+    def __init__(self, take: Take, prefix: str, spec: MoESpec, dtype: torch.dtype):
+        self.take, self.prefix, self.spec, self.dtype = take, prefix, spec, dtype
+        self.fields: dict[str, torch.Tensor] | None = None
+
+    def field(self, name: str) -> Read:
+        def read() -> torch.Tensor:
+            if self.fields is None:
+                w = read_moe_weights(self.take, self.prefix, self.spec, self.dtype)
+                self.fields = {f: getattr(w, attr) for f, attr in MOE_FIELDS.items() if getattr(w, attr) is not None}
+            return self.fields.pop(name)
+        return read

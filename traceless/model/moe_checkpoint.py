@@ -48,6 +48,21 @@ class MoESpec:
     def sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
 
+    @property
+    def checkpoint_prefix(self) -> str:
+        """Where a sparse layer's router and experts sit under "model.layers.{i}."."""
+        return "block_sparse_moe." if self.family is MoEFamily.MIXTRAL else "mlp."
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """One sparse layer's tensors as the decoder takes them (names after "layers.{i}.", the
+        fields of MoEWeights by MOE_FIELDS) and their shapes."""
+        c = self.config
+        E, H, inter = c.router.num_experts, c.hidden_size, c.intermediate_size
+        shapes = {"router": (E, H), "experts.gate_up": (E, 2 * inter, H), "experts.down": (E, H, inter)}
+        if self.family is MoEFamily.GPT_OSS:
+            shapes |= {"router_bias": (E,), "experts.gate_up_bias": (E, 2 * inter), "experts.down_bias": (E, H)}
+        return shapes
+
 
 def _field(raw: dict[str, Any], key: str, kind: type = int) -> Any:
     value = raw.get(key)
@@ -88,6 +103,11 @@ def moe_spec(raw: dict[str, Any]) -> MoESpec | None:
     router = RouterConfig(_field(raw, "num_local_experts"), k, RoutingMode.TOPK_SOFTMAX)
     config = MoEConfig(router, H, _field(raw, "intermediate_size"), activation=act_fn, expert_bias=True)
     return MoESpec(family, config)
+
+
+# the decoder's names of a sparse layer's tensors -> MoEWeights' fields
+MOE_FIELDS = {"router": "router", "router_bias": "router_bias", "experts.gate_up": "gate_up",
+              "experts.down": "down", "experts.gate_up_bias": "gate_up_bias", "experts.down_bias": "down_bias"}
 
 
 def _qwen3_dense_layers(raw: dict[str, Any]) -> frozenset[int]:

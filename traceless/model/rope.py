@@ -45,7 +45,27 @@ def inv_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = Non
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
+    if scaling.kind == "yarn":
+        return _yarn(layer.theta ** exponents, scaling, layer.theta, dim)
     return _llama3(inv_freq, scaling)
+
+
+def _yarn(pos_freqs: torch.Tensor, s: RopeScaling, theta: float, dim: int) -> torch.Tensor:
+    """YaRN (gpt-oss), as transformers computes it: frequencies that turn fewer than beta_slow
+    times over the original context are interpolated (divided by the factor), those turning more
+    than beta_fast times kept, a linear ramp over the dimensions between."""
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    return 1.0 / (s.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
 
 
 def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -77,7 +97,7 @@ class Rope:
             mult = s.attention_factor
         else:
             angles = torch.outer(positions, inv_frequencies(config, freq_factors, layer))  # [P, R/2]
-            mult = 1.0
+            mult = s.attention_factor if s is not None and s.kind == "yarn" else 1.0
         self.num_positions = max_positions
         cos, sin = angles.cos(), angles.sin()
         if mult != 1.0:  # as transformers scales them: float32 cos/sin times the attention factor

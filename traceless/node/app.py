@@ -1,6 +1,6 @@
 """The node's HTTP app: GET /pcc/v1/attestation, GET /pcc/v1/ohttp-keys, POST /pcc/v1/ohttp,
-GET /health. Nothing else: no plaintext API, no debug or admin route, no metrics (DESIGN
-invariant 8); the windowed metrics are served on the operator's own listener
+GET /health. Nothing else: no plaintext API, no debug or admin route, no metrics (threat T11,
+docs/threat-model.md); the windowed metrics are served on the operator's own listener
 (server/operator_app.py, from the Telemetry given here)."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from traceless.http.app import create_app, endpoint
 from traceless.http.body import read_body, require_media_type
 from traceless.http.disconnect import race_disconnect
 from traceless.node.attestation_route import attestation_handler
+from traceless.node.framing import framer_for
 from traceless.node.identity import NodeIdentity
 from traceless.node.registration import register_loop
 from traceless.node.service import NodeService
@@ -33,7 +34,8 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
                     telemetry: Telemetry | None = None) -> Starlette:
     telemetry = telemetry or Telemetry(engine=engine)
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
-    service = NodeService(identity, api, telemetry, settings.shape, settings.request_events)
+    framer = framer_for(settings.shape, settings.stream_shape.padding, api.max_model_len, api.engine.defer_idle)
+    service = NodeService(identity, api, telemetry, framer, settings.request_events)
 
     async def ohttp_keys(request: Request) -> Response:
         return Response(identity.ohttp_keys(), media_type=OHTTP_KEYS)

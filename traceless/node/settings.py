@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traceless.node.framing import check_compatible
 from traceless.privacy.shape import ShapePolicy
 from traceless.server.stream_shape import StreamShape
 
@@ -19,3 +20,6 @@ class NodeSettings:
     stream_shape: StreamShape = StreamShape()
     shape: ShapePolicy = ShapePolicy()  # size buckets and a steady stream cadence (docs/shape-hiding.md)
     request_events: bool = False  # per-request log lines (--request-events: measured, off by default)
+
+    def __post_init__(self) -> None:
+        check_compatible(self.shape, self.stream_shape.padding)  # a setting the framing cannot apply

@@ -92,6 +92,9 @@ def _layers(backend: str, cache: KVCache, ropes: list[Rope], mc: ModelConfig) ->
         if mc.attn_softcap is not None:
             raise ModelLoadError(f"{mc.architecture}: attn_logit_softcapping is not supported by the Triton "
                                  "attention; use attention_backend='torch'")
+        if mc.attn_sinks:
+            raise ModelLoadError(f"{mc.architecture}: attention sinks are not supported by the Triton attention; "
+                                 "use attention_backend='torch'")
         return TritonAttention(cache, heads, mc.layer_windows), TritonOps(cache, ropes, heads, mc.rms_norm_eps)
     if backend == "native":
         kernels = NativeKernels.load()
@@ -122,6 +125,8 @@ def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
 
 
 def _quantization(cfg: EngineConfig, device: torch.device) -> Quantization:
+    """The weights' format as asked and checked (model/quantization.py); an FP8 checkpoint under
+    auto on CUDA becomes FP8 once its config is read (build_engine_parts)."""
     if cfg.quantization == "none" or (cfg.quantization == "auto" and device.type != "cpu"):
         return Quantization.NONE
     try:
@@ -133,13 +138,24 @@ def _quantization(cfg: EngineConfig, device: torch.device) -> Quantization:
     return resolve_quantization(cfg.quantization, cfg.dtype, device.type, is_gguf, cfg.load_format, kernels)
 
 
+def _keep_fp8(cfg: EngineConfig, device: torch.device) -> bool:
+    """Whether an FP8 checkpoint's FP8 Linears stay FP8 (CUDA's FP8 matmuls) rather than being
+    dequantized at load (the CPU, or quantization none)."""
+    return device.type == "cuda" and cfg.quantization in ("auto", "fp8")
+
+
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
     quantization = _quantization(cfg, device)
     # quantized weights: the int8 kernels take and give float32 activations
-    dtype = torch.float32 if quantization != Quantization.NONE else resolve_dtype(cfg.dtype, device)
-    loaded = load_model(cfg.model, dtype, cfg.load_format, device, quantization)
+    dtype = torch.float32 if quantization.cpu_blocks else resolve_dtype(cfg.dtype, device)
+    keep_fp8 = _keep_fp8(cfg, device)
+    loaded = load_model(cfg.model, dtype, cfg.load_format, device, quantization, keep_fp8)
     mc = loaded.config
+    # what the decoder does with dense matrices: dummy weights of an FP8 checkpoint's config cost
+    # what the checkpoint would, so they are quantized to FP8 at load
+    fp8_checkpoint = keep_fp8 and mc.fp8 is not None
+    decoder_quantization = Quantization.FP8 if fp8_checkpoint and cfg.load_format == "dummy" else quantization
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
     backend = _attention_backend(cfg, device, dtype)
@@ -158,7 +174,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     pack = (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and cpu_runs_bf16())
     try:
-        model = LlamaModel(mc, loaded.weights, attention, ops, device, pack)
+        model = LlamaModel(mc, loaded.weights, attention, ops, device, pack, decoder_quantization)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
     runner = ModelRunner(model, cfg.block_size, device, backend == "native", cfg.seed, draft_layers,
@@ -196,7 +212,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
                      attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
                      kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_window=mc.kv_window,
-                     long_context_from=mc.long_context_from, quantization=quantization.value)
+                     long_context_from=mc.long_context_from,
+                     quantization=Quantization.FP8.value if fp8_checkpoint else quantization.value)
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format == "auto":
         template = builtin_chat_template("smollm2-tools")

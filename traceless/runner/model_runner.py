@@ -117,28 +117,29 @@ class ModelRunner:
                     return {seqs[i].request_id: SampledTokens([], None, lps) for i, lps in prompt_lps.items()}
                 logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
             _mask_guided(logits, [seqs[i] for i in order], [drafts[i] for i in order])
-            rows = [self._sample_row(seqs[i]) for i in order]
-            if any(d is not None for d in drafts):
-                spec = []
-                for r, i in zip(rows, order):
-                    d = drafts[i]
-                    spec.append(SpecRow(r, [], None) if d is None else SpecRow(r, d.token_ids, d.probs))
-                results = [SampledTokens(v.token_ids, v.logprobs) for v in self.rejection(logits, spec)]
-                for d in drafts:
-                    if d is not None and d.probs is not None:
-                        d.probs.zero_()
-            else:
-                out = self.sampler(logits, rows)
-                results = [SampledTokens([t], None if lp is None else [lp])
-                           for t, lp in zip(out.token_ids, out.logprobs)]
+            results = self._sample(logits, seqs, order, drafts)
             logits.zero_()  # derived from user content: wipe before the allocator reuses it
             self._scrub_step_metadata(replay)
         by_id = {seqs[i].request_id: s for i, s in zip(order, results)}
-        for i, lps in prompt_lps.items():
-            rid = seqs[i].request_id
-            got = by_id.get(rid)
-            by_id[rid] = SampledTokens(got.token_ids, got.logprobs, lps) if got else SampledTokens([], None, lps)
-        return by_id
+        return _with_prompt_logprobs(by_id, seqs, prompt_lps)
+
+    def _sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq], order: list[int],
+                drafts: list[Drafted | None]) -> list[SampledTokens]:
+        """The tokens of the logit rows [R, V], one row group per sequence in `order`: drafts verified
+        (their distributions zeroed after) when any sequence speculates, else one token each."""
+        rows = [self._sample_row(seqs[i]) for i in order]
+        if all(d is None for d in drafts):
+            out = self.sampler(logits, rows)
+            return [SampledTokens([t], None if lp is None else [lp]) for t, lp in zip(out.token_ids, out.logprobs)]
+        spec = []
+        for r, i in zip(rows, order):
+            d = drafts[i]
+            spec.append(SpecRow(r, [], None) if d is None else SpecRow(r, d.token_ids, d.probs))
+        results = [SampledTokens(v.token_ids, v.logprobs) for v in self.rejection(logits, spec)]
+        for d in drafts:
+            if d is not None and d.probs is not None:
+                d.probs.zero_()
+        return results
 
     def _score_prompts(self, seqs: Sequence[ScheduledSeq], inputs: list[SeqInput], packed: list[int],
                        hidden: torch.Tensor, scoring: list[int]) -> dict[int, list[TokenLogprobs]]:
@@ -200,6 +201,16 @@ class ModelRunner:
                 self._generators[seq.request_id] = gen
         return SampleRow(params=p, generator=gen, prompt_ids=seq.prompt_ids, output_ids=seq.output_ids)
 
+
+def _with_prompt_logprobs(by_id: dict[str, SampledTokens], seqs: Sequence[ScheduledSeq],
+                          prompt_lps: dict[int, list[TokenLogprobs]]) -> dict[str, SampledTokens]:
+    """The step's results with each scored sequence's prompt logprobs attached (a sequence that
+    sampled nothing this step gets them alone)."""
+    for i, lps in prompt_lps.items():
+        rid = seqs[i].request_id
+        got = by_id.get(rid)
+        by_id[rid] = SampledTokens(got.token_ids, got.logprobs, lps) if got else SampledTokens([], None, lps)
+    return by_id
 
 def _mask_guided(logits: torch.Tensor, seqs: list[ScheduledSeq], drafts: list[Drafted | None]) -> None:
     """Structured outputs: mask the logit rows of sequences with a grammar (rows in `seqs` order,

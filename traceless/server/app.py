@@ -25,6 +25,7 @@ from traceless.http.app import endpoint
 from traceless.http.body import read_json
 from traceless.http.disconnect import race_disconnect
 from traceless.http.errors import ApiError
+from traceless.http.openai_routes import OPENAI_ROUTES, OpenAIRoute, RouteKind
 from traceless.server.access import AccessPolicy, protect
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.engine_routes import engine_routes
@@ -51,41 +52,24 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
     telemetry = telemetry or Telemetry(engine=engine)
     service = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
 
-    def generation(work: Work, name: str):
+    def info(work: Callable[[], dict]):
         async def handle(request: Request) -> Response:
-            t0 = time.monotonic()
-            try:
-                body = await read_json(request, settings.max_body_bytes)
-                result = await race_disconnect(request, work(body))
-            except ApiError as exc:
-                telemetry.request(name, "rejected" if exc.status < 500 else "error")
-                raise
-            except Exception:
-                telemetry.request(name, "error")
-                raise
-            if result is None:
-                telemetry.request(name, "aborted")
-                return Response(status_code=499)
-            if isinstance(result, dict):
-                telemetry.e2e(time.monotonic() - t0)
-                telemetry.request(name, "ok")
-                return JSONResponse(result)
-            return StreamingResponse(_timed(result, telemetry, name, t0), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return JSONResponse(work())
 
-        return endpoint(settings.component, name, handle)
-
-    async def models(request: Request) -> Response:
-        return JSONResponse(service.models())
-
-    async def tokenizer_info(request: Request) -> Response:
-        return JSONResponse(service.tokenizer_info())
+        return handle
 
     def tokens(work: Callable[[object], Awaitable[dict]]):
         async def handle(request: Request) -> Response:
             return JSONResponse(await work(await read_json(request, settings.max_body_bytes)))
 
         return handle
+
+    def route(r: OpenAIRoute) -> Route:
+        work = service.handlers()[r.name]
+        if r.kind is RouteKind.GENERATION:
+            return Route(r.path, _generation(work, r.name, settings, telemetry), methods=[r.method])
+        handle = info(work) if r.kind is RouteKind.INFO else tokens(work)
+        return Route(r.path, endpoint(settings.component, r.name, handle), methods=[r.method])
 
     @asynccontextmanager
     async def lifespan(app):
@@ -97,12 +81,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
             service.close()
 
     routes = [
-        Route("/v1/models", endpoint(settings.component, "models", models), methods=["GET"]),
-        Route("/v1/completions", generation(service.completions, "completions"), methods=["POST"]),
-        Route("/v1/chat/completions", generation(service.chat, "chat_completions"), methods=["POST"]),
-        Route("/tokenize", endpoint(settings.component, "tokenize", tokens(service.tokenize)), methods=["POST"]),
-        Route("/detokenize", endpoint(settings.component, "detokenize", tokens(service.detokenize)), methods=["POST"]),
-        Route("/tokenizer_info", endpoint(settings.component, "tokenizer_info", tokenizer_info), methods=["GET"]),
+        *(route(r) for r in OPENAI_ROUTES),
         *engine_routes(engine),
         *(Route(path, endpoint(settings.component, "other", _unsupported(path)), methods=["POST"])
           for path in UNSUPPORTED_ROUTES),
@@ -110,6 +89,35 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
     app = create_http_app(settings.component, routes, lifespan)
     protect(app, AccessPolicy(settings.api_key, settings.allowed_origins), settings.component)
     return app
+
+
+
+def _generation(work: Work, name: str, settings: ServerSettings, telemetry: Telemetry):
+    """The handler of a generation route: the body read under its cap, the work raced against the
+    client's disconnect (None: the client left), its outcome counted in the telemetry window."""
+
+    async def handle(request: Request) -> Response:
+        t0 = time.monotonic()
+        try:
+            body = await read_json(request, settings.max_body_bytes)
+            result = await race_disconnect(request, work(body))
+        except ApiError as exc:
+            telemetry.request(name, "rejected" if exc.status < 500 else "error")
+            raise
+        except Exception:
+            telemetry.request(name, "error")
+            raise
+        if result is None:
+            telemetry.request(name, "aborted")
+            return Response(status_code=499)
+        if isinstance(result, dict):
+            telemetry.e2e(time.monotonic() - t0)
+            telemetry.request(name, "ok")
+            return JSONResponse(result)
+        return StreamingResponse(_timed(result, telemetry, name, t0), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return endpoint(settings.component, name, handle)
 
 
 def _unsupported(path: str):

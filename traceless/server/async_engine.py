@@ -32,7 +32,8 @@ from traceless.engine.llm_engine import LLMEngine, ResidueStats, StepOutput
 from traceless.errors import EngineDeadError, ShuttingDownError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
-from traceless.server.thread_cache import flush_thread_cache
+from traceless.server.dead_stack import check_available as check_dead_stack_scrubber
+from traceless.server.thread_cache import scrub_thread
 from traceless.structured.grammar import GrammarCompiler, Guide
 
 
@@ -49,6 +50,7 @@ class AsyncEngine:
     RESTART_WINDOW_S = 600.0
 
     def __init__(self, engine: LLMEngine):
+        check_dead_stack_scrubber()  # the idle work needs it: refuse now, not at the first idle period
         self._engine = engine
         self.model = engine.model
         self.tokenizer = engine.tokenizer
@@ -262,6 +264,14 @@ class AsyncEngine:
         self._idle.activity.set()
         self._wake.set()
 
+    def defer_idle(self, seconds: float) -> None:
+        """Hold the idle work off for `seconds` from now (called by a shaped stream at its start and
+        each tick): a garbage collection holds the interpreter long enough to stall the stream's
+        timer, and run when the engine went idle it would fall at a fixed delay after the answer's
+        last token, showing the relay how long the answer was. A stream that stops calling lets it
+        run again within `seconds`: nothing can hold it off for good."""
+        self._idle.busy_until = max(self._idle.busy_until, time.monotonic() + seconds)
+
     async def call(self, fn):
         """Run fn(engine) on the engine thread (e.g. check_integrity in tests)."""
         return await asyncio.wrap_future(self._submit("call", fn))
@@ -271,9 +281,10 @@ class IdleWork:
     """What the engine thread does while no request runs, one short slice per call:
 
     1. expire cached prefix blocks past their TTL (engine.tick);
+    (nothing more while a shaped stream holds it off: AsyncEngine.defer_idle)
     2. after IDLE_GC_S of quiet, one garbage collection, so request objects caught in reference
        cycles are freed (and, with freed-memory scrubbing, overwritten) instead of lingering, and
-       this thread's allocator cache is overwritten (server/thread_cache.py);
+       this thread's allocator cache and dead stack are overwritten (server/thread_cache.py);
     3. every SCAN_INTERVAL_S, a scan of the whole KV cache for non-zero blocks, SCAN_SLICE blocks
        at a time, whose totals the allowlisted residue metrics report.
     """
@@ -285,6 +296,7 @@ class IdleWork:
     def __init__(self, engine: LLMEngine):
         self._engine = engine
         self.activity = threading.Event()  # set from the event loop: a request ended (note_activity)
+        self.busy_until = 0.0  # monotonic time before which open streams hold the work below off
         self.residue: ResidueStats | None = None
         self._idle_since: float | None = None
         self._collected = True
@@ -311,11 +323,14 @@ class IdleWork:
         if self._idle_since is None:
             self._idle_since = now
         self._engine.tick(now)
+        if now < self.busy_until:  # start over, with a full quiet spell, once the streams have ended
+            self._idle_since, self._collected, self._cursor, self._nonzero = now, False, 0, 0
+            return False
         if not self._collected:
             if now - self._idle_since < self.IDLE_GC_S:
                 return False  # wait for quiet (the wake-up timeout brings us back)
             gc.collect()
-            flush_thread_cache()  # this thread's cached freed chunks, left unscrubbed by glibc
+            scrub_thread()  # this thread's cached freed chunks (left unscrubbed by glibc) and dead stack
             self._collected = self._just_collected = True
             return True
         if self._cursor == 0 and now - self._scanned_at < self.SCAN_INTERVAL_S:

@@ -23,6 +23,10 @@ FINISH = ("stop", "length", "abort", "error")
 QUANTILE = ("0.5", "0.9", "0.99")
 # Latencies are published as the upper bound of the bucket their window quantile falls in.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Requests are counted by the size class of their prompt and of their output (upper bounds in tokens;
+# "+Inf" holds the rest), not summed: one request moves one class's count by one.
+PROMPT_CLASSES = ("128", "512", "2048", "8192", "32768", "+Inf")
+OUTPUT_CLASSES = ("16", "64", "256", "1024", "4096", "+Inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,10 @@ SPECS = (
          {"endpoint": ENDPOINT, "status": STATUS}),
     Spec("traceless_finished_total", "counter", "Finished generations by finish reason" + _WINDOW + ".",
          {"finish_reason": FINISH}),
+    Spec("traceless_requests_by_prompt_tokens_total", "counter",
+         "Requests by their prompt's size class, in tokens" + _WINDOW + ".", {"tokens_le": PROMPT_CLASSES}),
+    Spec("traceless_requests_by_generation_tokens_total", "counter",
+         "Requests by their output's size class, in tokens" + _WINDOW + ".", {"tokens_le": OUTPUT_CLASSES}),
     Spec("traceless_prompt_tokens_total", "counter", "Prompt tokens, rounded up to 1024s" + _WINDOW + "."),
     Spec("traceless_generation_tokens_total", "counter", "Generated tokens, rounded up to 1024s" + _WINDOW + "."),
     Spec("traceless_telemetry_windows_total", "counter", "Telemetry windows published."),
@@ -64,6 +72,19 @@ SPECS = (
     Spec("traceless_spec_decode_num_verify_steps_total", "counter",
          "(request, step) pairs that verified at least one draft token" + _WINDOW),
 )
+
+
+# What one request could change by more than a count of one, or through when it ended rather than
+# what it was: published only by a telemetry without noise (an audit's or a benchmark's, never a
+# node's default), never with noise (server/telemetry.py).
+EXACT_ONLY = frozenset({
+    "traceless_prompt_tokens_total", "traceless_generation_tokens_total",
+    "traceless_window_inter_token_latency_seconds", "traceless_window_peak_requests_running",
+    "traceless_window_peak_requests_waiting", "traceless_window_peak_kv_cache_usage_ratio",
+    "traceless_spec_decode_num_draft_tokens_total", "traceless_spec_decode_num_accepted_tokens_total",
+    "traceless_spec_decode_num_verify_steps_total",
+})
+NOISY_SPECS = tuple(s for s in SPECS if s.name not in EXACT_ONLY)
 
 
 class UnknownMetric(ValueError):

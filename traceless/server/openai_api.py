@@ -33,7 +33,7 @@ from traceless.server.protocol import (
 from traceless.server.responses import ChoiceState, Formatter
 from traceless.server.stream_shape import StreamShape
 from traceless.server.telemetry import Telemetry
-from traceless.server.thread_cache import flush_pool_threads, flush_thread_cache
+from traceless.server.thread_cache import flush_pool_threads, scrub_thread
 from traceless.server.tools import check_template, for_template, tool_format
 from traceless.structured.grammar import Guide
 
@@ -63,9 +63,9 @@ class OpenAIService:
         engine.on_idle(self._scrub_thread_caches)
 
     def _scrub_thread_caches(self) -> None:
-        """Once quiet: the allocator caches of the threads that held request text (this event
-        loop's and the preparation threads') are overwritten."""
-        flush_thread_cache()
+        """Once quiet: the allocator caches and dead stacks of the threads that held request text
+        (this event loop's and the preparation threads') are overwritten."""
+        scrub_thread()
         try:
             flush_pool_threads(self._prep, PREP_THREADS)
         except RuntimeError:  # the pool is shut down (the app is stopping): its threads are gone
@@ -74,6 +74,12 @@ class OpenAIService:
     def close(self) -> None:
         """Stop the preparation threads (the app's shutdown)."""
         self._prep.shutdown(wait=False, cancel_futures=True)
+
+    def handlers(self) -> dict[str, Callable]:
+        """The work of each route in http/openai_routes.py, by its name: a GET's takes nothing and
+        returns JSON; a POST's takes the parsed body and is awaited."""
+        return {"models": self.models, "tokenizer_info": self.tokenizer_info, "tokenize": self.tokenize,
+                "detokenize": self.detokenize, "completions": self.completions, "chat_completions": self.chat}
 
     def models(self) -> dict:
         return {"object": "list",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from traceless.engine.llm_engine import StepOutput
@@ -232,36 +233,10 @@ class Formatter:
 
     async def sse(self, first, stream: AsyncGenerator, observer) -> AsyncGenerator[bytes, None]:
         states = [ChoiceState() for _ in range(len(self.job.prompt_ids) * self.job.request.params.n)]
-        pending: dict[int, list[StepOutput]] = {}
         try:
-            if self.chat:
-                for c in range(len(states)):
-                    yield self._event(self._chunk(c, None, states[c]))
-            queued = [first] if first is not None else []
-            while True:
-                item = queued.pop() if queued else await anext(stream, None)
-                if item is None:
-                    break
-                c, out = item
-                if out.new_token_ids:
-                    observer.token(c)
-                group = pending.setdefault(c, [])
-                group.append(out)
-                if sum(len(o.new_token_ids) for o in group) < self.shape.interval and not out.finished:
-                    continue  # hold tokens until the group is full (stream interval)
-                merged = merge(group)
-                group.clear()
-                chunk = self._chunk(c, merged, states[c])
-                states[c].add(merged)
-                ch = chunk["choices"][0]
-                # a chat delta may carry only a tool call; an echoed completion chunk only the prompt
-                if (ch.get("delta", merged.new_text) or merged.finished or ch["logprobs"] is not None
-                        or ch.get("text")):
-                    yield self._event(chunk)
-            if self.job.request.include_usage:
-                usage = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-                usage["usage"] = self._usage(states)
-                yield self._event(usage)
+            async with aclosing(self._events(first, stream, states, observer)) as events:
+                async for event in events:
+                    yield event
         except ApiError as exc:
             yield self._event(exc.body())
         except Exception:
@@ -270,6 +245,47 @@ class Formatter:
             await stream.aclose()
             observer.done(states)
         yield pad_event(DONE, self.shape.padding)
+
+    async def _events(self, first, stream: AsyncGenerator, states: list[ChoiceState],
+                      observer) -> AsyncGenerator[bytes, None]:
+        """The stream's events before [DONE]: a chat's role chunks, a chunk per group of tokens (the
+        stream interval), the usage chunk when asked for."""
+        pending: dict[int, list[StepOutput]] = {}
+        if self.chat:
+            for c in range(len(states)):
+                yield self._event(self._chunk(c, None, states[c]))
+        queued = [first] if first is not None else []
+        while True:
+            item = queued.pop() if queued else await anext(stream, None)
+            if item is None:
+                break
+            c, out = item
+            if out.new_token_ids:
+                observer.token(c)
+            group = pending.setdefault(c, [])
+            group.append(out)
+            if sum(len(o.new_token_ids) for o in group) < self.shape.interval and not out.finished:
+                continue  # hold tokens until the group is full (stream interval)
+            event = self._group_event(c, group, states[c])
+            if event is not None:
+                yield event
+        if self.job.request.include_usage:
+            usage = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+            usage["usage"] = self._usage(states)
+            yield self._event(usage)
+
+    def _group_event(self, c: int, group: list[StepOutput], state: ChoiceState) -> bytes | None:
+        """One choice's held outputs merged into a chunk (the group emptied), or None when the chunk
+        would say nothing."""
+        merged = merge(group)
+        group.clear()
+        chunk = self._chunk(c, merged, state)
+        state.add(merged)
+        ch = chunk["choices"][0]
+        # a chat delta may carry only a tool call; an echoed completion chunk only the prompt
+        if ch.get("delta", merged.new_text) or merged.finished or ch["logprobs"] is not None or ch.get("text"):
+            return self._event(chunk)
+        return None
 
 
 def _call_finish(finish: str | None) -> str | None:

@@ -1,4 +1,5 @@
-"""Overwriting what glibc's per-thread cache holds, for freed-memory scrubbing.
+"""What a thread that ran request work still holds once idle, overwritten: glibc's per-thread
+cache of freed chunks, and the dead part of its stack.
 
 With PYTHONMALLOC=malloc and MALLOC_PERTURB_ (cli/scrubbing.py), glibc overwrites a chunk when it
 is freed, except the chunks it parks in the freeing thread's cache (tcache: up to 7 chunks of each
@@ -6,11 +7,17 @@ size up to 1032 bytes), which keep their contents until that thread allocates ag
 last small strings (a prompt, a JSON value) land there and stay while the server is idle. Taking
 every cached chunk out with zero-filled allocations, then freeing them, leaves zeros in the cache.
 Each thread has its own cache, so each thread that touched request text runs this itself.
+
+Native code (llguidance, the tokenizer) also leaves request content in the locals it had on the
+calling thread's stack, below the frames now live; `scrub_thread` clears that too
+(server/dead_stack.py).
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Executor, Future
+
+from traceless.server.dead_stack import scrub_dead_stack
 
 TCACHE_COUNT = 7  # glibc's default number of chunks per size
 TCACHE_MAX_BYTES = 1032  # the largest request size tcache serves (64 sizes, 16 bytes apart)
@@ -24,13 +31,20 @@ def flush_thread_cache() -> None:
     del held
 
 
+def scrub_thread() -> None:
+    """This thread's allocator cache and dead stack overwritten (call it where the thread idles,
+    not from inside request work: the stack below the caller is cleared)."""
+    flush_thread_cache()
+    scrub_dead_stack()
+
+
 def flush_pool_threads(pool: Executor, num_threads: int) -> list[Future]:
-    """Run flush_thread_cache on each of the pool's `num_threads` threads: every task waits for
-    the others at a barrier, so no thread can take two of them."""
+    """Run scrub_thread on each of the pool's `num_threads` threads: every task waits for the
+    others at a barrier, so no thread can take two of them."""
     barrier = threading.Barrier(num_threads)
 
     def one() -> None:
-        flush_thread_cache()
+        scrub_thread()
         try:
             barrier.wait(timeout=1.0)
         except threading.BrokenBarrierError:

@@ -44,8 +44,10 @@ def _raw_signature(key: ec.EllipticCurvePrivateKey, data: bytes) -> bytes:
     return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
 
-def forge_tdx_quote(report_data: bytes = bytes(64), td_attributes: int = 0x10000000) -> ForgedTdx:
-    """A valid v4 quote; `td_attributes` bit 0 is DEBUG (the default sets only SEPT_VE_DISABLE)."""
+def forge_tdx_quote(report_data: bytes = bytes(64), td_attributes: int = 0x10000000,
+                    mr_config_id: bytes = bytes(48)) -> ForgedTdx:
+    """A valid v4 quote; `td_attributes` bit 0 is DEBUG (the default sets only SEPT_VE_DISABLE);
+    `mr_config_id` is the host-set MRCONFIGID (48 bytes)."""
     root_key, ca_key, pck_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
     root = _cert("Test SGX Root CA", "Test SGX Root CA", root_key, root_key, True)
     ca = _cert("Test SGX PCK Platform CA", "Test SGX Root CA", ca_key, root_key, True)
@@ -62,7 +64,7 @@ def forge_tdx_quote(report_data: bytes = bytes(64), td_attributes: int = 0x10000
     header = struct.pack("<HHI", 4, ECDSA_P256, TEE_TDX) + bytes(4) + bytes(16) + bytes(20)
     mr_td, rtmrs = bytes([0x11]) * 48, tuple(bytes([0x20 + i]) * 48 for i in range(4))
     body = (bytes(16) + bytes(48) * 2 + bytes(8) + struct.pack("<Q", td_attributes) + bytes(8) + mr_td
-            + bytes(48) * 3 + b"".join(rtmrs) + report_data)  # MRCONFIGID, MROWNER, MROWNERCONFIG
+            + mr_config_id + bytes(48) * 2 + b"".join(rtmrs) + report_data)  # MRCONFIGID, MROWNER, MROWNERCONFIG
     signature_data = (_raw_signature(attestation_key, header + body) + point
                       + struct.pack("<HI", 6, len(cert_data)) + cert_data)
     quote = header + body + struct.pack("<I", len(signature_data)) + signature_data

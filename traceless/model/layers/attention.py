@@ -12,8 +12,10 @@ All index tensors and masks are built once per step by the model runner and shar
 
 Sliding windows (Mistral, Gemma's local layers, Phi-3): a query at position p of a windowed layer
 sees keys (p - W, p], as transformers' sliding-window mask. The native kernel skips the blocks
-below; SDPA takes the step's window mask. Attention soft-capping (Gemma 2) replaces SDPA by the
-same math written out (scores, cap * tanh(scores / cap), mask, softmax).
+below; SDPA takes the step's window mask. Attention soft-capping (Gemma 2) and sinks (gpt-oss: a
+learned logit per head that joins each softmax's denominator and attends to nothing) replace SDPA
+by the same math written out (scores, cap * tanh(scores / cap), mask, softmax over the scores and
+the sink, the sink's share dropped), as transformers' eager attention computes it.
 """
 from __future__ import annotations
 
@@ -71,8 +73,10 @@ class AttentionMetadata:
 class AttentionLayer(Protocol):
     """What LlamaModel calls: PagedAttention (CPU kernel / SDPA) or TritonAttention (CUDA)."""
 
-    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D]."""
+    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D].
+        sinks: [H] float32, the layer's attention sinks, or None."""
 
 
 class PagedAttention:
@@ -85,8 +89,10 @@ class PagedAttention:
         self.windows = windows
         self.softcap = softcap or 0.0
 
-    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D]."""
+    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D].
+        sinks: [H] float32, the layer's attention sinks, or None."""
         nh, nkv, d = self.heads
         T = qkv.shape[0]
         q = qkv[:, : nh * d].view(T, nh, d)  # strided views: no copies
@@ -101,21 +107,22 @@ class PagedAttention:
             s = meta.short
             self.kernels.paged_attention(PagedAttentionArgs(
                 q[:n_short], self.cache.k[layer], self.cache.v[layer], s.block_tables, s.cu_q, s.context_lens,
-                out[:n_short], meta.scale, self._window(layer), self.softcap,
+                out[:n_short], meta.scale, self._window(layer), self.softcap, sinks,
             ))
         if meta.long is not None:
-            out[n_short:] = self._long(layer, q[n_short:], k[n_short:], v[n_short:], meta.long, meta.scale)
+            out[n_short:] = self._long(layer, q[n_short:], k[n_short:], v[n_short:], meta.long, meta.scale, sinks)
         return out
 
     def _window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
 
     def _long(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lb: LongBatch,
-              scale: float) -> torch.Tensor:
+              scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
         mask = lb.window_mask if self._window(layer) and lb.window_mask is not None else lb.mask
         if lb.num_seqs == 1 and lb.fresh:
             # One fresh prompt: causal attention over its own tokens, no padding, no gather.
-            o = self._sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, scale)
+            o = self._sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, scale,
+                           sinks)
             return o[0].transpose(0, 1)
         qp = self._pad(q, lb)  # [B, H, max_q, D]
         if lb.fresh:
@@ -124,26 +131,32 @@ class PagedAttention:
             if lb.block_tables is None:  # the runner builds them whenever a sequence has cached context
                 raise RuntimeError("a long batch with cached context has no block tables")
             kp, vp = self._gather(layer, lb.block_tables)
-        o = self._sdpa(qp, kp, vp, mask, scale)
+        o = self._sdpa(qp, kp, vp, mask, scale, sinks)
         if lb.row_seq is None:
             return o[0].transpose(0, 1)
         return o.transpose(1, 2)[lb.row_seq, lb.row_pos]
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              scale: float) -> torch.Tensor:
+              scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q: [B, H, Q, D]; k, v: [B, H_kv, K, D]; mask: [B, 1, Q, K] bool (True: attend) or None
-        for causal over Q == K -> [B, H, Q, D]."""
-        if not self.softcap:
+        for causal over Q == K; sinks: [H] or None -> [B, H, Q, D]."""
+        if not self.softcap and sinks is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                                   enable_gqa=True)
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         s = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, H, Q, K], as transformers' eager attention
-        s = torch.tanh(s / self.softcap) * self.softcap
+        if self.softcap:
+            s = torch.tanh(s / self.softcap) * self.softcap
         if mask is None:
             mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~mask, float("-inf"))
-        return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        if sinks is None:
+            return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        # the sink as one more column of scores [B, H, Q, K + 1], its probability then dropped
+        sink = sinks.to(s.dtype).view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+        return torch.matmul(p.to(q.dtype), v)
 
     @staticmethod
     def _pad(x: torch.Tensor, lb: LongBatch) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
@@ -29,6 +29,7 @@ class _AttnShape(ctypes.Structure):
         ("q_stride", ctypes.c_long),
         ("window", ctypes.c_int),
         ("softcap", ctypes.c_float),
+        ("sinks", ctypes.c_void_p),
     ]
 
 
@@ -59,6 +60,7 @@ class PagedAttentionArgs:
     context_lens:  [num_seqs] int32, keys per sequence including its new tokens
     window:        keys each query sees, itself included (sliding-window layers); 0: all
     softcap:       scores -> softcap * tanh(score / softcap) before the softmax; 0: none
+    sinks:         [num_heads] float32 contiguous, a logit per head joining each softmax (gpt-oss); None: none
     """
 
     q: torch.Tensor
@@ -71,6 +73,7 @@ class PagedAttentionArgs:
     scale: float
     window: int = 0
     softcap: float = 0.0
+    sinks: torch.Tensor | None = None
 
 
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -117,7 +120,7 @@ class NativeKernels:
         num_seqs, max_blocks = a.block_tables.shape
         _, num_kv_heads, block_size, head_dim = a.v_cache.shape
         shape = _AttnShape(num_seqs, a.q.shape[1], num_kv_heads, head_dim, block_size, max_blocks, a.scale,
-                           a.q.stride(0), a.window, a.softcap)
+                           a.q.stride(0), a.window, a.softcap, None if a.sinks is None else a.sinks.data_ptr())
         rc = self._attn[a.q.dtype](
             ctypes.byref(shape),
             a.q.data_ptr(), a.k_cache.data_ptr(), a.v_cache.data_ptr(),

@@ -26,6 +26,7 @@ Weights are stacked per layer (MoEWeights): gate_up [E, 2I, H] with the gate's r
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -127,17 +128,37 @@ def combine(pairs: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> t
     return out.to(dtype)
 
 
+Matmul = Callable[[torch.Tensor], torch.Tensor]
+MakeLinear = Callable[[torch.Tensor, torch.Tensor | None], Matmul]
+
+
+def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Matmul:
+    """x -> x W^T + b with torch's own kernel."""
+    return lambda x: F.linear(x, weight, bias)
+
+
+def _row(t: torch.Tensor | None, e: int) -> torch.Tensor | None:
+    return None if t is None else t[e]
+
+
 class GroupedMoE:
     """The torch implementation (the CPU path): tokens grouped by expert, one gate_up and one down
     matmul per active expert over all the tokens routed to it."""
 
-    def __init__(self, config: MoEConfig, weights: MoEWeights):
+    def __init__(self, config: MoEConfig, weights: MoEWeights, linear: MakeLinear = plain_linear):
+        """linear(weight [out, in], bias) -> one expert matrix's matmul (the decoder passes its
+        Linear: on the CPU the weight prepacked for oneDNN, which runs these small matmuls about
+        1.7 times as fast in bfloat16). The stacked tensors are not kept beyond what it keeps."""
         weights.check(config)
-        self.config, self.w = config, weights
+        self.config = config
+        self.router, self.router_bias = weights.router, weights.router_bias
+        E = config.router.num_experts
+        self.gate_up = [linear(weights.gate_up[e], _row(weights.gate_up_bias, e)) for e in range(E)]
+        self.down = [linear(weights.down[e], _row(weights.down_bias, e)) for e in range(E)]
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h [T, H] -> [T, H]."""
-        logits = F.linear(h, self.w.router, self.w.router_bias)  # [T, E]
+        logits = F.linear(h, self.router, self.router_bias)  # [T, E]
         weights, ids = route(logits, self.config.router)
         return self.experts(h, weights, ids)
 
@@ -159,8 +180,5 @@ class GroupedMoE:
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e on its tokens x [n, H] -> [n, H]."""
-        w = self.w
-        gu_bias = w.gate_up_bias[e] if w.gate_up_bias is not None else None
-        down_bias = w.down_bias[e] if w.down_bias is not None else None
-        act = self.config.activation(F.linear(x, w.gate_up[e], gu_bias))  # [n, 2I] -> [n, I]
-        return F.linear(act, w.down[e], down_bias)
+        act = self.config.activation(self.gate_up[e](x))  # [n, 2I] -> [n, I]
+        return self.down[e](act.contiguous())

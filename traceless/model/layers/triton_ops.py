@@ -47,8 +47,12 @@ class TritonAttention:
         # small decode batches split their keys across the multiprocessors (flash-decoding)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
-    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D]."""
+    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D].
+        sinks: none here (a model with sinks is refused this backend at build)."""
+        if sinks is not None:
+            raise RuntimeError("the Triton attention has no attention sinks")
         nh, _, d = self.heads
         pb = meta.paged
         if pb is None:

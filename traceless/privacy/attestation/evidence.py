@@ -150,5 +150,5 @@ def _reason(e: BaseException) -> str:
     if isinstance(e, InvalidSignature):
         return "signature does not verify"
     # Only the exception's type: its text comes from a parser fed with the sender's bytes and may
-    # quote them, and this detail reaches the sender's error message (issue 13).
+    # quote them, and this detail reaches the sender's error message (threat T29, docs/threat-model.md).
     return f"malformed input ({type(e).__name__})"

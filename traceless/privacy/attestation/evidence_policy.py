@@ -8,6 +8,8 @@
 
 A hardware policy requires one verified CPU TEE report of an accepted kind (SEV-SNP or TDX) and,
 with `gpu=True`, a verified NVIDIA report for every GPU the node offers evidence for (at least one).
+With `host_data` / `mr_config_id`, the CPU report's SEV-SNP HOST_DATA or TDX MRCONFIGID must be one
+of the listed values: the digest of the confidential runtime's policy (runtime_policy.py).
 Every report must bind the document (binding.py) and pass every check the policy names as required
 (a check that did not run is a refusal, not a pass). A CPU report proves a launch measurement, and
 only a known image makes the document's claims believable, so a hardware policy must list the
@@ -70,6 +72,10 @@ class AttestationPolicy:
     tdx: TdxPolicy = field(default_factory=TdxPolicy)
     tdx_collateral: TdxCollateral | None = None  # fetched by the client (Intel PCS), not by the node
     nvidia: NvidiaPolicy = field(default_factory=NvidiaPolicy)
+    # The confidential runtime's policy (runtime_policy.py): the SEV-SNP HOST_DATA values (32 bytes)
+    # and TDX MRCONFIGID values (48 bytes) a node's CPU report may hold; None: not checked
+    host_data: frozenset[bytes] | None = None
+    mr_config_id: frozenset[bytes] | None = None
 
     def __post_init__(self) -> None:
         if not self.cpu <= set(CPU_KINDS):
@@ -82,6 +88,9 @@ class AttestationPolicy:
             raise ValueError("accepting TDX needs the pinned Intel root and the allowed MRTDs")
         if self.gpu and self.trust.nvidia is None:
             raise ValueError("requiring GPU evidence needs the pinned NVIDIA device root")
+        for values, size, name in ((self.host_data, 32, "HOST_DATA"), (self.mr_config_id, 48, "MRCONFIGID")):
+            if values is not None and (not values or any(len(v) != size for v in values)):
+                raise ValueError(f"allowed {name} values must be a non-empty set of {size}-byte values")
 
     @classmethod
     def development(cls) -> AttestationPolicy:
@@ -150,7 +159,19 @@ def _verify_one(policy: AttestationPolicy, item: Evidence, bound: bytes, at: dat
     missing = sorted(c for c in policy.required_checks(item.kind) if not result.passed(c))
     if missing:
         raise PolicyRefusedError(f"{item.kind}:{missing[0]}:not_run")
+    _check_runtime_policy(policy, result)
     return result
+
+
+def _check_runtime_policy(policy: AttestationPolicy, result: VerificationResult) -> None:
+    """The report's host-set launch field must name a runtime policy the client allows: read from
+    the verified claims (the field is covered by the report's signature)."""
+    for kind, allowed, field_name, reason in (("snp", policy.host_data, "host_data", "snp:host-data"),
+                                              ("tdx", policy.mr_config_id, "mr_config_id", "tdx:mr-config-id")):
+        if result.kind != kind or allowed is None:
+            continue
+        if result.claims is None or getattr(result.claims, field_name) not in allowed:
+            raise PolicyRefusedError(reason)
 
 
 def _run_verifier(policy: AttestationPolicy, item: Evidence, bound: bytes, at: datetime | None

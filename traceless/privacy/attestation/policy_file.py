@@ -14,17 +14,23 @@
       allow_smt: true
       allow_migration_agent: false
       max_vmpl: 3
+      host_data: ['<64 hex digits>', ...]         # allowed HOST_DATA: the runtime policy's digest
     tdx:
       mr_td: ['<96 hex digits>', ...]             # allowed MRTDs (required with tdx)
       accepted_tcb_statuses: [UpToDate]
       collateral: pcs-collateral/                 # Intel PCS collateral directory (tdx_collateral.py)
+      mr_config_id: ['<96 hex digits>', ...]      # allowed MRCONFIGID: the runtime policy's digest
+    kata_initdata: [initdata.toml, ...]   # Kata initdata documents (agent policy inside): their
+                                          # HOST_DATA and MRCONFIGID are allowed (runtime_policy.py)
     nvidia:
       reference: {0: ['<hex>', ...], ...}         # block index -> allowed measurement values
     development: true                 # allow the software attester (never in production)
 
 Every key is checked: an unknown key, a wrong type, a missing root or a hardware kind without the
 measurements it must pin is a `PolicyFileError` naming the section and the keys it allows, never a
-silently ignored setting. A file with only `development: true` is the development policy. Quote hex
+silently ignored setting. With `host_data`, `mr_config_id` or `kata_initdata`, a CPU report whose
+field is not among the allowed values is refused (`snp:host-data`, `tdx:mr-config-id`).
+A file with only `development: true` is the development policy. Quote hex
 values in YAML: unquoted, one made of digits only would be read as a number (and refused).
 """
 from __future__ import annotations
@@ -39,17 +45,18 @@ import yaml
 from traceless.errors import TracelessError
 from traceless.privacy.attestation.evidence_policy import AttestationPolicy, HardwareTrust
 from traceless.privacy.attestation.nvidia import NvidiaPolicy, NvidiaTrust
+from traceless.privacy.attestation.runtime_policy import InitdataError, initdata_digest
 from traceless.privacy.attestation.snp import SnpPolicy, SnpTrust
 from traceless.privacy.attestation.snp_report import TcbVersion
 from traceless.privacy.attestation.tdx import TdxPolicy, TdxTrust
 from traceless.privacy.attestation.tdx_collateral import TdxCollateral
 
 MAX_POLICY_BYTES = 1 << 20
-_TOP = ("name", "cpu", "gpu", "roots", "snp", "tdx", "nvidia", "development")
+_TOP = ("name", "cpu", "gpu", "roots", "snp", "tdx", "nvidia", "development", "kata_initdata")
 _ROOTS = ("snp", "tdx", "nvidia")
-_SNP = ("measurements", "minimum_tcb", "allow_smt", "allow_migration_agent", "max_vmpl")
+_SNP = ("measurements", "minimum_tcb", "allow_smt", "allow_migration_agent", "max_vmpl", "host_data")
 _TCB = ("bootloader", "tee", "snp", "microcode", "fmc")
-_TDX = ("mr_td", "accepted_tcb_statuses", "collateral")
+_TDX = ("mr_td", "accepted_tcb_statuses", "collateral", "mr_config_id")
 _NVIDIA = ("reference",)
 _MEASUREMENT_SIZE = 48
 
@@ -97,14 +104,32 @@ def parse_policy(doc: object, base: Path, default_name: str = "policy") -> Attes
                                                   "tdx.accepted_tcb_statuses")))
     collateral = _collateral(tdx_section, base)
     nvidia = _nvidia(_section(top.get("nvidia", {}), "nvidia", _NVIDIA))
+    host_data, mr_config_id = _runtime_policy(top, base)
     name = top.get("name", default_name)
     if not isinstance(name, str) or not name or not name.isprintable() or len(name) > 64:
         raise PolicyFileError("name must be a printable string of 1 to 64 characters")
     try:
         return AttestationPolicy(name, cpu=frozenset(cpu), gpu=gpu, allow_software=development, trust=trust,
-                                 snp=snp, tdx=tdx, tdx_collateral=collateral, nvidia=nvidia)
+                                 snp=snp, tdx=tdx, tdx_collateral=collateral, nvidia=nvidia,
+                                 host_data=host_data, mr_config_id=mr_config_id)
     except ValueError as e:
         raise PolicyFileError(f"the evidence policy is incomplete: {e}") from None
+
+
+def _runtime_policy(top: Mapping[str, Any], base: Path) -> tuple[frozenset[bytes] | None, frozenset[bytes] | None]:
+    """The allowed HOST_DATA and MRCONFIGID values: listed, and those of the named initdata files."""
+    snp, tdx = top.get("snp", {}), top.get("tdx", {})
+    host_data = set(_hex_list(snp["host_data"], "snp.host_data", 32)) if "host_data" in snp else None
+    mr_config_id = set(_hex_list(tdx["mr_config_id"], "tdx.mr_config_id", 48)) if "mr_config_id" in tdx else None
+    if "kata_initdata" in top:
+        documents = _files(top["kata_initdata"], base, "kata_initdata")
+        try:
+            host_data = (host_data or set()) | {initdata_digest(d, "snp") for d in documents}
+            mr_config_id = (mr_config_id or set()) | {initdata_digest(d, "tdx") for d in documents}
+        except InitdataError as e:
+            raise PolicyFileError(f"kata_initdata: {e}") from None
+    return (None if host_data is None else frozenset(host_data),
+            None if mr_config_id is None else frozenset(mr_config_id))
 
 
 def _section(value: object, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
@@ -163,6 +188,12 @@ def _measurements(value: object, where: str) -> frozenset[bytes]:
     if not isinstance(value, list):
         raise PolicyFileError(f"{where} must be a list of hex strings")
     return frozenset(_hex(v, where, _MEASUREMENT_SIZE) for v in value)
+
+
+def _hex_list(value: object, where: str, size: int) -> list[bytes]:
+    if not isinstance(value, list) or not value:
+        raise PolicyFileError(f"{where} must be a non-empty list of hex strings")
+    return [_hex(v, where, size) for v in value]
 
 
 def _snp(section: Mapping[str, Any]) -> SnpPolicy:

@@ -7,7 +7,7 @@ The DH functions are `cryptography`'s; this module composes them as the RFC's DH
     Decap(enc, skR): the same with DH(skR, DeserializePublicKey(enc)).
 
 Private keys live in `KemPrivateKey`, which has no way to serialize its secret: a key that is
-generated in memory stays there (DESIGN invariant 4: a restart is a cryptographic erase).
+generated in memory stays there (threat T10, docs/threat-model.md: a restart is a cryptographic erase).
 """
 from __future__ import annotations
 

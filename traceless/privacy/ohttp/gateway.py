@@ -131,7 +131,7 @@ class OhttpServer:
     """Oblivious Gateway key holder: one HPKE key pair generated at construction.
 
     The private key exists only in this object's memory. There is no way to export, save or
-    pickle it; a restart is a cryptographic erase (DESIGN invariant 4). Decapsulation changes
+    pickle it; a restart is a cryptographic erase (threat T10, docs/threat-model.md). Decapsulation changes
     no state, so the server may be shared by concurrent requests.
     """
 

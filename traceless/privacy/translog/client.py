@@ -1,4 +1,4 @@
-"""Client and verifier of the transparency log's HTTP API (see traceless/cluster/log_service.py).
+"""Client and verifier of the transparency log's HTTP API (see traceless_tools/cluster/log_service.py).
 
 Trust comes from a pinned Ed25519 public key: every tree head must carry its signature, every
 new tree head must be consistent (RFC 9162 2.1.4) with the last one this client verified, and a

@@ -11,6 +11,9 @@ reason, unless it says:
     scrub_freed_memory  true                  (freed host memory is zeroed)
     load_format         not "dummy"           (real, measured weights)
     request_events      false                 (no per-request figures in the node's event log)
+    metrics_epsilon     a number, at most the policy's `max_metrics_epsilon` (default 1.0): the
+                                              noise on the node's telemetry windows (docs/telemetry.md);
+                                              never off (exact figures)
 
 A setting missing from the manifest counts as not shown, so it is refused as well. Three of these
 are the benchmarks' switches (padding costs bandwidth, per-request events feed the privacy-tax
@@ -41,6 +44,7 @@ class ReleasePolicy:
     allow_unpadded: bool = False  # benchmark-only waiver: shape_padding not "buckets"
     allow_request_events: bool = False  # benchmark-only waiver: request_events true
     allow_dummy_weights: bool = False  # benchmark-only waiver: load_format "dummy"
+    max_metrics_epsilon: float = 1.0  # the most privacy loss per telemetry window a node may have
 
     @classmethod
     def waiving_for(cls, config: Mapping[str, Any]) -> ReleasePolicy:
@@ -77,3 +81,7 @@ def check_release(policy: ReleasePolicy, config: Mapping[str, Any]) -> None:
         raise ReleaseRefusedError("release_dummy_weights", "the release does not load real weights")
     if not policy.allow_request_events and config.get("request_events") is not False:
         raise ReleaseRefusedError("release_request_events", "the release logs per-request events")
+    eps = config.get("metrics_epsilon")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= policy.max_metrics_epsilon:
+        raise ReleaseRefusedError("release_metrics_epsilon", "the release's telemetry noise is off or weaker "
+                                  "than the client allows")

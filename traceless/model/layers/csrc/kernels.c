@@ -26,6 +26,8 @@
  *         query i sees keys [lo, ctx - q_len + i], lo = 0 or p - W + 1
  *
  * softcap > 0 (Gemma 2): scores become softcap * tanh(score / softcap) before the softmax.
+ * sinks (gpt-oss): one logit per query head that joins each softmax's denominator and attends to
+ * nothing: p_t = exp(s_t - m) / (sum_u exp(s_u - m) + exp(sink - m)), m the max over both.
  *
  * Threads: OpenMP over (sequence, kv head) pairs.  The library links libgomp.so.1 by soname; when
  * torch is imported first, the loader reuses torch's own libgomp, so both share one pool.
@@ -53,10 +55,12 @@ typedef struct {
     long q_stride;   /* elements between consecutive query rows (q may be a view into qkv rows) */
     int window;      /* keys each query sees, itself included; 0: all of them */
     float softcap;   /* 0: none */
+    const float *sinks; /* [num_heads] float32, or NULL: none */
 } AttnShape;
 
-/* Scores [lo, n_keys) of each of the G heads (rows of n_pad): softcap, then softmax in place. */
-static void softmax_rows(const AttnShape *s, float *scores, int G, int n_pad, int lo, int n_keys) {
+/* Scores [lo, n_keys) of each of the G heads of kv head kvh (rows of n_pad): softcap, then
+   softmax in place (with the heads' sinks in the denominators). */
+static void softmax_rows(const AttnShape *s, float *scores, int G, int n_pad, int lo, int n_keys, int kvh) {
     for (int g = 0; g < G; g++) {
         float *sg = scores + (long)g * n_pad;
         if (s->softcap > 0.f) {
@@ -65,8 +69,11 @@ static void softmax_rows(const AttnShape *s, float *scores, int G, int n_pad, in
         }
         float m = sg[lo], sum = 0.f;
         for (int t = lo + 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;
+        const float sink = s->sinks ? s->sinks[kvh * G + g] : 0.f;
+        if (s->sinks && sink > m) m = sink;
         for (int t = lo; t < n_keys; t++) sg[t] = expf(sg[t] - m);
         for (int t = lo; t < n_keys; t++) sum += sg[t];
+        if (s->sinks) sum += expf(sink - m);
         const float inv = 1.f / sum;
         for (int t = lo; t < n_keys; t++) sg[t] *= inv;
     }
@@ -119,7 +126,7 @@ static inline uint16_t bf16_from_f32(float f) {
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        softmax_rows(s, scores, G, n_pad, lo, n_keys);                                         \
+        softmax_rows(s, scores, G, n_pad, lo, n_keys, kvh);                                         \
         for (int i = 0; i < G * D; i++) acc[i] = 0.f;                                          \
         for (int b = lo_blk; b < nblk; b++) {                                                  \
             const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
@@ -200,7 +207,7 @@ static inline void prefetch_block(const void *p, long bytes) {
             }                                                                                  \
             for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + (long)g * n_pad + b * BS, sacc[g]); \
         }                                                                                      \
-        softmax_rows(s, scores, G, n_pad, lo, n_keys);                                         \
+        softmax_rows(s, scores, G, n_pad, lo, n_keys, kvh);                                         \
         for (int d0 = 0; d0 < D; d0 += 16) {                                                   \
             __m512 a[GMAX];                                                                    \
             for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();                            \
@@ -410,7 +417,7 @@ DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, LOAD_F32, STORE_F32)
 
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 5; }
+int tl_abi_version(void) { return 6; }
 
 /* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
 int tl_uses_avx512(void) {

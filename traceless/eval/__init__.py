@@ -1,2 +1,0 @@
-"""`traceless eval`: lm-evaluation-harness against a running traceless server, on task sets that
-ship with the project (traceless/eval/tasks/)."""
