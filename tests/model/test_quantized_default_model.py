@@ -4,8 +4,15 @@ float32 (--dtype float32): teacher-forced greedy agreement.
 Prompt set: the ten chat prompts below (the parity tests' set) through the model's chat template,
 plus two plain-text openings; each followed by the float32 model's own 32 greedy tokens. At every
 position of those sequences both models score the next token in one prefill (prompt_logprobs) and
-we count where their top-1 tokens agree. Required: >= 95% of positions. Prefill chunks of 16 tokens
-run every matmul on the int8 kernels; whole prompts (>= 32 rows) on the dequantized-copy path."""
+we count where their top-1 tokens agree (>= 95% of positions) and how far the quantized model's
+log-probability of the float32 model's top-1 token is from float32's (mean <= 0.08 nats). Measured on
+AVX-512: 97.3% and 0.047 with int8 activations (the int8 kernels, llama.cpp's own precision: the
+activation of each 32-value block rounded to int8), against 98.7% and 0.018 when prefill ran on a
+dequantized bfloat16 copy. A layout or scale bug in a kernel moves the log-probabilities by whole
+nats; rounding does not. Top-1 tokens that were near-ties in float32 can flip: "What is the capital
+of France?" opens with "The" at -1.88 and "L" at -1.97 in float32, so a greedy answer may start
+either way. Prefill chunks of 16 tokens and whole prompts run the same kernels (one for every row
+count)."""
 from __future__ import annotations
 
 import pytest
@@ -27,11 +34,14 @@ CHAT = [
 PLAIN = ["The history of the printing press", "def fibonacci(n):"]
 
 
-def _top1(llm: LLM, seqs: list[list[int]]) -> list[list[int]]:
-    """Top-1 next token at every position 1.. of each sequence (teacher-forced)."""
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=1)
+def _scores(llm: LLM, seqs: list[list[int]]) -> list[dict]:
+    """{token: logprob} of the top 20 next tokens at every position 1.. of each sequence
+    (teacher-forced), the top-1 under key "top"."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=20)
     outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
-    return [[next(t for t, lp in entry.items() if lp.rank == 1) for entry in o.prompt_logprobs[1:]] for o in outs]
+    return [{"top": next(t for t, lp in entry.items() if lp.rank == 1),
+             **{t: lp.logprob for t, lp in entry.items()}}
+            for o in outs for entry in o.prompt_logprobs[1:]]
 
 
 @pytest.mark.slow
@@ -46,9 +56,12 @@ def test_quantized_default_model_agrees_with_float32_on_95_percent_of_positions(
 
     quant = LLM(kv_cache_memory=256 * 2**20, max_model_len=2048, max_num_batched_tokens=chunk)
     assert quant.engine.model.quantization == "gguf"
-    want, got = _top1(real_llm, seqs), _top1(quant, seqs)
-    pairs = [(w, g) for ws, gs in zip(want, got) for w, g in zip(ws, gs)]
-    agree = sum(w == g for w, g in pairs) / len(pairs)
-    print(f"teacher-forced top-1 agreement: {agree:.4f} over {len(pairs)} positions")
+    want, got = _scores(real_llm, seqs), _scores(quant, seqs)
+    agree = sum(w["top"] == g["top"] for w, g in zip(want, got)) / len(want)
+    drift = [abs(g[w["top"]] - w[w["top"]]) for w, g in zip(want, got) if w["top"] in g]
+    mean_drift = sum(drift) / len(drift)
+    print(f"teacher-forced top-1 agreement {agree:.4f}, mean |d logprob| {mean_drift:.4f} over {len(want)} positions")
     assert agree >= 0.95
+    assert len(drift) >= 0.99 * len(want)  # the float32 choice stays among the top 20
+    assert mean_drift <= 0.08
     quant.engine.check_integrity()

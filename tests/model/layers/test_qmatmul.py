@@ -54,7 +54,7 @@ def test_row_split_layout_is_the_same_bytes(fmt):
 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
 @pytest.mark.parametrize("fmt", list(QFormat), ids=lambda f: f.name)
-@pytest.mark.parametrize("T", [1, 3, 9])
+@pytest.mark.parametrize("T", [1, 3, 9, 37])
 def test_matmul_equals_dequantize_then_matmul(fmt, isa, T):
     torch.manual_seed(T)
     w = _weights(fmt, 37, 512, seed=fmt.value)  # 37 rows: a partial row chunk; 512: two super-blocks
@@ -139,3 +139,37 @@ def test_the_isa_cap_lowers_the_path_and_refuses_calls_above_it(cap, want):
     lines = out.stdout.split()
     assert int(lines[0]) == min(want, KERNELS.isa)
     assert lines[1:] == (["refused"] if min(want, KERNELS.isa) < Isa.AVX512 else [])
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: i.name)
+@pytest.mark.parametrize("fmt", list(QFormat), ids=lambda f: f.name)
+def test_a_rows_result_is_the_same_bits_whatever_the_rows_beside_it(fmt, isa):
+    """Batch invariance: row t of x W^T is computed alike in a call of 1, 6 or 70 rows and at any
+    position among them (576 columns: a last group of 2 blocks beside a whole one of 16)."""
+    K = 256 * 3 if fmt.name.endswith("_K") else 576
+    torch.manual_seed(fmt.value)
+    w = _weights(fmt, 21, K, seed=5)
+    x = torch.randn(70, K) * 2
+    whole = torch.empty(70, 21)
+    KERNELS.matmul(x, w, whole, isa=isa)
+    ref, scale = reference_matmul(x, w)
+    assert torch.all((whole.double() - ref).abs() <= 1e-4 * scale + 1e-6)
+    for rows in ([13], [69, 2, 40, 41, 7, 0], list(range(69, -1, -1))):
+        part = torch.empty(len(rows), 21)
+        KERNELS.matmul(x[rows].contiguous(), w, part, isa=isa)
+        assert torch.equal(part.view(torch.int32), whole[rows].view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", [QFormat.Q4_0_ROWS, QFormat.Q4_1_ROWS], ids=lambda f: f.name)
+def test_row_split_q4_gives_the_same_bits_on_avx2_and_avx512(fmt):
+    """Both SIMD paths run the same lanes in the same order: a model's numbers do not depend on
+    which of the two machines serves it."""
+    if KERNELS.isa < Isa.AVX512:
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    torch.manual_seed(3)
+    w = _weights(fmt, 19, 576, seed=8)
+    x = torch.randn(9, 576)
+    a, b = torch.empty(9, 19), torch.empty(9, 19)
+    KERNELS.matmul(x, w, a, isa=Isa.AVX512)
+    KERNELS.matmul(x, w, b, isa=Isa.AVX2)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))

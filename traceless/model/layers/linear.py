@@ -3,10 +3,9 @@
     dense     a torch tensor; on CPU in bfloat16 prepacked for oneDNN, which runs the small-batch
               matmuls of decoding about twice as fast as the plain path (same results)
     quantized a QuantTensor (layers/quant.py): GGML blocks multiplied by the native int8 kernels
-              (csrc/qmatmul.c), float32 activations in and out. From DENSE_MIN_ROWS rows on
-              (prefill chunks, large batches) the weight is dequantized for the call into a
-              transient dense copy and multiplied by oneDNN/MKL instead: the int8 kernels' cost
-              grows with the rows, the copy's does not (measured on AVX-512: even at ~24-32 rows)
+              (csrc/qmatmul.c), float32 activations in and out, for every number of rows: one
+              numeric path, so a row's result never depends on the rows that share its call (a
+              request's output on the batch it shares), and no dequantized copy of a weight
     stacked   a tuple of parts of either kind (a fused QKV whose tensors came in different
               formats): each part writes its own columns of y
 
@@ -23,14 +22,6 @@ from traceless.model.layers.quant import QuantTensor, cat_rows, weight_nbytes
 
 __all__ = ["Linear", "QuantTensor", "cat_rows", "embedding", "weight_nbytes"]
 
-
-DENSE_MIN_ROWS = 32
-
-
-def _dense_dtype() -> torch.dtype:
-    """bfloat16 where the CPU multiplies it in hardware (AVX-512), float32 elsewhere."""
-    return torch.bfloat16 if torch.backends.mkldnn.is_available() and torch.cpu._is_avx512_supported() \
-        else torch.float32
 
 
 @lru_cache(maxsize=1)
@@ -58,15 +49,14 @@ class _Dense:
 class _Quant:
     """Quantized weight parts [N_i, K] stacked by rows; y: float32 [T, sum N_i]."""
 
-    __slots__ = ("parts", "bias", "out_features", "kernels", "dense_dtype", "bound")
+    __slots__ = ("parts", "bias", "out_features", "bound")
 
     def __init__(self, parts: tuple, bias: torch.Tensor | None):
         self.parts = parts
         self.bias = None if bias is None else bias.float().contiguous()
         self.out_features = sum(p.shape[0] for p in parts)
-        self.kernels = _kernels()
-        self.dense_dtype = _dense_dtype()
-        self.bound = [self.kernels.bind(p) if isinstance(p, QuantTensor) else None for p in parts]
+        kernels = _kernels()
+        self.bound = [kernels.bind(p) if isinstance(p, QuantTensor) else None for p in parts]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -75,12 +65,8 @@ class _Quant:
         for p, bound in zip(self.parts, self.bound):
             n = p.shape[0]
             bias = None if self.bias is None else self.bias[col:col + n]
-            if bound is not None and x.shape[0] < DENSE_MIN_ROWS:
+            if bound is not None:
                 bound(x if x.dtype == torch.float32 else x.float(), y, col, None if bias is None else bias.data_ptr())
-            elif isinstance(p, QuantTensor):
-                w = self.kernels.dequantize(p, self.dense_dtype)  # weights only: no request data
-                dt = self.dense_dtype
-                y[:, col:col + n] = F.linear(x.to(dt), w, None if bias is None else bias.to(dt))
             else:
                 y[:, col:col + n] = F.linear(x.to(p.dtype), p, None if bias is None else bias.to(p.dtype))
             col += n

@@ -5,8 +5,11 @@ csrc/qmatmul.c without ever being expanded.
     QuantTensor.blocks: uint8 [rows, row_bytes], row r = cols / block_size blocks of row r
 
 Q4_0 and Q4_1 rows with an even number of blocks are held regrouped (`Q4_0_ROWS`, `Q4_1_ROWS`):
-the same bytes, row r = [nb x 16 code bytes][nb x f16 d][nb x f16 m (Q4_1)], which the AVX-512
-kernel reads two blocks and sixteen scales at a time (`to_kernel_layout`; no value changes).
+the same bytes, row r = [nb x 16 code bytes][nb x f16 d][nb x f16 m (Q4_1)], the code bytes
+of each whole group of 16 blocks interleaved: code byte i of block 16g + j at
+256g + 64 (i // 4) + 4j + i % 4 (the blocks after the last whole group keep 16 bytes each). The
+kernels then read byte quads of 16 blocks in one load, lane j = block j (`to_kernel_layout`; no
+value changes).
 
 Quantizing at load follows llama.cpp's reference quantizers (ggml-quants.c) step by step, so a
 checkpoint quantized here holds the blocks `gguf.quants.quantize` would write.
@@ -79,13 +82,23 @@ class QuantTensor:
         return QuantTensor(self.fmt, (int(index.numel()), self.shape[1]), self.blocks[index].contiguous())
 
 
+def _interleave_order(nb: int) -> torch.Tensor:
+    """int64 [16 nb]: position p of a row's interleaved code bytes holds byte order[p] of the
+    blocks' codes laid end to end (block b's 16 bytes at 16b)."""
+    whole = nb // 16 * 16
+    # [group][quad c][block j][byte i % 4] <- block 16 group + j, byte 4c + i % 4
+    idx = torch.arange(16 * whole).reshape(-1, 16, 4, 4).transpose(1, 2).reshape(-1)
+    return torch.cat([idx, torch.arange(16 * whole, 16 * nb)])
+
+
 def to_kernel_layout(w: QuantTensor) -> QuantTensor:
     """Q4_0/Q4_1 with an even number of blocks per row -> the row-split layout; others unchanged."""
     if w.fmt not in _ROWS_OF or (w.shape[1] // 32) % 2:
         return w
-    rows, sz = w.shape[0], FORMATS[w.fmt.name].type_size
+    rows, sz, nb = w.shape[0], FORMATS[w.fmt.name].type_size, w.shape[1] // 32
     blk = w.blocks.reshape(rows, -1, sz)
-    parts = [blk[:, :, sz - 16:], blk[:, :, 0:2]] + ([blk[:, :, 2:4]] if w.fmt == QFormat.Q4_1 else [])
+    codes = blk[:, :, sz - 16:].reshape(rows, -1)[:, _interleave_order(nb)]
+    parts = [codes, blk[:, :, 0:2]] + ([blk[:, :, 2:4]] if w.fmt == QFormat.Q4_1 else [])
     return QuantTensor(_ROWS_OF[w.fmt], w.shape, torch.cat([p.reshape(rows, -1) for p in parts], dim=1))
 
 
@@ -95,7 +108,9 @@ def ggml_blocks(w: QuantTensor) -> QuantTensor:
         return w
     base = _BASE_OF[w.fmt]
     rows, nb = w.shape[0], w.shape[1] // 32
-    codes = w.blocks[:, :16 * nb].reshape(rows, nb, 16)
+    codes = torch.empty(rows, 16 * nb, dtype=torch.uint8)
+    codes[:, _interleave_order(nb)] = w.blocks[:, :16 * nb]
+    codes = codes.reshape(rows, nb, 16)
     scales = w.blocks[:, 16 * nb:].reshape(rows, -1, nb, 2).transpose(1, 2).reshape(rows, nb, -1)
     return QuantTensor(base, w.shape, torch.cat([scales, codes], dim=2).reshape(rows, -1))
 

@@ -17,13 +17,27 @@
  * For Q8_0, |w| and sign(w) * a make the pair unsigned x signed. All three ISA paths use the same
  * blocking and the same float order per block; the portable one is plain C.
  *
- * Threads: OpenMP over chunks of weight rows (every thread reads its own weights once), and up to
- * TILE activation rows per weight row, so that a block is unpacked once for several rows (the
- * prefill and batch path). The library shares torch's libgomp, hence torch's thread count.
+ * Row-split Q4_0/Q4_1 (the built-in model's weights) run 16 blocks at a time: weights and
+ * activations are interleaved so that 32-bit lane j of a vector holds 4 bytes of block j, and the
+ * integer dot products of 16 blocks accumulate in 16 lanes without a float step in between (one
+ * scale multiply-add per 16 blocks). A register tile of NR weight rows by up to TILE activation
+ * rows reuses every unpacked weight vector TILE times and every activation vector NR times: one
+ * kernel for decoding (1 row) and for prefill and batches (many rows), no dequantized copy.
+ *
+ * Batch invariance: a row's result never depends on how many rows share the call or where the row
+ * sits among them. Each (weight row, activation row) pair has its own accumulators; integer sums
+ * are exact, and the float steps per pair run in one fixed order whatever the tile. This file is
+ * compiled without reassociation (the pragma below), so the compiler keeps that order too.
+ *
+ * Threads: OpenMP over chunks of weight rows (every thread reads its own weights once); every
+ * chunk runs all activation rows, TILE at a time. The library shares torch's libgomp, hence
+ * torch's thread count, so the two pools never oversubscribe the cores.
  *
  * The quantized activations derive from user data: they live in one scratch allocation per call,
  * wiped before it is freed.
  */
+#pragma GCC optimize("no-associative-math")
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,7 +59,7 @@
 /* F_Q4_0R / F_Q4_1R: the same blocks regrouped per row (see RowSplit below) */
 enum { F_Q8_0 = 0, F_Q4_0 = 1, F_Q4_1 = 2, F_Q4_K = 3, F_Q5_K = 4, F_Q6_K = 5, F_Q4_0R = 6, F_Q4_1R = 7 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-enum { QB = 32, QK_K = 256, TILE = 4, ROW_CHUNK = 16 };
+enum { QB = 32, QK_K = 256, TILE = 4, ROW_CHUNK = 16, X16 = 16, NR = 4 };
 
 typedef struct {
     int fmt;
@@ -54,14 +68,26 @@ typedef struct {
     long row_bytes;  /* bytes of one weight row */
 } QShape;
 
-/* Quantized activations: row t's block b is q[t*K + 32b ..], scale d[t*nb + b],
- * ds[t*nb + b] = d * sum(q of the block), s16[(t*nb + b)*2 + h] = sum(q of half h). */
+/*
+ * Quantized activations, rows padded to whole groups of 16 blocks (ld = nb rounded up to 16; the
+ * padding is zero): scale d[t*ld + b], ds[t*ld + b] = d * sum(q of the block),
+ * s16[(t*ld + b)*2 + h] = sum(q of half h); codes q[t*32*ld ..], in one of two layouts:
+ *     natural  block b's 32 values at 32b
+ *     x16      (row-split Q4 on SIMD) value i of block b = 16g + j of a whole group of 16 at
+ *              512g + 64(i / 4) + 4j + i % 4: 64-byte chunk k of the group holds values 4k..4k+3
+ *              of its 16 blocks, lane j = block j; the blocks of a last partial group natural
+ */
 typedef struct {
     int8_t *q;
     float *d, *ds;
     int32_t *s16;
-    long K, nb;
+    long K, nb, ld;
+    int x16;
 } Act;
+
+static inline long act_pos(int x16, long nb, long b, int i) {
+    return x16 && b / X16 * X16 + X16 <= nb ? (b / X16) * 512 + (i / 4) * 64 + (b % X16) * 4 + i % 4 : b * QB + i;
+}
 
 static inline float f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -109,7 +135,7 @@ static inline void scale_min_k4(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]) 
 
 /* ---- activation quantization ---------------------------------------------------------------- */
 
-static void quantize_row(const float *x, long K, int8_t *q, float *d, float *ds, int32_t *s16) {
+static void quantize_row(const float *x, long K, int x16, int8_t *q, float *d, float *ds, int32_t *s16) {
     for (long b = 0; b < K / QB; b++) {
         const float *xb = x + b * QB;
         float amax = 0.f;
@@ -118,7 +144,7 @@ static void quantize_row(const float *x, long K, int8_t *q, float *d, float *ds,
         int32_t s[2] = {0, 0};
         for (int i = 0; i < QB; i++) {
             const int v = (int)lrintf(xb[i] * id);
-            q[b * QB + i] = (int8_t)v;
+            q[act_pos(x16, K / QB, b, i)] = (int8_t)v;
             s[i >> 4] += v;
         }
         d[b] = db;
@@ -130,7 +156,7 @@ static void quantize_row(const float *x, long K, int8_t *q, float *d, float *ds,
 
 /* tmp: one K-float row per thread (bf16 inputs are widened there first) */
 static void quantize_acts(const void *x, int x_bf16, long T, const Act *a, float *tmp_rows) {
-    const long K = a->K, nb = a->nb;
+    const long K = a->K, ld = a->ld;
 #pragma omp parallel for if (T >= 8) schedule(static)
     for (long t = 0; t < T; t++) {
         const float *row = (const float *)x + t * K;
@@ -140,7 +166,7 @@ static void quantize_acts(const void *x, int x_bf16, long T, const Act *a, float
             for (long i = 0; i < K; i++) tmp[i] = bf16_to_f32(xr[i]);
             row = tmp;
         }
-        quantize_row(row, K, a->q + t * K, a->d + t * nb, a->ds + t * nb, a->s16 + t * nb * 2);
+        quantize_row(row, K, a->x16, a->q + t * ld * QB, a->d + t * ld, a->ds + t * ld, a->s16 + t * ld * 2);
     }
 }
 
@@ -155,10 +181,23 @@ typedef struct {
 
 /*
  * Row-split Q4_0/Q4_1 (the layout the kernels read fastest; same bytes as the GGML blocks, no
- * value changes): a row of nb blocks is [nb x 16 code bytes][nb x f16 d][nb x f16 m (Q4_1)], so
- * 16 scales convert in one instruction and two blocks' codes are one 32-byte load.
+ * value changes): a row of nb blocks is [nb x 16 code bytes][nb x f16 d][nb x f16 m (Q4_1)].
+ * The code bytes of whole groups of 16 blocks are interleaved: code byte i of block 16g + j sits
+ * at 256g + 64 (i / 4) + 4j + i % 4, so one 64-byte load holds bytes 4c..4c+3 of every block of
+ * the group, lane j = block j (low nibbles: values 4c..4c+3, high nibbles: values 16+4c..16+4c+3).
+ * The blocks after the last whole group (an even number, fewer than 16) keep 16 bytes each at 16b.
+ * 16 scales convert in one instruction.
  */
-static inline const uint8_t *rs_codes(const uint8_t *row, long b) { return row + b * 16; }
+static inline const uint8_t *rs_group(const uint8_t *row, long b0) { return row + b0 * 16; }
+static inline void rs_codes(const uint8_t *row, long nb, long b, uint8_t qs[16]) {
+    const long b0 = b / X16 * X16;
+    const int j = (int)(b - b0);
+    if (b0 + X16 > nb) {
+        memcpy(qs, row + 16 * b, 16);
+        return;
+    }
+    for (int c = 0; c < 4; c++) memcpy(qs + 4 * c, rs_group(row, b0) + 64 * c + 4 * j, 4);
+}
 static inline const uint8_t *rs_d(const uint8_t *row, long nb, long b) { return row + nb * 16 + 2 * b; }
 static inline const uint8_t *rs_m(const uint8_t *row, long nb, long b) { return row + nb * 18 + 2 * b; }
 
@@ -168,7 +207,8 @@ static void get_block_nb(int fmt, const uint8_t *w, long b, long nb, Blk *o);
 static void get_block_nb(int fmt, const uint8_t *w, long b, long nb, Blk *o) {
     o->m = 0.f;
     if (fmt == F_Q4_0R || fmt == F_Q4_1R) {
-        const uint8_t *qs = rs_codes(w, b);
+        uint8_t qs[16];
+        rs_codes(w, nb, b, qs);
         for (int i = 0; i < 16; i++) {
             o->u[i] = qs[i] & 0xF;
             o->u[i + 16] = qs[i] >> 4;
@@ -220,8 +260,8 @@ static void dot_portable(int fmt, const uint8_t *w, const Act *a, long t0, int n
         Blk k;
         get_block_nb(fmt, w, b, a->nb, &k);
         for (int t = 0; t < nt; t++) {
-            const long ab = (t0 + t) * a->nb + b;
-            const int8_t *q = a->q + ab * QB;
+            const long ab = (t0 + t) * a->ld + b;
+            const int8_t *q = a->q + (t0 + t) * a->ld * QB + b * QB;
             int32_t i0 = 0, i1 = 0;
             if (fmt == F_Q8_0) {
                 for (int i = 0; i < QB; i++) i0 += (int32_t)(int8_t)k.u[i] * q[i];
@@ -282,8 +322,8 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
     return _mm256_sll_epi16(v, _mm_cvtsi32_si128(up));
 }
 
-#define LD_ACT(t, b) _mm256_loadu_si256((const __m256i *)(a->q + ((t0 + (t)) * nb + (b)) * QB))
-#define ACT(arr, t, b) (a->arr[(t0 + (t)) * nb + (b)])
+#define LD_ACT(t, b) _mm256_loadu_si256((const __m256i *)(a->q + ((t0 + (t)) * a->ld + (b)) * QB))
+#define ACT(arr, t, b) (a->arr[(t0 + (t)) * a->ld + (b)])
 
 /*
  * The block loops below are written once for a compile-time tile of NT activation rows (the
@@ -318,14 +358,6 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
         const uint8_t *blk = w + b * sz;                                                       \
         const float d = ld_f16(blk), m = fmt == F_Q4_0 ? -8.f * d : ld_f16(blk + 2);          \
         const __m256i u = nibbles16(blk + sz - 16);                                            \
-        BLOCK_Q(DOT, u, b, d, m)                                                               \
-    }
-
-#define BODY_Q4R(DOT)                                                                          \
-    for (long b = 0; b < nb; b++) {                                                            \
-        const float d = ld_f16(rs_d(w, nb, b));                                                \
-        const float m = fmt == F_Q4_0R ? -8.f * d : ld_f16(rs_m(w, nb, b));                    \
-        const __m256i u = nibbles16(rs_codes(w, b));                                           \
         BLOCK_Q(DOT, u, b, d, m)                                                               \
     }
 
@@ -367,7 +399,7 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
                     const __m256i I = _mm256_mullo_epi32(DOT(u, LD_ACT(t, b)), sv);            \
                     const float da = d * ACT(d, t, b);                                         \
                     acc[b & 1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(da), acc[b & 1][t]); \
-                    const int32_t *s16 = a->s16 + 2 * ((t0 + t) * nb + b);                     \
+                    const int32_t *s16 = a->s16 + 2 * ((t0 + t) * a->ld + b);                  \
                     accm[b & 1][t] -= 32.f * da * (float)(s0 * s16[0] + s1 * s16[1]);         \
                 }                                                                              \
             }                                                                                  \
@@ -386,7 +418,6 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
         if (fmt == F_Q8_0) { BODY_Q8_0(DOT) }                                                  \
         else if (fmt == F_Q4_0 || fmt == F_Q4_1) { BODY_Q4(DOT) }                              \
         else if (fmt == F_Q4_K || fmt == F_Q5_K) { BODY_K45(DOT) }                             \
-        else if (fmt == F_Q4_0R || fmt == F_Q4_1R) { BODY_Q4R(DOT) }                           \
         else { BODY_Q6_K(DOT) }                                                                \
         for (int t = 0; t < NT; t++)                                                           \
             out[t] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t])) + (accm[0][t] + accm[1][t]);   \
@@ -402,67 +433,241 @@ AVX2_TARGET static inline __m256i bits_at(__m256i x, int n, int mask, int up) {
     }
 
 DEFINE_SIMD_DOT(dot_avx2, AVX2_TARGET, dot_us_avx2)
-DEFINE_SIMD_DOT(dot_avx512_ymm, VNNI_TARGET, dot_us_vnni)
+DEFINE_SIMD_DOT(dot_avx512, VNNI_TARGET, dot_us_vnni)
 
 /*
- * Row-split Q4 on AVX-512: two blocks per 512-bit dot product, scales for 16 blocks at a time.
- *   codes of blocks b, b+1 (32 bytes):  lo = [b: 0-15 | b+1: 0-15], hi = [b: 16-31 | b+1: 16-31]
- *   u = [b lo | b hi | b+1 lo | b+1 hi]  (one vpermt2q), so lanes 0-7 are block b, 8-15 block b+1
- *   sc[t] = d_w[16] * d_a[t][16]; the pair's scale vector picks sc[2p] x8, sc[2p+1] x8
- *   offsets: sum_b m_b ds_a[b], 16 blocks per fused multiply-add
+ * Row-split Q4, 16 blocks a step (see the x16 layouts above). For weight row r and activation row
+ * t of the tile, per whole group of 16 blocks (lane j = block 16g + j):
+ *     I[j]    = sum over the block's 32 values of u * q            (exact, int32)
+ *     acc[j] += float(I[j]) * (d_w[j] d_a[j]);  acc[j] += m_w[j] ds_a[j]     (two fused mult-adds)
+ * A row's last n < 16 blocks (n even, natural layout) go two at a time, lanes 0-7 block b and
+ * 8-15 block b + 1: tail += float(I) * (d_w d_a of the lane's block), from zero; the offsets
+ * m_w ds_a go to acc lanes 0..n-1 as above, then acc += tail. The 16 lanes are summed by one fixed
+ * tree (hsum16). AVX2 runs the same lanes as two 8-lane halves, with the same operations in the
+ * same order: both paths give the same bits.
  */
-VNNI_TARGET static inline __attribute__((always_inline)) void q4r_avx512_nt(
-    int fmt, const uint8_t *w, const Act *a, long t0, const int NT, float *out)
+#define FOR_RT for (int r = 0; r < R; r++) for (int t = 0; t < MT; t++)
+
+AVX2_TARGET static inline float hsum16(__m256 lo, __m256 hi) { return hsum8(_mm256_add_ps(lo, hi)); }
+
+/* codes of blocks b, b + 1 (natural, 32 bytes) -> [b: values 0-15 | b: 16-31 | b+1: 0-15 | b+1: 16-31] */
+VNNI_TARGET static inline __m512i pair_codes(const uint8_t *p) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)p), m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    return _mm512_permutex2var_epi64(_mm512_castsi256_si512(lo), _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+                                     _mm512_castsi256_si512(hi));
+}
+
+VNNI_TARGET static inline __attribute__((always_inline)) void x16_avx512_nt(
+    int fmt, const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, float *out)
 {
-    const long nb = a->nb;
-    const __m512i perm = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m512 acc[2][TILE], accm[TILE];
-    for (int t = 0; t < NT; t++) { acc[0][t] = acc[1][t] = accm[t] = _mm512_setzero_ps(); }
-    for (long b0 = 0; b0 < nb; b0 += 16) {
-        const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
-        const __mmask16 mk = (__mmask16)((1u << n) - 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_d(w, nb, b0)));
-        const __m512 mw = fmt == F_Q4_0R ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.f))
-                                         : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_m(w, nb, b0)));
-        __m512 sc[TILE];
-        for (int t = 0; t < NT; t++) {
-            const long ab = (t0 + t) * nb + b0;
-            sc[t] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(mk, a->d + ab));
-            accm[t] = _mm512_fmadd_ps(mw, _mm512_maskz_loadu_ps(mk, a->ds + ab), accm[t]);
+    const long nb = a->nb, ld = a->ld;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[NR][TILE];
+    FOR_RT acc[r][t] = _mm512_setzero_ps();
+    long b0 = 0;
+    for (; b0 + X16 <= nb; b0 += X16) {
+        __m512i I[NR][TILE];
+        FOR_RT I[r][t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i lo[NR], hi[NR];
+            for (int r = 0; r < R; r++) {
+                const __m512i x = _mm512_loadu_si512((const void *)(rs_group(w + r * row_bytes, b0) + 64 * c));
+                lo[r] = _mm512_and_si512(x, m4);
+                hi[r] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            }
+            for (int t = 0; t < MT; t++) {
+                const int8_t *q = a->q + ((t0 + t) * ld + b0) * QB;
+                const __m512i alo = _mm512_loadu_si512((const void *)(q + 64 * c));
+                const __m512i ahi = _mm512_loadu_si512((const void *)(q + 64 * (c + 4)));
+                for (int r = 0; r < R; r++) {
+                    I[r][t] = _mm512_dpbusd_epi32(I[r][t], lo[r], alo);
+                    I[r][t] = _mm512_dpbusd_epi32(I[r][t], hi[r], ahi);
+                }
+            }
         }
-        for (int p = 0; p < n / 2; p++) {
-            const long b = b0 + 2 * p;
-            const __m256i x = _mm256_loadu_si256((const __m256i *)rs_codes(w, b));
-            const __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-            const __m512i u = _mm512_permutex2var_epi64(_mm512_castsi256_si512(lo), perm, _mm512_castsi256_si512(hi));
-            const __m512i pick = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
-                                                   2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
-                                                   2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
-            for (int t = 0; t < NT; t++) {
-                const __m512i act = _mm512_loadu_si512((const void *)(a->q + ((t0 + t) * nb + b) * QB));
-                const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, act);
-                acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_permutexvar_ps(pick, sc[t]),
-                                                acc[p & 1][t]);
+        for (int r = 0; r < R; r++) {
+            const uint8_t *row = w + r * row_bytes;
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rs_d(row, nb, b0)));
+            const __m512 mw = fmt == F_Q4_0R ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.f))
+                                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rs_m(row, nb, b0)));
+            for (int t = 0; t < MT; t++) {
+                const long ab = (t0 + t) * ld + b0;
+                const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(a->d + ab));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r][t]), sc, acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a->ds + ab), acc[r][t]);
             }
         }
     }
-    for (int t = 0; t < NT; t++)
-        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]), accm[t]));
+    if (b0 < nb) {
+        const int n = (int)(nb - b0);
+        const __mmask16 mk = (__mmask16)((1u << n) - 1);
+        for (int r = 0; r < R; r++) {
+            const uint8_t *row = w + r * row_bytes;
+            const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_d(row, nb, b0)));
+            const __m512 mw = fmt == F_Q4_0R ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.f))
+                                             : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_m(row, nb, b0)));
+            __m512 sc[TILE], tail[TILE];
+            for (int t = 0; t < MT; t++) {
+                const long ab = (t0 + t) * ld + b0;
+                sc[t] = _mm512_mul_ps(dw, _mm512_loadu_ps(a->d + ab));
+                acc[r][t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a->ds + ab), acc[r][t]);
+                tail[t] = _mm512_setzero_ps();
+            }
+            for (int p = 0; p < n / 2; p++) {
+                const __m512i u = pair_codes(rs_group(row, b0) + 32 * p);
+                const __m512i pick = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
+                                                       2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                                                       2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
+                for (int t = 0; t < MT; t++) {
+                    const int8_t *q = a->q + ((t0 + t) * ld + b0) * QB + 64 * p;
+                    const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512((const void *)q));
+                    tail[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_permutexvar_ps(pick, sc[t]), tail[t]);
+                }
+            }
+            for (int t = 0; t < MT; t++) acc[r][t] = _mm512_add_ps(acc[r][t], tail[t]);
+        }
+    }
+    FOR_RT out[r * TILE + t] = hsum16(_mm512_castps512_ps256(acc[r][t]), _mm512_extractf32x8_ps(acc[r][t], 1));
 }
 
-VNNI_TARGET static void dot_avx512(int fmt, const uint8_t *w, const Act *a, long t0, int nt, float *out) {
-    if (fmt != F_Q4_0R && fmt != F_Q4_1R) {
-        dot_avx512_ymm(fmt, w, a, t0, nt, out);
-        return;
+/* 8 float16 of which the first k (0..8) are read, the rest zero */
+AVX2_TARGET static inline __m256 ld_f16x8(const uint8_t *p, int k) {
+    if (k == 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    uint16_t h[8] = {0};
+    if (k > 0) memcpy(h, p, 2 * (size_t)k);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+AVX2_TARGET static inline __m256 mw_f16x8(int fmt, const uint8_t *row, long nb, long b, int k, __m256 dw) {
+    return fmt == F_Q4_0R ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.f)) : ld_f16x8(rs_m(row, nb, b), k);
+}
+
+/* the same tile on AVX2: half h of a group is lanes 8h..8h+7 */
+AVX2_TARGET static inline __attribute__((always_inline)) void x16_avx2_nt(
+    int fmt, const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, float *out)
+{
+    const long nb = a->nb, ld = a->ld;
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256 acc[2][2][2];
+    FOR_RT acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    long b0 = 0;
+    for (; b0 + X16 <= nb; b0 += X16) {
+        __m256i I[2][2][2];
+        FOR_RT I[r][t][0] = I[r][t][1] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i lo[2][2], hi[2][2];
+            for (int r = 0; r < R; r++)
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *p = rs_group(w + r * row_bytes, b0) + 64 * c + 32 * h;
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+                    lo[r][h] = lo4(x);
+                    hi[r][h] = hi4(x);
+                }
+            for (int t = 0; t < MT; t++) {
+                const int8_t *q = a->q + ((t0 + t) * ld + b0) * QB;
+                for (int h = 0; h < 2; h++) {
+                    const __m256i alo = _mm256_loadu_si256((const __m256i *)(q + 64 * c + 32 * h));
+                    const __m256i ahi = _mm256_loadu_si256((const __m256i *)(q + 64 * (c + 4) + 32 * h));
+                    for (int r = 0; r < R; r++) {
+                        const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r][h], alo),
+                                                           _mm256_maddubs_epi16(hi[r][h], ahi));
+                        I[r][t][h] = _mm256_add_epi32(I[r][t][h], _mm256_madd_epi16(s, one));
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *row = w + r * row_bytes;
+                const __m256 dw = ld_f16x8(rs_d(row, nb, b0 + 8 * h), 8);
+                const __m256 mw = mw_f16x8(fmt, row, nb, b0 + 8 * h, 8, dw);
+                for (int t = 0; t < MT; t++) {
+                    const long ab = (t0 + t) * ld + b0 + 8 * h;
+                    const __m256 sc = _mm256_mul_ps(dw, _mm256_loadu_ps(a->d + ab));
+                    acc[r][t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r][t][h]), sc, acc[r][t][h]);
+                    acc[r][t][h] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a->ds + ab), acc[r][t][h]);
+                }
+            }
     }
-    switch (nt) {
-    case 1: q4r_avx512_nt(fmt, w, a, t0, 1, out); break;
-    case 2: q4r_avx512_nt(fmt, w, a, t0, 2, out); break;
-    case 3: q4r_avx512_nt(fmt, w, a, t0, 3, out); break;
-    default: q4r_avx512_nt(fmt, w, a, t0, 4, out); break;
+    if (b0 < nb) {
+        const int n = (int)(nb - b0);
+        for (int r = 0; r < R; r++) {
+            const uint8_t *row = w + r * row_bytes;
+            for (int t = 0; t < MT; t++) {
+                const long ab = (t0 + t) * ld + b0;
+                __m256 sc[2];
+                for (int h = 0; h < 2; h++) {
+                    const int k = n - 8 * h < 0 ? 0 : (n - 8 * h > 8 ? 8 : n - 8 * h);
+                    const __m256 dw = ld_f16x8(rs_d(row, nb, b0 + 8 * h), k);
+                    const __m256 mw = mw_f16x8(fmt, row, nb, b0 + 8 * h, k, dw);
+                    sc[h] = _mm256_mul_ps(dw, _mm256_loadu_ps(a->d + ab + 8 * h));
+                    acc[r][t][h] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a->ds + ab + 8 * h), acc[r][t][h]);
+                }
+                float s[16];
+                _mm256_storeu_ps(s, sc[0]);
+                _mm256_storeu_ps(s + 8, sc[1]);
+                __m256 tail[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+                for (int b = 0; b < n; b++) {
+                    const __m256i u = nibbles16(rs_group(row, b0) + 16 * b);
+                    const __m256i act = _mm256_loadu_si256((const __m256i *)(a->q + (ab + b) * QB));
+                    const __m256i I = _mm256_madd_epi16(_mm256_maddubs_epi16(u, act), one);
+                    tail[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(s[b]), tail[b & 1]);
+                }
+                acc[r][t][0] = _mm256_add_ps(acc[r][t][0], tail[0]);
+                acc[r][t][1] = _mm256_add_ps(acc[r][t][1], tail[1]);
+            }
+        }
+    }
+    FOR_RT out[r * TILE + t] = hsum16(acc[r][t][0], acc[r][t][1]);
+}
+
+/* Tiles: out[r * TILE + t] = weight row r (< nr <= NR) dotted with activation row t0 + t (< mt <= TILE) */
+typedef void (*tile_fn)(int fmt, const uint8_t *w, long row_bytes, int nr, const Act *a, long t0, int mt, float *out);
+
+#define X16_MT(FN, RR)                                                                         \
+    switch (mt) {                                                                              \
+    case 1: FN(fmt, w, row_bytes, RR, a, t0, 1, out); break;                                   \
+    case 2: FN(fmt, w, row_bytes, RR, a, t0, 2, out); break;                                   \
+    case 3: FN(fmt, w, row_bytes, RR, a, t0, 3, out); break;                                   \
+    default: FN(fmt, w, row_bytes, RR, a, t0, 4, out); break;                                  \
+    }
+
+VNNI_TARGET static void tile_x16_avx512(int fmt, const uint8_t *w, long row_bytes, int nr, const Act *a, long t0,
+                                        int mt, float *out) {
+    switch (nr) {
+    case 1: X16_MT(x16_avx512_nt, 1) break;
+    case 2: X16_MT(x16_avx512_nt, 2) break;
+    case 3: X16_MT(x16_avx512_nt, 3) break;
+    default: X16_MT(x16_avx512_nt, 4) break;
     }
 }
+
+/* AVX2 has 16 vector registers: sub-tiles of at most 2 x 2 */
+AVX2_TARGET static void tile_x16_avx2(int fmt, const uint8_t *w0, long row_bytes, int nr, const Act *a, long t00,
+                                      int mt0, float *out0) {
+    for (int r0 = 0; r0 < nr; r0 += 2)
+        for (int s0 = 0; s0 < mt0; s0 += 2) {
+            const uint8_t *w = w0 + r0 * row_bytes;
+            const long t0 = t00 + s0;
+            const int mt = mt0 - s0 < 2 ? mt0 - s0 : 2;
+            float *out = out0 + r0 * TILE + s0;
+            const int r2 = nr - r0 >= 2;
+            if (r2 && mt == 2) x16_avx2_nt(fmt, w, row_bytes, 2, a, t0, 2, out);
+            else if (r2) x16_avx2_nt(fmt, w, row_bytes, 2, a, t0, 1, out);
+            else if (mt == 2) x16_avx2_nt(fmt, w, row_bytes, 1, a, t0, 2, out);
+            else x16_avx2_nt(fmt, w, row_bytes, 1, a, t0, 1, out);
+        }
+}
+#endif
+
+/* the other formats and the portable path: one weight row at a time */
+static void tile_by_rows(dot_fn dot, int fmt, const uint8_t *w, long row_bytes, int nr, const Act *a, long t0,
+                         int mt, float *out) {
+    for (int r = 0; r < nr; r++) dot(fmt, w + r * row_bytes, a, t0, mt, out + r * TILE);
+}
+
+#ifdef TL_X86
 
 static int cpu_max_isa(void) {
     static int cached = -1;
@@ -502,45 +707,73 @@ static int shape_ok(const QShape *s) {
  * [T][K] contiguous; y float32 or bfloat16. isa <= tl_q_isa(). Returns 0, 1 when scratch memory
  * cannot be allocated, 2 on a bad shape or instruction set.
  */
-int tl_qmatmul(const QShape *s, const uint8_t *w, const void *x, long T, int x_bf16, void *y, long ldy,
-               int y_bf16, const float *bias, int isa) {
-    if (!shape_ok(s) || isa < 0 || isa > cpu_max_isa() || T < 0) return 2;
-    const long K = s->cols, nb = K / QB, N = s->rows;
-    const int threads = omp_get_max_threads();
-    const size_t bytes = (size_t)T * K + sizeof(float) * (2 * T * nb + (size_t)threads * K) +
-                         sizeof(int32_t) * 2 * T * nb;
-    char *scratch = malloc(bytes + 64);
-    if (!scratch) return 1;
-    Act a = {.K = K, .nb = nb};
-    a.d = (float *)scratch;
-    a.ds = a.d + T * nb;
-    float *tmp = a.ds + T * nb;
-    a.s16 = (int32_t *)(tmp + (size_t)threads * K);
-    a.q = (int8_t *)(a.s16 + 2 * T * nb);
-    quantize_acts(x, x_bf16, T, &a, tmp);
+/* out (a tile of nr x mt results, row r at r * TILE) + bias -> y[t0 + t][n0 + r] */
+static void store_tile(const float *out, int nr, int mt, long n0, long t0, const float *bias, void *y, long ldy,
+                       int y_bf16) {
+    for (int r = 0; r < nr; r++) {
+        const float bn = bias ? bias[n0 + r] : 0.f;
+        for (int t = 0; t < mt; t++) {
+            const long i = (t0 + t) * ldy + n0 + r;
+            if (y_bf16) ((uint16_t *)y)[i] = f32_to_bf16(out[r * TILE + t] + bn);
+            else ((float *)y)[i] = out[r * TILE + t] + bn;
+        }
+    }
+}
+
+/* Every weight chunk of ROW_CHUNK rows (one thread's) against all activation rows, in tiles of
+ * NR weight rows by TILE activation rows. */
+static void run_tiles(const QShape *s, const uint8_t *w, const Act *a, long T, int isa, void *y, long ldy,
+                      int y_bf16, const float *bias) {
     dot_fn dot = dot_portable;
+    tile_fn tile = NULL;
 #ifdef TL_X86
     if (isa == ISA_AVX2) dot = dot_avx2;
     if (isa == ISA_AVX512) dot = dot_avx512;
+    if (a->x16) tile = isa == ISA_AVX512 ? tile_x16_avx512 : tile_x16_avx2;
 #endif
-    const long chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
+    const long N = s->rows, chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
 #pragma omp parallel for schedule(static)
     for (long c = 0; c < chunks; c++) {
         const long n1 = (c + 1) * ROW_CHUNK < N ? (c + 1) * ROW_CHUNK : N;
         for (long t0 = 0; t0 < T; t0 += TILE) {
-            const int nt = T - t0 < TILE ? (int)(T - t0) : TILE;
-            for (long n = c * ROW_CHUNK; n < n1; n++) {
-                float out[TILE];
-                dot(s->fmt, w + n * s->row_bytes, &a, t0, nt, out);
-                const float bn = bias ? bias[n] : 0.f;
-                for (int t = 0; t < nt; t++) {
-                    const long i = (t0 + t) * ldy + n;
-                    if (y_bf16) ((uint16_t *)y)[i] = f32_to_bf16(out[t] + bn);
-                    else ((float *)y)[i] = out[t] + bn;
-                }
+            const int mt = T - t0 < TILE ? (int)(T - t0) : TILE;
+            for (long n = c * ROW_CHUNK; n < n1; n += NR) {
+                const int nr = n1 - n < NR ? (int)(n1 - n) : NR;
+                float out[NR * TILE];
+                const uint8_t *wn = w + n * s->row_bytes;
+                if (tile) tile(s->fmt, wn, s->row_bytes, nr, a, t0, mt, out);
+                else tile_by_rows(dot, s->fmt, wn, s->row_bytes, nr, a, t0, mt, out);
+                store_tile(out, nr, mt, n, t0, bias, y, ldy, y_bf16);
             }
         }
     }
+}
+
+/*
+ * y[t * ldy + n] = sum_k x[t][k] W[n][k] (+ bias[n]) for t < T, n < N; x float32 or bfloat16
+ * [T][K] contiguous; y float32 or bfloat16. isa <= tl_q_isa(). Row t of y depends on row t of x
+ * only, never on T or on the other rows. Returns 0, 1 when scratch memory cannot be allocated, 2
+ * on a bad shape or instruction set.
+ */
+int tl_qmatmul(const QShape *s, const uint8_t *w, const void *x, long T, int x_bf16, void *y, long ldy,
+               int y_bf16, const float *bias, int isa) {
+    if (!shape_ok(s) || isa < 0 || isa > cpu_max_isa() || T < 0) return 2;
+    const long K = s->cols, nb = K / QB, ld = (nb + X16 - 1) / X16 * X16;
+    const int threads = omp_get_max_threads();
+    /* d, ds [T][ld] float; tmp [threads][K] float; s16 [T][ld][2] int32; q [T][ld * 32] int8 */
+    const size_t bytes = sizeof(float) * (2 * (size_t)T * ld + (size_t)threads * K) +
+                         sizeof(int32_t) * 2 * (size_t)T * ld + (size_t)T * ld * QB;
+    char *scratch = calloc(bytes + 64, 1); /* zero: the padding of every row */
+    if (!scratch) return 1;
+    Act a = {.K = K, .nb = nb, .ld = ld};
+    a.x16 = (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R) && isa != ISA_PORTABLE;
+    a.d = (float *)scratch;
+    a.ds = a.d + T * ld;
+    float *tmp = a.ds + T * ld;
+    a.s16 = (int32_t *)(tmp + (size_t)threads * K);
+    a.q = (int8_t *)(a.s16 + 2 * T * ld);
+    quantize_acts(x, x_bf16, T, &a, tmp);
+    run_tiles(s, w, &a, T, isa, y, ldy, y_bf16, bias);
     memset(scratch, 0, bytes); /* quantized activations: user data */
     free(scratch);
     return 0;
@@ -583,7 +816,12 @@ TL_EXACT_CLONES static void dequant_row(int fmt, const uint8_t *row, long K, flo
         /* (codes, d, m) of block b; then one branch-free loop per kind (so that it vectorizes) */
         const int sz = fmt == F_Q4_0 ? 18 : 20, split = fmt >= F_Q4_0R, q40 = fmt == F_Q4_0 || fmt == F_Q4_0R;
         for (long b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * sz, *qs = split ? rs_codes(row, b) : blk + sz - 16;
+            uint8_t gathered[16];
+            const uint8_t *blk = row + b * sz, *qs = blk + sz - 16;
+            if (split) {
+                rs_codes(row, nb, b, gathered);
+                qs = gathered;
+            }
             const float d = rd_f16(split ? rs_d(row, nb, b) : blk);
             const float m = q40 ? 0.f : rd_f16(split ? rs_m(row, nb, b) : blk + 2);
             float *o = out + b * QB;
