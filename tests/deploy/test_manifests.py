@@ -285,6 +285,7 @@ def test_confidential_nodes_launch_with_the_restrictive_agent_policy_the_evidenc
     rules = dict(re.findall(r"^default (\w+) := (true|false)$", shipped.decode(), re.M))
     for denied in ("ExecProcessRequest", "SetPolicyRequest", "WriteStreamRequest", "AllowRequestsFailingPolicy"):
         assert rules.get(denied) == "false", denied
-    assert rules.get("CreateContainerRequest") == "true"
+    # containers: only the sandbox and the release's node image (tests/deploy/test_agent_policy.py)
+    assert rules.get("CreateContainerRequest") == "false"
     dev = _one(render("dev"), "StatefulSet", "traceless-node")["spec"]["template"]
     assert INITDATA_ANNOTATION not in dev["metadata"].get("annotations", {})
