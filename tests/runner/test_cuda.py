@@ -175,16 +175,18 @@ def test_no_kernel_compiles_after_warm_up(tiny_llama_dir):
 def family_dirs_gpu(tmp_path_factory):
     from tests.support.families import FAMILIES, make_family_model
 
+    families = FAMILIES | {"gpt-oss": ("gpt_oss", {})}
     return {name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=7 + i, **overrides)
-            for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())}
+            for i, (name, (kind, overrides)) in enumerate(families.items())}
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3-tied", "phi3-longrope", "phi3-partial", "gemma3",
-                                  "mistral-window"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-tied", "phi3-longrope", "phi3-partial", "gemma2", "gemma3",
+                                  "mistral-window", "gpt-oss"])
 def test_families_on_triton_match_transformers(name, family_dirs_gpu):
-    """Qwen3 (q/k norms), Phi-3 (LongRoPE past the original context, partial rotary), Gemma 3
-    (local and global layers, two RoPE bases) and a windowed Mistral: the Triton attention and
-    ops with CUDA graphs give transformers' greedy tokens."""
+    """Qwen3 (q/k norms), Phi-3 (LongRoPE past the original context, partial rotary), Gemma 2
+    (attention soft-capping), Gemma 3 (local and global layers, two RoPE bases), a windowed
+    Mistral and gpt-oss (attention sinks, windows, experts): the Triton attention and ops with CUDA
+    graphs give transformers' greedy tokens."""
     from tests.support.families import LENGTHS, hf_model
 
     path = family_dirs_gpu[name]
@@ -203,9 +205,3 @@ def test_families_on_triton_match_transformers(name, family_dirs_gpu):
     assert ours(llm, prompts[2:5], 20, batched=False) == want[2:5]
     llm.engine.check_integrity()
 
-
-def test_gemma2_softcap_is_refused_on_triton_with_a_clear_error(family_dirs_gpu):
-    from traceless.errors import ModelLoadError
-
-    with pytest.raises(ModelLoadError, match="attention_backend='torch'"):
-        _gpu(family_dirs_gpu["gemma2"])

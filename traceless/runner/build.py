@@ -89,13 +89,8 @@ def _layers(backend: str, cache: KVCache, ropes: list[Rope], mc: ModelConfig) ->
     if backend == "triton":
         from traceless.model.layers.triton_ops import TritonAttention, TritonOps
 
-        if mc.attn_softcap is not None:
-            raise ModelLoadError(f"{mc.architecture}: attn_logit_softcapping is not supported by the Triton "
-                                 "attention; use attention_backend='torch'")
-        if mc.attn_sinks:
-            raise ModelLoadError(f"{mc.architecture}: attention sinks are not supported by the Triton attention; "
-                                 "use attention_backend='torch'")
-        return TritonAttention(cache, heads, mc.layer_windows), TritonOps(cache, ropes, heads, mc.rms_norm_eps)
+        return (TritonAttention(cache, heads, mc.layer_windows, mc.attn_softcap),
+                TritonOps(cache, ropes, heads, mc.rms_norm_eps))
     if backend == "native":
         kernels = NativeKernels.load()
         return (PagedAttention(cache, kernels, heads, mc.layer_windows, mc.attn_softcap),

@@ -24,8 +24,10 @@ def _cache(num_blocks: int, nkv: int, d: int, bs: int, dtype: torch.dtype):
     return k, v
 
 
-def _reference(q, k_cache, v_cache, tables, q_lens, ctx_lens, scale):
-    """float64 causal attention of each sequence's queries over its context, read block by block."""
+def _reference(q, k_cache, v_cache, tables, q_lens, ctx_lens, scale, sinks=None, softcap=None):
+    """float64 causal attention of each sequence's queries over its context, read block by block;
+    scores soft-capped (softcap * tanh(s / softcap)) and each head's sink logit one more column of
+    the softmax whose probability is dropped, as transformers' eager attention computes them."""
     nh, d = q.shape[1], q.shape[2]
     nkv, bs = k_cache.shape[1], k_cache.shape[3]
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -38,9 +40,16 @@ def _reference(q, k_cache, v_cache, tables, q_lens, ctx_lens, scale):
         vals = vals.repeat_interleave(nh // nkv, 0)
         qs = q[row : row + n].cpu().double().transpose(0, 1)  # [H, n, D]
         s = qs @ keys.transpose(1, 2) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
         qpos = torch.arange(ctx - n, ctx)[:, None]
         s = s.masked_fill(torch.arange(ctx)[None, :] > qpos, float("-inf"))
-        out[row : row + n] = (torch.softmax(s, -1) @ vals).transpose(0, 1)
+        if sinks is not None:
+            sink = sinks.cpu().double().view(-1, 1, 1).expand(-1, n, 1)
+            p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1]
+        else:
+            p = torch.softmax(s, -1)
+        out[row : row + n] = (p @ vals).transpose(0, 1)
         row += n
     return out
 
@@ -90,6 +99,37 @@ def test_paged_attention_over_whole_tiles_matches_reference(nh, nkv):
     tk.paged_attention(q[:1], k_cache, v_cache, decode, tables[:1], cu[:2], torch.tensor(ctx[:1], dtype=torch.int32,
                        device=DEVICE), d ** -0.5, 1, 64)
     assert (decode.cpu().double() - want[:1]).norm() / want[:1].norm() < 1e-5
+
+
+@pytest.mark.parametrize(("sinks", "softcap"), [(True, None), (False, 2.0), (True, 2.0)])
+def test_paged_attention_with_sinks_and_softcapping_matches_reference(sinks, softcap):
+    """gpt-oss's attention sinks (a logit per head in each softmax's denominator) and Gemma 2's
+    soft-capping, on prefill tiles, decode rows and split decode (the sink joins at the combine).
+    Scores are scaled up so that the cap bites (|s| well above the cap) and sinks near the scores'
+    range so that they take a real share."""
+    torch.manual_seed(3 + bool(sinks) + int(softcap or 0))
+    nh, nkv, d, bs, num_blocks = 8, 2, 16, 4, 170
+    q_lens, prefixes = [1, 1, 25, 70], [150, 3, 130, 0]
+    k_cache, v_cache = _cache(num_blocks, nkv, d, bs, torch.float32)
+    ctx = [p + n for p, n in zip(prefixes, q_lens)]
+    width = max(-(-c // bs) for c in ctx)
+    tables = (torch.randperm(num_blocks - 1)[: width * 4] + 1).view(4, width).to(torch.int32).to(DEVICE)
+    q = torch.randn(sum(q_lens), nh, d, device=DEVICE) * 3
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    sink = torch.randn(nh, device=DEVICE) * 2 + 1 if sinks else None
+    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5, sink, softcap)
+    plain = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5)
+    assert (want - plain).norm() / want.norm() > 0.05  # the features change the answer
+    lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    tk.paged_attention(q, k_cache, v_cache, out, tables, cu, lens, d ** -0.5, max(q_lens), 0, sinks=sink,
+                       softcap=softcap)
+    assert (out.cpu().double() - want).norm() / want.norm() < 1e-5
+    for sms in (0, 64):  # the two decode rows alone: one tile, then keys split across 64 processors
+        dec = torch.full_like(q[:2], float("nan"))
+        tk.paged_attention(q[:2], k_cache, v_cache, dec, tables[:2], cu[:3], lens[:2], d ** -0.5, 1, sms,
+                           sinks=sink, softcap=softcap)
+        assert (dec.cpu().double() - want[:2]).norm() / want[:2].norm() < 1e-5, sms
 
 
 @pytest.mark.parametrize("sms", [0, 64])

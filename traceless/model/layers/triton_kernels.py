@@ -19,9 +19,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _softcap(s, cap):
+    """cap * tanh(s / cap) (Gemma 2's attention soft-capping), tanh through the sigmoid."""
+    return cap * (2.0 * tl.sigmoid(2.0 * s / cap) - 1.0)
+
+
+@triton.jit
 def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, scale, k_stride_b, v_stride_b,
-                 window, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr, MASKED: tl.constexpr):
+                 window, softcap, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PRECISION: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr):
     """Keys [start, start + BLOCK_N) of one sequence and KV head into the running softmax (acc
     [BLOCK_M, D_PAD], m_i, l_i [BLOCK_M]). start is a multiple of BLOCK_N (so of BS): a tile is
     BLOCK_N // BS whole blocks, and the offset of key n in its block is n % BS, known at compile
@@ -29,7 +35,8 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, 
     time. k_ptr / v_ptr: the KV head's base; tbl_ptr: the sequence's block-table row.
     MASKED: the tile may hold keys at or past kv_end, after a query's position (the last tile, the
     causal diagonal) or below a query's window (window > 0: a query at p sees keys (p - window, p]);
-    an unmasked tile has none of these and loads and scores without masks."""
+    an unmasked tile has none of these and loads and scores without masks.
+    SOFTCAP: scores are soft-capped (softcap * tanh(s / softcap)) before the mask and the softmax."""
     start = tl.multiple_of(start, BLOCK_N)
     n = tl.arange(0, BLOCK_N)
     kpos = start + n
@@ -60,6 +67,8 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, 
         k = tl.load(k_addr, mask=d_ok[:, None], other=0.0)
         v = tl.load(v_addr, mask=d_ok[None, :], other=0.0)
     s = tl.dot(q, k, input_precision=PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+    if SOFTCAP:
+        s = _softcap(s, softcap)
     if MASKED:
         allowed = (kpos[None, :] <= q_pos[:, None]) & k_ok[None, :]
         allowed = allowed & ((window <= 0) | (kpos[None, :] > q_pos[:, None] - window))
@@ -77,10 +86,10 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, 
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, cu_q_ptr, ctx_ptr, scale,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_h, v_stride_b, v_stride_h, tables_stride,
-    part_ptr, ml_ptr, T, H, window,
+    part_ptr, ml_ptr, T, H, window, sinks_ptr, softcap,
     G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, SINKS: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """One program: sequence b, query tokens [qt * BLOCK_Q, (qt + 1) * BLOCK_Q) of it, KV head g
     with its G query heads. Rows of the tile are (token, head) pairs: row r = token r // G, head
@@ -91,7 +100,10 @@ def _paged_attention_kernel(
     tables_stride and T vary with the batch: not specialized (no recompilation at new shapes).
     window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; the loop
     starts at the tile holding the lowest key the tile's first query sees, and the tiles that some
-    of the tile's queries see only in part take the masked path, as the causal diagonal does."""
+    of the tile's queries see only in part take the masked path, as the causal diagonal does.
+    SINKS (gpt-oss): sinks_ptr [H] float32, a logit per head that joins each softmax and attends
+    nothing: one more term of the denominator, added once at the end (here, or in _combine_kernel
+    when the keys are split)."""
     b = tl.program_id(0)
     split = tl.program_id(1) if SPLITS > 1 else 0
     qt = tl.program_id(1) if SPLITS == 1 else 0
@@ -134,14 +146,23 @@ def _paged_attention_kernel(
     v_base = v_ptr + g * v_stride_h
     for start in range(kv_lo, lo_end, BLOCK_N):  # the window's lower edge
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, window, D, D_PAD, BS, BLOCK_N, PRECISION, True)
+                                     k_stride_b, v_stride_b, window, softcap, D, D_PAD, BS, BLOCK_N, PRECISION,
+                                     True, SOFTCAP)
     for start in range(lo_end, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, window, D, D_PAD, BS, BLOCK_N, PRECISION, False)
+                                     k_stride_b, v_stride_b, window, softcap, D, D_PAD, BS, BLOCK_N, PRECISION,
+                                     False, SOFTCAP)
     for start in range(full_end, kv_end, BLOCK_N):  # the causal diagonal and the last partial tile
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, window, D, D_PAD, BS, BLOCK_N, PRECISION, True)
+                                     k_stride_b, v_stride_b, window, softcap, D, D_PAD, BS, BLOCK_N, PRECISION,
+                                     True, SOFTCAP)
     if SPLITS == 1:
+        if SINKS:
+            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0)
+            m_fin = tl.maximum(m_i, sink)
+            alpha = tl.exp(m_i - m_fin)  # 0 for a row that saw no key
+            l_i = l_i * alpha + tl.exp(sink - m_fin)
+            acc = acc * alpha[:, None]
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + (q_begin + tok)[:, None] * o_stride_t + head[:, None] * o_stride_h + d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -154,10 +175,11 @@ def _paged_attention_kernel(
 
 
 @triton.jit(do_not_specialize=["T"])
-def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h,
-                    D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr):
-    """One (token, head): merge the splits' partial softmax sums. A row with no key at all (a
-    padding sequence of a captured batch) comes out zero."""
+def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h, sinks_ptr,
+                    D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, SINKS: tl.constexpr):
+    """One (token, head): merge the splits' partial softmax sums (and the head's sink: one more
+    term of the denominator). A row with no key at all (a padding sequence of a captured batch)
+    comes out zero."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS)
@@ -166,23 +188,31 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h,
     m = tl.load(ml_ptr + row * 2)
     l_part = tl.load(ml_ptr + row * 2 + 1)
     m_all = tl.max(m, 0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + h)
+        m_all = tl.maximum(m_all, sink)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
     acc = tl.load(part_ptr + row[:, None] * D_PAD + d[None, :])
     total = tl.sum(w * l_part, 0)
+    if SINKS:
+        total += tl.exp(sink - m_safe)
     out = tl.sum(acc * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(o_ptr + t * o_stride_t + h * o_stride_h + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                     tables: torch.Tensor, cu_q: torch.Tensor, ctx_lens: torch.Tensor, scale: float,
-                    max_q: int, num_sms: int = 0, window: int = 0) -> None:
+                    max_q: int, num_sms: int = 0, window: int = 0, sinks: torch.Tensor | None = None,
+                    softcap: float | None = None) -> None:
     """q: [T, H, D] (strided view); k_cache: [blocks, H_kv, D, BS]; v_cache: [blocks, H_kv, BS, D];
     out: [T, H, D]; tables: [B, W] int32; cu_q: [B + 1] int32; ctx_lens: [B] int32 (keys of each
     sequence, its new tokens included; its queries are the last cu_q[b + 1] - cu_q[b] positions).
     max_q: the most query tokens of any sequence (a bound: it sizes the grid). num_sms: the
     device's multiprocessors; a decode batch with fewer (sequence, KV head) pairs splits its keys.
-    window: keys each query sees, itself included (a sliding-window layer); 0: all."""
+    window: keys each query sees, itself included (a sliding-window layer); 0: all.
+    sinks: [H] float32 contiguous, a logit per head joining each softmax (gpt-oss), or None.
+    softcap: scores become softcap * tanh(s / softcap) (Gemma 2), or None."""
     T, H, D = q.shape
     H_kv, BS = k_cache.shape[1], k_cache.shape[3]
     G = H // H_kv
@@ -204,14 +234,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, out, tables, cu_q, ctx_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), tables.stride(0),
-        part, ml, T, H, window,
+        part, ml, T, H, window, out if sinks is None else sinks, softcap or 0.0,
         G=G, D=D, D_PAD=d_pad, BS=BS, BLOCK_Q=block_q, BLOCK_M=block_m,
-        BLOCK_N=max(64, BS), PRECISION=precision, SPLITS=splits,
+        BLOCK_N=max(64, BS), PRECISION=precision, SPLITS=splits, SINKS=sinks is not None,
+        SOFTCAP=bool(softcap),
         num_warps=8 if block_m >= 64 else 4,  # a 64-row tile in 4 warps needs ~250 registers a thread
     )
     if splits > 1:
         # (part and ml are zeroed with the rest of free device memory at the step's sweep)
-        _combine_kernel[(T, H)](part, ml, out, T, H, out.stride(0), out.stride(1), D=D, D_PAD=d_pad, SPLITS=splits)
+        _combine_kernel[(T, H)](part, ml, out, T, H, out.stride(0), out.stride(1), out if sinks is None else sinks,
+                                D=D, D_PAD=d_pad, SPLITS=splits, SINKS=sinks is not None)
 
 
 def split_workspace(splits: int, T: int, H: int, d_pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

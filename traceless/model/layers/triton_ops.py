@@ -39,10 +39,12 @@ class TritonOps:
 class TritonAttention:
     """Paged attention for every row of the step in one launch per layer (meta.paged)."""
 
-    def __init__(self, cache: KVCache, heads: tuple[int, int, int], windows: tuple[int, ...] = ()):
+    def __init__(self, cache: KVCache, heads: tuple[int, int, int], windows: tuple[int, ...] = (),
+                 softcap: float | None = None):
         self.cache = cache
         self.heads = heads  # (num_heads, num_kv_heads, head_dim)
         self.windows = windows  # per layer: keys a query sees (0: all); empty: no windows
+        self.softcap = softcap  # attention logit soft-capping (Gemma 2), or None
         device = cache.k.device
         # small decode batches split their keys across the multiprocessors (flash-decoding)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
@@ -50,9 +52,7 @@ class TritonAttention:
     def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata,
                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D].
-        sinks: none here (a model with sinks is refused this backend at build)."""
-        if sinks is not None:
-            raise RuntimeError("the Triton attention has no attention sinks")
+        sinks: [H] float32, the layer's attention sinks (gpt-oss), or None."""
         nh, _, d = self.heads
         pb = meta.paged
         if pb is None:
@@ -62,5 +62,5 @@ class TritonAttention:
         out = q.new_empty(T, nh, d)  # every row is written (padding rows of a captured batch: zeros)
         tk.paged_attention(q, self.cache.k[layer], self.cache.v[layer], out, pb.block_tables, pb.cu_q,
                            pb.context_lens, meta.scale, pb.max_q, self.num_sms,
-                           self.windows[layer] if self.windows else 0)
+                           self.windows[layer] if self.windows else 0, sinks, self.softcap)
         return out
