@@ -11,7 +11,8 @@ activation of each 32-value block rounded to int8), against 98.7% and 0.018 when
 dequantized bfloat16 copy. A layout or scale bug in a kernel moves the log-probabilities by whole
 nats; rounding does not. Top-1 tokens that were near-ties in float32 can flip: "What is the capital
 of France?" opens with "The" at -1.88 and "L" at -1.97 in float32, so a greedy answer may start
-either way. Prefill chunks of 16 tokens and whole prompts run the same kernels (one for every row
+either way (llama.cpp, llama-cpp-python 0.3.36 on the same file, answers "L'Étoile, la Cité, la
+Nation", as the int8 path does). Prefill chunks of 16 tokens and whole prompts run the same kernels (one for every row
 count)."""
 from __future__ import annotations
 
