@@ -13,7 +13,8 @@ setup(
     ext_modules=[
         Extension(
             "traceless.model.layers._kernels",
-            sources=["traceless/model/layers/csrc/kernels.c", "traceless/model/layers/csrc/qmatmul.c"],
+            sources=["traceless/model/layers/csrc/kernels.c", "traceless/model/layers/csrc/qmatmul.c",
+                     "traceless/model/layers/csrc/pool_stacks.c", "traceless/server/csrc/dead_stack.c"],
             extra_compile_args=flags,
             extra_link_args=["-fopenmp", "-lm", *(["-lmvec"] if platform.machine() in ("x86_64", "AMD64") else [])],
         ),

@@ -182,6 +182,9 @@ class ExecutorSpy:
     def num_held(self):
         return self.real.num_held()
 
+    def scrub_workers(self):
+        self.real.scrub_workers()
+
 
 @pytest.fixture
 def captured_events():

@@ -249,6 +249,10 @@ class LLMEngine:
     def num_kv_blocks(self) -> int:
         return self._kv_memory.num_blocks
 
+    def scrub_compute_workers(self) -> None:
+        """Clear the dead stacks of the threads the model ran on (call from the engine thread, idle)."""
+        self._executor.scrub_workers()
+
     def count_nonzero_blocks(self, start: int, end: int) -> int:
         """How many of KV blocks [start, end) hold any non-zero value (a slice of an idle scan)."""
         return self._kv_memory.count_nonzero(start, end)

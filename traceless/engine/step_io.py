@@ -160,6 +160,10 @@ class ModelExecutor(Protocol):
     def num_held(self) -> int:
         """Requests whose per-request state is still held."""
 
+    def scrub_workers(self) -> None:
+        """Clear what the steps computed on the dead stacks of the threads they ran on (on a CPU,
+        the calling thread's OpenMP workers); called from the engine thread when idle."""
+
 
 class KVMemory(Protocol):
     """The KV cache tensors, by block id (model/layers/kv_cache.py)."""

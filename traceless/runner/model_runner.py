@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from traceless.engine.step_io import SampledTokens, ScheduledSeq, SchedulerOutput, TokenLogprobs
+from traceless.model.layers.kernels import NativeKernels
 from traceless.model.llama import LlamaModel
 from traceless.runner.batch import BatchBuilder, SeqInput
 from traceless.runner.cuda_graphs import DecodeGraphs
@@ -38,6 +39,7 @@ class ModelRunner:
         """draft_layers: self-speculation depth when the engine runs speculative='draft'.
         paged: the Triton attention path (CUDA)."""
         self.model = model
+        self._pool_scrubber = NativeKernels.load()  # the idle work's stack scrub: refuse now if unbuilt
         self.block_size = block_size
         self.device = device
         self.use_native = use_native
@@ -172,6 +174,9 @@ class ModelRunner:
 
     def num_held(self) -> int:
         return len(self._generators)
+
+    def scrub_workers(self) -> None:
+        self._pool_scrubber.scrub_pool_stacks()
 
     def _drafts(self, seqs: Sequence[ScheduledSeq]) -> list[Drafted | None]:
         """Each sequence's drafts: the request's own, or made now by the draft model (None: no drafts)."""

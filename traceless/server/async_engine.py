@@ -284,7 +284,8 @@ class IdleWork:
     (nothing more while a shaped stream holds it off: AsyncEngine.defer_idle)
     2. after IDLE_GC_S of quiet, one garbage collection, so request objects caught in reference
        cycles are freed (and, with freed-memory scrubbing, overwritten) instead of lingering, and
-       this thread's allocator cache and dead stack are overwritten (server/thread_cache.py);
+       this thread's allocator cache and dead stack, and its OpenMP workers' dead stacks, are
+       overwritten (server/thread_cache.py);
     3. every SCAN_INTERVAL_S, a scan of the whole KV cache for non-zero blocks, SCAN_SLICE blocks
        at a time, whose totals the allowlisted residue metrics report.
     """
@@ -331,6 +332,7 @@ class IdleWork:
                 return False  # wait for quiet (the wake-up timeout brings us back)
             gc.collect()
             scrub_thread()  # this thread's cached freed chunks (left unscrubbed by glibc) and dead stack
+            self._engine.scrub_compute_workers()  # its OpenMP workers' dead stacks (what the kernels computed)
             self._collected = self._just_collected = True
             return True
         if self._cursor == 0 and now - self._scanned_at < self.SCAN_INTERVAL_S:

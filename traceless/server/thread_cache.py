@@ -10,7 +10,9 @@ Each thread has its own cache, so each thread that touched request text runs thi
 
 Native code (llguidance, the tokenizer) also leaves request content in the locals it had on the
 calling thread's stack, below the frames now live; `scrub_thread` clears that too
-(server/dead_stack.py).
+(server/dead_stack.py). The CPU kernels and torch's CPU operators run on the engine thread's
+OpenMP workers, whose stacks keep what they computed (tiles of results, spilled registers): the
+engine thread clears those when idle (LLMEngine.scrub_compute_workers, model/layers/csrc/pool_stacks.c).
 """
 from __future__ import annotations
 

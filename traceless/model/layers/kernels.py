@@ -112,6 +112,18 @@ class NativeKernels:
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in _SUFFIX
 
+    def scrub_pool_stacks(self) -> None:
+        """Clear the dead stack of every thread of the calling thread's OpenMP team (csrc/
+        pool_stacks.c): what the kernels and torch's CPU operators computed there from a request."""
+        if self._fn("tl_scrub_pool_stacks", [], _I)() != 0:
+            raise RuntimeError("could not clear the OpenMP worker threads' dead stacks")
+
+    def pool_stack_bounds(self, cap: int = 256) -> list[tuple[int, int]]:
+        """[low, high) of each thread's stack in the calling thread's OpenMP team (for tests)."""
+        low, high = (ctypes.c_size_t * cap)(), (ctypes.c_size_t * cap)()
+        n = self._fn("tl_pool_stack_bounds", [_P, _P, _I], _I)(low, high, cap)
+        return [(low[i], high[i]) for i in range(min(n, cap))]
+
     def uses_avx512(self) -> bool:
         """Whether the AVX-512 paths run: this CPU has them and TRACELESS_CPU_ISA=avx2 does not cap them."""
         return bool(self._fn("tl_uses_avx512", [], _I)())
