@@ -12,7 +12,8 @@ BS, WINDOW = 4, 8
 
 def setup(window=WINDOW, mode=CacheMode.OFF, num_blocks=64, offloader=None):
     zeroed: list[int] = []
-    kv = KVCacheManager(BlockPool(num_blocks, zeroed.extend), BS, PrefixCacheConfig(mode), offloader, window)
+    kv = KVCacheManager(BlockPool(num_blocks, zeroed.extend), BS, PrefixCacheConfig(mode), offloader,
+                        (window or 0,))
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16), kv)
     return sched, kv, zeroed
 

@@ -8,7 +8,7 @@ Logit rows come in packed order: `order` lists the sequences (indices into the i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,6 +29,7 @@ class SeqInput:
     token_ids: list[int]
     num_logits: int
     rope_shift: int = 0  # added to the positions to index the RoPE table (LongRoPE: model/rope.py)
+    group_tables: tuple[list[int], ...] = ()  # the block tables of KV groups 1.. (model/kv_groups.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +85,30 @@ class BatchBuilder:
             long=self._long_batch(long) if long else None,
             scale=self.scale,
         )
+        if seqs[0].group_tables:
+            meta = replace(meta, groups=tuple(self._group_meta(meta, [seqs[i] for i in order], g, n_short)
+                                              for g in range(len(seqs[0].group_tables))))
         return PackedBatch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
                            torch.tensor(logit_rows, dtype=torch.long, device=dev), order)
 
+    def _group_meta(self, meta: AttentionMetadata, packed: list[SeqInput], g: int, n_short: int) -> AttentionMetadata:
+        """Group g + 1's metadata: meta's, with that group's cache slots and block tables."""
+        bs = self.block_size
+        tables = [s.group_tables[g] for s in packed]
+        blocks = [t[p // bs] for s, t in zip(packed, tables) for p in range(s.start, s.start + len(s.token_ids))]
+        short, long = meta.short, meta.long
+        if short is not None:
+            widths = [-(-(s.start + len(s.token_ids)) // bs) for s in packed[:n_short]]
+            short = replace(short, block_tables=_pad_tables(tables[:n_short], widths, torch.int32, self.device))
+        if long is not None and long.block_tables is not None:
+            widths = [-(-(s.start + len(s.token_ids)) // bs) for s in packed[n_short:]]
+            long = replace(long, block_tables=_pad_tables(tables[n_short:], widths, torch.long, self.device))
+        return replace(meta, slots=(torch.tensor(blocks, device=self.device), meta.slots[1]), short=short, long=long)
+
     def _build_paged(self, seqs: Sequence[SeqInput], staging: PinnedStaging) -> PackedBatch:
         """Rows in input order; one upload of ids, positions, slots, logit rows and tables."""
+        if any(s.group_tables for s in seqs):  # runner/build.py refuses such models on this path
+            raise RuntimeError("the Triton path packs one KV group; this model has several")
         bs = self.block_size
         width = max(-(-(s.start + len(s.token_ids)) // bs) for s in seqs)
         layout = Layout(rows=sum(len(s.token_ids) for s in seqs), logits=sum(s.num_logits for s in seqs),
