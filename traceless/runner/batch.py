@@ -107,16 +107,12 @@ class BatchBuilder:
 
     def _build_paged(self, seqs: Sequence[SeqInput], staging: PinnedStaging) -> PackedBatch:
         """Rows in input order; one upload of ids, positions, slots, logit rows and tables."""
-        if any(s.group_tables for s in seqs):  # runner/build.py refuses such models on this path
-            raise RuntimeError("the Triton path packs one KV group; this model has several")
         bs = self.block_size
         width = max(-(-(s.start + len(s.token_ids)) // bs) for s in seqs)
         layout = Layout(rows=sum(len(s.token_ids) for s in seqs), logits=sum(s.num_logits for s in seqs),
-                        seqs=len(seqs), width=width)
+                        seqs=len(seqs), width=width, groups=1 + len(seqs[0].group_tables))
         v = layout.views(staging.upload(layout, seqs, bs, self.device))
-        paged = PagedBatch(v["tables"], v["cu_q"], v["ctx"], max(len(s.token_ids) for s in seqs))
-        meta = AttentionMetadata(slots=(v["blocks"], v["offsets"]), short=None, long=None, scale=self.scale,
-                                 paged=paged)
+        meta = paged_meta(v, layout.groups, len(seqs), max(len(s.token_ids) for s in seqs), self.scale)
         return PackedBatch(v["ids"], v["positions"], meta, v["logit_rows"], list(range(len(seqs))))
 
     def scrub(self) -> None:
@@ -172,6 +168,21 @@ class BatchBuilder:
             window_mask = ((allowed & (j > start + i - self.window)) & ~padding) | (padding & (j == 0))
             window_mask = window_mask[:, None]
         return LongBatch(B, max_q, fresh, block_tables, row_seq, row_pos, mask[:, None], window_mask)
+
+
+def paged_meta(v: dict[str, torch.Tensor], groups: int, num_seqs: int, max_q: int, scale: float,
+               rows: int | None = None) -> AttentionMetadata:
+    """The Triton path's metadata over a packed buffer's views (step_meta.py), every KV group's;
+    rows: only the first rows (a captured decode batch of that size), else every row."""
+    n = num_seqs
+
+    def group(g: int) -> AttentionMetadata:
+        blocks, tables = v["blocks" if g == 0 else f"blocks{g}"], v["tables" if g == 0 else f"tables{g}"]
+        paged = PagedBatch(tables[:n], v["cu_q"][: n + 1], v["ctx"][:n], max_q)
+        return AttentionMetadata(slots=(blocks[:rows], v["offsets"][:rows]), short=None, long=None, scale=scale,
+                                 paged=paged)
+
+    return replace(group(0), groups=tuple(group(g) for g in range(1, groups)))
 
 
 def _pad_tables(tables: list[list[int]], lengths: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

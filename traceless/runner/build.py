@@ -95,9 +95,6 @@ def _layers(backend: str, cache: KVCache, ropes: list[Rope], mc: ModelConfig) ->
         if mc.attn_sinks:
             raise ModelLoadError(f"{mc.architecture}: attention sinks are not supported by the Triton attention; "
                                  "use attention_backend='torch'")
-        if mc.kv_groups.hybrid:
-            raise ModelLoadError(f"{mc.architecture}: local and global layers (one block table per layer group) "
-                                 "are not supported by the Triton attention yet; use attention_backend='torch'")
         return TritonAttention(cache, heads, mc.layer_windows), TritonOps(cache, ropes, heads, mc.rms_norm_eps)
     if backend == "native":
         kernels = NativeKernels.load()
@@ -195,7 +192,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         from traceless.runner.cuda_graphs import DecodeGraphs, capture_sizes
 
         graphs = DecodeGraphs(model, capture_sizes(cfg.max_num_seqs), cfg.block_size, max_model_len, device,
-                              mc.attention_scale)
+                              mc.attention_scale, groups.num_groups)
         capture_s, num_graphs = graphs.capture(), len(graphs.sizes)
         runner.graphs = graphs
     if device.type == "cuda":
