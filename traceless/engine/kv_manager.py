@@ -118,10 +118,9 @@ class KVCacheManager:
         for g, f in enumerate(found):
             if not self.windows[g]:
                 n = min(n, next((i for i, b in enumerate(f) if b is None), len(f)))
-        windowed = [f for g, f in enumerate(found) if self.windows[g]]
+        windowed = [g for g in range(self.num_groups) if self.windows[g]]
         while n > 0:  # a windowed group needs only [dead, n): try shorter hits until one fits
-            if all(all(b is not None for b in f[self._dead_blocks(g, n * self.block_size):n])
-                   for g, f in zip((g for g in range(self.num_groups) if self.windows[g]), windowed)):
+            if all(None not in found[g][self._dead_blocks(g, n * self.block_size):n] for g in windowed):
                 return n
             n -= 1
         return 0
@@ -261,6 +260,11 @@ class KVCacheManager:
         owned = self._blocks.get(request_id) or []
         groups = owned if group is None else owned[group:group + 1]
         return sum(1 for own in groups for b in own if b is not None)
+
+    def live_blocks_by_group(self) -> list[int]:
+        """Blocks the requests hold now in each group (all requests together)."""
+        return [sum(1 for owned in self._blocks.values() for b in owned[g] if b is not None)
+                for g in range(self.num_groups)]
 
     def num_owners(self) -> int:
         return len(self._blocks)

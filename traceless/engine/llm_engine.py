@@ -246,6 +246,11 @@ class LLMEngine:
     def kv_usage(self) -> float:
         return self._kv.pool.usage()
 
+    def kv_group_blocks(self) -> list[int]:
+        """KV blocks the requests hold now, per KV group (ModelInfo.kv_windows gives each group's
+        window): a windowed group's count stays near its window however long the requests grow."""
+        return self._kv.live_blocks_by_group()
+
     @property
     def num_kv_blocks(self) -> int:
         return self._kv_memory.num_blocks

@@ -62,8 +62,14 @@ def check_blocks(num_blocks: int, max_model_len: int, block_size: int, windows: 
     """Refuse a cache in which one sequence of max_model_len tokens does not fit (chunk: the most
     new tokens of a step, what a windowed group holds beyond its window)."""
     need = group_blocks(max_model_len, 1, block_size, windows, chunk) + 1  # + the null block
-    if num_blocks < need:
+    if num_blocks < need and len(windows) == 1:
         raise ValueError(
             f"the KV cache holds {max(num_blocks - 1, 0) * block_size} tokens, fewer than max_model_len="
             f"{max_model_len}: give a larger --kv-cache-memory or a smaller --max-model-len"
+        )
+    if num_blocks < need:
+        raise ValueError(
+            f"the KV cache holds {max(num_blocks - 1, 0)} blocks, fewer than the {need - 1} that one sequence of "
+            f"max_model_len={max_model_len} tokens takes in the model's {len(windows)} KV groups: give a larger "
+            "--kv-cache-memory or a smaller --max-model-len"
         )

@@ -88,7 +88,7 @@ def _ids_needles(ids: list[int]) -> list[Needle]:
 
 
 def kv_needles(cache, blocks: list[int], rows: int = 4) -> list[Needle]:
-    """K and V rows of the first `rows` nonzero token slots of `blocks`, layers 0 and last, head 0,
+    """K and V rows of the first `rows` nonzero token slots of `blocks`, layer slots 0 and last, head 0,
     contiguous as a temporary holds them (K: post-RoPE row; V: row)."""
     out = []
     elem = cache.k.element_size()
