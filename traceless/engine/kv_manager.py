@@ -77,6 +77,7 @@ class KVCacheManager:
         self.cache = cache or PrefixCacheConfig(CacheMode.OFF)
         self.offloader = offloader
         self.windows = tuple(windows)
+        self._windowed = tuple(g for g, w in enumerate(self.windows) if w)  # the groups that free blocks
         # per request, per group: its blocks (None: freed out of the window)
         self._blocks: dict[str, list[list[KVBlock | None]]] = {}
         self._hashes: dict[str, list[bytes]] = {}  # hash chain of the request's cached leading blocks
@@ -118,9 +119,8 @@ class KVCacheManager:
         for g, f in enumerate(found):
             if not self.windows[g]:
                 n = min(n, next((i for i, b in enumerate(f) if b is None), len(f)))
-        windowed = [g for g in range(self.num_groups) if self.windows[g]]
         while n > 0:  # a windowed group needs only [dead, n): try shorter hits until one fits
-            if all(None not in found[g][self._dead_blocks(g, n * self.block_size):n] for g in windowed):
+            if all(None not in found[g][self._dead_blocks(g, n * self.block_size):n] for g in self._windowed):
                 return n
             n -= 1
         return 0
@@ -129,10 +129,13 @@ class KVCacheManager:
         """Reference the hit's blocks (for a request that starts now) and allocate every group's
         blocks for num_new_tokens more tokens after them; False (nothing taken) if the pool is short."""
         rid = request.request_id
-        owned = self._blocks.get(rid) or [[] for _ in self.windows]
+        existing = self._blocks.get(rid)
+        owned = existing or [[] for _ in self.windows]
         n_hit = hit.num_blocks if hit is not None else 0
         start = request.num_computed_tokens + n_hit * self.block_size
         total = blocks_for(start + num_new_tokens, self.block_size)
+        if existing and total <= len(existing[0]):  # (every group's table is as long): nothing to take
+            return True
         # per group, new entries [len(owned), total): None below the window, then hits, then new blocks
         plans: list[tuple[int, list[KVBlock], int]] = []  # per group: (entries left None, hits, new blocks)
         for g, own in enumerate(owned):
@@ -188,11 +191,12 @@ class KVCacheManager:
     def free_out_of_window(self, request: Request) -> int:
         """Free the request's blocks that no later query reads (windowed groups); how many."""
         owned = self._blocks.get(request.request_id)
-        if not owned:
+        if not owned or not self._windowed:
             return 0
         live = self._live_from[request.request_id]
         out: list[KVBlock] = []
-        for g, own in enumerate(owned):
+        for g in self._windowed:
+            own = owned[g]
             dead = min(self._dead_blocks(g, request.num_computed_tokens), len(own))
             if dead > live[g]:
                 out += [b for b in own[live[g]:dead] if b is not None]
@@ -253,6 +257,8 @@ class KVCacheManager:
 
     def group_tables(self, request_id: str) -> tuple[tuple[int, ...], ...]:
         """The block tables of groups 1.. (the plan's ScheduledSeq.group_tables)."""
+        if self.num_groups == 1:
+            return ()
         return tuple(tuple(self.block_ids(request_id, g)) for g in range(1, self.num_groups))
 
     def num_live_blocks(self, request_id: str, group: int | None = None) -> int:
