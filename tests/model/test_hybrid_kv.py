@@ -110,3 +110,16 @@ def test_speculative_decoding_writes_and_reads_every_groups_blocks(gemma3_dir, m
     assert ours(llm, prompts, 20, batched=True) == want
     assert llm.engine.spec_stats.proposed > 0
     llm.engine.check_integrity()
+
+
+def test_async_scheduling_runs_ahead_across_the_window_edge(gemma3_dir):
+    """Steps launched before the last one's tokens are read allocate every group's blocks ahead and
+    free the local ones after: greedy output unchanged."""
+    rng = random.Random("ahead")
+    prompts = [[rng.randrange(3, 384) for _ in range(n)] for n in (20, 33, 47)]
+    hf = hf_model(gemma3_dir)
+    want = [hf_greedy(hf, p, 30) for p in prompts]
+    llm = LLM(str(gemma3_dir), dtype="float32", block_size=4, kv_cache_memory=400 * _block_bytes(gemma3_dir, 4),
+              max_model_len=128, async_scheduling=True)
+    assert ours(llm, prompts, 30, batched=True) == want
+    llm.engine.check_integrity()
