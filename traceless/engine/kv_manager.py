@@ -51,6 +51,16 @@ def _group_key(block_hash: bytes, group: int) -> bytes:
     return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
 
 
+def _last_missing(found: list[KVBlock | None]) -> list[int]:
+    """out[i]: the last index j < i with found[j] None, -1 when none (len(found) + 1 entries)."""
+    out, last = [-1], -1
+    for j, b in enumerate(found):
+        if b is None:
+            last = j
+        out.append(last)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixHit:
     """The request's leading full blocks whose KV is cached: per group, the cached block of each
@@ -119,11 +129,12 @@ class KVCacheManager:
         for g, f in enumerate(found):
             if not self.windows[g]:
                 n = min(n, next((i for i, b in enumerate(f) if b is None), len(f)))
-        while n > 0:  # a windowed group needs only [dead, n): try shorter hits until one fits
-            if all(None not in found[g][self._dead_blocks(g, n * self.block_size):n] for g in self._windowed):
-                return n
+        # a windowed group needs only blocks [dead, n): the last block it lacks below n must lie below
+        # dead. missing[g][i]: the last index < i whose block group g lacks (-1: none).
+        missing = {g: _last_missing(found[g]) for g in self._windowed}
+        while n > 0 and any(missing[g][n] >= self._dead_blocks(g, n * self.block_size) for g in self._windowed):
             n -= 1
-        return 0
+        return n
 
     def allocate_slots(self, request: Request, num_new_tokens: int, hit: PrefixHit | None = None) -> bool:
         """Reference the hit's blocks (for a request that starts now) and allocate every group's
