@@ -115,7 +115,7 @@ class KVCacheManager:
         tokens = request.token_ids(0, request.num_tokens)
         chain = block_hashes(self.cache, tokens, request.domain, self.block_size, parent=_root(request))
         chain = chain[: (request.num_tokens - 1) // self.block_size]
-        found = [[self.pool.lookup(_group_key(h, g), chunk) for h, chunk in chain] for g in range(self.num_groups)]
+        found = self._lookup(chain)
         n = self._hit_length(found)
         if n == 0:
             return None
@@ -123,12 +123,25 @@ class KVCacheManager:
                        for g, f in enumerate(found))
         return PrefixHit(blocks, tuple(h for h, _ in chain[:n]))
 
+    def _lookup(self, chain: list[tuple[bytes, tuple[int, ...]]]) -> list[list[KVBlock | None]]:
+        """Per group, its cached block of each chained hash (None where it has none): a global group's
+        run up to its first miss, a windowed group's up to the shortest global run so far."""
+        found: list[list[KVBlock | None]] = []
+        limit = len(chain)
+        for g, w in enumerate(self.windows):
+            f: list[KVBlock | None] = []
+            for h, chunk in chain[:limit]:
+                block = self.pool.lookup(_group_key(h, g), chunk)
+                if block is None and not w:
+                    break
+                f.append(block)
+            limit = limit if w else len(f)
+            found.append(f)
+        return found
+
     def _hit_length(self, found: list[list[KVBlock | None]]) -> int:
         """The most leading blocks n such that every group has the blocks it reads at n * block_size."""
-        n = len(found[0]) if found else 0
-        for g, f in enumerate(found):
-            if not self.windows[g]:
-                n = min(n, next((i for i, b in enumerate(f) if b is None), len(f)))
+        n = min(len(f) for f in found)
         # a windowed group needs only blocks [dead, n): the last block it lacks below n must lie below
         # dead. missing[g][i]: the last index < i whose block group g lacks (-1: none).
         missing = {g: _last_missing(found[g]) for g in self._windowed}
