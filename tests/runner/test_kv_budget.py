@@ -60,3 +60,13 @@ def test_windowed_kv_groups_are_counted_at_their_window():
     check_blocks(64 + 2 * 7 + 1, 1024, 16, (0, 32, 32), 64)
     with pytest.raises(ValueError, match="3 KV groups"):
         check_blocks(64 + 2 * 7, 1024, 16, (0, 32, 32), 64)
+
+
+def test_the_cuda_profiling_step_gives_every_kv_group_its_own_blocks():
+    from traceless.runner.gpu_memory import profile_seq
+
+    seq = profile_seq(100, 16, 3, 8)  # 7 blocks per group; the profiling cache has 3 x 7 + 1
+    tables = [seq.table, *seq.group_tables]
+    assert [len(t) for t in tables] == [7, 7, 7] and len(seq.token_ids) == 100 and seq.num_logits == 8
+    ids = [b for t in tables for b in t]
+    assert sorted(ids) == list(range(1, 22))  # distinct, never the null block, inside the cache
