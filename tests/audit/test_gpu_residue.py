@@ -21,13 +21,21 @@ def test_search_finds_planted_needles_at_aligned_offsets_only():
     assert search(pool, [ids, row], slice_bytes=2**20) == {"token_ids": 3, "k_row": 2}
 
 
-@pytest.fixture
-def tiny_dummy_dir(tmp_path):
+GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 16,
+          "num_hidden_layers": 6, "sliding_window": 32, "query_pre_attn_scalar": 16,
+          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+
+
+@pytest.fixture(params=["llama", "gemma3"])
+def tiny_dummy_dir(tmp_path, request):
+    """A Llama shape, and a Gemma 3 one (local layers with a 32-token window: their own KV groups,
+    whose blocks behind the window are freed while a canary runs)."""
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps({
+    config = {
         "architectures": ["LlamaForCausalLM"], "vocab_size": 48000, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}))
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+    (tmp_path / "config.json").write_text(json.dumps(config | (GEMMA3 if request.param == "gemma3" else {})))
     return tmp_path
 
 

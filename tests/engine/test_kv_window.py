@@ -1,4 +1,5 @@
 """Sliding-window block freeing in the KV manager: exact block ids, no torch, no model."""
+from tests.support.fake_offload import FakeOffload
 from traceless.engine.block_pool import NULL_BLOCK_ID, BlockPool
 from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
@@ -12,7 +13,8 @@ BS, WINDOW = 4, 8
 
 def setup(window=WINDOW, mode=CacheMode.OFF, num_blocks=64, offloader=None):
     zeroed: list[int] = []
-    kv = KVCacheManager(BlockPool(num_blocks, zeroed.extend), BS, PrefixCacheConfig(mode), offloader, window)
+    kv = KVCacheManager(BlockPool(num_blocks, zeroed.extend), BS, PrefixCacheConfig(mode), offloader,
+                        (window or 0,))
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16), kv)
     return sched, kv, zeroed
 
@@ -75,28 +77,6 @@ def test_a_prefix_hit_references_only_the_blocks_inside_its_window():
     assert table[:8] == [NULL_BLOCK_ID] * 8  # keys 0..31: below the window of position 40
     assert NULL_BLOCK_ID not in table[8:] and kv.num_live_blocks("b") == 3
     assert sum(1 for b in kv.pool.blocks if b.ref_cnt) == 3
-
-
-class FakeOffload:
-    def __init__(self):
-        self.saved: dict[str, list[int]] = {}
-        self.restored: dict[str, list[int]] = {}
-
-    def save(self, rid, ids):
-        self.saved[rid] = list(ids)
-
-    def restore(self, rid, ids):
-        self.restored[rid] = list(ids)
-        self.saved.pop(rid)
-
-    def discard(self, rid):
-        self.saved.pop(rid, None)
-
-    def is_swapped(self, rid):
-        return rid in self.saved
-
-    def num_swapped(self):
-        return len(self.saved)
 
 
 def test_swapping_seals_and_restores_only_the_live_blocks():

@@ -62,9 +62,11 @@ def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
     prompts = [base + t for t in tails]
     want_base = hf_greedy(hf, base, 16)
     want = [hf_greedy(hf, p, 16) for p in prompts]
-    block_bytes = 2 * 4 * _kv_elements(path) * 4  # K and V of 4 tokens, float32
-    # 40 blocks of 4 tokens: too few for the five at once, except with the window's freeing
-    llm = LLM(str(path), dtype="float32", block_size=4, kv_cache_memory=40 * block_bytes,
+    # 40 blocks of 4 tokens: too few for the five at once, except with the window's freeing. Gemma 3's
+    # blocks hold one layer each (a block table per layer group): 60 of them, too few for the five
+    # global tables alone
+    blocks = 60 if name == "gemma3" else 40
+    llm = LLM(str(path), dtype="float32", block_size=4, kv_cache_memory=blocks * _block_bytes(path),
               max_num_batched_tokens=32, prefix_cache="global", max_model_len=100)
     assert ours(llm, [base], 16, batched=False) == [want_base]
     assert llm.engine.cached_prefix_len(base + tails[0]) > 0
@@ -76,13 +78,15 @@ def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
     llm.engine.check_integrity()
 
 
-def _kv_elements(path) -> int:
-    """K (or V) elements per token over all layers of a tiny model directory."""
+def _block_bytes(path) -> int:
+    """K and V of one 4-token float32 block of a tiny model directory's KV cache."""
+    import torch
+
     from traceless.model.hf_config import from_hf_config
     from traceless.model.hf_loader import read_json
+    from traceless.model.layers.kv_cache import block_bytes
 
-    c = from_hf_config(read_json(path / "config.json"))
-    return c.num_layers * c.num_kv_heads * c.head_dim
+    return block_bytes(from_hf_config(read_json(path / "config.json")), 4, torch.float32)
 
 
 def test_gemma3_multimodal_checkpoint_runs_its_text_model(family_dirs, tmp_path):

@@ -75,8 +75,10 @@ def test_gpt_oss_preemption_and_prefix_hits_match_transformers(gpt_oss_dir):
     prompts = [base + t for t in _prompts("gpt-oss-tails", (3, 20, 28, 9, 30))]
     want = [hf_greedy(hf, p, 16) for p in prompts]
     config = json.loads((gpt_oss_dir / "config.json").read_text())
-    block_bytes = 2 * 4 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
-    llm = LLM(str(gpt_oss_dir), dtype="float32", block_size=4, kv_cache_memory=40 * block_bytes,
+    # windowed and full layers alternate: a block holds one layer of each group (two groups of
+    # two); 60 blocks are too few for the five requests' full-attention tables alone
+    block_bytes = 2 * 4 * (config["num_hidden_layers"] // 2) * config["num_key_value_heads"] * config["head_dim"] * 4
+    llm = LLM(str(gpt_oss_dir), dtype="float32", block_size=4, kv_cache_memory=60 * block_bytes,
               max_num_batched_tokens=32, prefix_cache="global", max_model_len=100)
     assert ours(llm, prompts, 16, batched=True) == want
     assert llm.engine.kv_stats().preemptions > 0

@@ -48,3 +48,25 @@ def test_an_engine_says_how_big_its_cache_is_and_why(tiny_llama_dir, captured_ev
     assert ready["kv_sized_by"] == "max_model_len"
     with pytest.raises(ValueError, match="CUDA devices only"):
         LLM(str(tiny_llama_dir), dtype="float32", device="cpu", gpu_memory_utilization=0.5)
+
+
+def test_windowed_kv_groups_are_counted_at_their_window():
+    """One global and two local groups (window 32): a local group's sequence holds its window and a
+    64-token chunk (6 blocks of 16) and one more, not the whole context."""
+    block = 16 * 2**10
+    cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=16)
+    budget = kv_budget(cfg, 1024, block, windows=(0, 32, 32))
+    assert budget.num_blocks == 64 + 2 * 4 * 7 + 1  # global: 1024 tokens; local: 4 sequences x 7
+    check_blocks(64 + 2 * 7 + 1, 1024, 16, (0, 32, 32), 64)
+    with pytest.raises(ValueError, match="3 KV groups"):
+        check_blocks(64 + 2 * 7, 1024, 16, (0, 32, 32), 64)
+
+
+def test_the_cuda_profiling_step_gives_every_kv_group_its_own_blocks():
+    from traceless.runner.gpu_memory import profile_seq
+
+    seq = profile_seq(100, 16, 3, 8)  # 7 blocks per group; the profiling cache has 3 x 7 + 1
+    tables = [seq.table, *seq.group_tables]
+    assert [len(t) for t in tables] == [7, 7, 7] and len(seq.token_ids) == 100 and seq.num_logits == 8
+    ids = [b for t in tables for b in t]
+    assert sorted(ids) == list(range(1, 22))  # distinct, never the null block, inside the cache

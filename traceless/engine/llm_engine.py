@@ -95,7 +95,8 @@ class LLMEngine:
         self._cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
                                                self._public_prefixes(config.public_prefixes))
         pool = BlockPool(parts.kv_memory.num_blocks, parts.kv_memory.zero_blocks)
-        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload, parts.model.kv_window)
+        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload,
+                                  parts.model.kv_windows)
         self._last_expiry = 0.0
         spec = SpeculativeConfig(SpecMode(config.speculative), config.num_speculative_tokens,
                                  config.ngram_min, config.ngram_max)
@@ -245,6 +246,11 @@ class LLMEngine:
     def kv_usage(self) -> float:
         return self._kv.pool.usage()
 
+    def kv_group_blocks(self) -> list[int]:
+        """KV blocks the requests hold now, per KV group (ModelInfo.kv_windows gives each group's
+        window): a windowed group's count stays near its window however long the requests grow."""
+        return self._kv.live_blocks_by_group()
+
     @property
     def num_kv_blocks(self) -> int:
         return self._kv_memory.num_blocks
@@ -265,7 +271,8 @@ class LLMEngine:
         limit = self._scheduler.config.long_context_from
         probe.long_context = limit is not None and len(token_ids) > limit
         try:
-            return len(self._kv.computed_blocks(probe)) * self.config.block_size
+            hit = self._kv.prefix_hit(probe)
+            return hit.num_blocks * self.config.block_size if hit is not None else 0
         finally:
             probe.wipe()
 

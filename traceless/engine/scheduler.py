@@ -128,7 +128,7 @@ class Scheduler:
             if n <= 0:
                 continue
             budget -= n
-            need += max(0, -(-(start + n) // self.kv.block_size) - self.kv.num_blocks(request.request_id))
+            need += self.kv.blocks_to_reach(request.request_id, start + n)
         return need <= self.kv.pool.num_free_blocks
 
     def schedule(self) -> SchedulerOutput:
@@ -182,10 +182,10 @@ class Scheduler:
             # its own KV back instead. A request asking for prompt logprobs takes no cached blocks:
             # it needs the logits of every prompt position, so it computes them all.
             fresh = request.num_computed_tokens == 0 and not swapped and request.params.prompt_logprobs is None
-            computed = self.kv.computed_blocks(request) if fresh else []
-            cached = len(computed) * self.kv.block_size
+            hit = self.kv.prefix_hit(request) if fresh else None
+            cached = hit.num_blocks * self.kv.block_size if hit is not None else 0
             n = min(request.num_tokens - request.num_computed_tokens - cached, budget)
-            if not self.kv.allocate_slots(request, n, computed):
+            if not self.kv.allocate_slots(request, n, hit):
                 break
             if swapped and not self._swap_in(request):
                 continue
@@ -251,6 +251,7 @@ class Scheduler:
         return ScheduledSeq(
             request_id=r.request_id,
             block_table=tuple(self.kv.block_ids(r.request_id)),
+            group_tables=self.kv.group_tables(r.request_id),
             start=start,
             token_ids=known + [0] * on_device,
             draft_token_ids=own,

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 class ScheduledSeq:
     """One request's share of a step.
 
-    Positions [start, start + len(token_ids) + num_drafts) are computed, K/V through block_table:
+    Positions [start, start + len(token_ids) + num_drafts) are computed, K/V through block_table
+    (KV group 0's; a model with local and global layers has more groups: group_tables holds
+    groups 1.., see model/kv_groups.py):
 
         token_ids    known tokens (a prefill chunk, or the last sampled token when decoding)
         drafts       the request's own drafts (prompt lookup), verified after token_ids; or, when
@@ -53,6 +55,7 @@ class ScheduledSeq:
     # step sampled and the host has not read yet; the runner takes them from the device.
     device_tokens: int = 0
     long_context: bool = False  # LongRoPE: the sequence runs on the long factors (model/rope.py)
+    group_tables: tuple[tuple[int, ...], ...] = ()  # the block tables of KV groups 1..
 
     @property
     def num_drafts(self) -> int:
@@ -126,8 +129,9 @@ class ModelInfo:
     capture_s: float = 0.0  # seconds spent capturing them at start
     kv_cache_bytes: int = 0  # the KV cache's K and V, all blocks
     kv_sizing: str = "kv_cache_memory"  # what sized it: runner/kv_budget.py KVSizing's values
-    # every layer attends to the last kv_window keys only: KV blocks behind it are freed as the request runs
-    kv_window: int | None = None
+    # per KV group (model/kv_groups.py), the keys its layers see behind a query (0: every key): a
+    # group with a window frees the blocks behind it as the request runs
+    kv_windows: tuple[int, ...] = (0,)
     # LongRoPE: a prompt longer than this runs on the long factors from its first token, so its KV
     # differs from a shorter prompt's over the same tokens (the prefix cache keeps them apart)
     long_context_from: int | None = None

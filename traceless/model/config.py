@@ -25,6 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from traceless.errors import UnsupportedModelError
+from traceless.model.kv_groups import KVGroups, kv_groups
 
 if TYPE_CHECKING:
     from traceless.model.fp8.config import Fp8Config
@@ -149,12 +150,10 @@ class ModelConfig:
         return sizes.pop() if sizes else None
 
     @property
-    def kv_window(self) -> int | None:
-        """The window when *every* layer has it: then KV blocks that left it are dead for the whole
-        model and can be freed while the request runs. None when any layer sees every key."""
-        if not self.layer_windows or 0 in self.layer_windows:
-            return None
-        return self.sliding_window
+    def kv_groups(self) -> KVGroups:
+        """Which layers share a block table (model/kv_groups.py): one group of every layer, or
+        groups of local and of global layers, each local group freeing blocks behind its window."""
+        return kv_groups(self.layer_windows, self.num_layers)
 
     def layer_rope(self, layer: int) -> LayerRope:
         if self.window(layer) and self.local_rope_theta is not None:

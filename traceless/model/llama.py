@@ -149,6 +149,7 @@ class LlamaModel:
                             else torch.tensor(c.embed_scale, dtype=self.dtype, device=device))
         self.act = ops.silu_mul if c.activation is Activation.SILU else ops.gelu_tanh_mul
         self.layers = [self._layer(weights, i) for i in range(c.num_layers)]
+        self.kv_group = c.kv_groups.layer_group  # per layer: whose block tables it reads (model/kv_groups.py)
         self.dense_mlps = not all(c.sparse(i) for i in range(c.num_layers))
         self.norm = self._norm(_take(weights, "norm", (H,)))
         head = self.embed if c.tie_word_embeddings else self._dev(_take(weights, "lm_head", (c.vocab_size, H)))
@@ -259,8 +260,9 @@ class LlamaModel:
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) D]
             if layer.q_norm is not None:
                 self._qk_norm(qkv, layer)
-            ops.rope_cache(i, qkv, positions, meta.slots)
-            a = layer.o(self.attention(i, qkv, meta, layer.sinks).view(x.shape[0], -1))  # [T, H]
+            m_i = meta.group(self.kv_group[i])
+            ops.rope_cache(i, qkv, positions, m_i.slots)
+            a = layer.o(self.attention(i, qkv, m_i, layer.sinks).view(x.shape[0], -1))  # [T, H]
             if post is not None and layer.post_attn_norm is not None:
                 ops.add_rms_norm(a, None, layer.post_attn_norm, post)
                 a = post

@@ -8,7 +8,7 @@ Logit rows come in packed order: `order` lists the sequences (indices into the i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,6 +29,7 @@ class SeqInput:
     token_ids: list[int]
     num_logits: int
     rope_shift: int = 0  # added to the positions to index the RoPE table (LongRoPE: model/rope.py)
+    group_tables: tuple[list[int], ...] = ()  # the block tables of KV groups 1.. (model/kv_groups.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,19 +85,34 @@ class BatchBuilder:
             long=self._long_batch(long) if long else None,
             scale=self.scale,
         )
+        if seqs[0].group_tables:
+            meta = replace(meta, groups=tuple(self._group_meta(meta, [seqs[i] for i in order], g, n_short)
+                                              for g in range(len(seqs[0].group_tables))))
         return PackedBatch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
                            torch.tensor(logit_rows, dtype=torch.long, device=dev), order)
+
+    def _group_meta(self, meta: AttentionMetadata, packed: list[SeqInput], g: int, n_short: int) -> AttentionMetadata:
+        """Group g + 1's metadata: meta's, with that group's cache slots and block tables."""
+        bs = self.block_size
+        tables = [s.group_tables[g] for s in packed]
+        blocks = [t[p // bs] for s, t in zip(packed, tables) for p in range(s.start, s.start + len(s.token_ids))]
+        short, long = meta.short, meta.long
+        if short is not None:
+            widths = [-(-(s.start + len(s.token_ids)) // bs) for s in packed[:n_short]]
+            short = replace(short, block_tables=_pad_tables(tables[:n_short], widths, torch.int32, self.device))
+        if long is not None and long.block_tables is not None:
+            widths = [-(-(s.start + len(s.token_ids)) // bs) for s in packed[n_short:]]
+            long = replace(long, block_tables=_pad_tables(tables[n_short:], widths, torch.long, self.device))
+        return replace(meta, slots=(torch.tensor(blocks, device=self.device), meta.slots[1]), short=short, long=long)
 
     def _build_paged(self, seqs: Sequence[SeqInput], staging: PinnedStaging) -> PackedBatch:
         """Rows in input order; one upload of ids, positions, slots, logit rows and tables."""
         bs = self.block_size
         width = max(-(-(s.start + len(s.token_ids)) // bs) for s in seqs)
         layout = Layout(rows=sum(len(s.token_ids) for s in seqs), logits=sum(s.num_logits for s in seqs),
-                        seqs=len(seqs), width=width)
+                        seqs=len(seqs), width=width, groups=1 + len(seqs[0].group_tables))
         v = layout.views(staging.upload(layout, seqs, bs, self.device))
-        paged = PagedBatch(v["tables"], v["cu_q"], v["ctx"], max(len(s.token_ids) for s in seqs))
-        meta = AttentionMetadata(slots=(v["blocks"], v["offsets"]), short=None, long=None, scale=self.scale,
-                                 paged=paged)
+        meta = paged_meta(v, layout.groups, len(seqs), max(len(s.token_ids) for s in seqs), self.scale)
         return PackedBatch(v["ids"], v["positions"], meta, v["logit_rows"], list(range(len(seqs))))
 
     def scrub(self) -> None:
@@ -152,6 +168,21 @@ class BatchBuilder:
             window_mask = ((allowed & (j > start + i - self.window)) & ~padding) | (padding & (j == 0))
             window_mask = window_mask[:, None]
         return LongBatch(B, max_q, fresh, block_tables, row_seq, row_pos, mask[:, None], window_mask)
+
+
+def paged_meta(v: dict[str, torch.Tensor], groups: int, num_seqs: int, max_q: int, scale: float,
+               rows: int | None = None) -> AttentionMetadata:
+    """The Triton path's metadata over a packed buffer's views (step_meta.py), every KV group's;
+    rows: only the first rows (a captured decode batch of that size), else every row."""
+    n = num_seqs
+
+    def group(g: int) -> AttentionMetadata:
+        blocks, tables = v["blocks" if g == 0 else f"blocks{g}"], v["tables" if g == 0 else f"tables{g}"]
+        paged = PagedBatch(tables[:n], v["cu_q"][: n + 1], v["ctx"][:n], max_q)
+        return AttentionMetadata(slots=(blocks[:rows], v["offsets"][:rows]), short=None, long=None, scale=scale,
+                                 paged=paged)
+
+    return replace(group(0), groups=tuple(group(g) for g in range(1, groups)))
 
 
 def _pad_tables(tables: list[list[int]], lengths: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

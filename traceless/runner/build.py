@@ -157,12 +157,14 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     profile = device.type == "cuda" and cfg.kv_cache_memory is None
     bb = block_bytes(mc, cfg.block_size, dtype)
     # On CUDA the cache is sized after a profiling pass on a cache just big enough for it.
-    if profile:
-        num_blocks, sizing = -(-cfg.max_num_batched_tokens // cfg.block_size) + 1, KVSizing.PROFILED
+    groups = mc.kv_groups
+    if profile:  # one step of max_num_batched_tokens tokens, in every group
+        num_blocks = -(-cfg.max_num_batched_tokens // cfg.block_size) * groups.num_groups + 1
+        sizing = KVSizing.PROFILED
     else:
-        budget = kv_budget(cfg, max_model_len, bb)
+        budget = kv_budget(cfg, max_model_len, bb, groups.windows)
         num_blocks, sizing = budget.num_blocks, budget.sizing
-        check_blocks(num_blocks, max_model_len, cfg.block_size)
+        check_blocks(num_blocks, max_model_len, cfg.block_size, groups.windows, cfg.max_num_batched_tokens)
     cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
     ropes = _ropes(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
     attention, ops = _layers(backend, cache, ropes, mc)
@@ -178,14 +180,14 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         from traceless.runner.gpu_memory import kv_blocks_after_profile
 
         num_blocks = kv_blocks_after_profile(runner, cache, cfg, bb)
-        check_blocks(num_blocks, max_model_len, cfg.block_size)
+        check_blocks(num_blocks, max_model_len, cfg.block_size, groups.windows, cfg.max_num_batched_tokens)
         cache.resize(num_blocks)
     capture_s, num_graphs = 0.0, 0
     if device.type == "cuda" and backend == "triton" and not cfg.enforce_eager:
         from traceless.runner.cuda_graphs import DecodeGraphs, capture_sizes
 
         graphs = DecodeGraphs(model, capture_sizes(cfg.max_num_seqs), cfg.block_size, max_model_len, device,
-                              mc.attention_scale)
+                              mc.attention_scale, groups.num_groups)
         capture_s, num_graphs = graphs.capture(), len(graphs.sizes)
         runner.graphs = graphs
     if device.type == "cuda":
@@ -206,7 +208,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
                      attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
-                     kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_window=mc.kv_window,
+                     kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_windows=mc.kv_groups.windows,
                      long_context_from=mc.long_context_from,
                      quantization=Quantization.FP8.value if fp8_checkpoint else quantization.value)
     template = cfg.chat_template

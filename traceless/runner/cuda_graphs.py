@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from traceless.model.layers.attention import AttentionMetadata, PagedBatch
+from traceless.model.layers.attention import AttentionMetadata
 from traceless.model.llama import LlamaModel
-from traceless.runner.batch import SeqInput
+from traceless.runner.batch import SeqInput, paged_meta
 from traceless.runner.step_meta import Layout, PinnedPair, fill_idle
 
 # Contexts longer than this run eagerly: it bounds the captured block tables (vLLM's
@@ -53,12 +53,14 @@ def is_plain_decode(seqs: Sequence[SeqInput]) -> bool:
 
 class DecodeGraphs:
     def __init__(self, model: LlamaModel, sizes: list[int], block_size: int, max_model_len: int,
-                 device: torch.device, scale: float):
+                 device: torch.device, scale: float, kv_groups: int = 1):
+        """kv_groups: the model's KV groups (model/kv_groups.py), each with its own block tables."""
         self.model = model
         self.sizes = sizes
         self.block_size = block_size
         width = -(-min(max_model_len, MAX_CAPTURED_CONTEXT) // block_size)
-        self.layout = Layout(rows=sizes[-1], logits=sizes[-1], seqs=sizes[-1], width=width)
+        self.layout = Layout(rows=sizes[-1], logits=sizes[-1], seqs=sizes[-1], width=width,
+                             groups=kv_groups)
         self.host = PinnedPair(self.layout, pinned=device.type == "cuda")
         idle = torch.zeros(self.layout.size, dtype=torch.int32)
         fill_idle(idle.numpy(), self.layout)
@@ -80,9 +82,7 @@ class DecodeGraphs:
 
     def _meta(self, n: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         v = self._views
-        paged = PagedBatch(v["tables"][:n], v["cu_q"][: n + 1], v["ctx"][:n], 1)
-        meta = AttentionMetadata(slots=(v["blocks"][:n], v["offsets"][:n]), short=None, long=None,
-                                 scale=self.scale, paged=paged)
+        meta = paged_meta(v, self.layout.groups, n, 1, self.scale, rows=n)
         return v["ids"][:n], v["positions"][:n], meta
 
     def _forward(self, n: int) -> torch.Tensor:

@@ -34,6 +34,7 @@ class DraftSeq:
     num_drafts: int
     row: SampleRow  # sampling state before this step
     rope_shift: int = 0  # see SeqInput
+    group_tables: tuple[list[int], ...] = ()  # see SeqInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class DraftProposer:
         for j in range(max(s.num_drafts for s in seqs)):
             active = [i for i, s in enumerate(seqs) if s.num_drafts > j]
             inputs = [SeqInput(seqs[i].table, seqs[i].start + j, [tokens[i][-1] if j else seqs[i].last_token], 1,
-                               seqs[i].rope_shift) for i in active]
+                               seqs[i].rope_shift, seqs[i].group_tables) for i in active]
             batch = self.batcher.build(inputs)
             hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, num_layers=self.num_layers)
             active = [active[k] for k in batch.order]

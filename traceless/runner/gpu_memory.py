@@ -18,13 +18,12 @@ RESERVE_BYTES = 512 * 2**20
 def profile_peak_bytes(runner: ModelRunner, cache: KVCache, cfg: EngineConfig) -> int:
     """Peak bytes allocated by torch during one forward over max_num_batched_tokens tokens (one
     fresh sequence, token id 0 everywhere) and the logits of max_num_seqs rows."""
-    T, bs = cfg.max_num_batched_tokens, cache.block_size
-    table = list(range(1, -(-T // bs) + 1))
-    logit_rows = min(T, cfg.max_num_seqs)
+    T = cfg.max_num_batched_tokens
+    seq = profile_seq(T, cache.block_size, cache.groups.num_groups, min(T, cfg.max_num_seqs))
     torch.cuda.synchronize(runner.device)
     torch.cuda.reset_peak_memory_stats(runner.device)
     with torch.inference_mode():
-        batch = runner.batcher.build([SeqInput(table, 0, [0] * T, logit_rows)])
+        batch = runner.batcher.build([seq])
         hidden = runner.model.forward(batch.input_ids, batch.positions, batch.meta)
         logits = runner.model.logits(hidden[batch.logit_rows])
         logits.softmax(dim=-1).sort(dim=-1)  # what a top-p row costs the sampler
@@ -33,6 +32,14 @@ def profile_peak_bytes(runner: ModelRunner, cache: KVCache, cfg: EngineConfig) -
     peak = torch.cuda.max_memory_allocated(runner.device)
     del batch, hidden, logits
     return peak
+
+
+def profile_seq(num_tokens: int, block_size: int, num_groups: int, logit_rows: int) -> SeqInput:
+    """The profiled step: one fresh sequence of num_tokens tokens, each KV group its own blocks
+    (1.. of the profiling cache, which holds num_groups tables of them)."""
+    n = -(-num_tokens // block_size)
+    tables = [list(range(1 + g * n, 1 + (g + 1) * n)) for g in range(num_groups)]
+    return SeqInput(tables[0], 0, [0] * num_tokens, logit_rows, group_tables=tuple(tables[1:]))
 
 
 def kv_blocks_after_profile(runner: ModelRunner, cache: KVCache, cfg: EngineConfig, block_bytes: int) -> int:

@@ -189,7 +189,8 @@ class ModelRunner:
             if self.drafter is None:
                 raise ValueError("the plan asks for model drafts but this runner has no draft model")
             jobs = [DraftSeq(list(seqs[i].block_table), seqs[i].start, seqs[i].token_ids[-1], seqs[i].model_drafts,
-                             self._sample_row(seqs[i]), self.model.rope_shift(seqs[i].long_context))
+                             self._sample_row(seqs[i]), self.model.rope_shift(seqs[i].long_context),
+                             tuple(list(t) for t in seqs[i].group_tables))
                     for i in spec]
             for i, d in zip(spec, self.drafter.propose(jobs)):
                 out[i] = d
@@ -234,4 +235,5 @@ def _seq_input(seq: ScheduledSeq, drafts: Drafted | None, rope_shift: int) -> Se
     ids = list(seq.token_ids)
     if drafts is not None:
         ids += drafts.token_ids
-    return SeqInput(list(seq.block_table), seq.start, ids, 1 + seq.num_drafts if seq.sample else 0, rope_shift)
+    return SeqInput(list(seq.block_table), seq.start, ids, 1 + seq.num_drafts if seq.sample else 0, rope_shift,
+                    tuple(list(t) for t in seq.group_tables))

@@ -6,6 +6,7 @@ One int32 buffer holds, one after the other (B sequences, T rows, W block-table 
 
     ids [T] | positions [T] | slot blocks [T] | slot offsets [T] | logit rows [R]
     | context lens [B] | cu_q [B + 1] | block tables [B, W]
+    | (KV groups 1..: model/kv_groups.py) slot blocks [T] | block tables [B, W]   per group
 
 each part starting on a 16-byte boundary (the gaps hold zeros).
 
@@ -38,15 +39,19 @@ class Layout:
     logits: int
     seqs: int
     width: int
+    groups: int = 1  # KV groups: groups 1.. have their own slot blocks and block tables
 
     @property
     def offsets(self) -> dict[str, tuple[int, int]]:
         """Each part starts at a multiple of ALIGN elements: a view's address is then 16-byte
         aligned whatever the batch, and Triton, which specializes a kernel on its pointers'
         alignment, compiles one variant, not one per batch composition."""
-        parts = (("ids", self.rows), ("positions", self.rows), ("blocks", self.rows), ("offsets", self.rows),
-                 ("logit_rows", self.logits), ("ctx", self.seqs), ("cu_q", self.seqs + 1),
-                 ("tables", self.seqs * self.width))
+        parts: tuple[tuple[str, int], ...] = (
+            ("ids", self.rows), ("positions", self.rows), ("blocks", self.rows), ("offsets", self.rows),
+            ("logit_rows", self.logits), ("ctx", self.seqs), ("cu_q", self.seqs + 1),
+            ("tables", self.seqs * self.width))
+        for g in range(1, self.groups):
+            parts += ((f"blocks{g}", self.rows), (f"tables{g}", self.seqs * self.width))
         out, at = {}, 0
         for name, n in parts:
             out[name] = (at, at + n)
@@ -55,13 +60,22 @@ class Layout:
 
     @property
     def size(self) -> int:
-        return self.offsets["tables"][1]
+        return self.offsets[_tables(self.groups - 1)][1]
 
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views into a packed buffer (host or device); tables as [seqs, width]."""
         v = {name: buf[a:b] for name, (a, b) in self.offsets.items()}
-        v["tables"] = v["tables"].view(self.seqs, self.width)
+        for g in range(self.groups):
+            v[_tables(g)] = v[_tables(g)].view(self.seqs, self.width)
         return v
+
+
+def _tables(group: int) -> str:
+    return "tables" if group == 0 else f"tables{group}"
+
+
+def _blocks(group: int) -> str:
+    return "blocks" if group == 0 else f"blocks{group}"
 
 
 def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size: int) -> int:
@@ -81,7 +95,7 @@ def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size:
         logit_rows.extend(range(len(ids) - s.num_logits, len(ids)))
         pos = range(s.start, s.start + len(s.token_ids))
         positions.extend(p + s.rope_shift for p in pos)
-        blocks.extend(s.table[p // block_size] for p in pos)
+        blocks.extend(s.table[p // block_size] for p in pos)  # (groups 1..: _fill_group)
         offsets.extend(p % block_size for p in pos)
         ctx.append(s.start + len(s.token_ids))
         cu.append(len(ids))
@@ -95,14 +109,27 @@ def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size:
     host[a : a + len(cu)] = cu
     # padding sequences (a captured batch): one padding row each while rows last, no keys
     host[a + len(cu) : b] = np.minimum(n + np.arange(1, b - a - len(cu) + 1), layout.rows)
-    a, _ = off["tables"]
+    _fill_tables(host, layout, 0, [s.table for s in seqs], seqs, block_size)
+    for g in range(1, layout.groups):
+        tables = [s.group_tables[g - 1] for s in seqs]
+        a, b = off[_blocks(g)]
+        ids = [t[p // block_size] for s, t in zip(seqs, tables) for p in range(s.start, s.start + len(s.token_ids))]
+        host[a : a + len(ids)] = ids
+        host[a + len(ids) : b] = -1
+        _fill_tables(host, layout, g, tables, seqs, block_size)
+    return off[_tables(layout.groups - 1)][0] + len(seqs) * layout.width
+
+
+def _fill_tables(host: np.ndarray, layout: Layout, group: int, tables: Sequence[list[int]],
+                 seqs: Sequence[SeqInput], block_size: int) -> None:
+    """One group's block-table rows of the real sequences (the rest keep the idle image's zeros)."""
+    a, _ = layout.offsets[_tables(group)]
     w = layout.width
-    for i, s in enumerate(seqs):
+    for i, (s, table) in enumerate(zip(seqs, tables)):
         need = -(-(s.start + len(s.token_ids)) // block_size)
         row = host[a + i * w : a + (i + 1) * w]
-        row[:need] = s.table[:need]
+        row[:need] = table[:need]
         row[need:] = 0
-    return a + len(seqs) * w
 
 
 def fill_idle(host: np.ndarray, layout: Layout) -> None:

@@ -28,6 +28,7 @@ from traceless_tools.report.output import finish
 
 CHUNK_BYTES = 256 * 2**20
 SLICE_BYTES = 8 * 2**20
+CHUNK_TOKENS = 128  # the audited engine's max_num_batched_tokens
 _WORD = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -88,7 +89,7 @@ def _ids_needles(ids: list[int]) -> list[Needle]:
 
 
 def kv_needles(cache, blocks: list[int], rows: int = 4) -> list[Needle]:
-    """K and V rows of the first `rows` nonzero token slots of `blocks`, layers 0 and last, head 0,
+    """K and V rows of the first `rows` nonzero token slots of `blocks`, layer slots 0 and last, head 0,
     contiguous as a temporary holds them (K: post-RoPE row; V: row)."""
     out = []
     elem = cache.k.element_size()
@@ -128,13 +129,16 @@ def _kv_budget(cfg: GpuResidueConfig) -> int:
     from traceless.model.dummy import read_dummy_config
     from traceless.model.layers.kv_cache import block_bytes
     from traceless.runner.build import resolve_dtype
+    from traceless.runner.kv_budget import group_blocks
 
     try:
         config = read_dummy_config(Path(cfg.model))
     except (TracelessError, OSError):
         return 64 * 2**20
     per_block = block_bytes(config, 16, resolve_dtype(cfg.dtype, torch.device(cfg.device)))
-    return per_block * ((-(-(cfg.prompt_len + cfg.output_len) // 16)) * 5 // 2 + 1)
+    # one canary's blocks over the model's KV groups (a windowed group's stay near its window)
+    per_canary = group_blocks(cfg.prompt_len + cfg.output_len, 1, 16, config.kv_groups.windows, CHUNK_TOKENS)
+    return per_block * (per_canary * 5 // 2 + 1)
 
 
 def _engine(cfg: GpuResidueConfig):
@@ -144,7 +148,7 @@ def _engine(cfg: GpuResidueConfig):
 
     ec = EngineConfig(model=cfg.model, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
                       kv_cache_memory=_kv_budget(cfg), max_model_len=cfg.prompt_len + cfg.output_len,
-                      prefix_cache="off", max_num_batched_tokens=128, kv_offload="memory", max_num_seqs=8)
+                      prefix_cache="off", max_num_batched_tokens=CHUNK_TOKENS, kv_offload="memory", max_num_seqs=8)
     parts = build_engine_parts(ec)
     graphs = getattr(parts.executor, "graphs", None)
     return LLMEngine(ec, parts), parts.kv_memory, graphs.pool if graphs is not None else None

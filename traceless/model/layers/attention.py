@@ -68,6 +68,13 @@ class AttentionMetadata:
     long: LongBatch | None
     scale: float
     paged: PagedBatch | None = None  # the Triton path: set instead of short and long
+    # KV groups 1.. (model/kv_groups.py): the same step through each group's own block tables
+    # (slots and tables differ, everything else is shared); empty with one group
+    groups: tuple[AttentionMetadata, ...] = ()
+
+    def group(self, g: int) -> AttentionMetadata:
+        """The metadata of KV group g's layers."""
+        return self if g == 0 else self.groups[g - 1]
 
 
 class AttentionLayer(Protocol):
@@ -106,7 +113,7 @@ class PagedAttention:
             n_short = meta.short.num_tokens
             s = meta.short
             self.kernels.paged_attention(PagedAttentionArgs(
-                q[:n_short], self.cache.k[layer], self.cache.v[layer], s.block_tables, s.cu_q, s.context_lens,
+                q[:n_short], self.cache.k_of(layer), self.cache.v_of(layer), s.block_tables, s.cu_q, s.context_lens,
                 out[:n_short], meta.scale, self._window(layer), self.softcap, sinks,
             ))
         if meta.long is not None:
@@ -170,8 +177,8 @@ class PagedAttention:
     def _gather(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Context K/V of each sequence through its block table -> [B, H_kv, blocks * bs, D]."""
         B, nblk = tables.shape
-        k = self.cache.k[layer][tables]  # [B, nblk, H_kv, D, bs]
-        v = self.cache.v[layer][tables]  # [B, nblk, H_kv, bs, D]
+        k = self.cache.k_of(layer)[tables]  # [B, nblk, H_kv, D, bs]
+        v = self.cache.v_of(layer)[tables]  # [B, nblk, H_kv, bs, D]
         H, D, bs = k.shape[2], k.shape[3], k.shape[4]
         k = k.permute(0, 2, 1, 4, 3).reshape(B, H, nblk * bs, D)
         v = v.permute(0, 2, 1, 3, 4).reshape(B, H, nblk * bs, D)

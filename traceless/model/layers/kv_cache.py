@@ -1,9 +1,11 @@
 """The paged KV cache tensors, sized from a memory budget.
 
 Layout (see csrc/kernels.c for why K is transposed):
-    k: [num_layers, num_blocks, num_kv_heads, head_dim, block_size]
-    v: [num_layers, num_blocks, num_kv_heads, block_size, head_dim]
-Slot s of the cache is token (s % block_size) of block (s // block_size).
+    k: [num_slots, num_blocks, num_kv_heads, head_dim, block_size]
+    v: [num_slots, num_blocks, num_kv_heads, block_size, head_dim]
+Slot s of a block is token (s % block_size) of block (s // block_size). The first dimension holds
+one layer per slot: every layer for a model of one attention kind; with local and global layers,
+the layers of one KV group (model/kv_groups.py), whose block table says which blocks are its own.
 """
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ from traceless.model.config import ModelConfig
 
 
 def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return config.kv_bytes_per_token * block_size * torch.empty((), dtype=dtype).element_size()
+    """K and V of one block: block_size tokens of every layer slot."""
+    per_token = 2 * config.kv_groups.num_slots * config.num_kv_heads * config.head_dim
+    return per_token * block_size * torch.empty((), dtype=dtype).element_size()
 
 
 class KVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
-        L, H, D = config.num_layers, config.num_kv_heads, config.head_dim
+        self.groups = config.kv_groups
+        L, H, D = self.groups.num_slots, config.num_kv_heads, config.head_dim
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.k = torch.zeros(L, num_blocks, H, D, block_size, dtype=dtype, device=device)
@@ -55,12 +60,20 @@ class KVCache:
         self.v = torch.zeros(L, num_blocks, H, bs, D, dtype=dtype, device=device)
         self.num_blocks = num_blocks
 
+    def k_of(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s K: [num_blocks, kv_heads, head_dim, block_size] (its group's blocks hold it)."""
+        return self.k[self.groups.layer_slot[layer]]
+
+    def v_of(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s V: [num_blocks, kv_heads, block_size, head_dim]."""
+        return self.v[self.groups.layer_slot[layer]]
+
     def write(self, layer: int, slots: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
         """Store this step's keys and values. slots = (block ids, offsets), each [T]; k, v: [T, H, D]."""
         self.flush()
         blocks, offsets = slots
-        self.k[layer][blocks, :, :, offsets] = k
-        self.v[layer][blocks, :, offsets] = v
+        self.k_of(layer)[blocks, :, :, offsets] = k
+        self.v_of(layer)[blocks, :, offsets] = v
 
     def zero_blocks(self, block_ids: list[int]) -> None:
         if self._deferred:

@@ -106,4 +106,4 @@ class NativeOps:
             rope_cache_torch(self.cache, rope, self.heads, layer, qkv, positions, slots)
             return
         self.k.rope_cache(qkv, self.heads, rope.cos32, rope.sin32, positions, slots,
-                          self.cache.k[layer], self.cache.v[layer])
+                          self.cache.k_of(layer), self.cache.v_of(layer))

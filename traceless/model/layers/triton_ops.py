@@ -32,8 +32,8 @@ class TritonOps:
         if not rope.full:
             rope_cache_torch(self.cache, rope, self.heads, layer, qkv, positions, slots)
             return
-        tk.rope_cache(qkv, self.heads, rope.cos32, rope.sin32, positions, slots, self.cache.k[layer],
-                      self.cache.v[layer])
+        tk.rope_cache(qkv, self.heads, rope.cos32, rope.sin32, positions, slots, self.cache.k_of(layer),
+                      self.cache.v_of(layer))
 
 
 class TritonAttention:
@@ -60,7 +60,7 @@ class TritonAttention:
         T = qkv.shape[0]
         q = qkv[:, : nh * d].view(T, nh, d)  # strided view: no copy
         out = q.new_empty(T, nh, d)  # every row is written (padding rows of a captured batch: zeros)
-        tk.paged_attention(q, self.cache.k[layer], self.cache.v[layer], out, pb.block_tables, pb.cu_q,
+        tk.paged_attention(q, self.cache.k_of(layer), self.cache.v_of(layer), out, pb.block_tables, pb.cu_q,
                            pb.context_lens, meta.scale, pb.max_q, self.num_sms,
                            self.windows[layer] if self.windows else 0, sinks, self.softcap)
         return out
