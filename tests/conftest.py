@@ -183,6 +183,7 @@ class ExecutorSpy:
         return self.real.num_held()
 
     def scrub_workers(self):
+        self.scrubs = getattr(self, "scrubs", 0) + 1
         self.real.scrub_workers()
 
 

@@ -1,20 +1,23 @@
 """What the CPU kernels computed from a request on the OpenMP worker threads' stacks (tiles of
-matmul results, spilled registers) is cleared: by `scrub_pool_stacks`, and by the engine thread's
-idle work after every quiet spell.
+matmul results, spilled registers) is cleared: by `scrub_pool_stacks`, which the engine thread's
+idle work runs after every quiet spell.
 
-Method: a worker's stack is read through /proc/self/mem in 64-byte lines. Its idle frames (the
-worker waiting for the next parallel region) are the lines at the top that are non-zero before any
-kernel ran; the lines below them that a quantized matmul made non-zero are what the kernel left.
-Each must read zero after the scrub."""
+Method: a worker's stack is read through /proc/self/mem in 64-byte lines. After a scrub (the
+baseline) the worker idles in the OpenMP runtime, whose wait frames at the top of its stack change
+a little from one region to the next: the lines a trivial parallel region changes mark how deep
+that noise reaches. The lines below it that a quantized matmul changed are what the kernel left;
+after a second scrub each must read as in the baseline again."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import numpy as np
 import pytest
 import torch
 
+from tests.conftest import ExecutorSpy
 from tests.support.ggml_raw import random_tensor
 from traceless.model.layers.kernels import NativeKernels
 from traceless.model.layers.qkernels import QuantKernels
@@ -33,24 +36,29 @@ def _lines(bounds: tuple[int, int]) -> list[bytes]:
     return [data[i - LINE:i] for i in range(len(data), 0, -LINE)]
 
 
-def _idle_depth(lines: list[bytes]) -> int:
-    """Lines from the top down to the deepest non-zero one (the idle worker's live frames)."""
-    return max((i + 1 for i, ln in enumerate(lines) if any(ln)), default=0)
-
-
 class Workers:
-    """The calling thread's OpenMP workers (thread 0, the caller, left out), read before and after."""
+    """The calling thread's OpenMP workers (thread 0, the caller, left out), scrubbed and read."""
 
     def __init__(self, kernels: NativeKernels):
         self.kernels = kernels
         self.bounds = kernels.pool_stack_bounds()[1:]
         assert self.bounds, "needs an OpenMP team of at least two threads"
-        fresh = [_lines(b) for b in self.bounds]
-        self.depth = [_idle_depth(f) for f in fresh]
+        kernels.scrub_pool_stacks()
+        self.baseline = self.read()
+        kernels.pool_stack_bounds()  # a trivial region: how deep the runtime's own frames reach
+        self.noise = [max(lines, default=-1) + 1 for lines in self.changed()]
+
+    def read(self) -> list[list[bytes]]:
+        return [_lines(b) for b in self.bounds]
+
+    def changed(self) -> list[list[int]]:
+        """Per worker: the lines that differ from the baseline now."""
+        now = self.read()
+        return [[i for i, (x, y) in enumerate(zip(n, b)) if x != y] for n, b in zip(now, self.baseline)]
 
     def left(self) -> list[list[int]]:
-        """Per worker: the lines below its idle frames that are non-zero now."""
-        return [[i for i, ln in enumerate(_lines(b)) if i >= d and any(ln)] for b, d in zip(self.bounds, self.depth)]
+        """Per worker: the changed lines below the runtime's own frames."""
+        return [[i for i in lines if i >= d] for lines, d in zip(self.changed(), self.noise)]
 
 
 def _quantized_matmul() -> None:
@@ -73,42 +81,35 @@ def test_scrub_clears_what_a_quantized_matmul_left_on_the_workers(two_threads):
     workers = Workers(kernels)
     _quantized_matmul()
     left = workers.left()
-    assert any(left), "the kernel left nothing below the workers' idle frames: nothing to test"
+    assert any(left), "the kernel left nothing below the runtime's frames: nothing to test"
     kernels.scrub_pool_stacks()
-    now = [_lines(b) for b in workers.bounds]
-    after = [[i for i in lines if any(now[w][i])] for w, lines in enumerate(left)]
-    assert after == [[] for _ in left]
+    now = workers.changed()
+    assert [[i for i in lines if i in set(n)] for lines, n in zip(left, now)] == [[] for _ in left]
 
 
-def test_the_engine_clears_its_workers_stacks_when_idle(tiny_llama_dir):
+def test_the_engine_scrubs_its_workers_when_idle(tiny_llama_dir):
+    from traceless import SamplingParams
     from traceless.config import EngineConfig
-    from traceless.entrypoints.build import build_engine
+    from traceless.engine.llm_engine import LLMEngine
+    from traceless.runner.build import build_engine_parts
     from traceless.server.async_engine import AsyncEngine
 
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32",
-                                                   kv_cache_memory=4 * 2**20)))
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=4 * 2**20)
+    parts = build_engine_parts(config)
+    spy = ExecutorSpy(parts.executor)
+    engine = AsyncEngine(LLMEngine(config, dataclasses.replace(parts, executor=spy)))
     idle = threading.Event()
     engine.on_idle(idle.set)
 
-    def dirty(_engine) -> tuple[Workers, list[list[int]]]:
-        torch.set_num_threads(2)  # the engine thread's team
-        workers = Workers(NativeKernels.load())
-        _quantized_matmul()
-        return workers, workers.left()
-
-    def still_left(_engine, workers: Workers, left: list[list[int]]) -> list[list[int]]:
-        now = [_lines(b) for b in workers.bounds]
-        return [[i for i in lines if any(now[w][i])] for w, lines in enumerate(left)]
-
     async def main() -> None:
         engine.start(asyncio.get_running_loop())
-        await asyncio.to_thread(idle.wait, 30)  # the first quiet spell after start
+        await asyncio.to_thread(idle.wait, 30)
         idle.clear()
-        workers, left = await engine.call(dirty)
-        assert any(left)
-        engine.note_activity()  # as a request's end does: the idle work runs again once quiet
+        before = getattr(spy, "scrubs", 0)
+        async for _ in engine.generate("r", [5, 6, 7], SamplingParams(temperature=0, max_tokens=3)):
+            pass
         assert await asyncio.to_thread(idle.wait, 30)
-        assert await engine.call(lambda e: still_left(e, workers, left)) == [[] for _ in left]
+        assert getattr(spy, "scrubs", 0) > before
 
     try:
         asyncio.run(asyncio.wait_for(main(), 90))
