@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from traceless.engine.block_pool import NULL_BLOCK_ID, BlockPool, KVBlock
-from traceless.engine.prefix_cache import LONG_CONTEXT_ROOT, ROOT, CacheMode, PrefixCacheConfig, block_hashes
+from traceless.engine.prefix_cache import LONG_CONTEXT_ROOT, ROOT, PrefixCacheConfig, block_hashes
 from traceless.engine.request import Request
+from traceless.modes import CacheMode
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

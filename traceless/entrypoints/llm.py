@@ -10,6 +10,7 @@ from traceless.config import EngineConfig
 from traceless.engine.llm_engine import LLMEngine, StepOutput
 from traceless.entrypoints.build import build_engine
 from traceless.errors import InvalidRequestError
+from traceless.modes import DType, as_mode
 from traceless.outputs import CompletionOutput, Logprob, RequestOutput
 from traceless.sampling_params import SamplingParams
 
@@ -29,8 +30,9 @@ class _Accumulated:
 class LLM:
     """An engine on one model. `LLM()` loads the built-in default model (SmolLM2-135M-Instruct)."""
 
-    def __init__(self, model: str | None = None, dtype: str = "auto", **engine_options):
-        self.engine = build_engine(EngineConfig(model=model, dtype=dtype, **engine_options))
+    def __init__(self, model: str | None = None, dtype: DType | str = DType.AUTO, **engine_options):
+        """engine_options: EngineConfig's other fields; a mode takes its Enum or its word ("global")."""
+        self.engine = build_engine(EngineConfig(model=model, dtype=as_mode("dtype", DType, dtype), **engine_options))
         self._ids = itertools.count()
 
     @classmethod

@@ -33,12 +33,13 @@ def offload_sizing(model: str | None, node_args: tuple[str, ...]) -> OffloadSizi
     of CONTEXT_TOKENS tokens, and the tmpfs size for their spills."""
     from traceless.cli.engine_args import add_engine_args
     from traceless.model.loader import read_model_config
+    from traceless.modes import DType, as_mode
     from traceless.runner.build import resolve_device, resolve_dtype
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
     opts, _ = parser.parse_known_args(list(node_args))
-    dtype = resolve_dtype(opts.dtype, resolve_device(opts.device))
+    dtype = resolve_dtype(as_mode("dtype", DType, opts.dtype), resolve_device(opts.device))
     per_token = read_model_config(model).kv_bytes_per_token * dtype.itemsize
     blocks = -(-CONTEXT_TOKENS // opts.block_size) + 1  # + the null block
     cache = blocks * opts.block_size * per_token

@@ -20,10 +20,12 @@ the suite runs it. A search is aligned: token ids at 4 or 8 bytes, K/V rows at t
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from traceless.config import EngineConfig
+from traceless.modes import CacheMode, DType, KVOffload, LoadFormat, as_mode
 from traceless_tools.report.output import finish
 
 CHUNK_BYTES = 256 * 2**20
@@ -119,7 +121,7 @@ def take_free_memory(device: torch.device, limit: int | None) -> list[torch.Tens
     return chunks
 
 
-def _kv_budget(cfg: GpuResidueConfig) -> int:
+def _kv_budget(cfg: GpuResidueConfig, ec: EngineConfig) -> int:
     """Room for about two and a half canaries at once, so that the others are preempted (and
     sealed by the KV offload); 64 MiB when the model's shapes are not in a config.json."""
     from pathlib import Path
@@ -133,18 +135,19 @@ def _kv_budget(cfg: GpuResidueConfig) -> int:
         config = read_dummy_config(Path(cfg.model))
     except (TracelessError, OSError):
         return 64 * 2**20
-    per_block = block_bytes(config, 16, resolve_dtype(cfg.dtype, torch.device(cfg.device)))
+    per_block = block_bytes(config, 16, resolve_dtype(ec.dtype, torch.device(cfg.device)))
     return per_block * ((-(-(cfg.prompt_len + cfg.output_len) // 16)) * 5 // 2 + 1)
 
 
 def _engine(cfg: GpuResidueConfig):
-    from traceless.config import EngineConfig
     from traceless.engine.llm_engine import LLMEngine
     from traceless.runner.build import build_engine_parts
 
-    ec = EngineConfig(model=cfg.model, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
-                      kv_cache_memory=_kv_budget(cfg), max_model_len=cfg.prompt_len + cfg.output_len,
-                      prefix_cache="off", max_num_batched_tokens=128, kv_offload="memory", max_num_seqs=8)
+    ec = EngineConfig(model=cfg.model, load_format=as_mode("load_format", LoadFormat, cfg.load_format),
+                      device=cfg.device, dtype=as_mode("dtype", DType, cfg.dtype),
+                      max_model_len=cfg.prompt_len + cfg.output_len, prefix_cache=CacheMode.OFF,
+                      max_num_batched_tokens=128, kv_offload=KVOffload.MEMORY, max_num_seqs=8)
+    ec = replace(ec, kv_cache_memory=_kv_budget(cfg, ec))
     parts = build_engine_parts(ec)
     graphs = getattr(parts.executor, "graphs", None)
     return LLMEngine(ec, parts), parts.kv_memory, graphs.pool if graphs is not None else None
