@@ -40,12 +40,23 @@ def cpu_runs_bf16() -> bool:
 
 
 def resolve_dtype(dtype: DType, device: torch.device) -> torch.dtype:
+    """The dtype asked for, on `device`; what an engine computes in is compute_dtype's answer."""
     if dtype is DType.AUTO:
         # bfloat16 where the hardware runs it (every recent GPU, AVX-512/AMX CPUs); float32 elsewhere
         return torch.bfloat16 if device.type != "cpu" or cpu_runs_bf16() else torch.float32
     if dtype is DType.FLOAT16 and device.type == "cpu":
         raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
     return _DTYPES[dtype]
+
+
+def compute_dtype(cfg: EngineConfig, device: torch.device | None = None) -> torch.dtype:
+    """The dtype an engine of `cfg` computes activations and holds its KV cache in (on `device`,
+    default cfg.device resolved). Weights quantized for the CPU's int8 kernels (a GGUF file's own
+    blocks, which `auto` keeps on the CPU, or q8_0/q4_0) take and give float32 activations;
+    otherwise cfg.dtype, whose `auto` is bfloat16 where the hardware runs it, else float32.
+    The engine sizes its cache by it, and so do the tools that size a cache for one."""
+    device = resolve_device(cfg.device) if device is None else device
+    return torch.float32 if _quantization(cfg, device).cpu_blocks else resolve_dtype(cfg.dtype, device)
 
 
 def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
@@ -151,8 +162,7 @@ def _keep_fp8(cfg: EngineConfig, device: torch.device) -> bool:
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
     quantization = _quantization(cfg, device)
-    # quantized weights: the int8 kernels take and give float32 activations
-    dtype = torch.float32 if quantization.cpu_blocks else resolve_dtype(cfg.dtype, device)
+    dtype = compute_dtype(cfg, device)
     keep_fp8 = _keep_fp8(cfg, device)
     loaded = load_model(cfg.model, dtype, cfg.load_format, device, quantization, keep_fp8)
     mc = loaded.config

@@ -129,13 +129,13 @@ def _kv_budget(cfg: GpuResidueConfig, ec: EngineConfig) -> int:
     from traceless.errors import TracelessError
     from traceless.model.dummy import read_dummy_config
     from traceless.model.layers.kv_cache import block_bytes
-    from traceless.runner.build import resolve_dtype
+    from traceless.runner.build import compute_dtype
 
     try:
         config = read_dummy_config(Path(cfg.model))
     except (TracelessError, OSError):
         return 64 * 2**20
-    per_block = block_bytes(config, 16, resolve_dtype(ec.dtype, torch.device(cfg.device)))
+    per_block = block_bytes(config, 16, compute_dtype(ec))
     return per_block * ((-(-(cfg.prompt_len + cfg.output_len) // 16)) * 5 // 2 + 1)
 
 
