@@ -16,6 +16,7 @@ from tests.support.mxfp4_checkpoint import encode_mxfp4, write_mxfp4_checkpoint
 from traceless import LLM
 from traceless.errors import ModelLoadError
 from traceless.model.mxfp4 import dequantize_mxfp4
+from traceless.modes import AttentionBackend
 
 LENGTHS = (1, 5, 12, 13, 30, 45)  # windows of 8: most prompts reach past them
 
@@ -109,4 +110,4 @@ def test_triton_attention_refuses_sinks(gpt_oss_dir):
     assert mc.attn_sinks and mc.o_bias and mc.layer_windows == (8, 0, 8, 0)
     pytest.importorskip("triton")
     with pytest.raises(ModelLoadError, match="sinks"):
-        build._layers("triton", None, [], mc)  # type: ignore[arg-type]
+        build._layers(AttentionBackend.TRITON, None, [], mc)  # type: ignore[arg-type]
