@@ -15,7 +15,13 @@ from tests.support.families import (
     make_family_model,
     ours,
 )
-from tests.support.family_parity import assert_greedy_parity, random_prompts, shared_prefix_prompts, small_cache_llm
+from tests.support.family_parity import (
+    assert_greedy_parity,
+    random_prompts,
+    shared_prefix_prompts,
+    small_cache_llm,
+    transformers_greedy,
+)
 from traceless import LLM
 
 
@@ -27,10 +33,8 @@ def family_dirs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_matches_transformers(name, family_dirs):
-    path = family_dirs[name]
-    hf = hf_model(path)
     prompts = random_prompts(name, LENGTHS)
-    assert_greedy_parity(path, prompts, [hf_greedy(hf, p, 20) for p in prompts], 20)
+    assert_greedy_parity(family_dirs[name], prompts, transformers_greedy(family_dirs[name], prompts, 20), 20)
 
 
 @pytest.mark.parametrize("name", ["phi3-longrope", "gemma3", "mistral-window"])

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.families import LENGTHS, hf_greedy, hf_model, make_family_model, ours
+from tests.support.families import LENGTHS, make_family_model, ours
 from tests.support.family_parity import (
     assert_greedy_parity,
     assert_preemption_parity,
     assert_same_alone_and_among_strangers,
     random_prompts,
+    transformers_greedy,
 )
 from tests.support.mxfp4_checkpoint import encode_mxfp4, write_mxfp4_checkpoint
 from traceless import LLM
@@ -30,9 +31,8 @@ def gpt_oss_dir(tmp_path_factory):
 
 
 def test_gpt_oss_matches_transformers(gpt_oss_dir):
-    hf = hf_model(gpt_oss_dir)
     prompts = random_prompts("gpt-oss", LENGTHS)
-    want = [hf_greedy(hf, p, 16) for p in prompts]
+    want = transformers_greedy(gpt_oss_dir, prompts, 16)
     assert len({t for w in want for t in w}) > 20  # the model says varied things: a test that can fail
     assert_greedy_parity(gpt_oss_dir, prompts, want, 16)
     llm = LLM(str(gpt_oss_dir), dtype="float32", kv_cache_memory=8 * 2**20, max_num_batched_tokens=24,
@@ -45,8 +45,7 @@ def test_gpt_oss_matches_transformers(gpt_oss_dir):
 def test_mxfp4_experts_are_dequantized_at_load(gpt_oss_dir, tmp_path):
     quantized, reference = write_mxfp4_checkpoint(gpt_oss_dir, tmp_path)
     prompts = random_prompts("mxfp4", (3, 17, 30))
-    hf = hf_model(reference)
-    want = [hf_greedy(hf, p, 12) for p in prompts]
+    want = transformers_greedy(reference, prompts, 12)
     llm = LLM(str(quantized), dtype="float32", kv_cache_memory=8 * 2**20)
     assert ours(llm, prompts, 12, batched=True) == want
     llm.engine.check_integrity()

@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from tests.support.families import LENGTHS, hf_greedy, hf_model, make_family_model
+from tests.support.families import LENGTHS, make_family_model
 from tests.support.family_parity import (
     assert_greedy_parity,
     assert_preemption_parity,
     assert_same_alone_and_among_strangers,
     random_prompts,
+    transformers_greedy,
 )
 from traceless import LLM
 
@@ -44,10 +45,8 @@ def test_the_configs_say_which_layers_are_sparse(moe_dirs):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_moe_family_matches_transformers(name, moe_dirs):
-    path = moe_dirs[name]
-    hf = hf_model(path)
     prompts = random_prompts(name, LENGTHS)
-    assert_greedy_parity(path, prompts, [hf_greedy(hf, p, 16) for p in prompts], 16)
+    assert_greedy_parity(moe_dirs[name], prompts, transformers_greedy(moe_dirs[name], prompts, 16), 16)
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])

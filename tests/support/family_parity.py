@@ -18,6 +18,12 @@ def random_prompts(seed: str, lengths) -> list[list[int]]:
     return [[rng.randrange(3, 384) for _ in range(n)] for n in lengths]
 
 
+def transformers_greedy(path: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """transformers' n greedy tokens for each prompt, on the float32 model of `path`."""
+    hf = hf_model(path)
+    return [hf_greedy(hf, p, n) for p in prompts]
+
+
 def parity_llms(path: Path):
     """(backend, LLM) on the native kernel with blocks of 4 tokens (a window's edge falls inside
     and across blocks) and on the torch path with 16, both under a small token budget: chunked
@@ -62,8 +68,7 @@ def small_cache_llm(path: Path) -> LLM:
 def assert_preemption_parity(path: Path, seed: str) -> None:
     """The shared-prefix prompts through the small cache: transformers' tokens, with preemptions."""
     _, prompts = shared_prefix_prompts(seed)
-    hf = hf_model(path)
-    want = [hf_greedy(hf, p, 16) for p in prompts]
+    want = transformers_greedy(path, prompts, 16)
     llm = small_cache_llm(path)
     assert ours(llm, prompts, 16, batched=True) == want
     assert llm.engine.kv_stats().preemptions > 0
