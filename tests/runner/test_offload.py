@@ -89,3 +89,9 @@ def test_a_failed_decryption_zeroes_its_staging_buffer(tmp_path, monkeypatch, mo
     assert staged and all(not t.any() for t in staged)
     assert torch.equal(cache.k[:, [3, 4]], before_k) and torch.equal(cache.v[:, [3, 4]], before_v)
     assert off.num_swapped() == 0 and not any(entry.key)
+
+
+@pytest.mark.parametrize("mode", [KVOffload.NONE, "disk"])
+def test_an_offloader_needs_a_memory_or_disk_member(tmp_path, mode):
+    with pytest.raises(ValueError, match="memory or disk"):
+        KVOffloader(filled_cache(), mode, tmp_path)

@@ -95,6 +95,8 @@ def load_model(model: str | Path | None, dtype: torch.dtype, load_format: LoadFo
     weight comes in dtype."""
     if load_format is LoadFormat.DUMMY:
         return _load_dummy(model, dtype, device or torch.device("cpu"))
+    if load_format is not LoadFormat.AUTO:
+        raise ValueError("load_format must be LoadFormat.AUTO or LoadFormat.DUMMY")
     path = resolve_model_path(model)
     weights: MutableMapping
     if path.is_dir():

@@ -47,7 +47,7 @@ class _Swapped:
 
 class KVOffloader:
     def __init__(self, cache: KVCache, mode: KVOffload, directory: str | Path | None = None):
-        if mode is KVOffload.NONE:
+        if mode not in (KVOffload.MEMORY, KVOffload.DISK):  # NONE, or not a member at all
             raise ValueError("kv offload mode must be memory or disk")
         self.cache = cache
         self.mode = mode
