@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
-LOAD_FORMATS = ("auto", "dummy")
-PREFIX_CACHE_MODES = ("off", "isolated", "global")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "fp8")
+from traceless.errors import ConfigError
+from traceless.modes import (
+    AttentionBackend,
+    CacheMode,
+    DType,
+    KVOffload,
+    LoadFormat,
+    QuantizationMode,
+    SpecMode,
+    as_mode,
+)
+
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
-SPECULATIVE_MODES = ("off", "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -39,10 +46,13 @@ class EngineConfig:
     dequantized on the CPU; other checkpoints stay dense. "gguf": keep a GGUF file's blocks;
     "q8_0"/"q4_0": quantize a Hugging Face checkpoint at load (CPU); "fp8" (CUDA): quantize a
     checkpoint's layer matrices to FP8 at load, per output channel, activations per token;
-    "none": dense weights in dtype (an FP8 checkpoint dequantized)."""
+    "none": dense weights in dtype (an FP8 checkpoint dequantized).
+    The mode fields (dtype, attention_backend, prefix_cache, kv_offload, speculative, load_format,
+    quantization) hold traceless.modes' Enums; each also takes its value's word ("global"), which
+    is converted on construction; any other value is a ConfigError naming the words allowed."""
 
     model: str | None = None
-    dtype: str = "auto"
+    dtype: DType = DType.AUTO
     device: str = "auto"
     block_size: int = 16
     kv_cache_memory: int | None = None
@@ -51,24 +61,24 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_queued_requests: int = 1024
-    attention_backend: str = "auto"
+    attention_backend: AttentionBackend = AttentionBackend.AUTO
     seed: int | None = None
-    prefix_cache: str = "isolated"
+    prefix_cache: CacheMode = CacheMode.ISOLATED
     prefix_cache_ttl: float = 60.0
     public_prefixes: tuple[str, ...] = ()
-    kv_offload: str = "none"
+    kv_offload: KVOffload = KVOffload.NONE
     kv_offload_dir: str | None = None
-    speculative: str = "off"
+    speculative: SpecMode = SpecMode.OFF
     num_speculative_tokens: int = 4
     ngram_min: int = 2
     ngram_max: int = 4
     draft_layers: int | None = None
     request_events: bool = False
-    load_format: str = "auto"
+    load_format: LoadFormat = LoadFormat.AUTO
     enforce_eager: bool = False
     async_scheduling: bool = False
     chat_template: str | None = None
-    quantization: str = "auto"
+    quantization: QuantizationMode = QuantizationMode.AUTO
 
     def __post_init__(self) -> None:
         # One check per field, in this order: the first invalid field is the one named.
@@ -77,55 +87,52 @@ class EngineConfig:
         self._check_layout_and_sizes()
         self._check_speculative()
 
+    def _mode(self, name: str, mode: type[Enum]) -> None:
+        """Field `name` as a member of `mode`: a member stays, its value's word is converted."""
+        object.__setattr__(self, name, as_mode(name, mode, getattr(self, name)))  # frozen: set while constructing
+
     def _check_formats(self) -> None:
-        if self.load_format not in LOAD_FORMATS:
-            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
+        self._mode("load_format", LoadFormat)
+        self._mode("dtype", DType)
+        self._mode("quantization", QuantizationMode)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError("device must be auto, cpu, cuda or cuda:N")
+            raise ConfigError("device must be auto, cpu, cuda or cuda:N")
 
     def _check_cache(self) -> None:
-        if self.prefix_cache not in PREFIX_CACHE_MODES:
-            raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE_MODES)}")
+        self._mode("prefix_cache", CacheMode)
         if self.prefix_cache_ttl < 0:
-            raise ValueError("prefix_cache_ttl must be >= 0")
-        if self.public_prefixes and self.prefix_cache != "isolated":
-            raise ValueError("public prefixes are declared for the isolated prefix cache only")
-        if self.kv_offload not in ("none", "memory", "disk"):
-            raise ValueError("kv_offload must be none, memory or disk")
-        if self.kv_offload_dir is not None and self.kv_offload != "disk":
-            raise ValueError("kv_offload_dir is for kv_offload='disk'")
+            raise ConfigError("prefix_cache_ttl must be >= 0")
+        if self.public_prefixes and self.prefix_cache is not CacheMode.ISOLATED:
+            raise ConfigError("public prefixes are declared for the isolated prefix cache only")
+        self._mode("kv_offload", KVOffload)
+        if self.kv_offload_dir is not None and self.kv_offload is not KVOffload.DISK:
+            raise ConfigError("kv_offload_dir is for kv_offload='disk'")
 
     def _check_layout_and_sizes(self) -> None:
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+        self._mode("attention_backend", AttentionBackend)
         if not 1 <= self.block_size <= 256:
-            raise ValueError("block_size must be between 1 and 256")
+            raise ConfigError("block_size must be between 1 and 256")
         if self.kv_cache_memory is not None and self.gpu_memory_utilization is not None:
-            raise ValueError("give kv_cache_memory or gpu_memory_utilization, not both")
+            raise ConfigError("give kv_cache_memory or gpu_memory_utilization, not both")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ValueError("kv_cache_memory must be positive")
+            raise ConfigError("kv_cache_memory must be positive")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+            raise ConfigError("gpu_memory_utilization must be in (0, 1]")
         if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError("max_model_len must be at least 2")
+            raise ConfigError("max_model_len must be at least 2")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+                raise ConfigError(f"{name} must be at least 1")
 
     def _check_speculative(self) -> None:
-        if self.speculative not in SPECULATIVE_MODES:
-            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}")
+        self._mode("speculative", SpecMode)
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}")
+            raise ConfigError(f"num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}")
         if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError("ngram_min and ngram_max must satisfy 1 <= ngram_min <= ngram_max")
+            raise ConfigError("ngram_min and ngram_max must satisfy 1 <= ngram_min <= ngram_max")
         if self.draft_layers is not None and self.draft_layers < 1:
-            raise ValueError("draft_layers must be at least 1 (and below the model's layer count)")
-        if self.async_scheduling and self.speculative != "off":
-            raise ValueError("async_scheduling runs without speculative decoding (drafts need the host's tokens)")
-        if self.draft_layers is not None and self.speculative != "draft":
-            raise ValueError("draft_layers applies to speculative='draft' only")
+            raise ConfigError("draft_layers must be at least 1 (and below the model's layer count)")
+        if self.async_scheduling and self.speculative is not SpecMode.OFF:
+            raise ConfigError("async_scheduling runs without speculative decoding (drafts need the host's tokens)")
+        if self.draft_layers is not None and self.speculative is not SpecMode.DRAFT:
+            raise ConfigError("draft_layers applies to speculative='draft' only")

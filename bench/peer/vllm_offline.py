@@ -81,16 +81,52 @@ def _median(xs):
     return statistics.median(xs)
 
 
-def main(argv=None) -> int:
-    t_start, t_start_source = _process_start_time()
-    args = _parse_args(argv)
+def _set_env(items: list[str]) -> dict[str, str]:
+    """--env KEY=VALUE items, set in os.environ before vLLM is imported; returns what was set."""
     env_set = {}
-    for item in args.env:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"--env expects KEY=VALUE, got {item!r}")
         os.environ[key] = value
         env_set[key] = value
+    return env_set
+
+
+def _measure(names, workloads, timed) -> tuple[dict, dict, dict]:
+    """The named workloads' medians, their raw runs, and the load average around each."""
+    results, runs, loadavg = {}, {}, {"start": os.getloadavg()}
+    if "W1" in names:
+        w = workloads["W1"]
+        ttfts = [dt for dt, _, _ in timed(w.prompts, 1)]
+        fulls = timed(w.prompts, w.max_tokens)
+        ttft = _median(ttfts)
+        decode = [(n_out - 1) / (dt - ttft) for dt, n_out, _ in fulls]
+        results["W1"] = {"ttft_s": ttft, "decode_tokens_per_s": _median(decode),
+                         "output_tokens_per_s": _median([n / dt for dt, n, _ in fulls])}
+        runs["W1"] = {"ttft_s": ttfts, "full_generation_s": [dt for dt, _, _ in fulls]}
+        loadavg["after_W1"] = os.getloadavg()
+    if "W2" in names:
+        w = workloads["W2"]
+        rs = timed(w.prompts, w.max_tokens)
+        results["W2"] = {"output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
+                         "requests_per_s": _median([len(w.prompts) / dt for dt, _, _ in rs])}
+        runs["W2"] = {"wall_s": [dt for dt, _, _ in rs]}
+        loadavg["after_W2"] = os.getloadavg()
+    if "W3" in names:
+        w = workloads["W3"]
+        rs = timed(w.prompts, w.max_tokens)
+        results["W3"] = {"output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
+                         "total_tokens_per_s": _median([(n + p) / dt for dt, n, p in rs])}
+        runs["W3"] = {"wall_s": [dt for dt, _, _ in rs]}
+        loadavg["after_W3"] = os.getloadavg()
+    return results, runs, loadavg
+
+
+def main(argv=None) -> int:
+    t_start, t_start_source = _process_start_time()
+    args = _parse_args(argv)
+    env_set = _set_env(args.env)
     env_seen = {k: v for k, v in sorted(os.environ.items())
                 if k.startswith(("VLLM_", "OMP_", "KMP_", "MKL_")) or k == "LD_PRELOAD"}
 
@@ -125,31 +161,7 @@ def main(argv=None) -> int:
         generate(prompts, max_tokens)  # untimed warm-up
         return [generate(prompts, max_tokens) for _ in range(args.repeats)]
 
-    results, runs, loadavg = {}, {}, {"start": os.getloadavg()}
-    if "W1" in names:
-        w = workloads["W1"]
-        ttfts = [dt for dt, _, _ in timed(w.prompts, 1)]
-        fulls = timed(w.prompts, w.max_tokens)
-        ttft = _median(ttfts)
-        decode = [(n_out - 1) / (dt - ttft) for dt, n_out, _ in fulls]
-        results["W1"] = {"ttft_s": ttft, "decode_tokens_per_s": _median(decode),
-                         "output_tokens_per_s": _median([n / dt for dt, n, _ in fulls])}
-        runs["W1"] = {"ttft_s": ttfts, "full_generation_s": [dt for dt, _, _ in fulls]}
-        loadavg["after_W1"] = os.getloadavg()
-    if "W2" in names:
-        w = workloads["W2"]
-        rs = timed(w.prompts, w.max_tokens)
-        results["W2"] = {"output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
-                         "requests_per_s": _median([len(w.prompts) / dt for dt, _, _ in rs])}
-        runs["W2"] = {"wall_s": [dt for dt, _, _ in rs]}
-        loadavg["after_W2"] = os.getloadavg()
-    if "W3" in names:
-        w = workloads["W3"]
-        rs = timed(w.prompts, w.max_tokens)
-        results["W3"] = {"output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
-                         "total_tokens_per_s": _median([(n + p) / dt for dt, n, p in rs])}
-        runs["W3"] = {"wall_s": [dt for dt, _, _ in rs]}
-        loadavg["after_W3"] = os.getloadavg()
+    results, runs, loadavg = _measure(names, workloads, timed)
 
     cfg = llm.llm_engine.vllm_config
     settings = {

@@ -96,3 +96,17 @@ def test_token_id_needles_skip_runs_too_plain_to_be_a_trace():
     c = new_canary()
     assert token_needles(c, lambda text: [0] * len(text)) == {"token ids (int32)": [], "token ids (int64)": []}
     assert all(token_needles(c, lambda text: [ord(ch) for ch in text]).values())
+
+
+def test_the_audited_servers_cache_follows_the_engines_compute_dtype(monkeypatch, tiny_llama_dir):
+    """The built-in GGUF model computes in float32 even on a bfloat16 CPU (its blocks are kept);
+    a dense checkpoint there computes in bfloat16, in half the bytes per token."""
+    import traceless.runner.build as build
+    from traceless_tools.audit.residue import _kv_budget
+
+    monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
+    monkeypatch.setattr(build, "resolve_device", lambda name: build.torch.device("cpu"))
+    assert _kv_budget(None) == "24MiB"
+    assert _kv_budget(str(tiny_llama_dir)) == "12MiB"
+    monkeypatch.setattr(build, "cpu_runs_bf16", lambda: False)
+    assert _kv_budget(str(tiny_llama_dir)) == "24MiB"

@@ -2,10 +2,11 @@
 from tests.support.fake_offload import FakeOffload
 from traceless.engine.block_pool import NULL_BLOCK_ID, BlockPool
 from traceless.engine.kv_manager import KVCacheManager
-from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
+from traceless.engine.prefix_cache import PrefixCacheConfig, domain_of
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.scheduler import Scheduler, SchedulerConfig
 from traceless.engine.step_io import SampledTokens
+from traceless.modes import CacheMode
 from traceless.sampling_params import SamplingParams
 
 BS, WINDOW = 4, 8

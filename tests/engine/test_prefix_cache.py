@@ -3,10 +3,11 @@ import pytest
 
 from traceless.engine.block_pool import BlockPool
 from traceless.engine.kv_manager import KVCacheManager
-from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, block_hashes, domain_of, hash_block
+from traceless.engine.prefix_cache import PrefixCacheConfig, block_hashes, domain_of, hash_block
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.scheduler import Scheduler, SchedulerConfig
 from traceless.errors import InvalidRequestError
+from traceless.modes import CacheMode
 from traceless.sampling_params import SamplingParams
 
 BS = 4

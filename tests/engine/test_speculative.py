@@ -7,7 +7,8 @@ from traceless.engine.block_pool import BlockPool
 from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.scheduler import Scheduler, SchedulerConfig
-from traceless.engine.speculative import NgramProposer, SpecMode, SpecStats, SpeculativeConfig, find_ngram
+from traceless.engine.speculative import NgramProposer, SpecStats, SpeculativeConfig, find_ngram
+from traceless.modes import SpecMode
 from traceless.sampling_params import SamplingParams
 
 

@@ -4,8 +4,6 @@ original context, in one batch and one at a time, with chunked prefill, on the n
 the torch path; then prefix hits and preemption."""
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tests.support.families import (
@@ -17,6 +15,13 @@ from tests.support.families import (
     make_family_model,
     ours,
 )
+from tests.support.family_parity import (
+    assert_greedy_parity,
+    random_prompts,
+    shared_prefix_prompts,
+    small_cache_llm,
+    transformers_greedy,
+)
 from traceless import LLM
 
 
@@ -26,26 +31,10 @@ def family_dirs(tmp_path_factory):
             for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())}
 
 
-def _prompts(seed: str, lengths=LENGTHS) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 384) for _ in range(n)] for n in lengths]
-
-
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_matches_transformers(name, family_dirs):
-    path = family_dirs[name]
-    hf = hf_model(path)
-    prompts = _prompts(name)
-    want = [hf_greedy(hf, p, 20) for p in prompts]
-    for backend, block_size in (("native", 4), ("torch", 16)):
-        # a small token budget: chunked prefill mixed with decodes; block size 4 puts the window
-        # edge inside and across blocks
-        llm = LLM(str(path), dtype="float32", kv_cache_memory=8 * 2**20, max_num_batched_tokens=24,
-                  attention_backend=backend, block_size=block_size)
-        assert ours(llm, prompts, 20, batched=True) == want, backend
-        if backend == "native":
-            assert ours(llm, prompts[2:5], 20, batched=False) == want[2:5]
-        llm.engine.check_integrity()
+    prompts = random_prompts(name, LENGTHS)
+    assert_greedy_parity(family_dirs[name], prompts, transformers_greedy(family_dirs[name], prompts, 20), 20)
 
 
 @pytest.mark.parametrize("name", ["phi3-longrope", "gemma3", "mistral-window"])
@@ -57,19 +46,14 @@ def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
     windowed = name == "mistral-window"
     path = family_dirs[name]
     hf = hf_model(path)
-    base = _prompts(name + "-base", (24,))[0]
-    tails = _prompts(name + "-tails", (3, 20, 28, 9, 30))
-    prompts = [base + t for t in tails]
+    base, prompts = shared_prefix_prompts(name)
     want_base = hf_greedy(hf, base, 16)
     want = [hf_greedy(hf, p, 16) for p in prompts]
-    # 40 blocks of 4 tokens: too few for the five at once, except with the window's freeing. Gemma 3's
-    # blocks hold one layer each (a block table per layer group): 60 of them, too few for the five
-    # global tables alone
-    blocks = 60 if name == "gemma3" else 40
-    llm = LLM(str(path), dtype="float32", block_size=4, kv_cache_memory=blocks * _block_bytes(path),
-              max_num_batched_tokens=32, prefix_cache="global", max_model_len=100)
+    # too few blocks for the five at once, except with the window's freeing. Gemma 3's blocks hold
+    # one layer each (a block table per layer group): 60 of them, too few for the five global tables
+    llm = small_cache_llm(path, 60 if name == "gemma3" else 40)
     assert ours(llm, [base], 16, batched=False) == [want_base]
-    assert llm.engine.cached_prefix_len(base + tails[0]) > 0
+    assert llm.engine.cached_prefix_len(prompts[0]) > 0
     assert ours(llm, prompts, 16, batched=True) == want
     # the windowed model frees its blocks as it goes and fits (tests/engine/test_kv_window.py
     # covers its preemption by swapping); the others must have been preempted
@@ -78,23 +62,12 @@ def test_prefix_hits_and_preemption_match_transformers(name, family_dirs):
     llm.engine.check_integrity()
 
 
-def _block_bytes(path) -> int:
-    """K and V of one 4-token float32 block of a tiny model directory's KV cache."""
-    import torch
-
-    from traceless.model.hf_config import from_hf_config
-    from traceless.model.hf_loader import read_json
-    from traceless.model.layers.kv_cache import block_bytes
-
-    return block_bytes(from_hf_config(read_json(path / "config.json")), 4, torch.float32)
-
-
 def test_gemma3_multimodal_checkpoint_runs_its_text_model(family_dirs, tmp_path):
     """A Gemma3ForConditionalGeneration directory (sharded, with an index, tensors under
     model.language_model., a vision tensor) gives the text model's tokens."""
     text = family_dirs["gemma3"]
     hf = hf_model(text)
-    prompts = _prompts("gemma3-mm", (7, 20))
+    prompts = random_prompts("gemma3-mm", (7, 20))
     want = [hf_greedy(hf, p, 12) for p in prompts]
     llm = LLM(str(as_multimodal_gemma3(text, tmp_path / "mm")), dtype="float32", kv_cache_memory=4 * 2**20)
     assert ours(llm, prompts, 12, batched=True) == want

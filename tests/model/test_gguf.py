@@ -215,11 +215,14 @@ def assert_good_model_still_generates(good) -> None:
     assert our_greedy(path, PROMPTS[:2], 6) == want
 
 
-# Above the complexity limit on purpose: one branch per malformed-file case, each a few lines; a
-# table of functions would hide them.
-def bad_file(tiny, path: Path, case: str) -> None:  # noqa: C901
+# the tensor each "missing-*" case leaves out, and the wrong-shaped matrix each "wrong-shape-*" case writes
+_DROPPED = {"missing-ffn_up": "blk.1.ffn_up.weight", "missing-token_embd": "token_embd.weight"}
+_WRONG_SHAPE = {"wrong-shape-attn_v": ("blk.0.attn_v.weight", (48, 64)),  # 3 kv heads' rows, the model has 2
+                "wrong-shape-token_embd": ("token_embd.weight", (300, 64))}  # llama.vocab_size says 384
+
+
+def bad_file(tiny, path: Path, case: str) -> None:
     """Writes the GGUF file `case` describes to `path`."""
-    h = tiny.hyper
     if case.startswith("truncated"):
         write_gguf(path, tiny.spec("Q8_0"))
         data = path.read_bytes()
@@ -230,35 +233,36 @@ def bad_file(tiny, path: Path, case: str) -> None:  # noqa: C901
         path.write_bytes(random.Random(1).randbytes(4096))
     elif case == "magic-then-random-bytes":
         path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + random.Random(2).randbytes(4096))
-    elif case in ("arch-gpt2", "arch-mamba"):
+    else:
+        write_gguf(path, bad_spec(tiny, case))
+
+
+def bad_spec(tiny, case: str):
+    """The GgufSpec of a well-formed file that is wrong for `case`."""
+    h = tiny.hyper
+    if case in ("arch-gpt2", "arch-mamba"):
         arch = case.split("-")[1]
-        write_gguf(path, dataclasses.replace(tiny.spec("F32"), hyper=dataclasses.replace(h, arch=arch)))
-    elif case == "q5_0-tensor":
+        return dataclasses.replace(tiny.spec("F32"), hyper=dataclasses.replace(h, arch=arch))
+    if case == "q5_0-tensor":
         # ffn_down rows are 256 wide: eight Q5_0 blocks (22 bytes) each; the bytes need not be sensible
         raw = np.frombuffer(random.Random(3).randbytes(64 * 176), dtype=np.uint8).reshape(64, 176)
-        write_gguf(path, tiny.spec("Q8_0", replace={"blk.1.ffn_down.weight": (raw, qtype("Q5_0"))}))
-    elif case == "missing-ffn_up":
-        write_gguf(path, tiny.spec("Q8_0", drop=("blk.1.ffn_up.weight",)))
-    elif case == "missing-token_embd":
-        write_gguf(path, tiny.spec("Q8_0", drop=("token_embd.weight",)))
-    elif case == "wrong-shape-attn_v":
-        wrong = np.zeros((48, 64), dtype=np.float32)  # 3 kv heads' rows, the model has 2
-        write_gguf(path, tiny.spec("Q8_0", replace={"blk.0.attn_v.weight": (wrong, None)}))
-    elif case == "wrong-shape-token_embd":
-        wrong = np.zeros((300, 64), dtype=np.float32)  # llama.vocab_size says 384
-        write_gguf(path, tiny.spec("Q8_0", replace={"token_embd.weight": (wrong, None)}))
-    elif case == "tokenizer-larger-than-model":
+        return tiny.spec("Q8_0", replace={"blk.1.ffn_down.weight": (raw, qtype("Q5_0"))})
+    if case in _DROPPED:
+        return tiny.spec("Q8_0", drop=(_DROPPED[case],))
+    if case in _WRONG_SHAPE:
+        name, shape = _WRONG_SHAPE[case]
+        return tiny.spec("Q8_0", replace={name: (np.zeros(shape, dtype=np.float32), None)})
+    if case == "tokenizer-larger-than-model":
         # a 320-row model with the 384-token vocabulary
         small = {"token_embd.weight": (np.zeros((320, 64), dtype=np.float32), None),
                  "output.weight": (np.zeros((320, 64), dtype=np.float32), None)}
         spec = tiny.spec("F32", replace=small)
-        write_gguf(path, dataclasses.replace(spec, hyper=dataclasses.replace(h, vocab_size=320)))
-    elif case == "missing-block_count":
-        write_gguf(path, tiny.spec("Q8_0", skip_meta=("block_count",)))
-    elif case == "extra-layer":
-        write_gguf(path, dataclasses.replace(tiny.spec("Q8_0"), hyper=dataclasses.replace(h, n_layer=1)))
-    else:
-        raise ValueError(case)
+        return dataclasses.replace(spec, hyper=dataclasses.replace(h, vocab_size=320))
+    if case == "missing-block_count":
+        return tiny.spec("Q8_0", skip_meta=("block_count",))
+    if case == "extra-layer":
+        return dataclasses.replace(tiny.spec("Q8_0"), hyper=dataclasses.replace(h, n_layer=1))
+    raise ValueError(case)
 
 
 # case -> (error type, words the message must contain)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.support.families import LLAMA3_SCALING, hf_greedy, ours
+from tests.support.prompts import CHAT_PROMPTS
 from traceless import LLM
 
 
@@ -66,18 +67,7 @@ def test_qwen2_biases_are_used(tiny_qwen2_dir):
     assert float(weights["layers.0.q_bias"].abs().sum()) > 0
 
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain photosynthesis to a child.",
-    "List three prime numbers greater than 100.",
-    "Translate 'good morning' into Spanish and German.",
-    "What is 17 times 23?",
-    "Give me a recipe for pancakes.",
-    "Who wrote Pride and Prejudice?",
-    "Summarize the plot of Romeo and Juliet in two sentences.",
-    "Write a Python function that reverses a string.",
-]
+PROMPTS = CHAT_PROMPTS
 
 
 @pytest.mark.slow

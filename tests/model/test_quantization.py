@@ -10,11 +10,13 @@ from traceless import LLM, SamplingParams
 from traceless.config import EngineConfig
 from traceless.model.layers.quant import QuantTensor
 from traceless.model.quantization import Quantization, resolve_quantization
+from traceless.modes import DType, LoadFormat, QuantizationMode
 from traceless.runner.build import build_engine_parts
 
 
 def _rule(requested, dtype="auto", device="cpu", gguf=True, load_format="auto", kernels=True):
-    return resolve_quantization(requested, dtype, device, gguf, load_format, kernels)
+    return resolve_quantization(QuantizationMode(requested), DType(dtype), device, gguf, LoadFormat(load_format),
+                                kernels)
 
 
 def test_auto_keeps_a_gguf_files_blocks_unless_a_dtype_is_given():

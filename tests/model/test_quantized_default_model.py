@@ -18,20 +18,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.prompts import CHAT_PROMPTS
 from traceless import LLM, SamplingParams
 
-CHAT = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain photosynthesis to a child.",
-    "List three prime numbers greater than 100.",
-    "Translate 'good morning' into Spanish and German.",
-    "What is 17 times 23?",
-    "Give me a recipe for pancakes.",
-    "Who wrote Pride and Prejudice?",
-    "Summarize the plot of Romeo and Juliet in two sentences.",
-    "Write a Python function that reverses a string.",
-]
+CHAT = CHAT_PROMPTS
 PLAIN = ["The history of the printing press", "def fibonacci(n):"]
 
 

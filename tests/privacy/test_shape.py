@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import pytest
 
+from traceless.errors import ConfigError
 from traceless.privacy.bhttp.stream import ResponseStreamDecoder, ResponseStreamEncoder
 from traceless.privacy.shape import (
     BUCKETS,
     STREAM_CHUNK,
     ShapeError,
+    ShapePadding,
     ShapePolicy,
     bucket_for,
     bucket_padding,
@@ -26,7 +28,7 @@ def test_bucket_table_is_powers_of_two_from_1kib_to_16mib():
     assert bucket_for(3 * 2**20) == 4 * 2**20 and bucket_padding(1000) == 24
     with pytest.raises(ShapeError):
         bucket_for(16 * 2**20 + 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="shape padding must be one of buckets, off"):
         ShapePolicy("sometimes")
     with pytest.raises(ValueError):
         ShapePolicy(tick_ms=-1)
@@ -63,3 +65,10 @@ def test_json_filler_is_whitespace():
     pending = bytearray(b'{"a": 1}')
     chunk, took = pack(pending, 1024, json_filler)
     assert took == 8 and len(chunk) == 1024 and json.loads(chunk[2:]) == {"a": 1}
+
+
+def test_the_padding_mode_is_an_enum_and_its_word_is_what_is_measured():
+    assert ShapePolicy("off").padding is ShapePadding.OFF and not ShapePolicy("off").on
+    assert ShapePolicy().padding is ShapePadding.BUCKETS and ShapePolicy().on
+    assert ShapePolicy().measured()["shape_padding"] == "buckets"
+    assert ShapePolicy(ShapePadding.OFF, 0).measured()["shape_padding"] == "off"

@@ -5,16 +5,17 @@ import torch
 import traceless.runner.build as build
 from traceless.config import EngineConfig
 from traceless.entrypoints.llm import LLM
+from traceless.modes import DType
 from traceless.sampling_params import SamplingParams
 
 
 def test_auto_is_bfloat16_on_gpus_and_on_cpus_that_run_it(monkeypatch):
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
-    assert build.resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert build.resolve_dtype(DType.AUTO, torch.device("cpu")) == torch.bfloat16
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: False)
-    assert build.resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert build.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
-    assert build.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert build.resolve_dtype(DType.AUTO, torch.device("cpu")) == torch.float32
+    assert build.resolve_dtype(DType.AUTO, torch.device("cuda")) == torch.bfloat16
+    assert build.resolve_dtype(DType.BFLOAT16, torch.device("cpu")) == torch.bfloat16
 
 
 def test_explicit_bfloat16_builds_and_runs_without_avx512(monkeypatch, tiny_llama_dir):
@@ -25,3 +26,28 @@ def test_explicit_bfloat16_builds_and_runs_without_avx512(monkeypatch, tiny_llam
     llm = LLM(model=str(tiny_llama_dir), dtype="bfloat16", kv_cache_memory=2**22, max_model_len=64)
     out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_compute_dtype_is_float32_for_weights_quantized_for_the_cpu(monkeypatch, tiny_llama_dir):
+    """One rule for what an engine computes in: the built-in GGUF model keeps its blocks under
+    auto and computes in float32 even where the CPU runs bfloat16; a dtype given dequantizes it;
+    q8_0 at load computes in float32; a dense checkpoint takes dtype auto's answer."""
+    monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
+    cpu = {"device": "cpu"}
+    assert build.compute_dtype(EngineConfig(**cpu)) == torch.float32
+    assert build.compute_dtype(EngineConfig(dtype="bfloat16", **cpu)) == torch.bfloat16
+    hf = str(tiny_llama_dir)
+    assert build.compute_dtype(EngineConfig(model=hf, **cpu)) == torch.bfloat16
+    assert build.compute_dtype(EngineConfig(model=hf, quantization="q8_0", **cpu)) == torch.float32
+    monkeypatch.setattr(build, "cpu_runs_bf16", lambda: False)
+    assert build.compute_dtype(EngineConfig(model=hf, **cpu)) == torch.float32
+
+
+def test_the_engine_computes_in_compute_dtype(monkeypatch, tiny_llama_dir):
+    monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
+    for quantization in ("auto", "q8_0"):
+        cfg = EngineConfig(model=str(tiny_llama_dir), device="cpu", quantization=quantization,
+                           kv_cache_memory=2**22, max_model_len=64)
+        parts = build.build_engine_parts(cfg)
+        assert parts.model.dtype == str(build.compute_dtype(cfg)).removeprefix("torch.")
+        assert parts.kv_memory.k.dtype == build.compute_dtype(cfg)

@@ -3,6 +3,7 @@ import torch
 
 from traceless.model.config import ModelConfig
 from traceless.model.layers.kv_cache import KVCache
+from traceless.modes import KVOffload
 from traceless.runner.offload import KVOffloader, OffloadError
 
 CFG = ModelConfig(architecture="llama", vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -21,7 +22,7 @@ def filled_cache(dtype=torch.bfloat16):
 @pytest.mark.parametrize("mode", ["memory", "disk"])
 def test_round_trip_restores_the_exact_kv_into_other_blocks(tmp_path, mode):
     cache = filled_cache()
-    off = KVOffloader(cache, mode, tmp_path / "spill")
+    off = KVOffloader(cache, KVOffload(mode), tmp_path / "spill")
     want_k, want_v = cache.k[:, [2, 5, 7]].clone(), cache.v[:, [2, 5, 7]].clone()
     off.save("r1", [2, 5, 7])
     if mode == "disk":
@@ -34,7 +35,7 @@ def test_round_trip_restores_the_exact_kv_into_other_blocks(tmp_path, mode):
 
 def test_tampered_spill_is_refused_and_shredded(tmp_path):
     cache = filled_cache()
-    off = KVOffloader(cache, "disk", tmp_path)
+    off = KVOffloader(cache, KVOffload.DISK, tmp_path)
     off.save("r1", [1, 2])
     (spill,) = list(tmp_path.iterdir())
     data = bytearray(spill.read_bytes())
@@ -47,7 +48,7 @@ def test_tampered_spill_is_refused_and_shredded(tmp_path):
 
 def test_discard_destroys_key_and_file(tmp_path):
     cache = filled_cache()
-    off = KVOffloader(cache, "disk", tmp_path)
+    off = KVOffloader(cache, KVOffload.DISK, tmp_path)
     off.save("r1", [1])
     key = off._swapped["r1"].key
     off.discard("r1")
@@ -61,7 +62,7 @@ def test_a_failed_decryption_zeroes_its_staging_buffer(tmp_path, monkeypatch, mo
     """decrypt_into writes unauthenticated plaintext into its output before it raises InvalidTag:
     the staging buffer must be zero when restore gives up, and the target blocks untouched."""
     cache = filled_cache()
-    off = KVOffloader(cache, mode, tmp_path)
+    off = KVOffloader(cache, KVOffload(mode), tmp_path)
     off.save("r1", [1, 2])
     entry = off._swapped["r1"]
     if mode == "memory":
@@ -88,3 +89,9 @@ def test_a_failed_decryption_zeroes_its_staging_buffer(tmp_path, monkeypatch, mo
     assert staged and all(not t.any() for t in staged)
     assert torch.equal(cache.k[:, [3, 4]], before_k) and torch.equal(cache.v[:, [3, 4]], before_v)
     assert off.num_swapped() == 0 and not any(entry.key)
+
+
+@pytest.mark.parametrize("mode", [KVOffload.NONE, "disk"])
+def test_an_offloader_needs_a_memory_or_disk_member(tmp_path, mode):
+    with pytest.raises(ValueError, match="memory or disk"):
+        KVOffloader(filled_cache(), mode, tmp_path)

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from tests.support.async_engine import run_engine, settle_and_check
 from traceless import SamplingParams
 from traceless.config import EngineConfig
 from traceless.entrypoints.build import build_engine
@@ -30,7 +31,6 @@ async def _collect(engine: AsyncEngine, rid: str, n: int = 4) -> list[int]:
 
 def test_a_request_cancelled_while_its_add_is_queued_leaves_the_engine_alive(engine):
     async def main():
-        engine.start(asyncio.get_running_loop())
         hold, held = threading.Event(), threading.Event()
 
         def block(_engine):  # keeps the engine thread busy so the adds below stay queued
@@ -51,17 +51,13 @@ def test_a_request_cancelled_while_its_add_is_queued_leaves_the_engine_alive(eng
         assert not engine.dead
         await engine.call(lambda e: e.check_integrity())
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 60))
-    finally:
-        engine.stop()
+    run_engine(engine, main)
 
 
 def test_cancellation_at_random_moments_never_kills_the_engine(engine):
     rng = random.Random(7)
 
     async def main():
-        engine.start(asyncio.get_running_loop())
         for wave in range(30):
             tasks = [asyncio.ensure_future(_collect(engine, f"w{wave}-{i}", n=rng.randrange(1, 8))) for i in range(8)]
             await asyncio.sleep(rng.random() * 0.01)
@@ -71,14 +67,9 @@ def test_cancellation_at_random_moments_never_kills_the_engine(engine):
             await asyncio.gather(*tasks, return_exceptions=True)
             assert not engine.dead, f"engine died in wave {wave}"
         assert len(await _collect(engine, "after")) == 4
-        while await engine.call(lambda e: e.has_unfinished()):
-            await asyncio.sleep(0.01)
-        await engine.call(lambda e: e.check_integrity())
+        await settle_and_check(engine)
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 60))
-    finally:
-        engine.stop()
+    run_engine(engine, main)
 
 
 def _break_next_step(engine: AsyncEngine, broken: list) -> None:
@@ -102,7 +93,6 @@ def test_a_failed_step_fails_the_held_requests_and_a_fresh_engine_serves_on(engi
     from traceless.errors import EngineDeadError
 
     async def main():
-        engine.start(asyncio.get_running_loop())
         broken: list = []
         await engine.call(_break_next_step(engine, broken))
         results = await asyncio.gather(*(_collect(engine, f"r{i}", n=6) for i in range(3)), return_exceptions=True)
@@ -112,21 +102,15 @@ def test_a_failed_step_fails_the_held_requests_and_a_fresh_engine_serves_on(engi
         (old,) = broken
         assert await engine.call(lambda e: e is not old)
         assert not old.has_unfinished() and old.num_kv_blocks and not old._kv_memory.nonzero_blocks()
-        while await engine.call(lambda e: e.has_unfinished()):
-            await asyncio.sleep(0.01)
-        await engine.call(lambda e: e.check_integrity())
+        await settle_and_check(engine)
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 60))
-    finally:
-        engine.stop()
+    run_engine(engine, main)
 
 
 def test_an_engine_that_keeps_failing_stops_for_good_and_says_so(engine):
     from traceless.errors import EngineDeadError
 
     async def main():
-        engine.start(asyncio.get_running_loop())
         stopped = asyncio.Event()
         engine.on_dead(stopped.set)
         for i in range(AsyncEngine.MAX_RESTARTS + 1):
@@ -140,7 +124,4 @@ def test_an_engine_that_keeps_failing_stops_for_good_and_says_so(engine):
         with pytest.raises(EngineDeadError):
             await _collect(engine, "late")
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 60))
-    finally:
-        engine.stop()
+    run_engine(engine, main)

@@ -6,13 +6,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from traceless.config import (
-    ATTENTION_BACKENDS,
-    DTYPES,
-    LOAD_FORMATS,
-    PREFIX_CACHE_MODES,
-    QUANTIZATIONS,
-    SPECULATIVE_MODES,
+from traceless.modes import (
+    AttentionBackend,
+    CacheMode,
+    DType,
+    KVOffload,
+    LoadFormat,
+    QuantizationMode,
+    SpecMode,
+    choices,
 )
 
 
@@ -32,11 +34,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None,
                    help="GGUF file or Hugging Face directory (default: built-in SmolLM2-135M-Instruct)")
-    g.add_argument("--dtype", default="auto", choices=DTYPES,
+    g.add_argument("--dtype", default="auto", choices=choices(DType),
                    help="activations and KV cache (auto: bfloat16 on GPUs and AVX-512 CPUs, else float32); "
                         "given explicitly with a GGUF file under --quantization auto, it dequantizes the weights "
                         "to this type (exact parity runs)")
-    g.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+    g.add_argument("--quantization", default="auto", choices=choices(QuantizationMode),
                    help="how weights are held. auto: a GGUF file on the CPU keeps its own blocks (Q8_0, Q4_0, "
                         "Q4_1, Q4_K, Q5_K, Q6_K; other types are dequantized) unless --dtype is given; an FP8 "
                         "checkpoint runs its matmuls in FP8 on CUDA and is dequantized on the CPU; other "
@@ -62,26 +64,26 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="most tokens one engine step computes (longer prompts are prefilled in chunks)")
     g.add_argument("--max-queued-requests", type=int, default=1024,
                    help="requests the engine holds at most; beyond them a 503 with Retry-After")
-    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+    g.add_argument("--attention-backend", default="auto", choices=choices(AttentionBackend),
                    help="native: the CPU C kernel; triton: the CUDA kernels; torch: SDPA (auto: the device's own)")
-    g.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
+    g.add_argument("--load-format", default="auto", choices=choices(LoadFormat),
                    help="dummy: random weights of the shapes in --model's config.json (benchmarks only)")
     g.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
     g.add_argument("--async-scheduling", action="store_true",
                    help="schedule and launch each step before reading the last one's tokens (stop checks a "
                         "step late; requests needing their tokens on the host run synchronously)")
-    g.add_argument("--prefix-cache", default="isolated", choices=PREFIX_CACHE_MODES,
+    g.add_argument("--prefix-cache", default="isolated", choices=choices(CacheMode),
                    help="isolated: share only within a cache_salt (default); global: vLLM-style shared cache "
                         "(insecure baseline); off")
     g.add_argument("--prefix-cache-ttl", type=float, default=60.0,
                    help="seconds a cached block lives after its last use")
-    g.add_argument("--kv-offload", default="none", choices=("none", "memory", "disk"),
+    g.add_argument("--kv-offload", default="none", choices=choices(KVOffload),
                    help="on preemption, seal the request's KV (AES-256-GCM, per-request key) instead of recomputing")
     g.add_argument("--kv-offload-dir", default=None, help="spill directory for --kv-offload disk")
     g.add_argument("--public-prefix", action="append", default=[], metavar="FILE",
                    help="an exact system prompt (not user data) that all domains may share; repeatable")
-    g.add_argument("--speculative", default="off", choices=SPECULATIVE_MODES,
+    g.add_argument("--speculative", default="off", choices=choices(SpecMode),
                    help="speculative decoding: ngram (prompt lookup in the request's own tokens), draft "
                         "(self-speculation on the model's first layers) or off")
     g.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens verified per step at most")

@@ -13,7 +13,13 @@ from traceless.cli.isolation import canonical_digest, reexec_isolated, require_i
 from traceless.cli.limits import add_limit_args, connection_limits
 from traceless.cli.scrubbing import SCRUB_ENV, add_scrub_arg
 from traceless.cli.serve import add_http_args
-from traceless.privacy.shape import DEFAULT_DECODE_MS_PER_TOKEN, DEFAULT_PREFILL_MS_PER_KIB, DEFAULT_TICK_MS
+from traceless.modes import choices
+from traceless.privacy.shape import (
+    DEFAULT_DECODE_MS_PER_TOKEN,
+    DEFAULT_PREFILL_MS_PER_KIB,
+    DEFAULT_TICK_MS,
+    ShapePadding,
+)
 
 if TYPE_CHECKING:
     from traceless.privacy.attestation.software import Attester
@@ -56,7 +62,7 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
                    help="with --attestation hardware: at most one evidence collection per this many seconds, "
                         "whoever asks; meanwhile the node answers from the evidence it holds or refuses (503)")
     g = p.add_argument_group("shape hiding (docs/shape-hiding.md)")
-    g.add_argument("--shape", choices=("buckets", "off"), default="buckets",
+    g.add_argument("--shape", choices=choices(ShapePadding), default=ShapePadding.BUCKETS.value,
                    help="pad responses to size buckets and stream on a steady cadence (default), or send "
                         "lengths and timings as they are (off: measurements only)")
     g.add_argument("--stream-tick", type=int, default=None, metavar="MS",
@@ -91,13 +97,13 @@ def shape_policy(args: argparse.Namespace):
 def _refuse_inapplicable_shape_flags(args: argparse.Namespace) -> None:
     # With --shape buckets every size the hops see is already fixed (whole responses and untimed
     # chunks in size buckets, timed chunks all one size): per-event padding would only cost bytes.
-    if args.stream_padding and args.shape != "off":
+    if args.stream_padding and args.shape != ShapePadding.OFF.value:
         raise SystemExit("traceless node: --stream-padding applies with --shape off only: with --shape buckets "
                          "every response and chunk already has a size from the bucket table")
     timing = {"--stream-tick": args.stream_tick, "--prefill-budget": args.prefill_budget,
               "--decode-budget": args.decode_budget}
     for flag, value in timing.items():
-        if value is not None and args.shape == "off":
+        if value is not None and args.shape == ShapePadding.OFF.value:
             raise SystemExit(f"traceless node: {flag} applies with --shape buckets only (--shape off sends "
                              "chunks as they come)")
         if value is not None and flag != "--stream-tick" and args.stream_tick == 0:

@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from traceless.engine.block_pool import NULL_BLOCK_ID, BlockPool, KVBlock
-from traceless.engine.prefix_cache import LONG_CONTEXT_ROOT, ROOT, CacheMode, PrefixCacheConfig, block_hashes
+from traceless.engine.prefix_cache import LONG_CONTEXT_ROOT, ROOT, PrefixCacheConfig, block_hashes
 from traceless.engine.request import Request
+from traceless.modes import CacheMode
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

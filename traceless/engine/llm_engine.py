@@ -22,14 +22,15 @@ from traceless.config import EngineConfig
 from traceless.engine.block_pool import BlockPool
 from traceless.engine.detokenizer import IncrementalDetokenizer
 from traceless.engine.kv_manager import KVCacheManager
-from traceless.engine.prefix_cache import CacheMode, PrefixCacheConfig, domain_of
+from traceless.engine.prefix_cache import PrefixCacheConfig, domain_of
 from traceless.engine.request import Request, RequestStatus
 from traceless.engine.run_ahead import InFlight, is_plain
 from traceless.engine.scheduler import Scheduler, SchedulerConfig, TokenUpdate
-from traceless.engine.speculative import NgramProposer, SpecMode, SpecStats, SpeculativeConfig
+from traceless.engine.speculative import NgramProposer, SpecStats, SpeculativeConfig
 from traceless.engine.step_io import EngineParts, ModelInfo, SampledTokens, SchedulerOutput, TokenLogprobs
 from traceless.errors import ContextLengthError, InvalidRequestError, QueueFullError
 from traceless.events import emit
+from traceless.modes import SpecMode
 from traceless.sampling_params import SamplingParams
 from traceless.structured.grammar import GrammarCompiler, Guide
 
@@ -92,13 +93,13 @@ class LLMEngine:
         self._executor = parts.executor
         self._kv_memory = parts.kv_memory
         self._offload = parts.offload
-        self._cache_config = PrefixCacheConfig(CacheMode(config.prefix_cache), config.prefix_cache_ttl,
+        self._cache_config = PrefixCacheConfig(config.prefix_cache, config.prefix_cache_ttl,
                                                self._public_prefixes(config.public_prefixes))
         pool = BlockPool(parts.kv_memory.num_blocks, parts.kv_memory.zero_blocks)
         self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload,
                                   parts.model.kv_windows)
         self._last_expiry = 0.0
-        spec = SpeculativeConfig(SpecMode(config.speculative), config.num_speculative_tokens,
+        spec = SpeculativeConfig(config.speculative, config.num_speculative_tokens,
                                  config.ngram_min, config.ngram_max)
         self._ngram = NgramProposer(spec) if spec.mode is SpecMode.NGRAM else None
         self._scheduler = Scheduler(

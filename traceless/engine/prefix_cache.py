@@ -24,20 +24,14 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 
 from traceless.errors import InvalidRequestError
+from traceless.modes import CacheMode
 
 ROOT = b"\x00" * 32
 LONG_CONTEXT_ROOT = hashlib.sha256(b"traceless/long-context").digest()  # LongRoPE's long-factor KV
 PUBLIC = b"public"
 SALT_PATTERN = re.compile(r"^[A-Za-z0-9_-]{22,256}={0,2}$")  # >= 22 base64url chars: >= 128 bits
-
-
-class CacheMode(Enum):
-    OFF = "off"
-    ISOLATED = "isolated"
-    GLOBAL = "global"
 
 
 @dataclass(frozen=True, slots=True)

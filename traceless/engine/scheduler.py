@@ -60,6 +60,14 @@ def _chunk(request: Request, n: int, d: int = 0, ahead: int = 0, ahead_sampled: 
     return _Chunk(request, n, d, start, start + n - d == request.num_tokens + ahead_sampled)
 
 
+@dataclass(slots=True)
+class _Preempted:
+    """Requests taken off the batch in one step, and how many of them had their KV spilled."""
+
+    requests: int = 0
+    spilled: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class TokenUpdate:
     """What a step added to one request: its new tokens (cut at the first stop), their text and
@@ -132,48 +140,65 @@ class Scheduler:
         return need <= self.kv.pool.num_free_blocks
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
         chunks: list[_Chunk] = []
-        preempted = spilled = 0
+        preempted = _Preempted()
+        budget = self._schedule_running(self.config.max_num_batched_tokens, chunks, preempted)
+        if not preempted.requests:
+            self._admit_waiting(budget, chunks)
+        if preempted.requests:
+            emit("engine.preempted", num_requests=preempted.requests, spilled=preempted.spilled)
+        self._step += 1
+        self._inflight[self._step] = {c.request.request_id: c for c in chunks}
+        return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted.requests, self._step)
 
+    def _schedule_running(self, budget: int, chunks: list[_Chunk], preempted: _Preempted) -> int:
+        """The running requests' chunks, in order, within `budget` tokens; a request that finds no
+        room preempts from the tail of the batch (itself, last). Returns the budget left."""
         in_flight = self._ahead() if self._inflight else {}
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             ahead, ahead_sampled = in_flight.get(request.request_id, (0, 0))
             if ahead:  # run ahead: its counts once the plan in flight is read
-                n = min(request.num_tokens + ahead_sampled - request.num_computed_tokens - ahead, budget)
-                if n <= 0:
-                    i += 1
-                    continue
-                if not self.kv.allocate_slots(request, ahead + n):
-                    raise RuntimeError("a request running ahead ran out of blocks (can_run_ahead was not asked)")
-                chunks.append(_chunk(request, n, 0, ahead, ahead_sampled))
-                budget -= n
-                i += 1
-                continue
-            self._check_long_context(request)
-            d = self._num_drafts(request, budget)
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if d and self.kv.allocate_slots(request, n + d):
-                chunks.append(_chunk(request, n + d, d))
-                budget -= n + d
-                i += 1
-                continue
-            while not self.kv.allocate_slots(request, n):
-                victim = self.running.pop()  # always at index >= i: not yet scheduled this step
-                spilled += self._preempt(victim)
-                preempted += 1
-                if victim is request:
-                    break
+                chunk = self._chunk_ahead(request, ahead, ahead_sampled, budget)
             else:
-                chunks.append(_chunk(request, n))
-                budget -= n
-                i += 1
-                continue
-            break
+                chunk = self._chunk_running(request, budget, preempted)
+                if chunk is None:
+                    break  # the request preempted itself: nothing after it runs this step
+            if chunk is not None:
+                chunks.append(chunk)
+                budget -= chunk.num_new_tokens
+            i += 1
+        return budget
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+    def _chunk_ahead(self, request: Request, ahead: int, ahead_sampled: int, budget: int) -> _Chunk | None:
+        """A request the plan in flight computes `ahead` tokens of; None when it has none beyond them."""
+        n = min(request.num_tokens + ahead_sampled - request.num_computed_tokens - ahead, budget)
+        if n <= 0:
+            return None
+        if not self.kv.allocate_slots(request, ahead + n):
+            raise RuntimeError("a request running ahead ran out of blocks (can_run_ahead was not asked)")
+        return _chunk(request, n, 0, ahead, ahead_sampled)
+
+    def _chunk_running(self, request: Request, budget: int, preempted: _Preempted) -> _Chunk | None:
+        """A running request's next tokens, with drafts where they fit; without room, requests are
+        preempted from the tail of the batch until they fit, or None once the request itself is."""
+        self._check_long_context(request)
+        d = self._num_drafts(request, budget)
+        n = min(request.num_tokens - request.num_computed_tokens, budget)
+        if d and self.kv.allocate_slots(request, n + d):
+            return _chunk(request, n + d, d)
+        while not self.kv.allocate_slots(request, n):
+            victim = self.running.pop()  # always at index >= the request's: not yet scheduled this step
+            preempted.spilled += self._preempt(victim)
+            preempted.requests += 1
+            if victim is request:
+                return None
+        return _chunk(request, n)
+
+    def _admit_waiting(self, budget: int, chunks: list[_Chunk]) -> None:
+        """Waiting requests, in order, while the budget, the batch and the KV blocks have room."""
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             self._check_long_context(request)
             swapped = self.kv.is_swapped(request)
@@ -195,12 +220,6 @@ class Scheduler:
             self.running.append(request)
             chunks.append(_chunk(request, n))
             budget -= n
-
-        if preempted:
-            emit("engine.preempted", num_requests=preempted, spilled=spilled)
-        self._step += 1
-        self._inflight[self._step] = {c.request.request_id: c for c in chunks}
-        return SchedulerOutput(tuple(self._plan(c) for c in chunks), preempted, self._step)
 
     def _check_long_context(self, request: Request) -> None:
         """LongRoPE (model/rope.py): once a request is longer than the original context, all of

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from enum import Enum
 
 from traceless.engine.request import Request
+from traceless.modes import SpecMode
 
 _ITEM = 4  # bytes per token id in the lookup buffer (array 'i': int32)
-
-
-class SpecMode(Enum):
-    OFF = "off"
-    NGRAM = "ngram"
-    DRAFT = "draft"
 
 
 @dataclass(frozen=True, slots=True)

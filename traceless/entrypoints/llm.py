@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -10,6 +10,7 @@ from traceless.config import EngineConfig
 from traceless.engine.llm_engine import LLMEngine, StepOutput
 from traceless.entrypoints.build import build_engine
 from traceless.errors import InvalidRequestError
+from traceless.modes import DType, as_mode
 from traceless.outputs import CompletionOutput, Logprob, RequestOutput
 from traceless.sampling_params import SamplingParams
 
@@ -29,8 +30,9 @@ class _Accumulated:
 class LLM:
     """An engine on one model. `LLM()` loads the built-in default model (SmolLM2-135M-Instruct)."""
 
-    def __init__(self, model: str | None = None, dtype: str = "auto", **engine_options):
-        self.engine = build_engine(EngineConfig(model=model, dtype=dtype, **engine_options))
+    def __init__(self, model: str | None = None, dtype: DType | str = DType.AUTO, **engine_options):
+        """engine_options: EngineConfig's other fields; a mode takes its Enum or its word ("global")."""
+        self.engine = build_engine(EngineConfig(model=model, dtype=as_mode("dtype", DType, dtype), **engine_options))
         self._ids = itertools.count()
 
     @classmethod
@@ -130,35 +132,47 @@ class LLM:
              use_tqdm: bool) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
-        engine = self.engine
         children: dict[str, tuple[int, int]] = {}  # child request id -> (prompt index, completion index)
         prompt_ids: list[tuple[int, ...]] = []
         try:
-            for i, ((_, prompt, salt), p) in enumerate(zip(prompts, params)):
-                for j in range(p.n):
-                    rid = f"gen-{next(self._ids)}"
-                    ids = engine.add_request(rid, prompt, p.with_seed_offset(j) if p.n > 1 else p, cache_salt=salt)
-                    children[rid] = (i, j)
-                    if j == 0:
-                        prompt_ids.append(tuple(ids))
+            self._add_requests(prompts, params, children, prompt_ids)
             acc = {rid: _Accumulated() for rid in children}
-            remaining = [p.n for p in params]
             with tqdm(total=len(prompts), desc="Generating", unit="prompt", disable=not use_tqdm) as bar:
-                while any(remaining):
-                    for out in engine.step():
-                        if out.request_id not in acc:
-                            continue
-                        self._accumulate(acc[out.request_id], out)
-                        if out.finished:
-                            i = children[out.request_id][0]
-                            remaining[i] -= 1
-                            if remaining[i] == 0:
-                                bar.update(1)
+                self._step_until_done(params, children, acc, bar.update)
         except BaseException:
             for rid in children:
-                engine.abort(rid)
+                self.engine.abort(rid)
             raise
         return self._collect(prompts, params, prompt_ids, children, acc)
+
+    def _add_requests(self, prompts: list[tuple[str | None, str | list[int], str | None]],
+                      params: list[SamplingParams], children: dict[str, tuple[int, int]],
+                      prompt_ids: list[tuple[int, ...]]) -> None:
+        """Each prompt's n completions as engine requests. `children` grows as they are added, so
+        that a failure part-way aborts those already in the engine."""
+        for i, ((_, prompt, salt), p) in enumerate(zip(prompts, params)):
+            for j in range(p.n):
+                rid = f"gen-{next(self._ids)}"
+                ids = self.engine.add_request(rid, prompt, p.with_seed_offset(j) if p.n > 1 else p, cache_salt=salt)
+                children[rid] = (i, j)
+                if j == 0:
+                    prompt_ids.append(tuple(ids))
+
+    def _step_until_done(self, params: list[SamplingParams], children: dict[str, tuple[int, int]],
+                         acc: dict[str, _Accumulated], prompt_done: Callable[[int], object]) -> None:
+        """Engine steps until every completion has finished; prompt_done(1) once per prompt whose
+        completions have all finished (the progress bar)."""
+        remaining = [p.n for p in params]
+        while any(remaining):
+            for out in self.engine.step():
+                if out.request_id not in acc:
+                    continue
+                self._accumulate(acc[out.request_id], out)
+                if out.finished:
+                    i = children[out.request_id][0]
+                    remaining[i] -= 1
+                    if remaining[i] == 0:
+                        prompt_done(1)
 
     def _accumulate(self, a: _Accumulated, out: StepOutput) -> None:
         a.token_ids.extend(out.new_token_ids)

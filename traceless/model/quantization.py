@@ -25,6 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from traceless.errors import ModelLoadError
+from traceless.modes import DType, LoadFormat, QuantizationMode
 
 if TYPE_CHECKING:
     import torch
@@ -45,34 +46,37 @@ class Quantization(Enum):
         return self in (Quantization.GGUF, Quantization.Q8_0, Quantization.Q4_0)
 
 
-def resolve_quantization(requested: str, dtype: str, device_type: str, is_gguf: bool, load_format: str,
-                         kernels_available: bool) -> Quantization:
+def resolve_quantization(requested: QuantizationMode, dtype: DType, device_type: str, is_gguf: bool,
+                         load_format: LoadFormat, kernels_available: bool) -> Quantization:
     """The weight format for an engine; ValueError (with the reason) for combinations that make no sense."""
-    if requested == "none":
+    if requested is QuantizationMode.NONE:
         return Quantization.NONE
-    if requested == "auto":
-        keep = is_gguf and device_type == "cpu" and dtype == "auto" and load_format == "auto" and kernels_available
+    if requested is QuantizationMode.AUTO:
+        keep = (is_gguf and device_type == "cpu" and dtype is DType.AUTO and load_format is LoadFormat.AUTO
+                and kernels_available)
         return Quantization.GGUF if keep else Quantization.NONE
-    if requested == "fp8":
+    if requested is QuantizationMode.FP8:
         return _fp8(device_type, is_gguf)
+    word = requested.value
     if device_type != "cpu":
-        raise ValueError(f"quantization={requested} keeps weights quantized for the CPU kernels; "
+        raise ValueError(f"quantization={word} keeps weights quantized for the CPU kernels; "
                          "on a GPU use quantization none (or auto)")
-    if load_format != "auto":
-        raise ValueError(f"quantization={requested} needs real weights; load_format {load_format} makes dense ones")
-    if dtype not in ("auto", "float32"):
-        raise ValueError(f"quantized weights run with float32 activations; dtype {dtype} contradicts "
-                         f"quantization={requested} (use dtype auto or float32)")
+    if load_format is not LoadFormat.AUTO:
+        raise ValueError(f"quantization={word} needs real weights; load_format {load_format.value} makes dense "
+                         "ones")
+    if dtype not in (DType.AUTO, DType.FLOAT32):
+        raise ValueError(f"quantized weights run with float32 activations; dtype {dtype.value} contradicts "
+                         f"quantization={word} (use dtype auto or float32)")
     if not kernels_available:
-        raise ValueError(f"quantization={requested} needs the native kernels, which are not built "
+        raise ValueError(f"quantization={word} needs the native kernels, which are not built "
                          "(pip install -e . with a C compiler)")
-    if requested == "gguf" and not is_gguf:
+    if requested is QuantizationMode.GGUF and not is_gguf:
         raise ValueError("quantization=gguf keeps a GGUF file's blocks; this model is a Hugging Face "
                          "checkpoint: use q8_0 or q4_0 to quantize it at load")
-    if requested in ("q8_0", "q4_0") and is_gguf:
-        raise ValueError(f"the GGUF file is quantized already; quantization={requested} would quantize it "
+    if requested is not QuantizationMode.GGUF and is_gguf:
+        raise ValueError(f"the GGUF file is quantized already; quantization={word} would quantize it "
                          "twice: use gguf (its own blocks) or none")
-    return Quantization(requested)
+    return Quantization(word)
 
 
 def _fp8(device_type: str, is_gguf: bool) -> Quantization:

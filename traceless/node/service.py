@@ -19,7 +19,7 @@ from starlette.responses import Response
 from traceless.events import emit
 from traceless.http.body import parse_json
 from traceless.http.errors import ApiError, internal_error
-from traceless.http.openai_routes import BY_PATH, RouteKind
+from traceless.http.openai_routes import BY_PATH, OpenAIRoute, RouteKind
 from traceless.node.framing import Arrival, Framer
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import ReplayCacheFullError, ReplayedRequestError
@@ -106,11 +106,10 @@ class NodeService:
                            code="replay_cache_full", headers={"Retry-After": "1"}) from None
         return buf, ctx
 
-    # Above the complexity limit on purpose: one try over the request's whole life, each except one
-    # way it can end, each leaving nothing behind (threat T2); split, that would be spread out.
-    async def _run_inner(self, buf: bytearray, chunked: bool, req: Arrival):  # noqa: C901
-        """(status, JSON bytes) or (200, async iterator of SSE events)."""
-        content, route, metered = None, None, None
+    async def _run_inner(self, buf: bytearray, chunked: bool, req: Arrival):
+        """(status, JSON bytes) or (200, async iterator of SSE events). One try over the request's
+        whole life: each except is one way it can end, and each leaves nothing behind (threat T2)."""
+        content, metered = None, None
         try:
             try:
                 head, content = bhttp.decode_request_buffer(buf)
@@ -123,30 +122,33 @@ class NodeService:
             metered = route.name if route.kind is RouteKind.GENERATION else None
             if head.method != route.method.encode():
                 raise ApiError(405, "method not allowed", code="method_not_allowed")
-            if route.kind is RouteKind.INFO:
-                _wipe(content)
-                result = self.api.handlers()[route.name]()
-            else:
-                result = await self._post(route.name, content, chunked, req)
+            result = await self._answer(route, content, chunked, req)
             if metered is not None:
                 self.telemetry.request(metered, "ok")
             if isinstance(result, dict):
                 return 200, json.dumps(result, ensure_ascii=False).encode()
             return 200, result
         except ApiError as exc:
-            if self.request_events:
-                emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
-            if metered is not None:
-                self.telemetry.request(metered, "rejected" if exc.status < 500 else "error")
-            return _inner_error(exc)
+            return self._ended_in_error(exc, metered)
         except Exception:
-            if self.request_events:
-                emit("http.error", component="node", status_code=500, error_kind="internal")
-            if metered is not None:
-                self.telemetry.request(metered, "error")
-            return _inner_error(internal_error())
+            return self._ended_in_error(internal_error(), metered)
         finally:
             _wipe(content)
+
+    async def _answer(self, route: OpenAIRoute, content: bytearray, chunked: bool, req: Arrival):
+        """The route's answer: an INFO route reads no body (wiped at once), the others parse theirs."""
+        if route.kind is RouteKind.INFO:
+            _wipe(content)
+            return self.api.handlers()[route.name]()
+        return await self._post(route.name, content, chunked, req)
+
+    def _ended_in_error(self, exc: ApiError, metered: str | None) -> tuple[int, bytes]:
+        """The inner response of a request that ended in `exc`, counted (a status and a fixed kind)."""
+        if self.request_events:
+            emit("http.error", component="node", status_code=exc.status, error_kind=exc.kind)
+        if metered is not None:
+            self.telemetry.request(metered, "rejected" if exc.status < 500 else "error")
+        return _inner_error(exc)
 
     async def _post(self, route: str, content: bytearray, chunked: bool, req: Arrival):
         try:

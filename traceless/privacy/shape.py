@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
+from traceless.modes import as_mode
 from traceless.privacy.wire import encode_varint
 
 MIN_BUCKET = 1 << 10
@@ -72,19 +74,23 @@ def bucket_padding(length: int) -> int:
     return bucket_for(length) - length
 
 
+class ShapePadding(Enum):
+    BUCKETS = "buckets"  # every size padded to its bucket, streams on a steady cadence (the default)
+    OFF = "off"  # lengths and timings as they are: measurements only
+
+
 @dataclass(frozen=True, slots=True)
 class ShapePolicy:
     """A node's shape hiding: `buckets` pads everything (the default); `off` sends lengths as they are.
     `tick_ms` is the stream cadence (0: one chunk per SSE event, each padded to a bucket)."""
 
-    padding: str = "buckets"
+    padding: ShapePadding = ShapePadding.BUCKETS  # or its word ("off"), converted on construction
     tick_ms: int = DEFAULT_TICK_MS
     prefill_ms_per_kib: int = DEFAULT_PREFILL_MS_PER_KIB  # with a tick: the first tick's earliest time
     decode_ms_per_token: int = DEFAULT_DECODE_MS_PER_TOKEN  # with a tick: how long a stream runs
 
     def __post_init__(self) -> None:
-        if self.padding not in ("buckets", "off"):
-            raise ValueError("shape padding must be buckets or off")
+        object.__setattr__(self, "padding", as_mode("shape padding", ShapePadding, self.padding))
         if not 0 <= self.tick_ms <= 1000:
             raise ValueError("the stream tick must be 0 to 1000 milliseconds")
         if not 0 <= self.prefill_ms_per_kib <= 60_000:
@@ -94,12 +100,12 @@ class ShapePolicy:
 
     @property
     def on(self) -> bool:
-        return self.padding == "buckets"
+        return self.padding is ShapePadding.BUCKETS
 
     def measured(self) -> dict:
         """What enters the node's measured configuration (so a client's policy can require it)."""
         paced = self.on and self.tick_ms > 0
-        return {"shape_padding": self.padding, "shape_buckets": BUCKET_TABLE if self.on else None,
+        return {"shape_padding": self.padding.value, "shape_buckets": BUCKET_TABLE if self.on else None,
                 "stream_chunk": STREAM_CHUNK if self.on else None, "stream_tick_ms": self.tick_ms if self.on else None,
                 "prefill_ms_per_kib": self.prefill_ms_per_kib if paced else None,
                 "decode_ms_per_token": self.decode_ms_per_token if paced else None,
@@ -121,7 +127,7 @@ class ShapePolicy:
         return ticks if ticks * self.tick_ms <= MAX_BUDGET_S * 1000 else None
 
 
-OFF = ShapePolicy("off", 0)
+OFF = ShapePolicy(ShapePadding.OFF, 0)
 
 
 def first_tick(arrived: float, now: float, tick_s: float, budget_s: float) -> float:

@@ -16,10 +16,11 @@ from traceless.model.llama import LlamaModel
 from traceless.model.loader import builtin_chat_template, is_gguf_model, load_model
 from traceless.model.quantization import Quantization, resolve_quantization
 from traceless.model.rope import Rope
+from traceless.modes import AttentionBackend, DType, KVOffload, LoadFormat, QuantizationMode, SpecMode
 from traceless.runner.kv_budget import KVSizing, check_blocks, kv_budget
 from traceless.runner.model_runner import ModelRunner
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,45 +39,57 @@ def cpu_runs_bf16() -> bool:
     return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
+def resolve_dtype(dtype: DType, device: torch.device) -> torch.dtype:
+    """The dtype asked for, on `device`; what an engine computes in is compute_dtype's answer."""
+    if dtype is DType.AUTO:
         # bfloat16 where the hardware runs it (every recent GPU, AVX-512/AMX CPUs); float32 elsewhere
         return torch.bfloat16 if device.type != "cpu" or cpu_runs_bf16() else torch.float32
-    if name == "float16" and device.type == "cpu":
+    if dtype is DType.FLOAT16 and device.type == "cpu":
         raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
-    return _DTYPES[name]
+    return _DTYPES[dtype]
 
 
-def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
-    """"native" (CPU C kernel), "triton" (CUDA kernels) or "torch" (SDPA and torch ops)."""
+def compute_dtype(cfg: EngineConfig, device: torch.device | None = None) -> torch.dtype:
+    """The dtype an engine of `cfg` computes activations and holds its KV cache in (on `device`,
+    default cfg.device resolved). Weights quantized for the CPU's int8 kernels (a GGUF file's own
+    blocks, which `auto` keeps on the CPU, or q8_0/q4_0) take and give float32 activations;
+    otherwise cfg.dtype, whose `auto` is bfloat16 where the hardware runs it, else float32.
+    The engine sizes its cache by it, and so do the tools that size a cache for one."""
+    device = resolve_device(cfg.device) if device is None else device
+    return torch.float32 if _quantization(cfg, device).cpu_blocks else resolve_dtype(cfg.dtype, device)
+
+
+def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    """The backend that runs: NATIVE (CPU C kernel), TRITON (CUDA kernels) or TORCH (SDPA and torch ops)."""
+    asked = cfg.attention_backend
     if device.type == "cpu":
-        if cfg.attention_backend == "triton":
+        if asked is AttentionBackend.TRITON:
             raise ValueError("attention_backend='triton' runs on CUDA only")
-        if cfg.attention_backend == "torch":
-            return "torch"
+        if asked is AttentionBackend.TORCH:
+            return AttentionBackend.TORCH
         try:
             kernels = NativeKernels.load()
         except KernelUnavailable:
-            if cfg.attention_backend == "native":
+            if asked is AttentionBackend.NATIVE:
                 raise
-            return "torch"
-        return "native" if kernels.supports(dtype) else "torch"
-    if cfg.attention_backend == "native":
+            return AttentionBackend.TORCH
+        return AttentionBackend.NATIVE if kernels.supports(dtype) else AttentionBackend.TORCH
+    if asked is AttentionBackend.NATIVE:
         raise ValueError("attention_backend='native' runs on CPU only")
-    if cfg.attention_backend in ("triton", "auto"):
+    if asked in (AttentionBackend.TRITON, AttentionBackend.AUTO):
         try:
             import triton  # noqa: F401  (ships with torch's CUDA wheels)
         except ImportError:
-            if cfg.attention_backend == "triton":
+            if asked is AttentionBackend.TRITON:
                 raise ValueError("attention_backend='triton' needs the triton package") from None
-            return "torch"
-        return "triton"
-    return "torch"
+            return AttentionBackend.TORCH
+        return AttentionBackend.TRITON
+    return AttentionBackend.TORCH
 
 
 def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
     """Self-speculation depth: the configured one, or a quarter of the model's layers."""
-    if cfg.speculative != "draft":
+    if cfg.speculative is not SpecMode.DRAFT:
         return None
     n = cfg.draft_layers if cfg.draft_layers is not None else max(1, mc.num_layers // 4)
     if n >= mc.num_layers:
@@ -84,14 +97,15 @@ def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
     return n
 
 
-def _layers(backend: str, cache: KVCache, ropes: list[Rope], mc: ModelConfig) -> tuple[AttentionLayer, DecoderOps]:
+def _layers(backend: AttentionBackend, cache: KVCache, ropes: list[Rope],
+            mc: ModelConfig) -> tuple[AttentionLayer, DecoderOps]:
     heads = (mc.num_heads, mc.num_kv_heads, mc.head_dim)
-    if backend == "triton":
+    if backend is AttentionBackend.TRITON:
         from traceless.model.layers.triton_ops import TritonAttention, TritonOps
 
         return (TritonAttention(cache, heads, mc.layer_windows, mc.attn_softcap),
                 TritonOps(cache, ropes, heads, mc.rms_norm_eps))
-    if backend == "native":
+    if backend is AttentionBackend.NATIVE:
         kernels = NativeKernels.load()
         return (PagedAttention(cache, kernels, heads, mc.layer_windows, mc.attn_softcap),
                 NativeOps(kernels, cache, ropes, heads, mc.rms_norm_eps))
@@ -122,35 +136,35 @@ def _max_model_len(cfg: EngineConfig, mc: ModelConfig) -> int:
 def _quantization(cfg: EngineConfig, device: torch.device) -> Quantization:
     """The weights' format as asked and checked (model/quantization.py); an FP8 checkpoint under
     auto on CUDA becomes FP8 once its config is read (build_engine_parts)."""
-    if cfg.quantization == "none" or (cfg.quantization == "auto" and device.type != "cpu"):
+    asked = cfg.quantization
+    if asked is QuantizationMode.NONE or (asked is QuantizationMode.AUTO and device.type != "cpu"):
         return Quantization.NONE
     try:
         NativeKernels.load()
         kernels = True
     except KernelUnavailable:
         kernels = False
-    is_gguf = cfg.load_format == "auto" and is_gguf_model(cfg.model)
-    return resolve_quantization(cfg.quantization, cfg.dtype, device.type, is_gguf, cfg.load_format, kernels)
+    is_gguf = cfg.load_format is LoadFormat.AUTO and is_gguf_model(cfg.model)
+    return resolve_quantization(asked, cfg.dtype, device.type, is_gguf, cfg.load_format, kernels)
 
 
 def _keep_fp8(cfg: EngineConfig, device: torch.device) -> bool:
     """Whether an FP8 checkpoint's FP8 Linears stay FP8 (CUDA's FP8 matmuls) rather than being
     dequantized at load (the CPU, or quantization none)."""
-    return device.type == "cuda" and cfg.quantization in ("auto", "fp8")
+    return device.type == "cuda" and cfg.quantization in (QuantizationMode.AUTO, QuantizationMode.FP8)
 
 
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = resolve_device(cfg.device)
     quantization = _quantization(cfg, device)
-    # quantized weights: the int8 kernels take and give float32 activations
-    dtype = torch.float32 if quantization.cpu_blocks else resolve_dtype(cfg.dtype, device)
+    dtype = compute_dtype(cfg, device)
     keep_fp8 = _keep_fp8(cfg, device)
     loaded = load_model(cfg.model, dtype, cfg.load_format, device, quantization, keep_fp8)
     mc = loaded.config
     # what the decoder does with dense matrices: dummy weights of an FP8 checkpoint's config cost
     # what the checkpoint would, so they are quantized to FP8 at load
     fp8_checkpoint = keep_fp8 and mc.fp8 is not None
-    decoder_quantization = Quantization.FP8 if fp8_checkpoint and cfg.load_format == "dummy" else quantization
+    decoder_quantization = Quantization.FP8 if fp8_checkpoint and cfg.load_format is LoadFormat.DUMMY else quantization
     draft_layers = _draft_layers(cfg, mc)
     max_model_len = _max_model_len(cfg, mc)
     backend = _attention_backend(cfg, device, dtype)
@@ -174,8 +188,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         model = LlamaModel(mc, loaded.weights, attention, ops, device, pack, decoder_quantization)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
-    runner = ModelRunner(model, cfg.block_size, device, backend == "native", cfg.seed, draft_layers,
-                         paged=backend == "triton")
+    runner = ModelRunner(model, cfg.block_size, device, backend is AttentionBackend.NATIVE, cfg.seed, draft_layers,
+                         paged=backend is AttentionBackend.TRITON)
     if profile:
         from traceless.runner.gpu_memory import kv_blocks_after_profile
 
@@ -183,7 +197,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         check_blocks(num_blocks, max_model_len, cfg.block_size, groups.windows, cfg.max_num_batched_tokens)
         cache.resize(num_blocks)
     capture_s, num_graphs = 0.0, 0
-    if device.type == "cuda" and backend == "triton" and not cfg.enforce_eager:
+    if device.type == "cuda" and backend is AttentionBackend.TRITON and not cfg.enforce_eager:
         from traceless.runner.cuda_graphs import DecodeGraphs, capture_sizes
 
         graphs = DecodeGraphs(model, capture_sizes(cfg.max_num_seqs), cfg.block_size, max_model_len, device,
@@ -201,18 +215,19 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         if runner.graphs is not None and runner.graphs.pool is not None:
             runner.scrubber.graph_pools.add(runner.graphs.pool)
     offload = None
-    if cfg.kv_offload != "none":
+    if cfg.kv_offload is not KVOffload.NONE:
         from traceless.runner.offload import KVOffloader
 
         offload = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
     info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
                      num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
-                     attention=backend, load_format=cfg.load_format, cuda_graphs=num_graphs, capture_s=capture_s,
+                     attention=backend.value, load_format=cfg.load_format.value, cuda_graphs=num_graphs,
+                     capture_s=capture_s,
                      kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_windows=mc.kv_groups.windows,
                      long_context_from=mc.long_context_from,
                      quantization=Quantization.FP8.value if fp8_checkpoint else quantization.value)
     template = cfg.chat_template
-    if template is None and cfg.model is None and cfg.load_format == "auto":
+    if template is None and cfg.model is None and cfg.load_format is LoadFormat.AUTO:
         template = builtin_chat_template("smollm2-tools")
     if template is not None:
         loaded.tokenizer.set_chat_template(template)

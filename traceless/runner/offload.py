@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from traceless.errors import KVRestoreError, KVSpillError
 from traceless.model.layers.kv_cache import KVCache
+from traceless.modes import KVOffload
 
 NONCE_LEN, TAG_LEN = 12, 16
 
@@ -45,13 +46,13 @@ class _Swapped:
 
 
 class KVOffloader:
-    def __init__(self, cache: KVCache, mode: str, directory: str | Path | None = None):
-        if mode not in ("memory", "disk"):
+    def __init__(self, cache: KVCache, mode: KVOffload, directory: str | Path | None = None):
+        if mode not in (KVOffload.MEMORY, KVOffload.DISK):  # NONE, or not a member at all
             raise ValueError("kv offload mode must be memory or disk")
         self.cache = cache
         self.mode = mode
         self.directory = Path(directory) if directory is not None else None
-        if mode == "disk":
+        if mode is KVOffload.DISK:
             if self.directory is None:
                 raise ValueError("disk offload needs a directory (--kv-offload-dir)")
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -100,7 +101,7 @@ class KVOffloader:
         finally:
             staged.zero_()
         entry = _Swapped(key, len(block_ids), staged.numel(), None, None)
-        if self.mode == "memory":
+        if self.mode is KVOffload.MEMORY:
             entry.blob = nonce + ct
         else:
             if self.directory is None:  # cannot happen: __init__ refuses disk mode without a directory

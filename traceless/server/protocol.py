@@ -255,34 +255,41 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 def messages(raw: Any) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list", "messages")
-    out = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"'{where}' must be an object", where)
-        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
-        if extra:
-            raise unknown_fields_error(extra, where, KNOWN_MESSAGE_UNSUPPORTED)
-        if m.get("name") is not None:
-            raise bad_request(f"'{where}.name' is not supported", where, "unsupported_parameter")
-        role = m.get("role")
-        if role not in _ROLES:
-            raise bad_request(f"'{where}.role' must be one of {', '.join(_ROLES)}", where)
-        if m.get("tool_calls") is not None and role != "assistant":
-            raise bad_request(f"'{where}.tool_calls' is only allowed on assistant messages", where)
-        if (m.get("tool_call_id") is not None) != (role == "tool") or (role == "tool" and not isinstance(
-                m["tool_call_id"], str)):
-            raise bad_request(f"'{where}.tool_call_id' (a string) is required on tool messages, and only there", where)
-        msg: dict[str, Any] = {"role": "system" if role == "developer" else role}
-        if m.get("tool_calls"):
-            msg["tool_calls"] = _tool_calls(m["tool_calls"], where)
-            msg["content"] = _content(m["content"], where) if m.get("content") is not None else ""
-        else:
-            msg["content"] = _content(m.get("content"), where)
-        if role == "tool":
-            msg["tool_call_id"] = m["tool_call_id"]
-        out.append(msg)
-    return out
+    return [_message(m, f"messages[{i}]") for i, m in enumerate(raw)]
+
+
+def _message(m: Any, where: str) -> dict:
+    """One message as the chat template takes it (developer is system; tool calls' arguments parsed)."""
+    role = _checked_role(m, where)
+    msg: dict[str, Any] = {"role": "system" if role == "developer" else role}
+    if m.get("tool_calls"):
+        msg["tool_calls"] = _tool_calls(m["tool_calls"], where)
+        msg["content"] = _content(m["content"], where) if m.get("content") is not None else ""
+    else:
+        msg["content"] = _content(m.get("content"), where)
+    if role == "tool":
+        msg["tool_call_id"] = m["tool_call_id"]
+    return msg
+
+
+def _checked_role(m: Any, where: str) -> str:
+    """The role of message `m`, once its fields are known and fit that role."""
+    if not isinstance(m, dict):
+        raise bad_request(f"'{where}' must be an object", where)
+    extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
+    if extra:
+        raise unknown_fields_error(extra, where, KNOWN_MESSAGE_UNSUPPORTED)
+    if m.get("name") is not None:
+        raise bad_request(f"'{where}.name' is not supported", where, "unsupported_parameter")
+    role = m.get("role")
+    if role not in _ROLES:
+        raise bad_request(f"'{where}.role' must be one of {', '.join(_ROLES)}", where)
+    if m.get("tool_calls") is not None and role != "assistant":
+        raise bad_request(f"'{where}.tool_calls' is only allowed on assistant messages", where)
+    if (m.get("tool_call_id") is not None) != (role == "tool") or (role == "tool" and not isinstance(
+            m["tool_call_id"], str)):
+        raise bad_request(f"'{where}.tool_call_id' (a string) is required on tool messages, and only there", where)
+    return role
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict]:

@@ -32,13 +32,15 @@ def offload_sizing(model: str | None, node_args: tuple[str, ...]) -> OffloadSizi
     """The options that give nodes of `model` (under `node_args`: dtype, device, block size) a cache
     of CONTEXT_TOKENS tokens, and the tmpfs size for their spills."""
     from traceless.cli.engine_args import add_engine_args
+    from traceless.config import EngineConfig
     from traceless.model.loader import read_model_config
-    from traceless.runner.build import resolve_device, resolve_dtype
+    from traceless.runner.build import compute_dtype
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
     opts, _ = parser.parse_known_args(list(node_args))
-    dtype = resolve_dtype(opts.dtype, resolve_device(opts.device))
+    dtype = compute_dtype(EngineConfig(model=model, dtype=opts.dtype, device=opts.device,
+                                       quantization=opts.quantization, load_format=opts.load_format))
     per_token = read_model_config(model).kv_bytes_per_token * dtype.itemsize
     blocks = -(-CONTEXT_TOKENS // opts.block_size) + 1  # + the null block
     cache = blocks * opts.block_size * per_token

@@ -20,10 +20,12 @@ the suite runs it. A search is aligned: token ids at 4 or 8 bytes, K/V rows at t
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from traceless.config import EngineConfig
+from traceless.modes import CacheMode, DType, KVOffload, LoadFormat, as_mode
 from traceless_tools.report.output import finish
 
 CHUNK_BYTES = 256 * 2**20
@@ -89,7 +91,7 @@ def _ids_needles(ids: list[int]) -> list[Needle]:
 
 
 def kv_needles(cache, blocks: list[int], rows: int = 4) -> list[Needle]:
-    """K and V rows of the first `rows` nonzero token slots of `blocks`, layer slots 0 and last, head 0,
+    """K and V rows of the first `rows` nonzero token slots of `blocks`, layers 0 and last, head 0,
     contiguous as a temporary holds them (K: post-RoPE row; V: row)."""
     out = []
     elem = cache.k.element_size()
@@ -120,7 +122,7 @@ def take_free_memory(device: torch.device, limit: int | None) -> list[torch.Tens
     return chunks
 
 
-def _kv_budget(cfg: GpuResidueConfig) -> int:
+def _kv_budget(cfg: GpuResidueConfig, ec: EngineConfig) -> int:
     """Room for about two and a half canaries at once, so that the others are preempted (and
     sealed by the KV offload); 64 MiB when the model's shapes are not in a config.json."""
     from pathlib import Path
@@ -128,27 +130,28 @@ def _kv_budget(cfg: GpuResidueConfig) -> int:
     from traceless.errors import TracelessError
     from traceless.model.dummy import read_dummy_config
     from traceless.model.layers.kv_cache import block_bytes
-    from traceless.runner.build import resolve_dtype
+    from traceless.runner.build import compute_dtype
     from traceless.runner.kv_budget import group_blocks
 
     try:
         config = read_dummy_config(Path(cfg.model))
     except (TracelessError, OSError):
         return 64 * 2**20
-    per_block = block_bytes(config, 16, resolve_dtype(cfg.dtype, torch.device(cfg.device)))
+    per_block = block_bytes(config, 16, compute_dtype(ec))
     # one canary's blocks over the model's KV groups (a windowed group's stay near its window)
     per_canary = group_blocks(cfg.prompt_len + cfg.output_len, 1, 16, config.kv_groups.windows, CHUNK_TOKENS)
     return per_block * (per_canary * 5 // 2 + 1)
 
 
 def _engine(cfg: GpuResidueConfig):
-    from traceless.config import EngineConfig
     from traceless.engine.llm_engine import LLMEngine
     from traceless.runner.build import build_engine_parts
 
-    ec = EngineConfig(model=cfg.model, load_format=cfg.load_format, device=cfg.device, dtype=cfg.dtype,
-                      kv_cache_memory=_kv_budget(cfg), max_model_len=cfg.prompt_len + cfg.output_len,
-                      prefix_cache="off", max_num_batched_tokens=CHUNK_TOKENS, kv_offload="memory", max_num_seqs=8)
+    ec = EngineConfig(model=cfg.model, load_format=as_mode("load_format", LoadFormat, cfg.load_format),
+                      device=cfg.device, dtype=as_mode("dtype", DType, cfg.dtype),
+                      max_model_len=cfg.prompt_len + cfg.output_len, prefix_cache=CacheMode.OFF,
+                      max_num_batched_tokens=CHUNK_TOKENS, kv_offload=KVOffload.MEMORY, max_num_seqs=8)
+    ec = replace(ec, kv_cache_memory=_kv_budget(cfg, ec))
     parts = build_engine_parts(ec)
     graphs = getattr(parts.executor, "graphs", None)
     return LLMEngine(ec, parts), parts.kv_memory, graphs.pool if graphs is not None else None

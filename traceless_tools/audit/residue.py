@@ -195,10 +195,10 @@ def print_report(rep: dict) -> None:
 
 def _kv_budget(model: str | None) -> str:
     """The audited server's KV cache: the same ~540 tokens of the default model whatever dtype the
-    engine computes in, so the eight ~110-token requests of the preemption path run out and spill
-    alike. A GGUF file's weights stay quantized by default and quantized weights compute in float32;
-    otherwise `auto` picks bfloat16 on AVX-512/AMX and float32 elsewhere."""
-    from traceless.runner.build import cpu_runs_bf16
+    engine computes in (runner/build.py compute_dtype, for the server's default options), so the
+    eight ~110-token requests of the preemption path run out and spill alike."""
+    from traceless.config import EngineConfig
+    from traceless.runner.build import compute_dtype
 
-    float32 = model is None or str(model).endswith(".gguf") or not cpu_runs_bf16()
+    float32 = compute_dtype(EngineConfig(model=model)).itemsize == 4
     return "24MiB" if float32 else "12MiB"

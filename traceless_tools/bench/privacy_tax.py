@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from traceless.modes import LoadFormat, choices
+
 PATHS = ("plain", "private")
 # Ordinary vocabulary ids, as in bench/workloads.py: above the special tokens, below the smallest
 # vocabulary we run.
@@ -66,8 +68,8 @@ class TaxConfig:
     load_format: str = "auto"  # "dummy": random weights of --model's config.json shapes (GPU shapes)
 
     def __post_init__(self) -> None:
-        if self.load_format not in ("auto", "dummy"):
-            raise ValueError("load-format must be auto or dummy")
+        if self.load_format not in choices(LoadFormat):
+            raise ValueError(f"load-format must be one of {', '.join(choices(LoadFormat))}")
         unknown = [c for c in self.classes if c not in CLASSES]
         if unknown or not self.classes:
             raise ValueError(f"unknown prompt classes {unknown}; choose from {', '.join(CLASSES)}")

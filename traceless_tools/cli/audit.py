@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from traceless.modes import DType, LoadFormat, choices
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="run the benchmarks, attacks and audits (quick) into one HTML page")
@@ -64,9 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="node: canaries through a real node over OHTTP (host memory, files, logs); cuda: an "
                          "in-process engine on the GPU, then all free device memory and the KV pool searched for "
                          "the canaries' token ids and K/V rows; cpu: the same search on the CPU (its twin)")
-    rs.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+    rs.add_argument("--load-format", choices=choices(LoadFormat), default="auto",
                     help="--device cuda/cpu: dummy = random weights of --model's config.json shapes")
-    rs.add_argument("--dtype", default="auto", help="--device cuda/cpu: the engine's dtype")
+    rs.add_argument("--dtype", default="auto", choices=choices(DType), help="--device cuda/cpu: the engine's dtype")
     rs.add_argument("--json", metavar="FILE", help="write the report as JSON")
     rs.set_defaults(handler=_residue)
     fl = audit_sub.add_parser("faults", help="kill and stall each component of `traceless up` under load (8 openai "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from traceless.cli.engine_args import add_engine_args, engine_options
+from traceless.modes import LoadFormat, choices
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="a small run: 4 requests, 16 tokens, concurrency 2, 1 repetition")
     tax.add_argument("--model", default=None, help="GGUF file or HF directory (default: the built-in model)")
     tax.add_argument("--device", default=None, help="the engines' device: auto, cpu, cuda (default auto)")
-    tax.add_argument("--load-format", default=None, choices=("auto", "dummy"),
+    tax.add_argument("--load-format", default=None, choices=choices(LoadFormat),
                      help="dummy: random weights of --model's config.json shapes (both engines)")
     tax.add_argument("--workdir", default=None,
                      help="keep the services' event logs here (default: a temporary directory)")

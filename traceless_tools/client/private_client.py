@@ -54,7 +54,7 @@ from traceless_tools.client.errors import FailureCause, PathTimeoutError, Privat
 from traceless_tools.client.node_choice import Draws
 from traceless_tools.client.node_verifier import DuplicateListingError, NodeVerifier, VerifiedNode
 from traceless_tools.client.routing_watch import RoutingWatch
-from traceless_tools.client.tokens import TokenError, TokenWallet
+from traceless_tools.client.tokens import Token, TokenError, TokenWallet
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,29 +168,7 @@ class AsyncPrivateClient:
         if self._verified and now - self._verified_at < self.config.attestation_max_age_s:
             return self._verified
         nonce = os.urandom(32)
-        token = await self._listing_token()
-        try:
-            r = await self._http.get(self._relay + "/pcc/v1/nodes", params={
-                "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()},
-                headers={"authorization": format_authorization(token)})
-        except (httpx.ConnectError, httpx.ConnectTimeout):
-            raise PrivateClientError("the relay could not be reached", FailureCause.RELAY_UNREACHABLE) from None
-        except httpx.HTTPError:
-            raise PrivateClientError("the candidate list could not be fetched") from None
-        if r.status_code in (404, 503):
-            raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {r.status_code})",
-                                     FailureCause.NO_HEALTHY_NODE)
-        if r.status_code == 401:  # as for a request: fail, and fetch nothing because of it
-            raise PrivateClientError("the gateway refused this epoch's token for the candidate list",
-                                     FailureCause.TOKEN_REFUSED)
-        if r.status_code != 200:
-            raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {r.status_code})")
-        try:
-            offered = r.json().get("nodes", [])
-        except (ValueError, AttributeError):
-            offered = None
-        if not isinstance(offered, list):
-            raise PrivateClientError("the gateway's candidate list is malformed")
+        offered = await self._offered(nonce)
         try:
             verified = await asyncio.to_thread(self.verifier.verify_all, offered, nonce)
         except DuplicateListingError as exc:
@@ -201,6 +179,26 @@ class AsyncPrivateClient:
                                      FailureCause.NO_HEALTHY_NODE)
         self._verified, self._verified_at = verified, now
         return verified
+
+    async def _offered(self, nonce: bytes) -> list:
+        """The gateway's candidate list for `nonce`, as offered (not verified yet)."""
+        token = await self._listing_token()
+        try:
+            r = await self._http.get(self._relay + "/pcc/v1/nodes", params={
+                "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()},
+                headers={"authorization": format_authorization(token)})
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            raise PrivateClientError("the relay could not be reached", FailureCause.RELAY_UNREACHABLE) from None
+        except httpx.HTTPError:
+            raise PrivateClientError("the candidate list could not be fetched") from None
+        _check_listing_status(r.status_code)
+        try:
+            offered = r.json().get("nodes", [])
+        except (ValueError, AttributeError):
+            offered = None
+        if not isinstance(offered, list):
+            raise PrivateClientError("the gateway's candidate list is malformed")
+        return offered
 
     async def _listing_token(self):
         """A token for a nonce-bound listing (the nodes sign for the nonce: the gateway wants one paid
@@ -223,27 +221,16 @@ class AsyncPrivateClient:
                 "refused": dict(self.verifier.last_refused),
                 "routing": {**self.routing.status(), "kept_draws": len(self.draws)}}
 
-    # Above the complexity limit on purpose: one branch per documented failure cause and the one
-    # resend allowed (threat T18); split, "never resend onto a fresh draw" would be read in pieces.
-    async def request(self, path: str, body: dict | None) -> dict | AsyncIterator[bytes]:  # noqa: C901
+    async def request(self, path: str, body: dict | None) -> dict | AsyncIterator[bytes]:
         """POST an OpenAI call (`/v1/chat/completions`, `/v1/completions`, `/tokenize`,
         `/detokenize`) through the private path: the response dict, or an async iterator of SSE
         event bytes when body asks to stream. body None: GET (`/v1/models`)."""
         stream = body is not None and body.get("stream") is True
         payload = json.dumps(body).encode() if body is not None else None
         candidates = asyncio.create_task(self._verified_candidates())  # overlaps with taking a token
-        try:
-            token = await self.wallet.take()
-        except TokenError as exc:
-            # The round's own failure (no verifiable node ...) is the more specific one, if any.
-            (listed,) = await asyncio.gather(candidates, return_exceptions=True)
-            if isinstance(listed, PrivateClientError):
-                return self._failed(1, stream, listed)
-            cause = FailureCause.QUOTA_EXHAUSTED if exc.reason == "quota_exhausted" else FailureCause.TOKENS_UNAVAILABLE
-            return self._failed(1, stream, PrivateClientError(f"{exc}; nothing was sent", cause))
-        except BaseException:
-            await _settle(candidates)
-            raise
+        token = await self._request_token(candidates)
+        if isinstance(token, PrivateClientError):
+            return self._failed(1, stream, token)
         nodes = await candidates
         node = self.draws.take(nodes)
         for attempts in (1, 2):
@@ -258,10 +245,8 @@ class AsyncPrivateClient:
             except _NodeUnknown:
                 # The gateway no longer knows this node id (it restarted and renamed its nodes):
                 # nothing reached a node and the token was not spent. Resent once, only to the
-                # same node (by attester key) under its new id, never to a fresh draw.
-                self._verified = []
-                nodes = await self._verified_candidates()
-                same = next((n for n in nodes if n.attester_kid == node.attester_kid), None)
+                # same node (by attester key) under its new id, never to a fresh draw (threat T18).
+                nodes, same = await self._relisted(node)
                 if same is None or attempts == 2:
                     self.draws.keep(node)
                     return self._failed(attempts, stream, PrivateClientError(
@@ -276,24 +261,36 @@ class AsyncPrivateClient:
                 self.draws.keep(node)  # nothing was sent: the draw serves the next request
                 return self._failed(attempts, stream, PrivateClientError(
                     "the relay could not be reached", FailureCause.RELAY_UNREACHABLE), exc)
-            except PathTimeoutError as exc:  # a stream's head did not come in time: not resent
-                self._verified = []
-                self.draws.keep(node)
-                return self._failed(attempts, stream, exc)
-            except httpx.TimeoutException as exc:  # after the request was sent: not resent
-                self._verified = []
-                self.draws.keep(node)
-                return self._failed(attempts, stream, PathTimeoutError(
-                    f"no answer within {self.config.timeout_s:.0f}s; the request was abandoned"), exc)
-            except (httpx.TransportError, _NodeFailed) as exc:
+            except (PathTimeoutError, httpx.TransportError, _NodeFailed) as exc:  # sent, no answer: not resent
                 self._verified = []  # the next request starts from a fresh round (a dead node is not offered)
                 self.draws.keep(node)
-                return self._failed(attempts, stream, PrivateClientError(
-                    "the node or a hop failed after the request was sent; it was not resent"), exc)
+                return self._failed(attempts, stream, *_not_resent(exc, self.config.timeout_s))
             emit("client.request", ok=True, attempts=attempts, stream=stream)
             self._answered(node, nodes)
             return result if isinstance(result, dict) else self._forget_on_failure(result, node)
         raise AssertionError("unreachable: the loop returns or raises")
+
+    async def _request_token(self, candidates: asyncio.Task[list[VerifiedNode]]) -> Token | PrivateClientError:
+        """The request's token, or the failure that stops the request before anything is sent:
+        without a token, the round's own failure (no verifiable node ...) if it has one, being the
+        more specific, else the wallet's. Anything else leaves `candidates` settled and propagates."""
+        try:
+            return await self.wallet.take()
+        except TokenError as exc:
+            (listed,) = await asyncio.gather(candidates, return_exceptions=True)
+            if isinstance(listed, PrivateClientError):
+                return listed
+            cause = FailureCause.QUOTA_EXHAUSTED if exc.reason == "quota_exhausted" else FailureCause.TOKENS_UNAVAILABLE
+            return PrivateClientError(f"{exc}; nothing was sent", cause)
+        except BaseException:
+            await _settle(candidates)
+            raise
+
+    async def _relisted(self, node: VerifiedNode) -> tuple[list[VerifiedNode], VerifiedNode | None]:
+        """A fresh round of candidates, and `node` in it (the same attester key) under its new id."""
+        self._verified = []
+        nodes = await self._verified_candidates()
+        return nodes, next((n for n in nodes if n.attester_kid == node.attester_kid), None)
 
     async def _forget_on_failure(self, events: AsyncIterator[bytes], node: VerifiedNode) -> AsyncGenerator[bytes, None]:
         """Pass a stream through; if it breaks off, the next request starts from a fresh round and
@@ -392,6 +389,26 @@ class _silence_limited:
 
 class _TokenRejected(Exception):
     pass
+
+
+def _not_resent(exc: Exception, timeout_s: float) -> tuple[PrivateClientError, Exception | None]:
+    """What a request that was sent and got no answer fails with, and the cause it is raised from."""
+    if isinstance(exc, PathTimeoutError):  # a stream's head did not come in time
+        return exc, None
+    if isinstance(exc, httpx.TimeoutException):  # no answer after the request was sent
+        return PathTimeoutError(f"no answer within {timeout_s:.0f}s; the request was abandoned"), exc
+    return PrivateClientError("the node or a hop failed after the request was sent; it was not resent"), exc
+
+
+def _check_listing_status(status: int) -> None:
+    """The candidate list's HTTP status: 200, or the failure cause it means."""
+    if status in (404, 503):
+        raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {status})", FailureCause.NO_HEALTHY_NODE)
+    if status == 401:  # as for a request: fail, and fetch nothing because of it
+        raise PrivateClientError("the gateway refused this epoch's token for the candidate list",
+                                 FailureCause.TOKEN_REFUSED)
+    if status != 200:
+        raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {status})")
 
 
 def _raise_outer(status: int, body: bytes) -> None:

@@ -21,6 +21,7 @@ from traceless.model.dummy import read_dummy_config
 from traceless.model.fp8.linear import Fp8Linear
 from traceless.model.llama import ExpertsMLP
 from traceless.model.quantization import Quantization
+from traceless.modes import QuantizationMode
 from traceless.runner import build
 
 MODELS = Path(__file__).resolve().parents[3] / "bench" / "models"
@@ -37,10 +38,11 @@ def as_on_cuda(monkeypatch):
     resolve = build._quantization
 
     def fp8_as_on_cuda(cfg, device):
-        return Quantization.FP8 if cfg.quantization == "fp8" else resolve(cfg, device)
+        return Quantization.FP8 if cfg.quantization is QuantizationMode.FP8 else resolve(cfg, device)
 
     monkeypatch.setattr(build, "_quantization", fp8_as_on_cuda)
-    monkeypatch.setattr(build, "_keep_fp8", lambda cfg, device: cfg.quantization in ("auto", "fp8"))
+    monkeypatch.setattr(build, "_keep_fp8",
+                        lambda cfg, device: cfg.quantization in (QuantizationMode.AUTO, QuantizationMode.FP8))
 
 
 def _layer_linears(model) -> list:

@@ -131,29 +131,34 @@ class ResponseStreamDecoder:
         """Advance the parser by one element; False when it needs more bytes."""
         state = self._state
         if state == "framing":
-            v = self._varint()
-            if v is None:
-                return False
-            if v != INDETERMINATE_LENGTH_RESPONSE:
-                raise BhttpError("not an indeterminate-length response")
-            self._state = "status"
-        elif state == "status":
-            v = self._varint()
-            if v is None:
-                return False
-            if not 100 <= v <= 599:
-                raise BhttpError("invalid status code")
-            self._status, self._fields, self._state = v, [], "fields"
-        elif state in ("fields", "trailers"):
+            return self._framing()
+        if state == "status":
+            return self._status_code()
+        if state in ("fields", "trailers"):
             more = self._field_line()
             if more is None:
                 return False
-            if not more:
-                return self._section_done(out)
-        elif state == "content":
+            return True if more else self._section_done(out)
+        if state == "content":
             return self._content(out)
-        else:
+        return False
+
+    def _framing(self) -> bool:
+        v = self._varint()
+        if v is None:
             return False
+        if v != INDETERMINATE_LENGTH_RESPONSE:
+            raise BhttpError("not an indeterminate-length response")
+        self._state = "status"
+        return True
+
+    def _status_code(self) -> bool:
+        v = self._varint()
+        if v is None:
+            return False
+        if not 100 <= v <= 599:
+            raise BhttpError("invalid status code")
+        self._status, self._fields, self._state = v, [], "fields"
         return True
 
     def _section_done(self, out: list) -> bool:
