@@ -34,6 +34,7 @@ def test_the_engine_decodes_for_no_one_while_held_and_idle(engine):
         assert await engine.call(lambda e: e.request_ids()) == [] and engine.ballast_steps == 0
         engine.keep_busy_while_held()
         engine.defer_idle(1.5)
+        hold_ends = time.monotonic() + 1.5
         await asyncio.sleep(0.3)
         assert engine.ballast_steps > 0  # it decodes
         # a real request stops it, and runs as it runs alone (greedy: the same tokens)
@@ -42,6 +43,7 @@ def test_the_engine_decodes_for_no_one_while_held_and_idle(engine):
         before = engine.ballast_steps
         await asyncio.sleep(0.2)
         assert engine.ballast_steps > before  # back while still held
+        await asyncio.sleep(max(0.0, hold_ends - time.monotonic()))
         deadline = time.monotonic() + 5
         while await engine.call(lambda e: e.request_ids()) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

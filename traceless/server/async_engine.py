@@ -274,6 +274,8 @@ class AsyncEngine:
         last token, showing the relay how long the answer was. A stream that stops calling lets it
         run again within `seconds`: nothing can hold it off for good."""
         self._idle.busy_until = max(self._idle.busy_until, time.monotonic() + seconds)
+        if self._ballast.enabled:
+            self._wake.set()  # an idle engine thread waits up to a second: the ballast starts now
 
     def keep_busy_while_held(self, enabled: bool = True) -> None:
         """While defer_idle holds the idle work off (a shaped stream is open) and no request runs,

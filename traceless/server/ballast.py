@@ -6,7 +6,8 @@ unevenly (the engine thread holds the interpreter, or a core), so the spread of 
 showed when its engine stopped working, and so the answer's natural length, whatever padding
 followed it. The ballast removes the difference at its source: while a shaped stream holds the
 engine (AsyncEngine.defer_idle) and no request runs, the engine runs one request of its own, a
-greedy decode of one fixed token that ignores EOS, whose outputs go nowhere; a real request that
+sampled decode (temperature 1, the API's default, so its sampling costs what a request's does) from
+one fixed token that ignores EOS, whose outputs go nowhere; a real request that
 arrives aborts it (so real requests run exactly as before, one batch row each); when the streams end
 it is aborted within the hold. Its cost is that decode, on an engine that would otherwise be idle:
 CPU (or GPU) time, not throughput.
@@ -41,7 +42,7 @@ class Ballast:
         elif not mine and held and not others and self.enabled:
             limit = max(1, min(MAX_BALLAST_TOKENS, engine.max_model_len - len(BALLAST_PROMPT) - 1))
             engine.add_request(BALLAST_ID, list(BALLAST_PROMPT),
-                               SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True))
+                               SamplingParams(max_tokens=limit, temperature=1.0, seed=0, ignore_eos=True))
 
     def drop(self, outputs: list[StepOutput]) -> list[StepOutput]:
         """The step's outputs without the ballast's."""
