@@ -70,7 +70,9 @@ class NodeService:
         if isinstance(ctx, ChunkedServerResponse):  # a chunked request always gets a chunked response
             # the framer's timer runs from now, beside the inner work (a shaped stream's first chunk
             # does not wait for the first token)
-            return await self.framer.stream(ctx, asyncio.ensure_future(self._inner(buf, req)), req)
+            inner = asyncio.ensure_future(self._inner(buf, req))
+            inner.add_done_callback(lambda _: _wipe(buf))  # also when cancelled before it ever ran
+            return await self.framer.stream(ctx, inner, req)
         try:
             status, result = await self._run_inner(buf, chunked, req)
         finally:

@@ -80,7 +80,8 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """Counts for allowlisted metrics (read from the event loop: plain numbers, no content)."""
         e = self._engine
-        return EngineStats(e.num_running, e.num_waiting, e.kv_usage(), e.spec_stats.as_dict())
+        running = max(0, e.num_running - self._ballast.running(e))  # the ballast is no request
+        return EngineStats(running, e.num_waiting, e.kv_usage(), e.spec_stats.as_dict())
 
     @property
     def residue(self) -> ResidueStats | None:

@@ -44,6 +44,11 @@ class Ballast:
             engine.add_request(BALLAST_ID, list(BALLAST_PROMPT),
                                SamplingParams(max_tokens=limit, temperature=1.0, seed=0, ignore_eos=True))
 
+    @staticmethod
+    def running(engine: LLMEngine) -> int:
+        """1 while the ballast is in the engine (it is only there when nothing else is), else 0."""
+        return int(BALLAST_ID in engine.request_ids())
+
     def drop(self, outputs: list[StepOutput]) -> list[StepOutput]:
         """The step's outputs without the ballast's."""
         kept = [o for o in outputs if o.request_id != BALLAST_ID]
