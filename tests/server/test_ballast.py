@@ -69,3 +69,21 @@ def test_off_by_default(engine):
         asyncio.run(asyncio.wait_for(main(), 30))
     finally:
         engine.stop()
+
+
+def test_a_stopping_server_runs_no_ballast(engine):
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        engine.keep_busy_while_held()
+        engine.defer_idle(10.0)
+        await asyncio.sleep(0.3)
+        assert engine.ballast_steps > 0
+        engine.end_requests()
+        await asyncio.sleep(0.3)
+        assert await engine.call(lambda e: e.request_ids()) == []
+        await engine.call(lambda e: e.check_integrity())
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        engine.stop()

@@ -178,7 +178,8 @@ class AsyncEngine:
     def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run the queued commands, then one step (or one slice of idle work)."""
         self._drain()
-        self._ballast.update(self._engine, time.monotonic() < self._idle.busy_until)
+        # no ballast once the server stops: what it holds must be released with the requests
+        self._ballast.update(self._engine, not self.closing and time.monotonic() < self._idle.busy_until)
         if not self._engine.has_unfinished():
             # Idle: housekeeping in small slices, so a request that arrives waits at most one slice.
             more = self._commands.empty() and self._idle.step()
