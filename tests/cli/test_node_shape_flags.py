@@ -26,6 +26,8 @@ def _check(*argv: str) -> None:
     (("--shape", "off", "--decode-budget", "100"), "--decode-budget"),
     (("--stream-tick", "0", "--decode-budget", "100"), "--decode-budget"),
     (("--stream-tick", "0", "--prefill-budget", "100"), "--prefill-budget"),
+    (("--shape", "off", "--ballast", "on"), "--ballast"),
+    (("--stream-tick", "0", "--ballast", "off"), "--ballast"),
 ])
 def test_a_flag_the_shape_mode_cannot_apply_is_refused_at_start(argv, flag):
     with pytest.raises(SystemExit, match=f"traceless node: {flag} "):
@@ -36,9 +38,20 @@ def test_a_flag_the_shape_mode_cannot_apply_is_refused_at_start(argv, flag):
     (), ("--shape", "off", "--stream-padding", "256"), ("--stream-tick", "0"),
     ("--stream-tick", "50", "--prefill-budget", "100", "--decode-budget", "10"), ("--stream-interval", "4"),
     ("--shape", "off", "--stream-interval", "4"), ("--stream-tick", "0", "--stream-interval", "4"),
+    ("--ballast", "off"), ("--stream-tick", "50", "--ballast", "on"),
 ])
 def test_flags_that_apply_are_taken(argv):
     _check(*argv)
+
+
+def test_the_ballast_is_on_by_default_and_measured():
+    from traceless.cli.node import shape_policy
+
+    args = build_parser().parse_args(["node", "--model", "/nonexistent/model"])
+    assert shape_policy(args).ballast and shape_policy(args).measured()["stream_ballast"] is True
+    off = shape_policy(build_parser().parse_args(["node", "--model", "/nonexistent/model", "--ballast", "off"]))
+    assert not off.ballast and off.measured()["stream_ballast"] is False
+    assert OFF.measured()["stream_ballast"] is None
 
 
 def test_node_settings_refuse_event_padding_under_size_buckets():

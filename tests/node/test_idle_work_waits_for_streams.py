@@ -37,7 +37,8 @@ def test_no_idle_collection_runs_while_a_shaped_stream_is_open(tiny_llama_dir):
             body = {"model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 12, "temperature": 0.0,
                     "ignore_eos": False, "seed": random.randrange(2**31), "stream": True}
             observe(client, node.url, config, b"/v1/completions", body, True)  # warm-up
-            time.sleep(2.5)  # its idle collection is done
+            node.wait_until(lambda _: collected, timeout=20)  # its idle collection is done (seconds, loaded)
+            time.sleep(0.2)
             collected.clear()
             start = time.perf_counter()
             trace = observe(client, node.url, config, b"/v1/completions", body, True)

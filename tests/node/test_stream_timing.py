@@ -84,6 +84,7 @@ def test_padded_ticks():
 def test_after_its_content_a_stream_runs_on_to_its_budget_or_a_power_of_two(bound):
     import asyncio
 
+    from traceless.node.framing import Inner
     from traceless.node.framing.paced import Pace, paced
     from traceless.privacy.shape import sse_filler
 
@@ -96,7 +97,9 @@ def test_after_its_content_a_stream_runs_on_to_its_budget_or_a_power_of_two(boun
 
     async def run() -> list[bytes]:
         loop = asyncio.get_running_loop()
-        return [c async for c in paced(_Plain(), 200, (), events(), Pace(loop.time() + tick, tick, bound), sse_filler)]
+        inner = loop.create_future()
+        inner.set_result(Inner(200, (), events(), sse_filler))
+        return [c async for c in paced(_Plain(), inner, Pace(loop.time() + tick, tick), lambda got: bound)]
 
     chunks = asyncio.run(run())
     assert b"".join(chunks).count(b"data: x") == 11 and chunks[-1].startswith(b"FINAL")

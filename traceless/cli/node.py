@@ -77,6 +77,11 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
                         f"milliseconds (padded after its last token), so the answer's length does not show; "
                         f"without max_tokens, to a power-of-two number of ticks (default "
                         f"{DEFAULT_DECODE_MS_PER_TOKEN}; measured)")
+    g.add_argument("--ballast", choices=("on", "off"), default=None,
+                   help="with a stream tick: while a stream is open and no request runs, the engine decodes for "
+                        "no one (its outputs dropped), so its load, which slows the stream's timer, does not end "
+                        "with the answer (default on; off saves that compute and lets the timer's jitter show "
+                        "the answer's length; measured)")
     add_scrub_arg(p)
 
 
@@ -89,7 +94,7 @@ def shape_policy(args: argparse.Namespace):
     prefill = DEFAULT_PREFILL_MS_PER_KIB if args.prefill_budget is None else args.prefill_budget
     decode = DEFAULT_DECODE_MS_PER_TOKEN if args.decode_budget is None else args.decode_budget
     try:
-        return ShapePolicy(args.shape, tick, prefill, decode)
+        return ShapePolicy(args.shape, tick, prefill, decode, ballast=args.ballast != "off")
     except ValueError as exc:
         raise SystemExit(f"traceless node: {exc}") from None
 
@@ -101,7 +106,7 @@ def _refuse_inapplicable_shape_flags(args: argparse.Namespace) -> None:
         raise SystemExit("traceless node: --stream-padding applies with --shape off only: with --shape buckets "
                          "every response and chunk already has a size from the bucket table")
     timing = {"--stream-tick": args.stream_tick, "--prefill-budget": args.prefill_budget,
-              "--decode-budget": args.decode_budget}
+              "--decode-budget": args.decode_budget, "--ballast": args.ballast}
     for flag, value in timing.items():
         if value is not None and args.shape == ShapePadding.OFF.value:
             raise SystemExit(f"traceless node: {flag} applies with --shape buckets only (--shape off sends "

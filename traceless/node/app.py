@@ -35,6 +35,8 @@ def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeS
     telemetry = telemetry or Telemetry(engine=engine)
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
     framer = framer_for(settings.shape, settings.stream_shape.padding, api.max_model_len, api.engine.defer_idle)
+    # the engine's load does not end with an answer while its stream is open (server/ballast.py)
+    api.engine.keep_busy_while_held(settings.shape.paced and settings.shape.ballast)
     service = NodeService(identity, api, telemetry, framer, settings.request_events)
 
     async def ohttp_keys(request: Request) -> Response:

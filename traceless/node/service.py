@@ -6,7 +6,8 @@ encryption (bad JSON, bad parameters, capacity) go back encrypted, as the inner 
 
 What leaves the node is framed by the node's one Framer (node/framing/: chosen once from the
 shape settings): by default a whole response padded to its size bucket and a chunked one on a
-timer that starts when the request arrives.
+timer that starts when the request arrives, beside the inner work (the framer is handed the inner
+response as a task, and sends on its grid whether or not that task has finished).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from traceless.events import emit
 from traceless.http.body import parse_json
 from traceless.http.errors import ApiError, internal_error
 from traceless.http.openai_routes import BY_PATH, OpenAIRoute, RouteKind
-from traceless.node.framing import Arrival, Framer
+from traceless.node.framing import Arrival, Framer, Inner
 from traceless.node.identity import NodeIdentity
 from traceless.node.keyring import ReplayCacheFullError, ReplayedRequestError
 from traceless.privacy.bhttp import message as bhttp
@@ -66,17 +67,29 @@ class NodeService:
         arrived = asyncio.get_running_loop().time()  # the stream's timer starts here, not at the first token
         buf, ctx = self._open(body, chunked)
         req = Arrival(arrived, len(buf))  # the inner request's length with the client's padding: its bucket
+        if isinstance(ctx, ChunkedServerResponse):  # a chunked request always gets a chunked response
+            # the framer's timer runs from now, beside the inner work (a shaped stream's first chunk
+            # does not wait for the first token)
+            inner = asyncio.ensure_future(self._inner(buf, req))
+            inner.add_done_callback(lambda _: _wipe(buf))  # also when cancelled before it ever ran
+            return await self.framer.stream(ctx, inner, req)
         try:
             status, result = await self._run_inner(buf, chunked, req)
         finally:
             _wipe(buf)
-        if isinstance(result, (bytes, bytearray)):
-            if isinstance(ctx, ChunkedServerResponse):  # a chunked request always gets a chunked response
-                return await self.framer.stream(ctx, status, JSON_HEADERS, _once(bytes(result)), req, json_filler)
-            return self.framer.whole(ctx, status, JSON_HEADERS, bytes(result))
-        if not isinstance(ctx, ChunkedServerResponse):  # _run_inner refuses to stream an unchunked request
+        if not isinstance(result, (bytes, bytearray)):  # _run_inner refuses to stream an unchunked request
             raise RuntimeError("a streamed response for a request that is not chunked")
-        return await self.framer.stream(ctx, 200, SSE_HEADERS, result, req, sse_filler)
+        return self.framer.whole(ctx, status, JSON_HEADERS, bytes(result))
+
+    async def _inner(self, buf: bytearray, req: Arrival) -> Inner:
+        """The inner response to a chunked request: SSE events, or one JSON document."""
+        try:
+            status, result = await self._run_inner(buf, True, req)
+        finally:
+            _wipe(buf)
+        if isinstance(result, (bytes, bytearray)):
+            return Inner(status, JSON_HEADERS, _once(bytes(result)), json_filler)
+        return Inner(200, SSE_HEADERS, result, sse_filler)
 
     def _open(self, body: bytes, chunked: bool) -> tuple[bytearray, ServerResponse | ChunkedServerResponse]:
         """Decapsulate under the live key the request names, then admit it to the replay cache (after

@@ -88,6 +88,7 @@ class ShapePolicy:
     tick_ms: int = DEFAULT_TICK_MS
     prefill_ms_per_kib: int = DEFAULT_PREFILL_MS_PER_KIB  # with a tick: the first tick's earliest time
     decode_ms_per_token: int = DEFAULT_DECODE_MS_PER_TOKEN  # with a tick: how long a stream runs
+    ballast: bool = True  # with a tick: the engine decodes for no one while a stream is open and it is idle
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "padding", as_mode("shape padding", ShapePadding, self.padding))
@@ -109,7 +110,12 @@ class ShapePolicy:
                 "stream_chunk": STREAM_CHUNK if self.on else None, "stream_tick_ms": self.tick_ms if self.on else None,
                 "prefill_ms_per_kib": self.prefill_ms_per_kib if paced else None,
                 "decode_ms_per_token": self.decode_ms_per_token if paced else None,
-                "stream_ticks": STREAM_TICKS if paced else None}
+                "stream_ticks": STREAM_TICKS if paced else None,
+                "stream_ballast": self.ballast if paced else None}
+
+    @property
+    def paced(self) -> bool:
+        return self.on and self.tick_ms > 0
 
     def prefill_budget_s(self, request_bytes: int, max_bytes: int) -> float:
         """How long after a request arrives its stream may start: the budget for its bucket, the

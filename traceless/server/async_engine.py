@@ -32,6 +32,7 @@ from traceless.engine.llm_engine import LLMEngine, ResidueStats, StepOutput
 from traceless.errors import EngineDeadError, ShuttingDownError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
+from traceless.server.ballast import Ballast
 from traceless.server.dead_stack import check_available as check_dead_stack_scrubber
 from traceless.server.thread_cache import scrub_thread
 from traceless.structured.grammar import GrammarCompiler, Guide
@@ -63,6 +64,7 @@ class AsyncEngine:
         self.closing = False  # the server is stopping: open requests were ended, new ones are refused
         self.restarting = False  # a failed engine is being replaced
         self._idle = IdleWork(engine)
+        self._ballast = Ballast()  # off until a shaped node turns it on (keep_busy_while_held)
         self._idle_hooks: list[Callable[[], None]] = []
         self._dead_hooks: list[Callable[[], None]] = []
         self._restarts: deque[float] = deque()  # monotonic times of the restarts within the window
@@ -78,7 +80,8 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """Counts for allowlisted metrics (read from the event loop: plain numbers, no content)."""
         e = self._engine
-        return EngineStats(e.num_running, e.num_waiting, e.kv_usage(), e.spec_stats.as_dict())
+        running = max(0, e.num_running - self._ballast.running(e))  # the ballast is no request
+        return EngineStats(running, e.num_waiting, e.kv_usage(), e.spec_stats.as_dict())
 
     @property
     def residue(self) -> ResidueStats | None:
@@ -175,6 +178,8 @@ class AsyncEngine:
     def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run the queued commands, then one step (or one slice of idle work)."""
         self._drain()
+        # no ballast once the server stops: what it holds must be released with the requests
+        self._ballast.update(self._engine, not self.closing and time.monotonic() < self._idle.busy_until)
         if not self._engine.has_unfinished():
             # Idle: housekeeping in small slices, so a request that arrives waits at most one slice.
             more = self._commands.empty() and self._idle.step()
@@ -185,7 +190,7 @@ class AsyncEngine:
             self._wake.clear()
             return
         self._idle.reset()
-        outputs = self._engine.step()
+        outputs = self._ballast.drop(self._engine.step())
         if outputs:
             loop.call_soon_threadsafe(self._dispatch, outputs)
 
@@ -271,6 +276,17 @@ class AsyncEngine:
         last token, showing the relay how long the answer was. A stream that stops calling lets it
         run again within `seconds`: nothing can hold it off for good."""
         self._idle.busy_until = max(self._idle.busy_until, time.monotonic() + seconds)
+        if self._ballast.enabled:
+            self._wake.set()  # an idle engine thread waits up to a second: the ballast starts now
+
+    def keep_busy_while_held(self, enabled: bool = True) -> None:
+        """While defer_idle holds the idle work off (a shaped stream is open) and no request runs,
+        decode for no one (server/ballast.py), so the engine's load does not end with an answer."""
+        self._ballast.enabled = enabled
+
+    @property
+    def ballast_steps(self) -> int:
+        return self._ballast.steps
 
     async def call(self, fn):
         """Run fn(engine) on the engine thread (e.g. check_integrity in tests)."""

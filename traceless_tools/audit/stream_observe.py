@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from traceless.privacy.bhttp.stream import ResponseStreamDecoder
+from traceless.privacy.bhttp.stream import ResponseHead, ResponseStreamDecoder
 from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.chunked import ChunkedClientResponse
 from traceless.privacy.ohttp.keys import KeyConfig, decode_ohttp_keys
@@ -34,6 +34,7 @@ class Trace:
     first_token: float = 0.0
     content_end: float = 0.0
     tokens: int = 0
+    carried: tuple[bool, ...] = ()  # per chunk: did it carry content (else padding only); the victim's view
 
     @property
     def gaps(self) -> list[float]:
@@ -67,7 +68,7 @@ def observe(client: httpx.Client, url: str, config: KeyConfig, path: bytes, body
     if not ok:
         raise RuntimeError("the node refused the victim's request")
     return Trace(len(call.body), tuple(relay.sizes), tuple(relay.times), head, victim.first_token, victim.content_end,
-                 victim.tokens)
+                 victim.tokens, tuple(victim.carried))
 
 
 class _RelayView:
@@ -114,14 +115,18 @@ class _VictimView:
         self.first_token = self.content_end = 0.0
         self.tokens = 0
         self.status: int | None = None
+        self.carried: list[bool] = []
 
     def _take(self, plains: list[bytes], now: float) -> None:
         for plain in plains:
+            content = False
             for item in self._parser.feed(plain):
-                if self.status is None:
+                if isinstance(item, ResponseHead):
                     self.status = item.status
                     continue
                 self._text += item
+                content = content or _carries(item)
+            self.carried.append(content)
         while (end := self._text.find(b"\n\n")) != -1:
             event = sse_event(bytes(self._text[:end + 2]))
             del self._text[:end + 2]
@@ -140,3 +145,9 @@ class _VictimView:
         self._parser.wipe()
         self._text[:] = bytes(len(self._text))
         return self.status == 200
+
+
+def _carries(piece: bytes) -> bool:
+    """Whether a piece of a shaped body holds content: anything but SSE comment lines, blank lines and
+    JSON whitespace (the node's filler sits inside one chunk, so a chunk's filler is never split)."""
+    return any(line.strip() and not line.startswith(b":") for line in piece.split(b"\n"))

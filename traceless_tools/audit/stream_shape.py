@@ -15,6 +15,10 @@ prompts itself to learn what each looks like, tries to tell which one from the t
               saw it
   verdict     accuracy with its 95% (Wilson) interval, against chance (1/N) and the range a
               classifier without information lands in 95% of the time (binomial quantiles)
+  timing      on the node with the defaults, two more readings (audit/stream_timing.py): whether
+              a tick that carries tokens can be told from a padding tick by its timing (gap
+              jitter: must be at chance), and the share of streams whose first chunk came after
+              the prefill budget (must be zero)
 
 Off: the client does not pad requests and the node runs `--shape off` (one chunk per SSE event).
 On: the defaults (requests and responses padded to size buckets, the head and a chunk per tick
@@ -36,12 +40,15 @@ from dataclasses import dataclass, field, replace
 import httpx
 import numpy as np
 
+from traceless.privacy.shape import DEFAULT_TICK_MS, ShapePolicy
 from traceless_tools.audit.stats import wilson_interval
 from traceless_tools.audit.stream_observe import Trace, key_config, observe
+from traceless_tools.audit.stream_timing import gap_jitter, late_first_ticks
 from traceless_tools.report.output import figure, finish
 
 MODES = ("off", "defaults")
 SERVED_NAME = "stream-shape-target"
+MAX_MODEL_LEN = 2048  # the nodes' context: it caps the prefill budget
 FIRST_K = 32  # chunks whose size and gap are features of their own
 TOPICS = (
     "Explain how vaccines train the immune system.",
@@ -96,7 +103,20 @@ class ModeResult:
                 "chunks_per_response": [min(len(t.sizes) for t in self.traces),
                                         max(len(t.sizes) for t in self.traces)],
                 "by_features": by_feature_group(x, y, n_topics, folds, seed),
+                **timing_readings(self.traces, self.mode, folds, seed),
                 "confusion": confusion(y, predicted, n_topics), "cost": cost(self.traces)}
+
+
+def timing_readings(traces: list[Trace], mode: str, folds: int, seed: int) -> dict:
+    """The gap-jitter and late-first-tick readings (audit/stream_timing.py) of a node with the
+    defaults, whose tick and prefill budget it publishes; None for a node with shape off."""
+    if mode == "off":
+        return {"gap_jitter": None, "late_first_tick": None}
+    policy, tick = ShapePolicy(), DEFAULT_TICK_MS / 1000
+    # the request's plaintext bucket from its encrypted length (56-58 bytes of OHTTP above it)
+    budget = lambda t: policy.prefill_budget_s(t.request_bytes - 64, 8 * MAX_MODEL_LEN)  # noqa: E731
+    return {"gap_jitter": gap_jitter(traces, tick, folds, seed),
+            "late_first_tick": late_first_ticks(traces, tick, budget)}
 
 
 def cost(traces: list[Trace]) -> dict:
@@ -254,7 +274,7 @@ def run(cfg: StreamAttackConfig, json_path: str | None, plot_path: str | None) -
         for mode in MODES:
             shape = ["--shape", "off"] if mode == "off" else []
             with spawn_node(*model_args, *shape, "--served-model-name", SERVED_NAME, "--kv-cache-memory", "256MiB",
-                            "--max-model-len", "2048", "--dtype", "float32", name=f"node-{mode}") as svc:
+                            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", name=f"node-{mode}") as svc:
                 for length in cfg.lengths:
                     reading = replace(cfg, natural_length=length == "natural")
                     results.append(collect(svc.url, SERVED_NAME, mode, reading, rng, bar))
@@ -288,8 +308,26 @@ def print_report(report: dict) -> None:
               f"{len(r['request_sizes']):>10}{r['cost']['ttft_s']:>8.2f}{r['cost']['tokens_per_s']:>7.1f}  {verdict}")
     print("read alone: " + "; ".join(f"{r['mode']} {r['length']}: " + ", ".join(
         f"{k} {v:.2f}" for k, v in r["by_features"].items()) for r in report["results"]))
+    for r in report["results"]:
+        if r.get("late_first_tick") is not None:
+            print(f"timing, {r['mode']} {r['length']}: " + _timing_line(r["gap_jitter"], r["late_first_tick"]))
     print("(accuracy: each trace classified by a model trained on the other folds; chance range: where a "
           "classifier\n without information lands 95% of the time; sizes: distinct values the relay saw)")
+
+
+def _timing_line(jitter: dict | None, late: dict) -> str:
+    text = (f"first tick late in {late['first_tick_late']:.0%} of streams (first token past the budget in "
+            f"{late['first_token_past_budget']:.0%}), {late['ticks_behind_grid']:.1%} of ticks behind the grid")
+    if jitter is None:
+        return text
+    sd = jitter["gap_sd_ms"]
+    text += "; gap sd " + ", ".join(f"{k} {v['median']:.1f} ms" for k, v in sd.items() if v["streams"])
+    if jitter["accuracy"] is None:
+        return text + f"; too few windows of each kind ({jitter['windows']}) for the real-vs-padding classifier"
+    lo, hi = jitter["chance_95_range"]
+    verdict = "LEAKS" if jitter["above_chance"] else "at chance"
+    return text + (f"; real vs padding ticks told apart {jitter['accuracy']:.2f} "
+                   f"(chance [{lo:.2f}, {hi:.2f}]: {verdict})")
 
 
 def plot(report: dict, path: str) -> None:

@@ -91,3 +91,25 @@ def test_decode_request_buffer_keeps_content_wipeable(framing):
         buf.clear()
     with pytest.raises(BhttpError):
         bhttp.decode_request_buffer(bytearray(bhttp.encode_request(req))[:-3])
+
+
+@pytest.mark.parametrize("total", [16, 63, 64, 4096, 20_000])
+def test_informational_padding_has_its_exact_length_and_is_skipped(total):
+    """Bytes that leave before the final head is known: 1xx responses of padding, exactly `total`
+    bytes each; both decoders yield what they would without them."""
+    enc = ResponseStreamEncoder()
+    pads = [enc.informational(total), enc.informational(total)]
+    assert [len(p) for p in pads] == [total, total] and not enc.head_sent
+    head = enc.head(200, ((b"content-type", b"text/event-stream"),))
+    data = b"".join(pads) + head + enc.chunk(b"data: x\n\n") + enc.end()
+    out = decode_all(data, [1, total - 3, total + 5])
+    assert out == [ResponseHead(200, ((b"content-type", b"text/event-stream"),)), b"data: x\n\n"]
+    msg = bhttp.decode_response(data)
+    assert msg.status == 200 and msg.content == b"data: x\n\n"
+    with pytest.raises(BhttpError):
+        enc.informational(total)  # not after the head
+
+
+def test_informational_padding_refuses_a_length_it_cannot_have():
+    with pytest.raises(BhttpError):
+        ResponseStreamEncoder().informational(10)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from traceless.node.framing.base import Arrival, Framer
+from traceless.node.framing.base import Arrival, Framer, Inner
 from traceless.node.framing.buckets import BucketFramer
 from traceless.node.framing.paced import PacedFramer
 from traceless.node.framing.plain import PlainFramer
 from traceless.privacy.shape import ShapePolicy
 
-__all__ = ["Arrival", "Framer", "ShapeConflictError", "check_compatible", "framer_for"]
+__all__ = ["Arrival", "Framer", "Inner", "ShapeConflictError", "check_compatible", "framer_for"]
 
 
 class ShapeConflictError(ValueError):

@@ -7,6 +7,7 @@ here and nowhere else; one framer per shape mode (framing/__init__.py chooses it
 """
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -32,6 +33,36 @@ class Arrival:
     max_tokens: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Inner:
+    """An inner response to a chunked request: its status and head fields, and its body as it comes
+    (SSE events, or one JSON document); `filler(n)` gives n bytes the body's parser ignores (an SSE
+    comment or JSON whitespace)."""
+
+    status: int
+    headers: Headers
+    events: AsyncGenerator[bytes, None]
+    filler: Callable[[int], bytes]
+
+
+async def discard(inner: asyncio.Future[Inner]) -> None:
+    """The stream will not be sent (the client left): stop the inner work, or close its events."""
+    if not inner.done():
+        inner.cancel()
+    await asyncio.gather(inner, return_exceptions=True)
+    if not inner.cancelled() and inner.exception() is None:
+        await inner.result().events.aclose()
+
+
+async def resolved(inner: asyncio.Future[Inner]) -> Inner:
+    """The inner response, for a framer that sends nothing before its head; discarded if the wait is."""
+    try:
+        return await asyncio.shield(inner)
+    except BaseException:
+        await discard(inner)
+        raise
+
+
 class Framer(ABC):
     """One shape mode's framing of whole and chunked responses."""
 
@@ -46,8 +77,6 @@ class Framer(ABC):
         """Zero bytes to add to a whole response's binary HTTP message of `length` bytes."""
 
     @abstractmethod
-    async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,
-                     events: AsyncGenerator[bytes, None], req: Arrival,
-                     filler: Callable[[int], bytes]) -> StreamingResponse:
-        """A chunked response carrying `events` (SSE events, or one JSON body), each chunk sealed.
-        `filler(n)` gives n bytes the body's parser ignores (an SSE comment or JSON whitespace)."""
+    async def stream(self, ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], req: Arrival) -> StreamingResponse:
+        """A chunked response carrying `inner` (a task started when the request arrived: what is sent
+        before it resolves is the framer's choice), each chunk sealed."""

@@ -6,11 +6,12 @@ the final chunk filled out to STREAM_CHUNK.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable
 
 from starlette.responses import StreamingResponse
 
-from traceless.node.framing.base import END_LEN, Arrival, Framer, Headers
+from traceless.node.framing.base import END_LEN, Arrival, Framer, Headers, Inner, resolved
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES
@@ -21,10 +22,10 @@ class BucketFramer(Framer):
     def whole_padding(self, length: int) -> int:
         return bucket_padding(length)  # its length would tell the output's length
 
-    async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,
-                     events: AsyncGenerator[bytes, None], req: Arrival,
-                     filler: Callable[[int], bytes]) -> StreamingResponse:
-        return StreamingResponse(bucketed(ctx, status, headers, events, filler), media_type=OHTTP_CHUNKED_RES)
+    async def stream(self, ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], req: Arrival) -> StreamingResponse:
+        got = await resolved(inner)  # timings are not hidden in this mode: the head leaves when it is known
+        return StreamingResponse(bucketed(ctx, got.status, got.headers, got.events, got.filler),
+                                 media_type=OHTTP_CHUNKED_RES)
 
 
 async def bucketed(ctx: ChunkedServerResponse, status: int, headers: Headers, events: AsyncGenerator[bytes, None],

@@ -1,16 +1,22 @@
 """`--shape buckets` with a stream tick (the default): a shaped stream on the node's timer, what
 the hops see is a grid of equal chunks; whole responses in size buckets (framing/buckets.py).
 
+    the grid             every chunk leaves at first_due + k x tick: instants fixed when the request
+                         arrived, never moved by when the inner response or its tokens come
     head + first chunk   on the first tick at least the request's prefill budget after it arrived
-                         (privacy/shape.py: first_tick), never at the moment of the first token
-    one chunk per tick   STREAM_CHUNK plaintext bytes: the SSE bytes that arrived since the last
-                         tick, filled out (a tick with nothing new sends filler only)
+                         (privacy/shape.py: first_tick), whether or not the first token is known
+    one chunk per tick   STREAM_CHUNK plaintext bytes, built and sealed by the same code on every
+                         tick: the SSE bytes that arrived since the last tick, filled out (a tick
+                         with nothing new sends filler only); before the inner head is known (a
+                         prefill longer than its budget), an informational (1xx) response of padding,
+                         which every binary HTTP decoder skips
     the end              after the last content, filler chunks up to the stream's decode budget
                          (max_tokens x a budget per token; without one, or past it, to a
                          power-of-two number of ticks: shape.padded_ticks), then the final chunk
 
-So the relay sees when a stream starts to within the budget's tick (a prefill longer than the
-budget still shows, rounded up to a tick) and not how long its answer was.
+So the relay sees when a stream starts to within the budget, whatever the prefill took, and not how
+long its answer was. What the grid cannot hide is a tick the event loop runs late (a loaded
+machine): the chunk still leaves, late, and the next one is due at its own instant.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 
 from starlette.responses import StreamingResponse
 
-from traceless.node.framing.base import END_LEN, Arrival, Headers
+from traceless.node.framing.base import END_LEN, Arrival, Inner, discard
 from traceless.node.framing.buckets import BucketFramer
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
@@ -32,12 +38,12 @@ from traceless.privacy.shape import STREAM_CHUNK, ShapePolicy, content_room, fir
 class Pace:
     first_due: float  # loop time of the first tick: the head and the first chunk
     tick_s: float
-    budget_ticks: int | None  # the stream's length if its content ends within it (None: pow2 ticks)
 
 
 # A shaped stream holds the engine's idle work off for this many ticks past each tick it sends: a
 # late tick (a loaded machine) does not let it in mid-stream; a stream that ends lets it in soon.
 IDLE_HOLD_TICKS = 3
+LAST_ROOM = content_room(STREAM_CHUNK - END_LEN)  # content the final chunk can carry
 
 
 class PacedFramer(BucketFramer):
@@ -50,20 +56,22 @@ class PacedFramer(BucketFramer):
         self.policy, self.max_model_len = policy, max_model_len
         self.defer_idle = defer_idle or (lambda seconds: None)
 
-    async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,
-                     events: AsyncGenerator[bytes, None], req: Arrival,
-                     filler: Callable[[int], bytes]) -> StreamingResponse:
-        pace = self._pace(req, filler is sse_filler)
+    async def stream(self, ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], req: Arrival) -> StreamingResponse:
+        pace = self._pace(req)
         wait = pace.first_due - asyncio.get_running_loop().time()
         # the engine's idle work waits for the stream's end: from now to the first tick, then a few
         # ticks past each tick
         self.defer_idle(max(0.0, wait) + IDLE_HOLD_TICKS * pace.tick_s)
-        try:  # the response head leaves on the first tick, not when the first token is known
+        try:  # the response head leaves on the first tick, whether or not the inner one is known
             await asyncio.sleep(wait)
         except BaseException:
-            await events.aclose()  # the client left: the engine request is aborted
+            await discard(inner)  # the client left: the engine request is aborted
             raise
-        body = paced(ctx, status, headers, events, pace, filler)
+
+        def budget(got: Inner) -> int | None:  # a JSON body comes whole at the end (its time shows): pow2
+            return self.policy.decode_budget_ticks(req.max_tokens) if got.filler is sse_filler else None
+
+        body = paced(ctx, inner, pace, budget)
         return StreamingResponse(self._holding_idle(body, pace.tick_s), media_type=OHTTP_CHUNKED_RES)
 
     async def _holding_idle(self, body: AsyncGenerator[bytes, None], tick_s: float) -> AsyncGenerator[bytes, None]:
@@ -75,52 +83,69 @@ class PacedFramer(BucketFramer):
         finally:
             await body.aclose()
 
-    def _pace(self, req: Arrival, sse: bool) -> Pace:
+    def _pace(self, req: Arrival) -> Pace:
         tick = self.policy.tick_ms / 1000
         # no prompt longer than the context needs a longer prefill budget (8 bytes a token: token-id lists)
         budget = self.policy.prefill_budget_s(req.request_bytes, 8 * self.max_model_len)
-        due = first_tick(req.arrived, asyncio.get_running_loop().time(), tick, budget)
-        # a JSON body comes whole at the end (its time shows anyway): powers of two only
-        return Pace(due, tick, self.policy.decode_budget_ticks(req.max_tokens) if sse else None)
+        return Pace(first_tick(req.arrived, asyncio.get_running_loop().time(), tick, budget), tick)
 
 
-async def paced(ctx: ChunkedServerResponse, status: int, headers: Headers, events: AsyncGenerator[bytes, None],
-                pace: Pace, filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
-    """One STREAM_CHUNK-byte chunk per tick, from pace.first_due: what arrived since the last tick."""
+class _Source:
+    """The inner response as it becomes ready: its head once the inner task resolves, then the bytes
+    of its body as they come (`pending`, always ending at an event boundary)."""
+
+    def __init__(self, inner: asyncio.Future[Inner]):
+        self.inner: asyncio.Future[Inner] = inner
+        self.got: Inner | None = None
+        self.pending = bytearray()
+        self.task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        got = self.got = await asyncio.shield(self.inner)
+        async for event in got.events:
+            self.pending.extend(event)
+
+    def ended(self) -> bool:
+        """True when the whole body is in `pending`; raises if the inner response failed."""
+        if self.task.done() and not self.task.cancelled() and self.task.exception() is not None:
+            raise RuntimeError("the response stream failed")  # the client sees a truncated stream
+        return self.task.done()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await discard(self.inner)
+        self.pending[:] = bytes(len(self.pending))
+
+
+def frame(msg: ResponseStreamEncoder, src: _Source, total: int = STREAM_CHUNK) -> bytes:
+    """One tick's plaintext, exactly `total` bytes: padding while the inner head is unknown; then the
+    head (once) and what arrived since the last tick, filled out."""
+    if src.got is None:
+        return msg.informational(total)
+    prefix = b"" if msg.head_sent else msg.head(src.got.status, src.got.headers)
+    chunk, took = pack(src.pending, total - len(prefix), src.got.filler)
+    del src.pending[:took]
+    return prefix + chunk
+
+
+async def paced(ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], pace: Pace,
+                budget: Callable[[Inner], int | None]) -> AsyncGenerator[bytes, None]:
+    """One STREAM_CHUNK-byte chunk per tick, at pace.first_due + k x pace.tick_s. `budget(inner)`:
+    the stream's length in ticks if its content ends within it (None: a power of two)."""
     loop = asyncio.get_running_loop()
-    enc, msg = ctx.encryptor(), ResponseStreamEncoder()
-    pending = bytearray()
-
-    async def pump() -> None:
-        async for event in events:
-            pending.extend(event)
-
-    task = asyncio.create_task(pump())
+    enc, msg, src = ctx.encryptor(), ResponseStreamEncoder(), _Source(inner)
     try:
-        due = pace.first_due
-        await asyncio.sleep(due - loop.time())
-        head = msg.head(status, headers)
-        chunk, took = pack(pending, STREAM_CHUNK - len(head), filler)
-        del pending[:took]
-        yield enc.seal_chunk(head + chunk)
-        sent, last, target = 1, content_room(STREAM_CHUNK - END_LEN), None
+        sent, target = 0, None
         while True:
-            due += pace.tick_s
-            await asyncio.sleep(due - loop.time())
-            if task.done() and task.exception() is not None:
-                raise RuntimeError("the response stream failed")  # the client sees a truncated stream
-            if task.done() and len(pending) <= last:
-                target = target or padded_ticks(sent + 1, pace.budget_ticks)  # if this tick were the last
+            await asyncio.sleep(pace.first_due + sent * pace.tick_s - loop.time())
+            if src.ended() and msg.head_sent and len(src.pending) <= LAST_ROOM and src.got is not None:
+                target = target or padded_ticks(sent + 1, budget(src.got))  # if this tick were the last
                 if sent + 1 >= target:
-                    chunk, _ = pack(pending, STREAM_CHUNK - END_LEN, filler)
+                    chunk, _ = pack(src.pending, STREAM_CHUNK - END_LEN, src.got.filler)
                     yield enc.seal_final(chunk + msg.end())
                     return
-            chunk, took = pack(pending, STREAM_CHUNK, filler)
-            del pending[:took]
-            yield enc.seal_chunk(chunk)
+            yield enc.seal_chunk(frame(msg, src))
             sent += 1
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await events.aclose()
-        pending[:] = bytes(len(pending))
+        await src.close()

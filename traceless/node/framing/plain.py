@@ -7,11 +7,11 @@ with an SSE comment; a whole response's binary HTTP message is zero-padded to a 
 """
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+import asyncio
 
 from starlette.responses import StreamingResponse
 
-from traceless.node.framing.base import END_LEN, Arrival, Framer, Headers
+from traceless.node.framing.base import END_LEN, Arrival, Framer, Inner, resolved
 from traceless.privacy.bhttp.stream import ResponseStreamEncoder
 from traceless.privacy.ohttp.chunked import ChunkedServerResponse
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_RES
@@ -27,10 +27,10 @@ class PlainFramer(Framer):
         # whole responses too: their length would tell the output's length
         return -length % self.padding if self.padding else 0
 
-    async def stream(self, ctx: ChunkedServerResponse, status: int, headers: Headers,
-                     events: AsyncGenerator[bytes, None], req: Arrival,
-                     filler: Callable[[int], bytes]) -> StreamingResponse:
+    async def stream(self, ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], req: Arrival) -> StreamingResponse:
         padding = self.padding
+        got = await resolved(inner)
+        status, headers, events = got.status, got.headers, got.events
 
         async def gen():
             enc, msg = ctx.encryptor(), ResponseStreamEncoder()

@@ -3,10 +3,13 @@
 A chunked OHTTP response (draft-ietf-ohai-chunked-ohttp) carries an indeterminate-length binary
 HTTP response so that its content can be sent as it is produced:
 
-    framing indicator 3 | status | field lines ... 0 | content chunks (length, bytes) ... 0 | trailers ... 0
+    framing indicator 3 | [1xx status | field lines ... 0]* | status | field lines ... 0
+                        | content chunks (length, bytes) ... 0 | trailers ... 0
 
-`ResponseStreamEncoder` emits those pieces one at a time; `ResponseStreamDecoder` parses them
-from arbitrary byte slices as they arrive and yields the head once, then content chunks.
+`ResponseStreamEncoder` emits those pieces one at a time (an informational response of an exact
+length stands for bytes that must leave before the final head is known: padding only);
+`ResponseStreamDecoder` parses them from arbitrary byte slices as they arrive and yields the head
+once, then content chunks.
 Informational (1xx) responses are skipped by the decoder. Malformed input raises BhttpError.
 """
 from __future__ import annotations
@@ -19,6 +22,10 @@ from traceless.privacy.bhttp.message import INDETERMINATE_LENGTH_RESPONSE
 from traceless.privacy.wire import encode_varint, peek_varint
 
 MAX_FIELD_BYTES = 64 << 10
+# The informational response that carries padding before a final head (RFC 9110 §15.2: a client
+# parses and may ignore any 1xx it did not ask for; our decoder skips them)
+PADDING_STATUS = 100
+PADDING_FIELD = b"padding"
 
 
 def _field_section(fields: tuple[FieldLine, ...]) -> bytes:
@@ -29,21 +36,42 @@ def _field_section(fields: tuple[FieldLine, ...]) -> bytes:
 
 
 class ResponseStreamEncoder:
-    """Pieces of one indeterminate-length response, in order: head(), chunk()*, end()."""
+    """Pieces of one indeterminate-length response, in order: informational()*, head(), chunk()*, end()."""
 
     __slots__ = ("_state",)
 
     def __init__(self) -> None:
-        self._state = "head"
+        self._state = "start"
+
+    @property
+    def head_sent(self) -> bool:
+        return self._state in ("content", "done")
+
+    def _framing(self) -> bytes:
+        return encode_varint(INDETERMINATE_LENGTH_RESPONSE) if self._state == "start" else b""
+
+    def informational(self, total: int) -> bytes:
+        """Exactly `total` bytes (at least 16): a 100 response whose one field holds padding (dots),
+        after the framing indicator if nothing was encoded yet. A decoder skips it."""
+        if self.head_sent:
+            raise BhttpError("informational responses go before the final head")
+        fixed = len(self._framing()) + len(encode_varint(PADDING_STATUS)) + 1 + len(PADDING_FIELD) + 1
+        for n in (1, 2, 4):
+            value = total - fixed - n
+            if value >= 0 and len(encode_varint(value)) == n:
+                padding = _field_section(((PADDING_FIELD, b"." * value),))
+                piece = self._framing() + encode_varint(PADDING_STATUS) + padding
+                self._state = "informational"
+                return piece
+        raise BhttpError(f"no informational response is exactly {total} bytes")
 
     def head(self, status: int, headers: tuple[FieldLine, ...] = ()) -> bytes:
-        if self._state != "head":
+        if self.head_sent:
             raise BhttpError("the response head was already encoded")
         check_final_status(status)
+        piece = self._framing() + encode_varint(status) + _field_section(normalize_fields(headers, "header"))
         self._state = "content"
-        return encode_varint(INDETERMINATE_LENGTH_RESPONSE) + encode_varint(status) + _field_section(
-            normalize_fields(headers, "header")
-        )
+        return piece
 
     def chunk(self, data: bytes) -> bytes:
         if self._state != "content":
