@@ -1,30 +1,18 @@
 """The built-in model on its own Q4_1/Q8_0 blocks (the default) against the same file dequantized to
 float32 (--dtype float32): teacher-forced greedy agreement.
 
-Prompt set: the ten chat prompts below (the parity tests' set) through the model's chat template,
-plus two plain-text openings; each followed by the float32 model's own 32 greedy tokens. At every
-position of those sequences both models score the next token in one prefill (prompt_logprobs) and
-we count where their top-1 tokens agree. Required: >= 95% of positions. Prefill chunks of 16 tokens
-run every matmul on the int8 kernels; whole prompts (>= 32 rows) on the dequantized-copy path."""
+Prompt set: traceless_tools/bench/greedy_set.py's ten chat prompts (the parity tests' set) through
+the model's chat template, plus its two plain-text openings; each followed by the float32 model's
+own 32 greedy tokens. At every position of those sequences both models score the next token in one
+prefill (prompt_logprobs) and we count where their top-1 tokens agree. Required: >= 95% of
+positions. Prefill chunks of 16 tokens run every matmul on the int8 kernels; whole prompts (>= 32
+rows) on the dequantized-copy path."""
 from __future__ import annotations
 
 import pytest
 
 from traceless import LLM, SamplingParams
-
-CHAT = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain photosynthesis to a child.",
-    "List three prime numbers greater than 100.",
-    "Translate 'good morning' into Spanish and German.",
-    "What is 17 times 23?",
-    "Give me a recipe for pancakes.",
-    "Who wrote Pride and Prejudice?",
-    "Summarize the plot of Romeo and Juliet in two sentences.",
-    "Write a Python function that reverses a string.",
-]
-PLAIN = ["The history of the printing press", "def fibonacci(n):"]
+from traceless_tools.bench.greedy_set import CHAT, PLAIN
 
 
 def _top1(llm: LLM, seqs: list[list[int]]) -> list[list[int]]:
