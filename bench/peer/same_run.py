@@ -54,6 +54,9 @@ def _parse_args(argv=None):
     p.add_argument("--gguf", type=Path, default=_default_gguf(), help="the built-in model's GGUF file")
     p.add_argument("--engines", default=",".join(ENGINES), help="subset of traceless,llamacpp,vllm")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="subset of W1,W2,W3 (default: all)")
+    p.add_argument("--threads", type=int, help="threads for traceless (OMP_NUM_THREADS) and llama.cpp "
+                   "(default: each engine's own, all CPUs; vLLM keeps its own)")
+    p.add_argument("--no-greedy", action="store_true", help="skip the greedy agreement with llama.cpp")
     p.add_argument("--llamacpp-python", default="/work/llamacpp-venv/bin/python")
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
     p.add_argument("--vllm-model", default="/work/hf-smollm2", help="the GGUF converted for vLLM (README)")
@@ -112,21 +115,24 @@ class Runner:
         return json.loads(json_out.read_text()) if json_out is not None else {}
 
 
-def _traceless_env() -> dict:
-    """The traceless under test is this checkout; torch picks its own thread count (both cores)."""
+def _traceless_env(threads: int | None) -> dict:
+    """The traceless under test is this checkout; torch and the kernels' OpenMP pick their own
+    thread count (all CPUs) unless `threads` is given."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
 def engine_command(engine: str, args, json_out: Path) -> list[str]:
-    wl, rep = ",".join(args.workloads), str(args.repeats)
+    wl, rep, threads = ",".join(args.workloads), str(args.repeats), str(args.threads or os.cpu_count())
     if engine == "traceless":
         return [sys.executable, "-m", "traceless_tools.cli", "bench", "offline", "--workloads", wl,
                 "--repeats", rep, "--json", str(json_out)]
     if engine == "llamacpp":
         return [args.llamacpp_python, "bench/peer/llamacpp_offline.py", "--model", str(args.gguf),
-                "--threads", str(os.cpu_count()), "--workloads", wl, "--repeats", rep, "--json", str(json_out)]
+                "--threads", threads, "--workloads", wl, "--repeats", rep, "--json", str(json_out)]
     return [args.vllm_python, "bench/peer/vllm_offline.py", "--model", args.vllm_model, "--workloads", wl,
             "--repeats", rep, "--json", str(json_out)]
 
@@ -147,7 +153,7 @@ def installed(engine: str, args) -> str | None:
 
 def run_rounds(r: Runner, args, engines: list[str]) -> tuple[list[dict], dict]:
     limits, reports = [], {e: [] for e in engines}
-    env = _traceless_env()
+    env = _traceless_env(args.threads)
     for i in range(args.rounds):
         lim = r.step(f"round {i + 1}: limits", [sys.executable, "-m", "traceless_tools.bench.cpu_limits"],
                      env=env, stdout_json=True)
@@ -164,22 +170,22 @@ def run_rounds(r: Runner, args, engines: list[str]) -> tuple[list[dict], dict]:
 
 
 def run_once(r: Runner, args, engines: list[str]) -> dict:
-    env = _traceless_env()
+    env = _traceless_env(args.threads)
     out = {"gguf": r.step("GGUF step bytes", [sys.executable, "-c", "import json,sys; from traceless_tools.bench."
                                               "cpu_limits import gguf_step_bytes; from pathlib import Path; "
                                               f"print(json.dumps(gguf_step_bytes(Path({str(args.gguf)!r}))))"],
                           env=env, stdout_json=True),
            "resident": r.step("resident weights", [sys.executable, "-m", "traceless_tools.bench.cpu_limits",
                                                    "--resident"], env=env, stdout_json=True)}
-    if "llamacpp" in engines:
+    if "llamacpp" in engines and not args.no_greedy:
         greedy = args.out / "raw" / "greedy_set_traceless.json"
         if r.step("greedy set: traceless", [sys.executable, "-m", "traceless_tools.bench.greedy_set",
                                             "--json", str(greedy)], env=env) is not None:
             agree = args.out / "raw" / "greedy_set_llamacpp.json"
-            rep = r.step("greedy set: llama.cpp", [args.llamacpp_python, "bench/peer/llamacpp_offline.py",
-                                                   "--model", str(args.gguf), "--threads", str(os.cpu_count()),
-                                                   "--workloads", "", "--greedy-set", str(greedy),
-                                                   "--json", str(agree)], agree)
+            cmd = [args.llamacpp_python, "bench/peer/llamacpp_offline.py", "--model", str(args.gguf),
+                   "--threads", str(args.threads or os.cpu_count()), "--workloads", "", "--greedy-set", str(greedy),
+                   "--json", str(agree)]
+            rep = r.step("greedy set: llama.cpp", cmd, agree)
             out["greedy_agreement"] = None if rep is None else rep["greedy_agreement"]
     return out
 
@@ -246,7 +252,8 @@ def main(argv=None) -> int:
         print("no limits measured: nothing to report", flush=True)
         return 1
     report = {"started": started, "machine": machine(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-              "rounds": args.rounds, "repeats": args.repeats, "skipped": skipped, "gguf_path": str(args.gguf),
+              "rounds": args.rounds, "repeats": args.repeats, "threads": args.threads, "skipped": skipped,
+              "gguf_path": str(args.gguf),
               **summarize(args, engines, limits, reports, once), "steps": r.steps}
     (args.out / "same_run.json").write_text(json.dumps(report, indent=2) + "\n")
     write_report(report, args.out / "README.md")

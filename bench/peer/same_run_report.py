@@ -104,7 +104,8 @@ def render(rep: dict) -> str:
     versions = ", ".join(f"{NAMES[e]} {f['version']}" for e, f in rep["figures"].items())
     out = [f"# Same-run CPU table ({rep['started']})", "",
            f"`bench/peer/{rep['command']}`: {rep['rounds']} round(s), {rep['repeats']} timed run(s) per workload "
-           f"per engine; figures are medians. {versions}. Model: SmolLM2-135M-Instruct, `{Path(rep['gguf_path']).name}`"
+           f"per engine; figures are medians. Threads: {rep.get('threads') or 'each engine default'}. "
+           f"{versions}. Model: SmolLM2-135M-Instruct, `{Path(rep['gguf_path']).name}`"
            " (traceless and llama.cpp on the file itself, vLLM on its float32 conversion run in bfloat16).", "",
            *_machine(rep), ""]
     if rep.get("skipped"):
