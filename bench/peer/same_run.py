@@ -47,7 +47,7 @@ _FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx5
 
 def _parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one round, one timed run per workload (about 8 minutes)")
+    p.add_argument("--quick", action="store_true", help="one round, one timed run per workload (10-15 minutes quiet)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of every engine (default: 2)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per workload in each engine (default: 3)")
     p.add_argument("--out", type=Path, help="output directory (default: bench/results/cpu-<UTC date>)")
