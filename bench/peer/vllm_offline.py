@@ -36,7 +36,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 _REPO = Path(__file__).resolve().parents[2]
-_WORKLOADS_PY = _REPO / "traceless" / "bench" / "workloads.py"
+_WORKLOADS_PY = _REPO / "traceless_tools" / "bench" / "workloads.py"
 
 
 def _process_start_time() -> tuple[float, str]:

@@ -1,9 +1,9 @@
 """The built-in model on its own Q4_1/Q8_0 blocks (the default) against the same file dequantized to
 float32 (--dtype float32): teacher-forced greedy agreement.
 
-Prompt set: the ten chat prompts below (the parity tests' set) through the model's chat template,
-plus two plain-text openings; each followed by the float32 model's own 32 greedy tokens. At every
-position of those sequences both models score the next token in one prefill (prompt_logprobs) and
+Prompt set (traceless_tools/bench/greedy_set.py): the ten chat prompts (the parity tests' set)
+through the model's chat template, plus two plain-text openings; each followed by the float32
+model's own 32 greedy tokens. At every position of those sequences both models score the next token in one prefill (prompt_logprobs) and
 we count where their top-1 tokens agree (>= 95% of positions) and how far the quantized model's
 log-probability of the float32 model's top-1 token is from float32's (mean <= 0.08 nats). Measured on
 AVX-512: 97.3% and 0.047 with int8 activations (the int8 kernels, llama.cpp's own precision: the
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.prompts import CHAT_PROMPTS
+from tests.support.prompts import CHAT_PROMPTS, PLAIN_OPENINGS
 from traceless import LLM, SamplingParams
 
 CHAT = CHAT_PROMPTS
-PLAIN = ["The history of the printing press", "def fibonacci(n):"]
+PLAIN = PLAIN_OPENINGS
 
 
 def _scores(llm: LLM, seqs: list[list[int]]) -> list[dict]:
