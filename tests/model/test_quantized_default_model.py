@@ -3,17 +3,18 @@ float32 (--dtype float32): teacher-forced greedy agreement.
 
 Prompt set (traceless_tools/bench/greedy_set.py): the ten chat prompts (the parity tests' set)
 through the model's chat template, plus two plain-text openings; each followed by the float32
-model's own 32 greedy tokens. At every position of those sequences both models score the next
-token in one prefill (prompt_logprobs) and we count where their top-1 tokens agree (>= 95% of positions) and how far the quantized model's
-log-probability of the float32 model's top-1 token is from float32's (mean <= 0.08 nats). Measured on
-AVX-512: 97.3% and 0.047 with int8 activations (the int8 kernels, llama.cpp's own precision: the
-activation of each 32-value block rounded to int8), against 98.7% and 0.018 when prefill ran on a
-dequantized bfloat16 copy. A layout or scale bug in a kernel moves the log-probabilities by whole
-nats; rounding does not. Top-1 tokens that were near-ties in float32 can flip: "What is the capital
-of France?" opens with "The" at -1.88 and "L" at -1.97 in float32, so a greedy answer may start
-either way (llama.cpp, llama-cpp-python 0.3.36 on the same file, answers "L'Étoile, la Cité, la
-Nation", as the int8 path does). Whole prompts run here; chunks of any size run the same kernels
-(one for every row count; row independence: tests/model/test_quantized_batch_invariance.py)."""
+model's own 32 greedy tokens. At every position of those sequences both models score the next token
+in one prefill (prompt_logprobs) and we count where their top-1 tokens agree (>= 95% of positions)
+and how far the quantized model's log-probability of the float32 model's top-1 token is from
+float32's (mean <= 0.08 nats). Measured on AVX-512: 97.3% and 0.047 with int8 activations (the int8
+kernels, llama.cpp's own precision: the activation of each 32-value block rounded to int8), against
+98.7% and 0.018 when prefill ran on a dequantized bfloat16 copy. A layout or scale bug in a kernel
+moves the log-probabilities by whole nats; rounding does not. Top-1 tokens that were near-ties in
+float32 can flip: "What is the capital of France?" opens with "The" at -1.88 and "L" at -1.97 in
+float32, so a greedy answer may start either way (llama.cpp, llama-cpp-python 0.3.36 on the same
+file, answers "L'Étoile, la Cité, la Nation", as the int8 path does). Whole prompts run here; chunks
+of any size run the same kernels (one for every row count; row independence:
+tests/model/test_quantized_batch_invariance.py)."""
 from __future__ import annotations
 
 import pytest
