@@ -23,7 +23,8 @@ run: $(STAMP)
 	$(VENV)/bin/traceless up
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check traceless traceless_tools tests bench
+	$(VENV)/bin/ruff check traceless traceless_tools tests bench deploy
+	$(VENV)/bin/ruff format --check traceless traceless_tools tests bench deploy
 	$(VENV)/bin/mypy
 
 test: lint

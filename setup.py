@@ -1,11 +1,11 @@
 """Builds the native CPU kernels as a plain shared library (loaded with ctypes, see
 traceless/runner/kernels.py). Everything else about the package lives in pyproject.toml."""
+
 import platform
 
 from setuptools import Extension, setup
 
-flags = ["-O3", "-fopenmp", "-ffast-math",
-         "-std=c11"]
+flags = ["-O3", "-fopenmp", "-ffast-math", "-std=c11"]
 if platform.machine() not in ("x86_64", "AMD64"):
     flags.append("-mcpu=native")
 
@@ -13,8 +13,12 @@ setup(
     ext_modules=[
         Extension(
             "traceless.model.layers._kernels",
-            sources=["traceless/model/layers/csrc/kernels.c", "traceless/model/layers/csrc/qmatmul.c",
-                     "traceless/model/layers/csrc/pool_stacks.c", "traceless/server/csrc/dead_stack.c"],
+            sources=[
+                "traceless/model/layers/csrc/kernels.c",
+                "traceless/model/layers/csrc/qmatmul.c",
+                "traceless/model/layers/csrc/pool_stacks.c",
+                "traceless/server/csrc/dead_stack.c",
+            ],
             extra_compile_args=flags,
             extra_link_args=["-fopenmp", "-lm", *(["-lmvec"] if platform.machine() in ("x86_64", "AMD64") else [])],
         ),

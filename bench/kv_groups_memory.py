@@ -7,6 +7,7 @@ blocks each group holds are counted at every step.
 prints the peak blocks per group kind and the bytes (bfloat16) next to one block table for every
 layer (what a model with local and global layers held before KV groups).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,11 @@ def main() -> None:
     c = read_model_config(args.model)
     groups = c.kv_groups
     total = args.prompt + args.new
-    kv = KVCacheManager(BlockPool(len(groups.windows) * blocks_for(total, args.block_size) + 2, lambda ids: None),
-                        args.block_size, windows=groups.windows)
+    kv = KVCacheManager(
+        BlockPool(len(groups.windows) * blocks_for(total, args.block_size) + 2, lambda ids: None),
+        args.block_size,
+        windows=groups.windows,
+    )
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=args.chunk, max_model_len=total + 1), kv)
     r = Request("r", [5] * args.prompt, SamplingParams(max_tokens=args.new, ignore_eos=True), frozenset())
     sched.add(r)
@@ -48,14 +52,20 @@ def main() -> None:
     slot_bytes = 2 * c.num_kv_heads * c.head_dim * args.block_size * 2  # K and V of one layer's block, bf16
     held = peak_total * groups.num_slots * slot_bytes
     before = blocks_for(total, args.block_size) * c.num_layers * slot_bytes
-    print(f"{args.model}: {c.num_layers} layers, windows per group {groups.windows}, {groups.num_slots} layers per "
-          f"group; one request of {total} tokens, block size {args.block_size}, chunks of {args.chunk}")
+    print(
+        f"{args.model}: {c.num_layers} layers, windows per group {groups.windows}, {groups.num_slots} layers per "
+        f"group; one request of {total} tokens, block size {args.block_size}, chunks of {args.chunk}"
+    )
     for w in sorted(set(groups.windows)):
         gs = [g for g, x in enumerate(groups.windows) if x == w]
-        print(f"  {'global' if not w else f'window {w}'}: {len(gs)} group(s), peak blocks per group "
-              f"{max(peak[g] for g in gs)}, at the end {max(final[g] for g in gs)}")
-    print(f"  KV memory at peak: {held / 2**30:.2f} GiB; one table for every layer: {before / 2**30:.2f} GiB "
-          f"({held / before:.1%})")
+        print(
+            f"  {'global' if not w else f'window {w}'}: {len(gs)} group(s), peak blocks per group "
+            f"{max(peak[g] for g in gs)}, at the end {max(final[g] for g in gs)}"
+        )
+    print(
+        f"  KV memory at peak: {held / 2**30:.2f} GiB; one table for every layer: {before / 2**30:.2f} GiB "
+        f"({held / before:.1%})"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Prints and writes the topic classifier, the gap-jitter and the late-first-tick r
 
     PYTHONPATH=$PWD python bench/stream_timing_ab.py OLD_CHECKOUT --trials 8 --load 2 --probes 6 --json F
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,25 +54,58 @@ def main() -> None:
         nodes = {}
         for name, (path, extra) in arms.items():
             os.environ["PYTHONPATH"] = path  # the node's code; spawn_node passes the environment on
-            nodes[name] = stack.enter_context(spawn_node(
-                *extra, "--served-model-name", SERVED_NAME, "--kv-cache-memory", "256MiB", "--max-model-len",
-                str(MAX_MODEL_LEN), "--dtype", "float32", name=f"node-{name}"))
+            nodes[name] = stack.enter_context(
+                spawn_node(
+                    *extra,
+                    "--served-model-name",
+                    SERVED_NAME,
+                    "--kv-cache-memory",
+                    "256MiB",
+                    "--max-model-len",
+                    str(MAX_MODEL_LEN),
+                    "--dtype",
+                    "float32",
+                    name=f"node-{name}",
+                )
+            )
         os.environ["PYTHONPATH"] = here
         results, probes = run(nodes, cfg, args.probes, rng, loads)
     loads.append(os.getloadavg())
     budget = lambda t: ShapePolicy().prefill_budget_s(t.request_bytes - 64, 8 * MAX_MODEL_LEN)  # noqa: E731
-    report = {"load_processes": args.load, "trials_per_topic": args.trials, "loadavg_1_5_15": loads,
-              "probes_long_prompt": {n: late_first_ticks(ts, 0.1, budget) for n, ts in probes.items()},
-              "results": {n: {k: v for k, v in r.summary(4, 4, 0).items() if k != "confusion"}
-                          for n, r in results.items()},
-              "traces": {n: [{"topic": label, "times": t.times, "carried": t.carried, "first_token": t.first_token,
-                              "tokens": t.tokens} for label, t in zip(r.labels, r.traces)]
-                         for n, r in results.items()}}
+    report = {
+        "load_processes": args.load,
+        "trials_per_topic": args.trials,
+        "loadavg_1_5_15": loads,
+        "probes_long_prompt": {n: late_first_ticks(ts, 0.1, budget) for n, ts in probes.items()},
+        "results": {n: {k: v for k, v in r.summary(4, 4, 0).items() if k != "confusion"} for n, r in results.items()},
+        "traces": {
+            n: [
+                {
+                    "topic": label,
+                    "times": t.times,
+                    "carried": t.carried,
+                    "first_token": t.first_token,
+                    "tokens": t.tokens,
+                }
+                for label, t in zip(r.labels, r.traces)
+            ]
+            for n, r in results.items()
+        },
+    }
     with open(args.json, "w") as f:
         json.dump(report, f, separators=(",", ":"))
     for name, r in report["results"].items():
-        print(name, "topic accuracy", r["accuracy"], "\n  late first tick", r["late_first_tick"],
-              "\n  gap jitter", r["gap_jitter"], "\n  long-prompt probes", report["probes_long_prompt"][name])
+        print(
+            name,
+            "topic accuracy",
+            r["accuracy"],
+            "\n  late first tick",
+            r["late_first_tick"],
+            "\n  gap jitter",
+            r["gap_jitter"],
+            "\n  long-prompt probes",
+            report["probes_long_prompt"][name],
+        )
 
 
 def run(nodes: dict, cfg: StreamAttackConfig, n_probes: int, rng: random.Random, loads: list):

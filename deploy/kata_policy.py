@@ -18,6 +18,7 @@ container (and says so): pin the image at release time with
 new initdata.toml under `kata_initdata` in the evidence policy. `--check` changes nothing and
 exits 1 when the files are not what the manifests render.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,15 @@ class PolicyError(Exception):
 
 def node_container(documents: list[Any]) -> dict:
     """The one container named `node` of the node StatefulSet."""
-    found = [c for doc in documents if isinstance(doc, dict) and doc.get("kind") == "StatefulSet"
-             and doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component") == "node"
-             for c in doc["spec"]["template"]["spec"]["containers"] if c.get("name") == "node"]
+    found = [
+        c
+        for doc in documents
+        if isinstance(doc, dict)
+        and doc.get("kind") == "StatefulSet"
+        and doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component") == "node"
+        for c in doc["spec"]["template"]["spec"]["containers"]
+        if c.get("name") == "node"
+    ]
     if len(found) != 1:
         raise PolicyError(f"expected one node container in the manifests, found {len(found)}")
     return found[0]
@@ -86,8 +93,10 @@ def render_initdata(policy: str) -> bytes:
     """The initdata document: TOML, the policy as one literal string (it holds no ''')."""
     if "'''" in policy:
         raise PolicyError("the policy may not contain ''' (TOML literal string delimiter)")
-    head = ("# Rendered by deploy/kata_policy.py from agent-policy.rego and the manifests: do not edit.\n"
-            'algorithm = "sha384"\nversion = "0.1.0"\n\n[data]\n')
+    head = (
+        "# Rendered by deploy/kata_policy.py from agent-policy.rego and the manifests: do not edit.\n"
+        'algorithm = "sha384"\nversion = "0.1.0"\n\n[data]\n'
+    )
     return (head + "\"policy.rego\" = '''\n" + policy + "'''\n").encode()
 
 
@@ -117,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kata_policy: {e}", file=sys.stderr)
         return 1
     if release is None:
-        print("kata_policy: the node image is not pinned by digest: this policy admits no node container",
-              file=sys.stderr)
+        print(
+            "kata_policy: the node image is not pinned by digest: this policy admits no node container", file=sys.stderr
+        )
     if args.check:
         stale = [p.name for p, want in ((INITDATA, initdata), (POD_PATCH, pod.encode())) if p.read_bytes() != want]
         if stale:

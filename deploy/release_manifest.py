@@ -12,6 +12,7 @@ when the node is given --model. The capacities are the --capacity values of the 
 The output is the leaf exactly as the log stores it (canonical JSON); the log's init container
 appends it at start (`traceless log append --if-absent`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,12 @@ def release_manifest(documents: list[Any], given_model: Path | None = None):
     models = {model_file(a, given_model) for a in parsed}
     if any(c != configs[0] for c in configs) or len(models) != 1:
         raise ReleaseError("node StatefulSets differ in measured configuration or model: one release each")
-    return ReleaseManifest(code=code_digest(ROOT / "traceless"), model=model_digest(models.pop()),
-                           config=configs[0], capacities=tuple(sorted({a.capacity for a in parsed})))
+    return ReleaseManifest(
+        code=code_digest(ROOT / "traceless"),
+        model=model_digest(models.pop()),
+        config=configs[0],
+        capacities=tuple(sorted({a.capacity for a in parsed})),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

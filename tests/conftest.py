@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random models written as real Hugging Face directories, and the real
 default model (loaded once per session)."""
+
 from __future__ import annotations
 
 import json
@@ -43,6 +44,7 @@ def pytest_configure(config):
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+
 TINY_VOCAB = 384
 
 
@@ -58,8 +60,10 @@ def _write_tokenizer(path: Path, vocab_size: int) -> None:
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.add_special_tokens(["<s>", "</s>"])
     tok.save(str(path / "tokenizer.json"))
-    template = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
-                "{% if add_generation_prompt %}<s> assistant {% endif %}")
+    template = (
+        "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+        "{% if add_generation_prompt %}<s> assistant {% endif %}"
+    )
     (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
 
 
@@ -75,9 +79,19 @@ def make_tiny_model(path: Path, kind: str = "llama", seed: int = 0, **overrides)
     )
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     common.update(overrides)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
@@ -200,6 +214,7 @@ def captured_events():
 def record_mkdtemp(tmp_path, monkeypatch):
     """record_mkdtemp(module): the module's tempfile.mkdtemp makes its directories under tmp_path
     and lists them, so a test can check that they were removed."""
+
     def patch(module) -> list[Path]:
         made: list[Path] = []
         real = module.tempfile.mkdtemp
@@ -210,8 +225,8 @@ def record_mkdtemp(tmp_path, monkeypatch):
 
         monkeypatch.setattr(module.tempfile, "mkdtemp", mkdtemp)
         return made
-    return patch
 
+    return patch
 
 
 @pytest.fixture(autouse=True)
@@ -228,8 +243,11 @@ def _logging_restored():
     names = (LOGGER_NAME, "uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore", "asyncio")
     root = logging.getLogger()
     saved_level = root.level
-    saved = {name: (list(lg.handlers), lg.propagate, lg.disabled, lg.level)
-             for name in names for lg in (logging.getLogger(name),)}
+    saved = {
+        name: (list(lg.handlers), lg.propagate, lg.disabled, lg.level)
+        for name in names
+        for lg in (logging.getLogger(name),)
+    }
     yield
     root.setLevel(saved_level)
     for name, (handlers, propagate, disabled, level) in saved.items():

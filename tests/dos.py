@@ -6,6 +6,7 @@ sampled throughout and its growth printed and bounded.
 The service runs in this process (a thread), so the resident set measured is the service's plus
 the attackers' (a few sockets and small buffers: nothing that grows with the body sizes).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -202,6 +203,7 @@ def flood(target: Target, concurrency: int = 50) -> None:
         statuses: list[int] = []
         limits = httpx.Limits(max_connections=concurrency)
         async with httpx.AsyncClient(base_url=target.url, timeout=30, limits=limits) as client:
+
             async def one() -> None:
                 r = await client.request(method, path, headers=headers, content=body)
                 statuses.append(r.status_code)

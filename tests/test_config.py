@@ -1,6 +1,7 @@
 """EngineConfig's mode fields hold traceless.modes' Enums: a member or its word is accepted and
 held as the member; anything else is a ConfigError naming the words allowed. The command line's
 choices are the same words."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,15 @@ from traceless.modes import (
     choices,
 )
 
-MODES = {"dtype": DType, "quantization": QuantizationMode, "load_format": LoadFormat,
-         "attention_backend": AttentionBackend, "prefix_cache": CacheMode, "kv_offload": KVOffload,
-         "speculative": SpecMode}
+MODES = {
+    "dtype": DType,
+    "quantization": QuantizationMode,
+    "load_format": LoadFormat,
+    "attention_backend": AttentionBackend,
+    "prefix_cache": CacheMode,
+    "kv_offload": KVOffload,
+    "speculative": SpecMode,
+}
 
 
 @pytest.mark.parametrize("field,mode", MODES.items())
@@ -49,10 +56,23 @@ def test_a_member_of_another_mode_is_refused():
 
 def test_the_defaults_are_members():
     cfg = EngineConfig()
-    assert (cfg.dtype, cfg.quantization, cfg.load_format, cfg.attention_backend, cfg.prefix_cache,
-            cfg.kv_offload, cfg.speculative) == (DType.AUTO, QuantizationMode.AUTO, LoadFormat.AUTO,
-                                                 AttentionBackend.AUTO, CacheMode.ISOLATED, KVOffload.NONE,
-                                                 SpecMode.OFF)
+    assert (
+        cfg.dtype,
+        cfg.quantization,
+        cfg.load_format,
+        cfg.attention_backend,
+        cfg.prefix_cache,
+        cfg.kv_offload,
+        cfg.speculative,
+    ) == (
+        DType.AUTO,
+        QuantizationMode.AUTO,
+        LoadFormat.AUTO,
+        AttentionBackend.AUTO,
+        CacheMode.ISOLATED,
+        KVOffload.NONE,
+        SpecMode.OFF,
+    )
 
 
 def test_rules_between_modes_read_the_converted_members():

@@ -1,4 +1,5 @@
 """write_private: secrets on disk are 0600 whatever the umask, and replaced atomically."""
+
 import os
 import stat
 

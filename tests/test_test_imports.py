@@ -1,5 +1,6 @@
 """No test module imports another test module: what tests share lives in tests/support/ (or a
 conftest.py), so running one test file never runs, or depends on, another's module code."""
+
 from __future__ import annotations
 
 import ast
@@ -27,8 +28,11 @@ def _imports(path: Path) -> list[str]:
 
 
 def test_no_test_module_imports_another():
-    offenders = {str(p.relative_to(TESTS.parent)): bad for p in sorted(TESTS.rglob("*.py"))
-                 if (bad := [m for m in _imports(p) if _is_test_module(m) or m == "tests.<relative>"])}
+    offenders = {
+        str(p.relative_to(TESTS.parent)): bad
+        for p in sorted(TESTS.rglob("*.py"))
+        if (bad := [m for m in _imports(p) if _is_test_module(m) or m == "tests.<relative>"])
+    }
     assert offenders == {}, offenders
 
 

@@ -5,6 +5,7 @@ transparency-dev probes, vendor attestation evidence); its README gives each fil
 `SHA256SUMS.txt` their digests (checked by tests/test_vectors.py). Files the shared set lacks sit
 beside it in `tests/data/`. A missing file fails the test, never skips it.
 """
+
 from __future__ import annotations
 
 import json

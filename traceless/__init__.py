@@ -4,6 +4,7 @@
 that light modules (the CLI's argument parsing, the privacy library, the benchmark workloads) can
 be imported without loading torch.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """Engine configuration: one frozen dataclass, validated on construction."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ Messages describe the *shape* of what was wrong (a field name, a count, a limit)
 content: an error message may reach logs or another component, and must carry no prompt text or
 token ids.
 """
+
 from __future__ import annotations
 
 

@@ -1,6 +1,7 @@
 """The engine's modes, each an Enum whose values are the words the command line and
 `LLM(...)` accept. Base layer (no torch): EngineConfig's fields hold them, and the engine, the
 runner and the model read the same members."""
+
 from __future__ import annotations
 
 from enum import Enum

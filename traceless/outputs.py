@@ -3,6 +3,7 @@
 These objects carry the user's own content back to the user; the engine keeps no reference to
 them after the request ends.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,7 @@
 """Files that hold secrets (API keys, endpoints.json with its key): written 0600 from the first
 byte, whatever the umask, and replaced atomically so no reader ever sees a partial file or a
 moment in which the file is readable by others."""
+
 from __future__ import annotations
 
 import os

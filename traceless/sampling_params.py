@@ -3,6 +3,7 @@
 Every field is validated on construction; an invalid or unsupported value raises
 `InvalidRequestError` (a `ValueError`) naming the field. Nothing is accepted and then ignored.
 """
+
 from __future__ import annotations
 
 import math

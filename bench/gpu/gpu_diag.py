@@ -12,6 +12,7 @@ one failure does not stop the rest.
 (From the shared tools, adapted: the release-time scrub is now the engine's once-per-step sweep,
 and an A/B of asynchronous scheduling in the same process was added.)
 """
+
 import json
 import os
 import statistics
@@ -46,6 +47,7 @@ def section(name):
         res.setdefault("section_s", {})[name] = round(time.perf_counter() - t0, 2)
         save()
         print(name, json.dumps(res[name], default=str)[:600], flush=True)
+
     return wrap
 
 
@@ -56,15 +58,23 @@ def gpu_ms(fn, reps=20):
 @section("env")
 def _env():
     from traceless_tools.bench.gpu_limits import measure_limits
+
     p = torch.cuda.get_device_properties(dev)
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-            "device": p.name, "sms": p.multi_processor_count, "mem_gib": round(p.total_memory / 2**30, 1),
-            "limits": measure_limits(dev)}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "device": p.name,
+        "sms": p.multi_processor_count,
+        "mem_gib": round(p.total_memory / 2**30, 1),
+        "limits": measure_limits(dev),
+    }
 
 
 @section("attention")
 def _attention():
     from traceless.model.layers import triton_kernels as tk
+
     H, HKV, D, BS = 32, 8, 128, 16
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     out = {}
@@ -80,10 +90,15 @@ def _attention():
         lens = torch.full((B,), ctx, device=dev, dtype=torch.int32)
         kv_bytes = B * ctx * HKV * D * 2 * 2
         for n_sms in (0, sms):
-            ms = gpu_ms(lambda q=q, k=k, v=v, o=o, t=tables, cu=cu, lens=lens, s=n_sms:
-                        tk.paged_attention(q, k, v, o, t, cu, lens, D ** -0.5, 1, s))
-            out[f"B{B}_ctx{ctx}_split{int(n_sms > 0)}"] = {"us": round(ms * 1e3, 2),
-                                                          "GBps": round(kv_bytes / (ms / 1e3) / 1e9, 1)}
+            ms = gpu_ms(
+                lambda q=q, k=k, v=v, o=o, t=tables, cu=cu, lens=lens, s=n_sms: tk.paged_attention(
+                    q, k, v, o, t, cu, lens, D**-0.5, 1, s
+                )
+            )
+            out[f"B{B}_ctx{ctx}_split{int(n_sms > 0)}"] = {
+                "us": round(ms * 1e3, 2),
+                "GBps": round(kv_bytes / (ms / 1e3) / 1e9, 1),
+            }
         del k, v
         torch.cuda.empty_cache()
     return out
@@ -92,16 +107,25 @@ def _attention():
 @section("gemm")
 def _gemm():
     import torch.nn.functional as F
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-              "lm_head": (128256, 4096)}
+
+    shapes = {
+        "qkv": (6144, 4096),
+        "o": (4096, 4096),
+        "gate_up": (28672, 4096),
+        "down": (4096, 14336),
+        "lm_head": (128256, 4096),
+    }
     out = {}
     for name, (n, k_) in shapes.items():
         w = torch.randn(n, k_, device=dev, dtype=torch.bfloat16)
         for m in (1, 64, 256, 8192):
             x = torch.randn(m, k_, device=dev, dtype=torch.bfloat16)
             ms = gpu_ms(lambda x=x, w=w: F.linear(x, w), reps=10)
-            out[f"{name}_M{m}"] = {"us": round(ms * 1e3, 1), "TBps_weights": round(n * k_ * 2 / (ms / 1e3) / 1e12, 2),
-                                   "TFLOPs": round(2 * m * n * k_ / (ms / 1e3) / 1e12, 1)}
+            out[f"{name}_M{m}"] = {
+                "us": round(ms * 1e3, 1),
+                "TBps_weights": round(n * k_ * 2 / (ms / 1e3) / 1e12, 2),
+                "TFLOPs": round(2 * m * n * k_ / (ms / 1e3) / 1e12, 1),
+            }
         del w
     return out
 
@@ -113,15 +137,21 @@ llm = None
 def _build():
     global llm
     from traceless import LLM
+
     t0 = time.perf_counter()
     llm = LLM(MODEL, load_format="dummy", device="cuda", max_num_seqs=256, max_num_batched_tokens=8192)
     m = llm.engine.model
-    return {"build_s": round(time.perf_counter() - t0, 1), "graphs": m.cuda_graphs, "capture_s": m.capture_s,
-            "kv_blocks": llm.engine.num_kv_blocks}
+    return {
+        "build_s": round(time.perf_counter() - t0, 1),
+        "graphs": m.cuda_graphs,
+        "capture_s": m.capture_s,
+        "kv_blocks": llm.engine.num_kv_blocks,
+    }
 
 
 def _params(n):
     from traceless import SamplingParams
+
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
@@ -152,8 +182,11 @@ def _w1():
             gpus.append(a.elapsed_time(b))
         while eng.has_unfinished():
             eng.step()
-        out[mode] = {"wall_ms": round(statistics.median(walls), 3), "event_ms": round(statistics.median(gpus), 3),
-                     "tok_s": round(1e3 / statistics.median(walls), 1)}
+        out[mode] = {
+            "wall_ms": round(statistics.median(walls), 3),
+            "event_ms": round(statistics.median(gpus), 3),
+            "tok_s": round(1e3 / statistics.median(walls), 1),
+        }
     runner.graphs = graphs
     if graphs is not None:  # CPU cost of one replay call and its GPU span
         n = graphs.sizes[0]
@@ -164,8 +197,10 @@ def _w1():
             graphs._graphs[n][0].replay()
             cpu.append((time.perf_counter() - t0) * 1e6)
         torch.cuda.synchronize()
-        out["replay_size1"] = {"cpu_us": round(statistics.median(cpu), 1),
-                               "gpu_ms": round(gpu_ms(lambda: graphs._graphs[n][0].replay(), reps=10), 3)}
+        out["replay_size1"] = {
+            "cpu_us": round(statistics.median(cpu), 1),
+            "gpu_ms": round(gpu_ms(lambda: graphs._graphs[n][0].replay(), reps=10), 3),
+        }
         runner.sweep()  # the replays above ran outside a step: the sweep zeroes what they left
     return out
 
@@ -213,8 +248,12 @@ def _ttft():
                     (ttfts if synced else ttfts_nosync).append((time.perf_counter() - t0) * 1e3)
                     while eng.has_unfinished():
                         eng.step()
-            out.setdefault(mode, []).append({"ttft_ms_synced": [round(x, 2) for x in ttfts],
-                                             "ttft_ms_after_release": [round(x, 2) for x in ttfts_nosync]})
+            out.setdefault(mode, []).append(
+                {
+                    "ttft_ms_synced": [round(x, 2) for x in ttfts],
+                    "ttft_ms_after_release": [round(x, 2) for x in ttfts_nosync],
+                }
+            )
         out["release_and_sweep_ms"] = [round(x, 2) for x in rel_times]
     finally:
         runner.release = real_release
@@ -228,6 +267,7 @@ def _async_ab():
     """Decode tok/s with asynchronous scheduling off and on, interleaved, in this process (the
     engine reads the switch every step): one stream, then 64 streams."""
     import dataclasses
+
     eng = llm.engine
     base = eng.config
     out = {}
@@ -236,8 +276,9 @@ def _async_ab():
             for ahead in (False, True):
                 eng.config = dataclasses.replace(base, async_scheduling=ahead)
                 for i in range(batch):
-                    eng.add_request(f"ab-{batch}-{rep}-{ahead}-{i}", [1000 + (i * 13 + j) % 30000 for j in range(128)],
-                                    _params(136))
+                    eng.add_request(
+                        f"ab-{batch}-{rep}-{ahead}-{i}", [1000 + (i * 13 + j) % 30000 for j in range(128)], _params(136)
+                    )
                 for _ in range(8):  # prefill and warm decode steps
                     eng.step()
                 torch.cuda.synchronize()
@@ -247,7 +288,8 @@ def _async_ab():
                     steps += 1
                 torch.cuda.synchronize()
                 out.setdefault(f"B{batch}_{'async' if ahead else 'sync'}_tok_s", []).append(
-                    round(batch * steps / (time.perf_counter() - t0), 1))
+                    round(batch * steps / (time.perf_counter() - t0), 1)
+                )
                 while eng.has_unfinished():
                     eng.step()
     eng.config = base
@@ -256,6 +298,7 @@ def _async_ab():
 
 def _profile(name, steps):
     from torch.profiler import ProfilerActivity, profile
+
     eng = llm.engine
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -305,9 +348,13 @@ def _w5():
     t2 = time.perf_counter()
     while eng.has_unfinished():
         eng.step()
-    return {"prefill_steps": steps, "prefill_s": round(prefill_s, 2),
-            "decode_wall_ms": round(statistics.median(walls), 2), "decode_event_ms": round(statistics.median(gpus), 2),
-            "tail_s": round(time.perf_counter() - t2, 2)}
+    return {
+        "prefill_steps": steps,
+        "prefill_s": round(prefill_s, 2),
+        "decode_wall_ms": round(statistics.median(walls), 2),
+        "decode_event_ms": round(statistics.median(gpus), 2),
+        "tail_s": round(time.perf_counter() - t2, 2),
+    }
 
 
 save()

@@ -3,6 +3,7 @@ at once), synchronous and with asynchronous scheduling, interleaved: the host wo
 ahead hides behind the device's step. Runs on any machine. Usage:
     PYTHONPATH=. python3 bench/gpu/host_step.py [MODEL_DIR_WITH_CONFIG_JSON]
 (default bench/models/llama-3.2-1b; dummy weights, float32, on the CPU)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,16 @@ class Stub:
 
 
 def host_ms(model: str, batch: int, ahead: bool, steps: int = 60) -> float:
-    cfg = EngineConfig(model=model, load_format="dummy", dtype="float32", kv_cache_memory=2**30, max_num_seqs=256,
-                       max_num_batched_tokens=8192, async_scheduling=ahead, max_model_len=1024)
+    cfg = EngineConfig(
+        model=model,
+        load_format="dummy",
+        dtype="float32",
+        kv_cache_memory=2**30,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        async_scheduling=ahead,
+        max_model_len=1024,
+    )
     engine = LLMEngine(cfg, dataclasses.replace(build_engine_parts(cfg), executor=Stub()))
     for i in range(batch):
         engine.add_request(f"r{i}", [1000 + i] * 128, SamplingParams(temperature=0, max_tokens=900, ignore_eos=True))

@@ -1,6 +1,7 @@
 """Where a decode step's time goes on the GPU: torch.profiler over 24 steps of one sequence
 (W1's shape), top kernels by GPU time and the host's share. Usage:
     python3 bench/gpu/profile_decode.py bench/models/llama-3.1-8b"""
+
 import sys
 import time
 

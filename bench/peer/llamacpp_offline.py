@@ -23,6 +23,7 @@ Method (one untimed warm-up of each measurement, then --repeats timed runs, medi
       sequences and its free-running greedy tokens (end of sequence masked), each compared position by
       position with traceless's (default quantized, and float32).
 """
+
 import argparse
 import importlib.util
 import json
@@ -54,9 +55,13 @@ def _parse_args(argv=None):
     p.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset; empty for none")
     p.add_argument("--json", type=Path)
     p.add_argument("--tokens", type=Path, help="write W1's greedy output token ids here")
-    p.add_argument("--greedy-set", type=Path, metavar="FILE",
-                   help="traceless's greedy set (python -m traceless_tools.bench.greedy_set --json FILE): "
-                        "report the fraction of positions where llama.cpp's greedy tokens agree")
+    p.add_argument(
+        "--greedy-set",
+        type=Path,
+        metavar="FILE",
+        help="traceless's greedy set (python -m traceless_tools.bench.greedy_set --json FILE): "
+        "report the fraction of positions where llama.cpp's greedy tokens agree",
+    )
     return p.parse_args(argv)
 
 
@@ -75,8 +80,9 @@ class Runner:
         self.llm.reset()
         t0 = time.perf_counter()
         out = []
-        for tok in self.llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0,
-                                     logits_processor=[no_eos], reset=True):
+        for tok in self.llm.generate(
+            prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, logits_processor=[no_eos], reset=True
+        ):
             out.append(tok)
             if len(out) == max_tokens:
                 break
@@ -116,19 +122,24 @@ def _workloads(r: Runner, names: list[str], repeats: int) -> dict:
         ttfts = [t for t, _, _ in r.run(w.prompts, 1, repeats)]
         ttft = statistics.median(ttfts)
         fulls = r.run(w.prompts, w.max_tokens, repeats)
-        results["W1"] = {"ttft_s": ttft,
-                         "decode_tokens_per_s": statistics.median((n - 1) / (t - ttft) for t, n, _ in fulls),
-                         "output_tokens_per_s": statistics.median(n / t for t, n, _ in fulls),
-                         "runs": {"ttft_s": ttfts, "full_generation_s": [t for t, _, _ in fulls]},
-                         "loadavg_after": os.getloadavg()}
+        results["W1"] = {
+            "ttft_s": ttft,
+            "decode_tokens_per_s": statistics.median((n - 1) / (t - ttft) for t, n, _ in fulls),
+            "output_tokens_per_s": statistics.median(n / t for t, n, _ in fulls),
+            "runs": {"ttft_s": ttfts, "full_generation_s": [t for t, _, _ in fulls]},
+            "loadavg_after": os.getloadavg(),
+        }
     for name in ("W2", "W3"):
         if name in names:
             w = workloads[name]
             rs = r.run(w.prompts, w.max_tokens, repeats)
-            results[name] = {"output_tokens_per_s": statistics.median(n / t for t, n, _ in rs),
-                             "total_tokens_per_s": statistics.median((n + p) / t for t, n, p in rs),
-                             "requests_per_s": statistics.median(len(w.prompts) / t for t, _, _ in rs),
-                             "runs": {"wall_s": [t for t, _, _ in rs]}, "loadavg_after": os.getloadavg()}
+            results[name] = {
+                "output_tokens_per_s": statistics.median(n / t for t, n, _ in rs),
+                "total_tokens_per_s": statistics.median((n + p) / t for t, n, p in rs),
+                "requests_per_s": statistics.median(len(w.prompts) / t for t, _, _ in rs),
+                "runs": {"wall_s": [t for t, _, _ in rs]},
+                "loadavg_after": os.getloadavg(),
+            }
     return results
 
 
@@ -138,7 +149,7 @@ def _top1(llm, seq: list[int]) -> list[int]:
 
     llm.reset()
     llm.eval(seq)
-    return [int(t) for t in np.argmax(llm.scores[:len(seq) - 1], axis=1)]
+    return [int(t) for t in np.argmax(llm.scores[: len(seq) - 1], axis=1)]
 
 
 def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
@@ -153,14 +164,18 @@ def _greedy_set(llm, r: Runner, path: Path) -> dict:
     seqs = [p + c for p, c in zip(ref["prompts"], ref["continuation_float32"], strict=True)]
     top1 = [_top1(llm, s) for s in seqs]
     free = [r.complete(p, ref["new_tokens"])[1] for p in ref["prompts"]]
-    return {"prompts": len(seqs), "positions_teacher_forced": sum(len(t) for t in top1),
-            "positions_free": sum(len(f) for f in free), "traceless_quantization": ref["quantization"],
-            "top1_vs_traceless": _agreement(top1, ref["top1"]),
-            "top1_vs_traceless_float32": _agreement(top1, ref["top1_float32"]),
-            "traceless_top1_vs_float32": _agreement(ref["top1"], ref["top1_float32"]),
-            "free_vs_traceless": _agreement(free, ref["continuation"]),
-            "free_vs_traceless_float32": _agreement(free, ref["continuation_float32"]),
-            "traceless_free_vs_float32": _agreement(ref["continuation"], ref["continuation_float32"])}
+    return {
+        "prompts": len(seqs),
+        "positions_teacher_forced": sum(len(t) for t in top1),
+        "positions_free": sum(len(f) for f in free),
+        "traceless_quantization": ref["quantization"],
+        "top1_vs_traceless": _agreement(top1, ref["top1"]),
+        "top1_vs_traceless_float32": _agreement(top1, ref["top1_float32"]),
+        "traceless_top1_vs_float32": _agreement(ref["top1"], ref["top1_float32"]),
+        "free_vs_traceless": _agreement(free, ref["continuation"]),
+        "free_vs_traceless_float32": _agreement(free, ref["continuation_float32"]),
+        "traceless_free_vs_float32": _agreement(ref["continuation"], ref["continuation_float32"]),
+    }
 
 
 def _print(report: dict, names: list[str]) -> None:
@@ -181,22 +196,41 @@ def main(argv=None) -> int:
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     loadavg, rss_before = {"start": os.getloadavg()}, _rss()
     t0 = time.time()
-    llm = llama_cpp.Llama(model_path=args.model, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads,
-                          n_batch=args.batch, logits_all=args.greedy_set is not None, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=args.model,
+        n_ctx=2048,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_batch=args.batch,
+        logits_all=args.greedy_set is not None,
+        verbose=False,
+    )
     load_s = time.time() - t0
     r = Runner(llm, llm.token_eos())
-    report = {"engine": "llama-cpp-python", "version": llama_cpp.__version__, "model": args.model,
-              "model_bytes": os.path.getsize(args.model), "threads": args.threads, "n_batch": args.batch,
-              "load_s": load_s, **_workloads(r, names, args.repeats), "repeats": args.repeats,
-              "statistic": "median"}
+    report = {
+        "engine": "llama-cpp-python",
+        "version": llama_cpp.__version__,
+        "model": args.model,
+        "model_bytes": os.path.getsize(args.model),
+        "threads": args.threads,
+        "n_batch": args.batch,
+        "load_s": load_s,
+        **_workloads(r, names, args.repeats),
+        "repeats": args.repeats,
+        "statistic": "median",
+    }
     if args.tokens:
         w = _load_workloads()["W1"]
         args.tokens.write_text(json.dumps(r.complete(list(w.prompts[0]), w.max_tokens)[1]))
     if args.greedy_set is not None:
         report["greedy_agreement"] = _greedy_set(llm, r, args.greedy_set)
     loadavg["end"] = os.getloadavg()
-    report |= {"rss_before_load": rss_before, "rss_end": _rss(), "loadavg_1_5_15": loadavg,
-               "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}}
+    report |= {
+        "rss_before_load": rss_before,
+        "rss_end": _rss(),
+        "loadavg_1_5_15": loadavg,
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
+    }
     _print(report, names)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ Limits (traceless_tools/bench/gpu_limits.py's workload_limits, fed the CPU's fig
 = bandwidth / bytes one step reads (the GGUF file's tensors for traceless and llama.cpp, bf16 for
 vLLM); TTFT and throughput floors also use the faster of the bf16 and int8 matmul rates.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,20 @@ from traceless_tools.bench.workloads import offline_workloads  # noqa: E402
 
 ENGINES = ("traceless", "llamacpp", "vllm")
 WORKLOADS = ("W1", "W2", "W3")
-_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-          "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def _parse_args(argv=None):
@@ -54,8 +67,12 @@ def _parse_args(argv=None):
     p.add_argument("--gguf", type=Path, default=_default_gguf(), help="the built-in model's GGUF file")
     p.add_argument("--engines", default=",".join(ENGINES), help="subset of traceless,llamacpp,vllm")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="subset of W1,W2,W3 (default: all)")
-    p.add_argument("--threads", type=int, help="threads for traceless (OMP_NUM_THREADS) and llama.cpp "
-                   "(default: each engine's own, all CPUs; vLLM keeps its own)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="threads for traceless (OMP_NUM_THREADS) and llama.cpp "
+        "(default: each engine's own, all CPUs; vLLM keeps its own)",
+    )
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy agreement with llama.cpp")
     p.add_argument("--llamacpp-python", default="/work/llamacpp-venv/bin/python")
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python")
@@ -82,9 +99,13 @@ def machine() -> dict:
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     info = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
     flags = set(info.get("Flags", "").split())
-    return {"model_name": info.get("Model name", "?").strip(), "cpus": os.cpu_count(),
-            "threads_per_core": info.get("Thread(s) per core", "?").strip(),
-            "flags": [f for f in _FLAGS if f in flags], "flags_missing": [f for f in _FLAGS if f not in flags]}
+    return {
+        "model_name": info.get("Model name", "?").strip(),
+        "cpus": os.cpu_count(),
+        "threads_per_core": info.get("Thread(s) per core", "?").strip(),
+        "flags": [f for f in _FLAGS if f in flags],
+        "flags_missing": [f for f in _FLAGS if f not in flags],
+    }
 
 
 def uptime() -> str:
@@ -98,14 +119,25 @@ class Runner:
         self.out, self.steps = out, []
         (out / "raw").mkdir(parents=True, exist_ok=True)
 
-    def step(self, name: str, cmd: list[str], json_out: Path | None = None, env: dict | None = None,
-             stdout_json: bool = False):
+    def step(
+        self,
+        name: str,
+        cmd: list[str],
+        json_out: Path | None = None,
+        env: dict | None = None,
+        stdout_json: bool = False,
+    ):
         before, t0 = uptime(), time.time()
         print(f"\n### {name}  [{before}]\n$ {' '.join(cmd)}", flush=True)
-        proc = subprocess.run(cmd, cwd=REPO, env=env, text=True,
-                              stdout=subprocess.PIPE if stdout_json else None)
-        record = {"step": name, "command": cmd, "rc": proc.returncode, "wall_s": time.time() - t0,
-                  "uptime_before": before, "uptime_after": uptime()}
+        proc = subprocess.run(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE if stdout_json else None)
+        record = {
+            "step": name,
+            "command": cmd,
+            "rc": proc.returncode,
+            "wall_s": time.time() - t0,
+            "uptime_before": before,
+            "uptime_after": uptime(),
+        }
         self.steps.append(record)
         if proc.returncode != 0:
             print(f"!!! {name} failed (exit {proc.returncode})", flush=True)
@@ -128,13 +160,46 @@ def _traceless_env(threads: int | None) -> dict:
 def engine_command(engine: str, args, json_out: Path) -> list[str]:
     wl, rep, threads = ",".join(args.workloads), str(args.repeats), str(args.threads or os.cpu_count())
     if engine == "traceless":
-        return [sys.executable, "-m", "traceless_tools.cli", "bench", "offline", "--workloads", wl,
-                "--repeats", rep, "--json", str(json_out)]
+        return [
+            sys.executable,
+            "-m",
+            "traceless_tools.cli",
+            "bench",
+            "offline",
+            "--workloads",
+            wl,
+            "--repeats",
+            rep,
+            "--json",
+            str(json_out),
+        ]
     if engine == "llamacpp":
-        return [args.llamacpp_python, "bench/peer/llamacpp_offline.py", "--model", str(args.gguf),
-                "--threads", threads, "--workloads", wl, "--repeats", rep, "--json", str(json_out)]
-    return [args.vllm_python, "bench/peer/vllm_offline.py", "--model", args.vllm_model, "--workloads", wl,
-            "--repeats", rep, "--json", str(json_out)]
+        return [
+            args.llamacpp_python,
+            "bench/peer/llamacpp_offline.py",
+            "--model",
+            str(args.gguf),
+            "--threads",
+            threads,
+            "--workloads",
+            wl,
+            "--repeats",
+            rep,
+            "--json",
+            str(json_out),
+        ]
+    return [
+        args.vllm_python,
+        "bench/peer/vllm_offline.py",
+        "--model",
+        args.vllm_model,
+        "--workloads",
+        wl,
+        "--repeats",
+        rep,
+        "--json",
+        str(json_out),
+    ]
 
 
 def installed(engine: str, args) -> str | None:
@@ -155,15 +220,23 @@ def run_rounds(r: Runner, args, engines: list[str]) -> tuple[list[dict], dict]:
     limits, reports = [], {e: [] for e in engines}
     env = _traceless_env(args.threads)
     for i in range(args.rounds):
-        lim = r.step(f"round {i + 1}: limits", [sys.executable, "-m", "traceless_tools.bench.cpu_limits"],
-                     env=env, stdout_json=True)
+        lim = r.step(
+            f"round {i + 1}: limits",
+            [sys.executable, "-m", "traceless_tools.bench.cpu_limits"],
+            env=env,
+            stdout_json=True,
+        )
         if lim is not None:
             limits.append(lim)
-        order = engines[i % len(engines):] + engines[:i % len(engines)]
+        order = engines[i % len(engines) :] + engines[: i % len(engines)]
         for engine in order:
             out = args.out / "raw" / f"round{i + 1}-{engine}.json"
-            rep = r.step(f"round {i + 1}: {engine}", engine_command(engine, args, out), out,
-                         env=env if engine == "traceless" else None)
+            rep = r.step(
+                f"round {i + 1}: {engine}",
+                engine_command(engine, args, out),
+                out,
+                env=env if engine == "traceless" else None,
+            )
             if rep is not None:
                 reports[engine].append(rep)
     return limits, reports
@@ -171,20 +244,51 @@ def run_rounds(r: Runner, args, engines: list[str]) -> tuple[list[dict], dict]:
 
 def run_once(r: Runner, args, engines: list[str]) -> dict:
     env = _traceless_env(args.threads)
-    out = {"gguf": r.step("GGUF step bytes", [sys.executable, "-c", "import json,sys; from traceless_tools.bench."
-                                              "cpu_limits import gguf_step_bytes; from pathlib import Path; "
-                                              f"print(json.dumps(gguf_step_bytes(Path({str(args.gguf)!r}))))"],
-                          env=env, stdout_json=True),
-           "resident": r.step("resident weights", [sys.executable, "-m", "traceless_tools.bench.cpu_limits",
-                                                   "--resident"], env=env, stdout_json=True)}
+    out = {
+        "gguf": r.step(
+            "GGUF step bytes",
+            [
+                sys.executable,
+                "-c",
+                "import json,sys; from traceless_tools.bench."
+                "cpu_limits import gguf_step_bytes; from pathlib import Path; "
+                f"print(json.dumps(gguf_step_bytes(Path({str(args.gguf)!r}))))",
+            ],
+            env=env,
+            stdout_json=True,
+        ),
+        "resident": r.step(
+            "resident weights",
+            [sys.executable, "-m", "traceless_tools.bench.cpu_limits", "--resident"],
+            env=env,
+            stdout_json=True,
+        ),
+    }
     if "llamacpp" in engines and not args.no_greedy:
         greedy = args.out / "raw" / "greedy_set_traceless.json"
-        if r.step("greedy set: traceless", [sys.executable, "-m", "traceless_tools.bench.greedy_set",
-                                            "--json", str(greedy)], env=env) is not None:
+        if (
+            r.step(
+                "greedy set: traceless",
+                [sys.executable, "-m", "traceless_tools.bench.greedy_set", "--json", str(greedy)],
+                env=env,
+            )
+            is not None
+        ):
             agree = args.out / "raw" / "greedy_set_llamacpp.json"
-            cmd = [args.llamacpp_python, "bench/peer/llamacpp_offline.py", "--model", str(args.gguf),
-                   "--threads", str(args.threads or os.cpu_count()), "--workloads", "", "--greedy-set", str(greedy),
-                   "--json", str(agree)]
+            cmd = [
+                args.llamacpp_python,
+                "bench/peer/llamacpp_offline.py",
+                "--model",
+                str(args.gguf),
+                "--threads",
+                str(args.threads or os.cpu_count()),
+                "--workloads",
+                "",
+                "--greedy-set",
+                str(greedy),
+                "--json",
+                str(agree),
+            ]
             rep = r.step("greedy set: llama.cpp", cmd, agree)
             out["greedy_agreement"] = None if rep is None else rep["greedy_agreement"]
     return out
@@ -201,8 +305,10 @@ def _median_figures(reports: list[dict], workloads: list[str]) -> dict:
 
 def engine_limits(limits: dict, weight_bytes: int, params: int, workloads: list[str]) -> dict:
     """Each workload's limits for an engine whose decode step reads `weight_bytes`."""
-    fed = {"copy_bytes_per_s": limits["copy_bytes_per_s"],
-           "bf16_flops_per_s": max(limits["bf16_flops_per_s"], limits["int8_ops_per_s"])}
+    fed = {
+        "copy_bytes_per_s": limits["copy_bytes_per_s"],
+        "bf16_flops_per_s": max(limits["bf16_flops_per_s"], limits["int8_ops_per_s"]),
+    }
     out = {}
     for name, w in offline_workloads().items():
         if name in workloads:
@@ -219,19 +325,20 @@ def _git_head() -> str:
 
 
 def summarize(args, engines: list[str], limits: list[dict], reports: dict, once: dict) -> dict:
-    lim = {k: statistics.median(x[k] for x in limits) for k in ("copy_bytes_per_s", "bf16_flops_per_s",
-                                                                  "int8_ops_per_s")}
+    lim = {
+        k: statistics.median(x[k] for x in limits) for k in ("copy_bytes_per_s", "bf16_flops_per_s", "int8_ops_per_s")
+    }
     gguf = once["gguf"]
-    weights = {"traceless": gguf["step_bytes"], "llamacpp": gguf["step_bytes"],
-               "vllm": 2 * gguf["step_parameters"]}
+    weights = {"traceless": gguf["step_bytes"], "llamacpp": gguf["step_bytes"], "vllm": 2 * gguf["step_parameters"]}
     figures = {}
     for e in engines:
         if not reports[e]:
             continue
         fig = _median_figures(reports[e], args.workloads)
         elim = engine_limits(lim, weights[e], gguf["step_parameters"], args.workloads)
-        figures[e] = {w: {"figures": fig[w], "limit": elim[w], "ratio_to_limit": ratios(fig[w], elim[w])}
-                      for w in args.workloads}
+        figures[e] = {
+            w: {"figures": fig[w], "limit": elim[w], "ratio_to_limit": ratios(fig[w], elim[w])} for w in args.workloads
+        }
         figures[e]["step_weight_bytes"] = weights[e]
         figures[e]["version"] = reports[e][0].get("version") or _git_head()
     return {"limits": lim, "limits_per_round": limits, "figures": figures, **once}
@@ -251,10 +358,18 @@ def main(argv=None) -> int:
     if not limits or once["gguf"] is None:
         print("no limits measured: nothing to report", flush=True)
         return 1
-    report = {"started": started, "machine": machine(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-              "rounds": args.rounds, "repeats": args.repeats, "threads": args.threads, "skipped": skipped,
-              "gguf_path": str(args.gguf),
-              **summarize(args, engines, limits, reports, once), "steps": r.steps}
+    report = {
+        "started": started,
+        "machine": machine(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "skipped": skipped,
+        "gguf_path": str(args.gguf),
+        **summarize(args, engines, limits, reports, once),
+        "steps": r.steps,
+    }
     (args.out / "same_run.json").write_text(json.dumps(report, indent=2) + "\n")
     write_report(report, args.out / "README.md")
     print((args.out / "README.md").read_text())

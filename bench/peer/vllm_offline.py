@@ -21,6 +21,7 @@ Method (one untimed warm-up run of each measurement, then ``--repeats`` timed ru
 Unless --keep-prefix-cache is given, vLLM's prefix cache (on by default) is cleared before every
 ``generate`` call, so that repeated runs of the same prompts pay for their prefill every time.
 """
+
 import time
 
 _T_FIRST = time.time()  # fallback for the process start time; must stay the first statement
@@ -44,7 +45,7 @@ def _process_start_time() -> tuple[float, str]:
     try:
         stat = Path("/proc/self/stat").read_text()
         # Field 22 (starttime, clock ticks after boot); split after the ")" closing the command name.
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         start_ticks = int(fields[22 - 3])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
@@ -67,12 +68,24 @@ def _parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16", help="dtype passed to vLLM (default: bfloat16)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (default: 3)")
     p.add_argument("--json", type=Path, help="write the results to this JSON file")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
-                   help="vLLM's memory fraction (on CPU: of the NUMA node's memory); vLLM's default 0.9 fails here")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="set an environment variable before vLLM is imported (recorded in the JSON); repeatable")
-    p.add_argument("--keep-prefix-cache", action="store_true",
-                   help="do not clear vLLM's prefix cache between runs (repeats then reuse cached prefills)")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.5,
+        help="vLLM's memory fraction (on CPU: of the NUMA node's memory); vLLM's default 0.9 fails here",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set an environment variable before vLLM is imported (recorded in the JSON); repeatable",
+    )
+    p.add_argument(
+        "--keep-prefix-cache",
+        action="store_true",
+        help="do not clear vLLM's prefix cache between runs (repeats then reuse cached prefills)",
+    )
     p.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset to run (default: all)")
     return p.parse_args(argv)
 
@@ -102,22 +115,29 @@ def _measure(names, workloads, timed) -> tuple[dict, dict, dict]:
         fulls = timed(w.prompts, w.max_tokens)
         ttft = _median(ttfts)
         decode = [(n_out - 1) / (dt - ttft) for dt, n_out, _ in fulls]
-        results["W1"] = {"ttft_s": ttft, "decode_tokens_per_s": _median(decode),
-                         "output_tokens_per_s": _median([n / dt for dt, n, _ in fulls])}
+        results["W1"] = {
+            "ttft_s": ttft,
+            "decode_tokens_per_s": _median(decode),
+            "output_tokens_per_s": _median([n / dt for dt, n, _ in fulls]),
+        }
         runs["W1"] = {"ttft_s": ttfts, "full_generation_s": [dt for dt, _, _ in fulls]}
         loadavg["after_W1"] = os.getloadavg()
     if "W2" in names:
         w = workloads["W2"]
         rs = timed(w.prompts, w.max_tokens)
-        results["W2"] = {"output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
-                         "requests_per_s": _median([len(w.prompts) / dt for dt, _, _ in rs])}
+        results["W2"] = {
+            "output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
+            "requests_per_s": _median([len(w.prompts) / dt for dt, _, _ in rs]),
+        }
         runs["W2"] = {"wall_s": [dt for dt, _, _ in rs]}
         loadavg["after_W2"] = os.getloadavg()
     if "W3" in names:
         w = workloads["W3"]
         rs = timed(w.prompts, w.max_tokens)
-        results["W3"] = {"output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
-                         "total_tokens_per_s": _median([(n + p) / dt for dt, n, p in rs])}
+        results["W3"] = {
+            "output_tokens_per_s": _median([n / dt for dt, n, _ in rs]),
+            "total_tokens_per_s": _median([(n + p) / dt for dt, n, p in rs]),
+        }
         runs["W3"] = {"wall_s": [dt for dt, _, _ in rs]}
         loadavg["after_W3"] = os.getloadavg()
     return results, runs, loadavg
@@ -127,8 +147,11 @@ def main(argv=None) -> int:
     t_start, t_start_source = _process_start_time()
     args = _parse_args(argv)
     env_set = _set_env(args.env)
-    env_seen = {k: v for k, v in sorted(os.environ.items())
-                if k.startswith(("VLLM_", "OMP_", "KMP_", "MKL_")) or k == "LD_PRELOAD"}
+    env_seen = {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(("VLLM_", "OMP_", "KMP_", "MKL_")) or k == "LD_PRELOAD"
+    }
 
     workloads = _load_workloads()
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
@@ -175,8 +198,9 @@ def main(argv=None) -> int:
         "max_model_len": cfg.model_config.max_model_len,
         "compilation_mode": str(cfg.compilation_config.mode),
         "compilation_backend": cfg.compilation_config.backend,
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE",
-                                                 "(unset: sized from gpu_memory_utilization)"),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+            "VLLM_CPU_KVCACHE_SPACE", "(unset: sized from gpu_memory_utilization)"
+        ),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "(unset: auto)"),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "(unset)"),
     }
@@ -200,8 +224,10 @@ def main(argv=None) -> int:
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
     }
 
-    print(f"\nvllm-cpu {vllm.__version__}  dtype={args.dtype}  load_s={load_s:.1f}  "
-          f"(medians of {args.repeats}; prefix cache {'kept' if args.keep_prefix_cache else 'cleared'} between runs)")
+    print(
+        f"\nvllm-cpu {vllm.__version__}  dtype={args.dtype}  load_s={load_s:.1f}  "
+        f"(medians of {args.repeats}; prefix cache {'kept' if args.keep_prefix_cache else 'cleared'} between runs)"
+    )
     cols = ["ttft_s", "decode_tokens_per_s", "output_tokens_per_s", "total_tokens_per_s", "requests_per_s"]
     print(f"{'':4}" + "".join(f"{c:>22}" for c in cols))
     for name in names:

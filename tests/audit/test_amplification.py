@@ -1,6 +1,7 @@
 """The amplification rows of `audit targeting`: an anonymous nonce-bound listing costs nodes nothing,
 a paid one a signature each and no evidence collection, and the design before (no token, evidence per
 document) shows the attack: one collection per node per anonymous request."""
+
 import pytest
 
 from traceless_tools.audit.amplification import measure_amplification, measure_row

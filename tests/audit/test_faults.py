@@ -1,6 +1,7 @@
 """The fault audit: its verdict rules on made-up outcomes, and the real thing on a tiny model
 (node killed under load, then `up` itself killed with SIGKILL). Every fault at once is the soak
 (`pytest --soak`), several minutes."""
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,9 @@ def test_the_verdict_needs_documented_failures_a_quiet_settle_and_no_hang():
 def test_spills_are_counted_from_every_node_event_log(tmp_path):
     (tmp_path / "node0.log").write_text(
         '{"ts":1,"event":"engine.preempted","num_requests":2,"spilled":2}\n'
-        'not an event line\n'
-        '{"ts":2,"event":"engine.kv_spill_failed","num_requests":1}\n')
+        "not an event line\n"
+        '{"ts":2,"event":"engine.kv_spill_failed","num_requests":1}\n'
+    )
     (tmp_path / "node1.log").write_text('{"ts":3,"event":"engine.preempted","num_requests":3,"spilled":1}\n')
     (tmp_path / "gateway.log").write_text('{"ts":4,"event":"engine.preempted","num_requests":9,"spilled":9}\n')
     assert spill_counts(tmp_path) == SpillCounts(3, 1)
@@ -49,10 +51,15 @@ def test_offload_nodes_get_a_cache_of_one_full_context(tiny_llama_dir):
     from traceless.model.loader import read_model_config
 
     per_token = read_model_config(str(tiny_llama_dir)).kv_bytes_per_token * 4  # float32
-    sizing = offload_sizing(str(tiny_llama_dir), ("--dtype", "float32", "--kv-cache-memory", "64MiB",
-                                                  "--block-size", "4"))
-    assert sizing.node_args == ("--kv-cache-memory", str((CONTEXT_TOKENS // 4 + 1) * 4 * per_token),
-                                "--max-model-len", str(CONTEXT_TOKENS))
+    sizing = offload_sizing(
+        str(tiny_llama_dir), ("--dtype", "float32", "--kv-cache-memory", "64MiB", "--block-size", "4")
+    )
+    assert sizing.node_args == (
+        "--kv-cache-memory",
+        str((CONTEXT_TOKENS // 4 + 1) * 4 * per_token),
+        "--max-model-len",
+        str(CONTEXT_TOKENS),
+    )
     assert sizing.tmpfs_bytes >= 8 * CONTEXT_TOKENS * per_token and sizing.tmpfs_bytes % 2**20 == 0
 
 

@@ -1,4 +1,5 @@
 """The device residue audit's search, and its CPU twin end to end (the CUDA run is in bench/gpu)."""
+
 import random
 
 import pytest
@@ -21,9 +22,15 @@ def test_search_finds_planted_needles_at_aligned_offsets_only():
     assert search(pool, [ids, row], slice_bytes=2**20) == {"token_ids": 3, "k_row": 2}
 
 
-GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 16,
-          "num_hidden_layers": 6, "sliding_window": 32, "query_pre_attn_scalar": 16,
-          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+GEMMA3 = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "head_dim": 16,
+    "num_hidden_layers": 6,
+    "sliding_window": 32,
+    "query_pre_attn_scalar": 16,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+}
 
 
 @pytest.fixture(params=["llama", "gemma3"])
@@ -33,15 +40,30 @@ def tiny_dummy_dir(tmp_path, request):
     import json
 
     config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 48000, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 48000,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config | (GEMMA3 if request.param == "gemma3" else {})))
     return tmp_path
 
 
 def test_cpu_twin_finds_no_canary_in_the_kv_pool_after_the_work(tiny_dummy_dir):
-    cfg = GpuResidueConfig(str(tiny_dummy_dir), "dummy", "cpu", "float32", canaries=3, prompt_len=70,
-                           output_len=8, free_memory_limit=64 * 2**20)
+    cfg = GpuResidueConfig(
+        str(tiny_dummy_dir),
+        "dummy",
+        "cpu",
+        "float32",
+        canaries=3,
+        prompt_len=70,
+        output_len=8,
+        free_memory_limit=64 * 2**20,
+    )
     report = run(cfg)
     assert report["needles"]["k_row"] > 0 and report["needles"]["v_row"] > 0
     assert report["kv_pool"] == {"nonzero_blocks": 0, "v_row_hits": 0}

@@ -1,4 +1,5 @@
 """The prefix-timing attack harness against live servers (real default model, few trials)."""
+
 import pytest
 
 from traceless_tools.audit.prefix_timing import AttackConfig, run

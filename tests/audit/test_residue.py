@@ -8,9 +8,14 @@ from traceless_tools.audit.memscan import scan_process
 
 def test_memscan_finds_a_string_a_process_holds():
     secret = b"MEMSCAN-PROBE-" + b"5a1c" * 4
-    child = subprocess.Popen([sys.executable, "-c", f"import time; s = bytes.fromhex('{secret.hex()}') * 2; "
-                                                    f"print('ready', flush=True); time.sleep(60)"],
-                             stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time; s = bytes.fromhex('{secret.hex()}') * 2; print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert child.stdout.readline().strip() == b"ready"
         counts = scan_process(child.pid, [secret, b"NEVER-THERE-" + b"0" * 16])
@@ -40,9 +45,14 @@ def test_memscan_with_anchors_counts_like_without():
     forms = text_needles(new_canary())
     needles = [n for ns in forms.values() for n in ns]
     held = b"".join(n + b"\x00" for n in needles) * 2  # every form, twice
-    child = subprocess.Popen([sys.executable, "-c", f"import time; s = bytes.fromhex('{held.hex()}'); "
-                                                    f"print('ready', flush=True); time.sleep(60)"],
-                             stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time; s = bytes.fromhex('{held.hex()}'); print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert child.stdout.readline().strip() == b"ready"
         fast = scan_process(child.pid, needles, anchors(forms))
@@ -74,14 +84,19 @@ def test_canary_forms_cover_every_script_and_encoding():
 
     c = new_canary()
     latin, cyrillic, cjk = c.words
-    assert latin.isascii() and all("\u0400" <= ch <= "\u04ff" for ch in cyrillic) and all(
-        "\u4e00" <= ch <= "\u9fff" for ch in cjk)
+    assert (
+        latin.isascii()
+        and all("\u0400" <= ch <= "\u04ff" for ch in cyrillic)
+        and all("\u4e00" <= ch <= "\u9fff" for ch in cjk)
+    )
     forms = text_needles(c)
     assert ("\u0120" + latin).encode() in forms["word, byte-level BPE (Ġ)"]
     assert byte_level(" " + cyrillic).encode() in forms["word, byte-level BPE (Ġ)"]
     assert ("\u2581" + cjk).encode() in forms["word, SentencePiece (▁)"]
-    assert cyrillic.encode("utf-16-le") in forms["word (utf-16-le)"] and cjk.encode("utf-32-be") in forms[
-        "word (utf-32-be)"]
+    assert (
+        cyrillic.encode("utf-16-le") in forms["word (utf-16-le)"]
+        and cjk.encode("utf-32-be") in forms["word (utf-32-be)"]
+    )
     assert len(set(BYTE_LEVEL.values())) == 256 and BYTE_LEVEL[32] == "\u0120"
     ids = token_needles(c, lambda text: [ord(ch) for ch in text])
     assert (b"".join(ord(ch).to_bytes(8, "little") for ch in " " + latin)) in ids["token ids (int64)"]

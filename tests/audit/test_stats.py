@@ -21,8 +21,9 @@ def test_roc_auc_counts_pairs_and_ties():
     assert roc_auc([0], [1]) == 0.0
 
 
-@pytest.mark.parametrize("x, k, want", [(3.0, 3, 0.3916), (16.27, 3, 0.0010), (0.5, 1, 0.4795), (30, 9, 0.000439),
-                                        (2.0, 2, math.exp(-1))])
+@pytest.mark.parametrize(
+    "x, k, want", [(3.0, 3, 0.3916), (16.27, 3, 0.0010), (0.5, 1, 0.4795), (30, 9, 0.000439), (2.0, 2, math.exp(-1))]
+)
 def test_chi2_survival_matches_tables(x, k, want):
     assert chi2_sf(x, k) == pytest.approx(want, rel=2e-3)
 
@@ -47,8 +48,10 @@ def test_threshold_accuracy_sweep_matches_brute_force():
         pos = [rng.randint(0, 9) for _ in range(rng.randint(1, 12))]
         neg = [rng.randint(0, 9) for _ in range(rng.randint(1, 12))]
         n = len(pos) + len(neg)
-        brute = max([(max(len(pos), len(neg)) / n, float("inf"))] +
-                    [((sum(s >= t for s in pos) + sum(s < t for s in neg)) / n, t) for t in set(pos) | set(neg)])
+        brute = max(
+            [(max(len(pos), len(neg)) / n, float("inf"))]
+            + [((sum(s >= t for s in pos) + sum(s < t for s in neg)) / n, t) for t in set(pos) | set(neg)]
+        )
         assert best_threshold_accuracy(pos, neg) == brute
 
 

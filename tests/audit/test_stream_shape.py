@@ -1,6 +1,7 @@
 """The stream-shape attack (Whisper Leak style) against a real node: far above chance with shape
 hiding off, within chance with the node's defaults, for answers of a fixed length and of their
 natural length (EOS ends them, at a different token for each topic). Tiny model, a few topics."""
+
 from __future__ import annotations
 
 import random
@@ -37,8 +38,9 @@ TOPICS = ("w22 w67 w21 w8 w84 w81 w20", "w55 w18 w57 w90 w18 w67", "w39 w65 w7 w
 def attack(model_dir, shape: ShapePolicy, mode: str, cfg: StreamAttackConfig) -> ModeResult:
     from traceless.privacy.attestation.software import SoftwareAttester
 
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(model_dir), dtype="float32", kv_cache_memory=2**20,
-                                                   max_model_len=128)))  # a fresh one: a stopped engine stays stopped
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(model_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128))
+    )  # a fresh one: a stopped engine stays stopped
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     with serve(create_node_app(engine, identity, NodeSettings("tiny", shape=shape)), engine) as node:
         return collect(node.url, "tiny", mode, cfg, random.Random(1))
@@ -47,13 +49,20 @@ def attack(model_dir, shape: ShapePolicy, mode: str, cfg: StreamAttackConfig) ->
 def test_padding_off_leaks_the_topic_and_the_defaults_do_not(tiny_llama_dir, tmp_path):
     cfg = StreamAttackConfig(TOPICS, trials=8, max_tokens=10, temperature=0.0, folds=4)
     natural = replace(cfg, natural_length=True)
-    results = [attack(tiny_llama_dir, OFF, "off", cfg), attack(tiny_llama_dir, ShapePolicy(), "defaults", cfg),
-               attack(tiny_llama_dir, ShapePolicy(), "defaults", natural)]
+    results = [
+        attack(tiny_llama_dir, OFF, "off", cfg),
+        attack(tiny_llama_dir, ShapePolicy(), "defaults", cfg),
+        attack(tiny_llama_dir, ShapePolicy(), "defaults", natural),
+    ]
     report = report_for(results, cfg)
     off, on, on_natural = report["results"]
-    print({k: off[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range")},
-          *({k: r[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range", "chunks_per_response")}
-            for r in (on, on_natural)))
+    print(
+        {k: off[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range")},
+        *(
+            {k: r[k] for k in ("accuracy", "accuracy_95ci", "chance_95_range", "chunks_per_response")}
+            for r in (on, on_natural)
+        ),
+    )
     lo, hi = off["chance_95_range"]
     assert off["above_chance"] and off["accuracy"] >= 0.9 and off["accuracy_95ci"][0] > hi
     assert len(off["request_sizes"]) >= len(TOPICS) and off["distinct_chunk_sizes"] > 3  # what it read
@@ -92,8 +101,11 @@ def _guesser_upper(n: int, p: float, q: float) -> float:
 def test_the_classifier_finds_a_signal_and_none_where_there_is_none():
     rng = np.random.default_rng(0)
     # a signal: each class's chunk sizes around its own mean
-    traces = [Trace(1079, tuple(int(s) for s in rng.normal(100 + 5 * c, 3, 12)), tuple(np.arange(1, 13) / 20))
-              for c in range(4) for _ in range(20)]
+    traces = [
+        Trace(1079, tuple(int(s) for s in rng.normal(100 + 5 * c, 3, 12)), tuple(np.arange(1, 13) / 20))
+        for c in range(4)
+        for _ in range(20)
+    ]
     y = np.repeat(np.arange(4), 20)
     x = np.array([features(t) for t in traces])
     assert (cross_validate(x, y, 4, 4, 0) == y).mean() > 0.9

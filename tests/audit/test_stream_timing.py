@@ -1,6 +1,7 @@
 """The stream-shape attack's timing readings find a signal where there is one and none where there is
 none: ticks that carry tokens told from padding ticks by their jitter, and streams whose first
 chunk came after the prefill budget."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,15 @@ from traceless_tools.audit.stream_timing import gap_jitter, late_first_ticks, la
 TICK, BUDGET = 0.1, 0.5
 
 
-def stream(rng, content_ticks: int, real_sd: float, padding_sd: float, first: float = BUDGET + 0.004,
-           first_token: float = 0.3, ticks: int = 64) -> Trace:
+def stream(
+    rng,
+    content_ticks: int,
+    real_sd: float,
+    padding_sd: float,
+    first: float = BUDGET + 0.004,
+    first_token: float = 0.3,
+    ticks: int = 64,
+) -> Trace:
     """A stream of `ticks` chunks on the grid from `first`, each late by |N(0, sd)| of its kind: the
     first `content_ticks` carry tokens."""
     carried = tuple(0 < k <= content_ticks for k in range(ticks))
@@ -47,7 +55,8 @@ def test_late_first_ticks_and_ticks_behind_the_grid():
     assert got["ticks_behind_grid"] == 0.0
     stalled = list(on_time[0].times)
     stalled[30:33] = [stalled[33]] * 3  # three ticks held up by a stall, then sent at once
-    behind = late_first_ticks([Trace(1080, on_time[0].sizes, tuple(stalled), carried=on_time[0].carried)], TICK,
-                              lambda t: BUDGET)
+    behind = late_first_ticks(
+        [Trace(1080, on_time[0].sizes, tuple(stalled), carried=on_time[0].carried)], TICK, lambda t: BUDGET
+    )
     assert behind["ticks_behind_grid"] == 3 / 63  # the last chunk (the end) is left out
     assert np.allclose(lateness([1.02, 1.1, 1.25, 1.3], TICK), [0.02, 0.0, 0.05, 0.0])

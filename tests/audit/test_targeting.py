@@ -1,6 +1,7 @@
 """`traceless audit targeting`: ours on the real gateway stays at the attacker's capacity share
 under every strategy; the simulated production routers are beaten by the strategy that fits
 them (so the harness can see targeting); a gateway biased on purpose is caught."""
+
 import dataclasses
 import json
 
@@ -32,8 +33,12 @@ from traceless_tools.cli import main
 from traceless_tools.client.node_choice import draw_node
 
 SCENARIO = Scenario(capacities=(1.0, 2.0, 3.0, 4.0), attacker_nodes=frozenset({0, 1}), requests=1000, seed=3)
-FITTING = (("least_loaded", "flood"), ("user_affinity", "sybil"), ("prefix_aware", "seed_prefix"),
-           ("priority_class", "premium_pool"))
+FITTING = (
+    ("least_loaded", "flood"),
+    ("user_affinity", "sybil"),
+    ("prefix_aware", "seed_prefix"),
+    ("priority_class", "premium_pool"),
+)
 # Eight gateway rows are fitted in one run: at 1e-5 each, an honest gateway fails the suite less than
 # once in 10,000 runs (0.001 failed CI once at p = 0.000999), while a bias the audit must catch (a node
 # off its share by 5 points over 1000 draws) still gives p far below 1e-10.
@@ -126,6 +131,7 @@ def test_json_and_plot_are_written(measured):
 
 def test_the_gateway_harness_catches_a_selection_that_favours_small_nodes(monkeypatch):
     """The harness can fail: triple the weight of nodes of capacity <= 2 in the client's draw."""
+
     def biased(nodes, rng=None):
         boosted = [dataclasses.replace(n, capacity=n.capacity * 3) if n.capacity <= 2 else n for n in nodes]
         return draw_node(boosted, rng)
@@ -187,8 +193,27 @@ def test_simulated_routers_follow_their_rules():
 
 def test_cli_prints_the_table_and_validates_its_arguments(tmp_path, capsys):
     out = tmp_path / "cli.json"
-    assert main(["audit", "targeting", "--requests", "100", "--seed", "2", "--capacities", "2,2,2,2",
-                 "--attacker-nodes", "3", "--linking-trials", "2", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                "targeting",
+                "--requests",
+                "100",
+                "--seed",
+                "2",
+                "--capacities",
+                "2,2,2,2",
+                "--attacker-nodes",
+                "3",
+                "--linking-trials",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "capacity_random  REAL gateway  flood" in printed and "prefix_aware" in printed
     assert "log_fork" in printed and "issuer_key_tagging" in printed and "unique_challenge" in printed
@@ -197,8 +222,14 @@ def test_cli_prints_the_table_and_validates_its_arguments(tmp_path, capsys):
     assert [r["detected"] for r in report["linking"]] == [True] * 3
     assert report["summary"]["linking_attacks_succeeded"] == []
     assert {r["attacker_capacity_share"] for r in report["results"] if r["strategy"] != "sybil"} == {0.25}
-    for bad in (["--requests", "50"], ["--attacker-nodes", "0,1,2,3"], ["--attacker-nodes", "7"],
-                ["--capacities", "1,x"], ["--capacities", "1,0"], ["--linking-trials", "-1"]):
+    for bad in (
+        ["--requests", "50"],
+        ["--attacker-nodes", "0,1,2,3"],
+        ["--attacker-nodes", "7"],
+        ["--capacities", "1,x"],
+        ["--capacities", "1,0"],
+        ["--linking-trials", "-1"],
+    ):
         try:  # argparse refuses some (SystemExit 2), the command the rest (status 2, one line on stderr)
             status = main(["audit", "targeting", *bad])
         except SystemExit as exc:

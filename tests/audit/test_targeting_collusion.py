@@ -1,6 +1,7 @@
 """The attacks of colluding hops in `audit targeting`: each row's honest baseline sits at the fair
 level, the attack does not beat it against our client, and it does beat it against a client without
 the defence the attack targets (so each row can fail)."""
+
 import pytest
 
 from traceless_tools.audit.targeting_collusion import measure_collusion_linking

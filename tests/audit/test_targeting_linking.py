@@ -1,6 +1,7 @@
 """The linking and log attacks of `audit targeting`, against the real issuer, gateway, log and
 witness: every attack fails (0/N) while the honest baseline is accepted (N/N); and each attack does
 succeed against a client that skips the check it targets, so the rows can fail."""
+
 import pytest
 
 from traceless_tools.audit import targeting_linking as tl

@@ -1,6 +1,7 @@
 """Tokenizers and the grammar compiler keep no word of a request: the residue audit's needles (every
 word alone, byte-level `Ġ` and SentencePiece `▁` forms, UTF-16/32, Cyrillic and CJK words, token
 ids as int32/int64 arrays) are searched in a process that tokenized and compiled a canary."""
+
 from __future__ import annotations
 
 import os
@@ -28,10 +29,18 @@ def test_no_tokenizer_or_grammar_compiler_keeps_a_canary_word(tmp_path):
     canary = new_canary()
     forms = _forms(canary, tmp_path)
     assert forms["token ids (int32)"] and forms["word, byte-level BPE (Ġ)"]
-    env = {**os.environ, "PYTHONMALLOC": "malloc", "MALLOC_PERTURB_": "165",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, "-m", "tests.support.word_cache_child", str(tmp_path)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    env = {
+        **os.environ,
+        "PYTHONMALLOC": "malloc",
+        "MALLOC_PERTURB_": "165",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.word_cache_child", str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
     try:
         child.stdin.write(canary.text.encode().hex().encode())
         child.stdin.close()

@@ -1,5 +1,6 @@
 """What the same-run CPU table divides by (bench/cpu_limits.py): the bytes a decode step reads from a
 GGUF file, the bytes a model's weights hold, and the agreement count of the greedy set."""
+
 from __future__ import annotations
 
 from pathlib import Path

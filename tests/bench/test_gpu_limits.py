@@ -1,4 +1,5 @@
 """The device limits a benchmark report divides by (bench/gpu_limits.py, offline.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path

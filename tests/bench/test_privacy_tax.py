@@ -1,5 +1,6 @@
 """`traceless bench privacy-tax`: the overhead definitions, the workload, the report, and one tiny
 end-to-end run that must really go through the private path."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,12 @@ def test_prompts_are_deterministic_in_range_and_new_each_repetition():
         assert all(cls.min_tokens <= len(p) <= cls.max_tokens for p in a)
         assert all(1_000 <= t < 40_000 for p in a for t in p)
         assert a != class_prompts(cls, 12, seed=0, rep=1)
-    assert (CLASSES["short"].max_tokens, CLASSES["medium"].max_tokens, CLASSES["long"].min_tokens,
-            CLASSES["long"].max_tokens) == (100, 500, 501, 1500)
+    assert (
+        CLASSES["short"].max_tokens,
+        CLASSES["medium"].max_tokens,
+        CLASSES["long"].min_tokens,
+        CLASSES["long"].max_tokens,
+    ) == (100, 500, 501, 1500)
 
 
 def test_repetitions_alternate_the_order():
@@ -66,35 +71,61 @@ def test_the_command_is_registered_and_rejects_bad_options(capsys):
 # --- the report on synthetic measurements ---------------------------------------------------------------
 def _summary(tps: float, ttft: float, itl: float) -> dict:
     dist = lambda v: {"mean": v, "p50": v, "p90": 1.5 * v, "p99": 2 * v}  # noqa: E731
-    return {"completed": 4, "failed": 0, "duration_s": 1.0, "requests_per_s": tps / 10, "output_tokens_per_s": tps,
-            "ttft_s": dist(ttft), "itl_s": dist(itl), "e2e_s": dist(1.0)}
+    return {
+        "completed": 4,
+        "failed": 0,
+        "duration_s": 1.0,
+        "requests_per_s": tps / 10,
+        "output_tokens_per_s": tps,
+        "ttft_s": dist(ttft),
+        "itl_s": dist(itl),
+        "e2e_s": dist(1.0),
+    }
 
 
 def _parts() -> dict:
-    ev = {"relay_ohttp_requests": 8, "relay_challenge_requests": 8, "relay_nodes_requests": 8,
-          "gateway_ohttp_requests": 8, "node_requests_finished": 8, "serve_requests_finished": 8,
-          "issuer_tokens_issued": 8, "issuer_batch_calls": 1, "issuer_batch_ms": 20.0}
+    ev = {
+        "relay_ohttp_requests": 8,
+        "relay_challenge_requests": 8,
+        "relay_nodes_requests": 8,
+        "gateway_ohttp_requests": 8,
+        "node_requests_finished": 8,
+        "serve_requests_finished": 8,
+        "issuer_tokens_issued": 8,
+        "issuer_batch_calls": 1,
+        "issuer_batch_ms": 20.0,
+    }
     et = {p: {"short": {"requests": 4, "p50_s": 0.1}, "long": {"requests": 4, "p50_s": 1.0}} for p in PATHS}
-    return {"probes": {"requests_per_path": 4, "ttft_ms": {"plain": 30.0, "private": 40.0}, "added_ms": 10.0},
-            "hops": {"plain_health_ms": 1.0, "proxy_health_ms": 1.0, "relay_challenge_ms": 2.0, "relay_nodes_ms": 3.0},
-            "crypto": {"verify_first_ms": 10.0, "verify_cached_ms": 0.1, "encapsulate_1500_tokens_ms": 0.1},
-            "cpu_s_per_request": {"plain": {"serve": 0.5}, "private": {"node0": 0.5, "proxy": 0.02}},
-            "evidence": ev, "engine_ttft": et}
+    return {
+        "probes": {"requests_per_path": 4, "ttft_ms": {"plain": 30.0, "private": 40.0}, "added_ms": 10.0},
+        "hops": {"plain_health_ms": 1.0, "proxy_health_ms": 1.0, "relay_challenge_ms": 2.0, "relay_nodes_ms": 3.0},
+        "crypto": {"verify_first_ms": 10.0, "verify_cached_ms": 0.1, "encapsulate_1500_tokens_ms": 0.1},
+        "cpu_s_per_request": {"plain": {"serve": 0.5}, "private": {"node0": 0.5, "proxy": 0.02}},
+        "evidence": ev,
+        "engine_ttft": et,
+    }
 
 
 def _classes(long_private_tps: float) -> dict:
     def entry(plain, private):
-        return {"prompt_tokens": [1, 2], "plain": plain, "private": private,
-                "repetitions": [{"order": list(PATHS), "plain": plain, "private": private}]}
+        return {
+            "prompt_tokens": [1, 2],
+            "plain": plain,
+            "private": private,
+            "repetitions": [{"order": list(PATHS), "plain": plain, "private": private}],
+        }
 
-    return {"short": entry(_summary(100.0, 0.100, 0.020), _summary(98.0, 0.110, 0.021)),
-            "long": entry(_summary(50.0, 1.000, 0.030), _summary(long_private_tps, 1.050, 0.030))}
+    return {
+        "short": entry(_summary(100.0, 0.100, 0.020), _summary(98.0, 0.110, 0.021)),
+        "long": entry(_summary(50.0, 1.000, 0.030), _summary(long_private_tps, 1.050, 0.030)),
+    }
 
 
 def test_report_table_comparison_json_and_plot(tmp_path, capsys):
     machine = {"cpus": 2, "loadavg_before": (1.0, 1.0, 1.0), "loadavg_after": (1.0, 1.0, 1.0)}
-    rep = report.build({"requests": 4, "repeats": 1, "concurrency": 2, "output_len": 16}, _classes(48.0), _parts(),
-                       machine)
+    rep = report.build(
+        {"requests": 4, "repeats": 1, "concurrency": 2, "output_len": 16}, _classes(48.0), _parts(), machine
+    )
     short = rep["classes"]["short"]["metrics"]
     assert short["output_tokens_per_s"]["overhead_pct"] == pytest.approx(2.0)
     assert short["ttft_p50"] == pytest.approx({"plain": 100.0, "private": 110.0, "overhead_pct": 10.0})
@@ -120,9 +151,28 @@ def test_a_tiny_run_measures_both_paths_and_really_uses_the_private_path(tmp_pat
 
     work, out_json, out_png = tmp_path / "work", tmp_path / "tax.json", tmp_path / "tax.png"
     n, out_len, conc, probes = 2, 4, 2, 2
-    rc = main(["bench", "privacy-tax", "--requests", str(n), "--output-len", str(out_len), "--concurrency", str(conc),
-               "--repeats", "1", "--probes", str(probes), "--workdir", str(work), "--json", str(out_json),
-               "--plot", str(out_png)])
+    rc = main(
+        [
+            "bench",
+            "privacy-tax",
+            "--requests",
+            str(n),
+            "--output-len",
+            str(out_len),
+            "--concurrency",
+            str(conc),
+            "--repeats",
+            "1",
+            "--probes",
+            str(probes),
+            "--workdir",
+            str(work),
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+        ]
+    )
     assert rc == 0
     rep = json.loads(out_json.read_text())
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -131,24 +181,34 @@ def test_a_tiny_run_measures_both_paths_and_really_uses_the_private_path(tmp_pat
         for path in PATHS:
             s = entry[path]
             assert (s["completed"], s["failed"]) == (n, 0), (name, path)
-            for value in (s["output_tokens_per_s"], s["requests_per_s"], s["ttft_s"]["p50"], s["ttft_s"]["p90"],
-                          s["itl_s"]["p50"], s["itl_s"]["p90"]):
+            for value in (
+                s["output_tokens_per_s"],
+                s["requests_per_s"],
+                s["ttft_s"]["p50"],
+                s["ttft_s"]["p90"],
+                s["itl_s"]["p50"],
+                s["itl_s"]["p90"],
+            ):
                 assert math.isfinite(value) and value > 0, (name, path)
             assert s["output_tokens_per_s"] == pytest.approx(n * out_len / s["duration_s"])
         m = entry["metrics"]
         plain_ttft, private_ttft = entry["plain"]["ttft_s"]["p50"], entry["private"]["ttft_s"]["p50"]
         assert m["ttft_p50"]["overhead_pct"] == pytest.approx(100 * (private_ttft - plain_ttft) / plain_ttft)
         assert m["output_tokens_per_s"]["overhead_pct"] == pytest.approx(
-            100 * (entry["plain"]["output_tokens_per_s"] - entry["private"]["output_tokens_per_s"])
-            / entry["plain"]["output_tokens_per_s"])
+            100
+            * (entry["plain"]["output_tokens_per_s"] - entry["private"]["output_tokens_per_s"])
+            / entry["plain"]["output_tokens_per_s"]
+        )
     measured = n * len(CLASSES)
     # Independently of the report: the services' own event logs. Every private request crossed the
     # proxy, the relay and the gateway and ran on the node; no plain request reached the node.
     logs = work / "up" / "logs"
     warmups = len(CLASSES)
     private_total = warmups + measured + 2 * probes
-    assert private_total == TaxConfig(requests=n, output_len=out_len, concurrency=conc, repeats=1,
-                                      probes=probes).private_requests()
+    assert (
+        private_total
+        == TaxConfig(requests=n, output_len=out_len, concurrency=conc, repeats=1, probes=probes).private_requests()
+    )
 
     def count(evs, **match):
         return sum(all(e.get(k) == v for k, v in match.items()) for e in evs)
@@ -170,8 +230,12 @@ def test_a_tiny_run_measures_both_paths_and_really_uses_the_private_path(tmp_pat
         for name, cls in CLASSES.items():
             assert sum(cls.min_tokens <= t <= cls.max_tokens for t in got) == n, name
     ev = rep["breakdown"]["evidence"]
-    assert (ev["relay_ohttp_requests"], ev["gateway_ohttp_requests"], ev["node_requests_finished"],
-            ev["serve_requests_finished"]) == (measured,) * 4
+    assert (
+        ev["relay_ohttp_requests"],
+        ev["gateway_ohttp_requests"],
+        ev["node_requests_finished"],
+        ev["serve_requests_finished"],
+    ) == (measured,) * 4
     issued = sum(e.get("tokens", 0) for e in events(logs / "issuer.log") if e.get("event") == "issuer.issued")
     assert issued >= private_total  # one token spent per private request
     verdict = "-> below" if rep["comparison"]["below_published"] else "-> NOT below"
@@ -192,8 +256,10 @@ def test_report_prints_the_pooled_interval_and_says_when_it_spans_the_published_
     machine = {"cpus": 2, "loadavg_before": (1.0, 1.0, 1.0), "loadavg_after": (1.0, 1.0, 1.0)}
     classes = _classes(45.0)
     for entry, costs in ((classes["short"], (1.0, 12.0)), (classes["long"], (3.0, 14.0))):
-        entry["repetitions"] = [{"order": list(PATHS), "plain": _summary(100.0, 0.1, 0.02),
-                                 "private": _summary(100.0 - c, 0.1, 0.02)} for c in costs]
+        entry["repetitions"] = [
+            {"order": list(PATHS), "plain": _summary(100.0, 0.1, 0.02), "private": _summary(100.0 - c, 0.1, 0.02)}
+            for c in costs
+        ]
     rep = report.build({"requests": 4, "repeats": 2, "concurrency": 2, "output_len": 16}, classes, _parts(), machine)
     pt = rep["comparison"]["pooled_tokens_per_s_pct"]
     assert pt["n"] == 4 and pt["mean"] == pytest.approx(7.5) and pt["ci95"][0] < 7.0 < pt["ci95"][1]

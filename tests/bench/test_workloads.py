@@ -1,5 +1,6 @@
 """Benchmark workloads: W1-W3 are fixed (peer-engine results are comparable across versions); W4
 is a passage repeated, the case prompt lookup is made for."""
+
 import hashlib
 
 from traceless_tools.bench.speculative import print_table
@@ -24,11 +25,25 @@ def test_w4_repeats_one_passage_per_prompt():
 
 
 def test_speculative_table_prints_every_workload(capsys):
-    row = dict(off_output_tokens_per_s=10.0, spec_output_tokens_per_s=15.0, speedup=1.5, acceptance_rate=0.5,
-               tokens_per_verify_step=2.5, identical_outputs=True)
-    report = {"speculative": "ngram", "num_speculative_tokens": 4, "model": "m", "dtype": "bfloat16", "device": "cpu",
-              "loadavg_start": (0.5, 0, 0), "loadavg_end": (0.7, 0, 0),
-              "W1": row, "W4": dict(row, identical_outputs=False)}
+    row = dict(
+        off_output_tokens_per_s=10.0,
+        spec_output_tokens_per_s=15.0,
+        speedup=1.5,
+        acceptance_rate=0.5,
+        tokens_per_verify_step=2.5,
+        identical_outputs=True,
+    )
+    report = {
+        "speculative": "ngram",
+        "num_speculative_tokens": 4,
+        "model": "m",
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "loadavg_start": (0.5, 0, 0),
+        "loadavg_end": (0.7, 0, 0),
+        "W1": row,
+        "W4": dict(row, identical_outputs=False),
+    }
     print_table(report, ["W1", "W4"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2].split() == ["W1", "10.0", "15.0", "1.50", "0.50", "2.50", "yes"]

@@ -1,5 +1,6 @@
 """`traceless attest verify`: exit 0 when every check that ran passed, 1 at a failed check, 2 for a
 usage error; the text and JSON reports say what was checked and the first failure."""
+
 import json
 import shutil
 
@@ -17,9 +18,20 @@ def _v(name: str) -> str:
 
 
 def _snp_args(*extra: str) -> list[str]:
-    return ["attest", "verify", _v("sev-snp/report_milan.hex"), "--root", _v("sev-snp/ark_milan.pem"),
-            "--vcek", _v("sev-snp/vcek_milan.der"), "--cert-chain", _v("sev-snp/cert_chain_milan"),
-            "--at", "2025-01-01T00:00:00+00:00", *extra]
+    return [
+        "attest",
+        "verify",
+        _v("sev-snp/report_milan.hex"),
+        "--root",
+        _v("sev-snp/ark_milan.pem"),
+        "--vcek",
+        _v("sev-snp/vcek_milan.der"),
+        "--cert-chain",
+        _v("sev-snp/cert_chain_milan"),
+        "--at",
+        "2025-01-01T00:00:00+00:00",
+        *extra,
+    ]
 
 
 def _json(capsys) -> dict:
@@ -49,9 +61,20 @@ def test_snp_against_the_wrong_root_exits_1(capsys):
 
 
 def test_nvidia_report_with_its_nonce(capsys):
-    args = ["attest", "verify", _v("nvidia-h100/hopperAttestationReport.txt"), "--root",
-            _v("nvidia-h100/verifier_device_root.pem"), "--cert-chain", _v("nvidia-h100/hopperCertChain.txt"),
-            "--nonce", NONCE, "--json", "--at", "2025-01-01"]
+    args = [
+        "attest",
+        "verify",
+        _v("nvidia-h100/hopperAttestationReport.txt"),
+        "--root",
+        _v("nvidia-h100/verifier_device_root.pem"),
+        "--cert-chain",
+        _v("nvidia-h100/hopperCertChain.txt"),
+        "--nonce",
+        NONCE,
+        "--json",
+        "--at",
+        "2025-01-01",
+    ]
     assert main(args) == 0
     report = _json(capsys)
     assert report["kind"] == "nvidia" and report["claims"]["nonce"] == NONCE
@@ -67,22 +90,29 @@ def test_tdx_quote_with_and_without_collateral(tmp_path, capsys):
     assert "Intel TDX evidence: VERIFIED" in capsys.readouterr().out
     collateral = tmp_path / "collateral"
     collateral.mkdir()
-    for src, dst in (("sample_tcbInfo_response", "tcb_info.json"), ("sample_qeIdentity_response", "qe_identity.json"),
-                     ("pckcrl", "pck_crl.der"), ("rootcrl.der", "root_crl.der")):
+    for src, dst in (
+        ("sample_tcbInfo_response", "tcb_info.json"),
+        ("sample_qeIdentity_response", "qe_identity.json"),
+        ("pckcrl", "pck_crl.der"),
+        ("rootcrl.der", "root_crl.der"),
+    ):
         shutil.copy(_v(f"tdx/{src}"), collateral / dst)
     shutil.copy(DATA / "attestation" / "tdx_tcb_signing_chain.pem", collateral / "tcb_signing_chain.pem")
     assert main([*base, "--collateral", str(collateral), "--json"]) == 1
     assert _json(capsys)["first_failure"]["check"] == "tcb-status"
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda a: [x for x in a if x not in ("--root", _v("sev-snp/ark_milan.pem"))], "--root is required"),
-    (lambda a: a + ["--expect-report-data", "zz"], "not hex"),
-    (lambda a: a + ["--expect-measurement", "00"], "expected 48"),
-    (lambda a: a + ["--at", "yesterday"], "ISO 8601"),
-    (lambda a: a + ["--min-tcb", "bl=3,xyz=1"], "--min-tcb"),
-    (lambda a: [a[0], a[1], "/nonexistent/report"] + a[3:], "cannot read"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: [x for x in a if x not in ("--root", _v("sev-snp/ark_milan.pem"))], "--root is required"),
+        (lambda a: a + ["--expect-report-data", "zz"], "not hex"),
+        (lambda a: a + ["--expect-measurement", "00"], "expected 48"),
+        (lambda a: a + ["--at", "yesterday"], "ISO 8601"),
+        (lambda a: a + ["--min-tcb", "bl=3,xyz=1"], "--min-tcb"),
+        (lambda a: [a[0], a[1], "/nonexistent/report"] + a[3:], "cannot read"),
+    ],
+)
 def test_usage_errors_exit_2(capsys, change, message):
     assert main(change(_snp_args())) == 2
     assert message in capsys.readouterr().err

@@ -4,6 +4,7 @@ client raises instead of hanging or seeing a cut); a second Ctrl-C ends them at 
 chat` streams its answer; Ctrl-C ends the answer and returns to the prompt, Ctrl-C at the prompt
 ends the chat. No traceback. (That the ended requests' blocks are freed and zeroed is checked
 in-process: tests/server/test_shutdown.py and tests/node/test_node.py.)"""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,18 @@ def endless_model(tmp_path_factory):
 
 
 def _serve(model, shutdown_timeout: float):
-    return spawn_serve("--model", str(model), "--dtype", "float32", "--kv-cache-memory", "8MiB",
-                       "--max-model-len", "8192", "--shutdown-timeout", str(shutdown_timeout))
+    return spawn_serve(
+        "--model",
+        str(model),
+        "--dtype",
+        "float32",
+        "--kv-cache-memory",
+        "8MiB",
+        "--max-model-len",
+        "8192",
+        "--shutdown-timeout",
+        str(shutdown_timeout),
+    )
 
 
 LONG = {"prompt": "hello", "max_tokens": 8000, "stream": True, "ignore_eos": True}  # ~20 s on one core
@@ -47,8 +58,13 @@ def test_serve_ctrl_c_ends_a_long_stream_when_the_drain_times_out(endless_model)
     with _serve(endless_model, 1.0) as serve:
         client = openai.OpenAI(base_url=serve.url + "/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
-        stream = client.completions.create(model=model, prompt=LONG["prompt"], max_tokens=LONG["max_tokens"],
-                                           stream=True, extra_body={"ignore_eos": True})
+        stream = client.completions.create(
+            model=model,
+            prompt=LONG["prompt"],
+            max_tokens=LONG["max_tokens"],
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         chunks, sent = 0, None
         with pytest.raises(openai.APIError) as error:
             for _ in stream:
@@ -89,8 +105,19 @@ def test_serve_second_ctrl_c_ends_the_streams_at_once_with_done(endless_model):
 
 
 def test_chat_streams_and_ctrl_c_ends_the_answer_then_the_chat(endless_model):
-    term = Terminal("chat", "--model", str(endless_model), "--dtype", "float32", "--kv-cache-memory", "8MiB",
-                    "--max-model-len", "8192", "--max-tokens", "8000")
+    term = Terminal(
+        "chat",
+        "--model",
+        str(endless_model),
+        "--dtype",
+        "float32",
+        "--kv-cache-memory",
+        "8MiB",
+        "--max-model-len",
+        "8192",
+        "--max-tokens",
+        "8000",
+    )
     try:
         assert term.read_until(b"you> "), term.output
         term.type("hello there")

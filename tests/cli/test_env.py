@@ -1,4 +1,5 @@
 """Environment defaults of the commands' options (traceless/cli/env.py)."""
+
 import pytest
 
 from traceless.cli.env import VARIABLES, describe, env_value

@@ -1,5 +1,6 @@
 """`traceless gateway --evidence-policy FILE`: the policy file is loaded into the gateway's admission
 (a bad file stops the command before it serves) and the gateway says which policy it runs under."""
+
 from __future__ import annotations
 
 import base64
@@ -10,8 +11,17 @@ import traceless_tools.cli as cli
 from tests.privacy.attestation.fake_hardware import write_policy_file
 from tests.privacy.attestation.forge import make_amd_chain
 
-BASE = ["gateway", "--privacy", "off", "--log", "http://log.invalid", "--log-public-key",
-        base64.b64encode(bytes(32)).decode(), "--port", "0"]
+BASE = [
+    "gateway",
+    "--privacy",
+    "off",
+    "--log",
+    "http://log.invalid",
+    "--log-public-key",
+    base64.b64encode(bytes(32)).decode(),
+    "--port",
+    "0",
+]
 
 
 @pytest.fixture

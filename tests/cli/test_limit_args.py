@@ -1,4 +1,5 @@
 """Every service command takes the connection-limit options, with the documented defaults."""
+
 import pytest
 
 from traceless.cli.limits import connection_limits
@@ -9,9 +10,25 @@ COMMANDS = [
     ["relay", "--gateway", "http://g"],
     ["gateway", "--issuer", "http://i"],
     ["issuer", "--api-keys", "keys.json"],
-    ["proxy", "--issuer", "http://i", "--api-key", "k", "--relay", "http://r", "--log", "http://l",
-     "--log-public-key", "AA==", "--attester-key", "AA==", "--model", "m",
-     "--witness-key", "AA=="],
+    [
+        "proxy",
+        "--issuer",
+        "http://i",
+        "--api-key",
+        "k",
+        "--relay",
+        "http://r",
+        "--log",
+        "http://l",
+        "--log-public-key",
+        "AA==",
+        "--attester-key",
+        "AA==",
+        "--model",
+        "m",
+        "--witness-key",
+        "AA==",
+    ],
     ["serve"],
     ["node"],
 ]

@@ -1,4 +1,5 @@
 """`traceless measure` and `traceless log serve|append|verify`, run as a user would."""
+
 import base64
 import importlib.machinery
 import json
@@ -123,8 +124,22 @@ def test_log_serve_command(tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless_tools.cli", "log", "serve", "--dir", str(tmp_path / "log"),
-         "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "traceless_tools.cli",
+            "log",
+            "serve",
+            "--dir",
+            str(tmp_path / "log"),
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, body = time.monotonic() + 20, None
         while body is None and time.monotonic() < deadline and proc.poll() is None:
@@ -167,13 +182,46 @@ def test_log_witness_and_serve_with_witness_keys_as_commands(tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     url = f"http://127.0.0.1:{port}"
-    serve = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", "log", "serve",
-                              "--dir", str(tmp_path / "log"), "--port", str(port), "--witness-key", witness_key],
-                             env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    witness = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", "log", "witness", "--log", url,
-                                "--log-public-key", log_key, "--dir", str(tmp_path / "witness"), "--interval", "0.2"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "traceless_tools.cli",
+            "log",
+            "serve",
+            "--dir",
+            str(tmp_path / "log"),
+            "--port",
+            str(port),
+            "--witness-key",
+            witness_key,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    witness = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "traceless_tools.cli",
+            "log",
+            "witness",
+            "--log",
+            url,
+            "--log-public-key",
+            log_key,
+            "--dir",
+            str(tmp_path / "witness"),
+            "--interval",
+            "0.2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, body = time.monotonic() + 30, {}
         while not body.get("cosignatures") and time.monotonic() < deadline:
@@ -192,12 +240,25 @@ def test_log_witness_and_serve_with_witness_keys_as_commands(tmp_path):
     assert "witness.cosigned" in [json.loads(line)["event"] for line in werr.splitlines()]
 
 
-@pytest.mark.parametrize("argv", [
-    ["log", "witness", "--log", "http://127.0.0.1:9", "--log-public-key", "eA==", "--dir", "{d}"],
-    ["log", "witness", "--log", "http://127.0.0.1:9", "--log-public-key", base64.b64encode(bytes(32)).decode(),
-     "--dir", "{d}", "--interval", "0"],
-    ["log", "serve", "--dir", "{d}", "--witness-key", "not-a-key"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["log", "witness", "--log", "http://127.0.0.1:9", "--log-public-key", "eA==", "--dir", "{d}"],
+        [
+            "log",
+            "witness",
+            "--log",
+            "http://127.0.0.1:9",
+            "--log-public-key",
+            base64.b64encode(bytes(32)).decode(),
+            "--dir",
+            "{d}",
+            "--interval",
+            "0",
+        ],
+        ["log", "serve", "--dir", "{d}", "--witness-key", "not-a-key"],
+    ],
+)
 def test_witness_arguments_are_checked(tmp_path, capsys, argv):
     assert main([a.replace("{d}", str(tmp_path)) for a in argv]) == 1
     assert "traceless: error:" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """`traceless node --attestation software|hardware [--gpu-evidence N]`: the hardware attester is built
 from the real collectors and probed before the model loads, so a machine without a confidential VM
 fails at once with a clear error and a non-zero exit; the attestation kind is measured."""
+
 from __future__ import annotations
 
 import pytest
@@ -88,8 +89,9 @@ def test_a_gpu_without_confidential_computing_mode_is_refused_at_start(tmp_path,
     nvml.nvmlSystemGetConfComputeState = lambda: type("State", (), {"ccFeature": 0})()
     with pytest.raises(SystemExit, match="not in confidential-computing mode"):
         build_attester(_args("--attestation", "hardware", "--gpu-evidence", "1"), tsm_root=tmp_path, nvml=nvml)
-    attester = build_attester(_args("--attestation", "hardware", "--gpu-evidence", "1"), tsm_root=tmp_path,
-                              nvml=CcGpuNvml(GpuTestChain()))
+    attester = build_attester(
+        _args("--attestation", "hardware", "--gpu-evidence", "1"), tsm_root=tmp_path, nvml=CcGpuNvml(GpuTestChain())
+    )
     assert isinstance(attester, HardwareAttester) and attester.attester_type == "hardware"
 
 

@@ -1,6 +1,7 @@
 """`traceless node --log`: a node refuses to start unless its release is logged and allows its capacity
 (threat T14, docs/threat-model.md: a node started with a capacity no logged release allows is
 refused with a clear error)."""
+
 import base64
 from contextlib import ExitStack
 

@@ -1,6 +1,7 @@
 """`traceless proxy --evidence-policy FILE`: the proxy needs an evidence policy or attester keys, loads
 the policy file (refusing a bad one before serving), says which policy it runs under, and its
 `GET /status` reports the policy and the attestation kinds of the nodes it verified."""
+
 from __future__ import annotations
 
 import base64
@@ -16,10 +17,25 @@ from tests.support.cluster_services import running_app
 from traceless.privacy.ohttp.gateway import OhttpServer
 from traceless_tools.client.node_verifier import VerifiedNode
 
-BASE = ["proxy", "--issuer", "http://issuer.invalid", "--api-key", "k" * 32, "--relay", "http://relay.invalid",
-        "--log", "http://log.invalid", "--log-public-key", base64.b64encode(bytes(32)).decode(), "--model", "m",
-        "--witness-key", base64.b64encode(bytes(32)).decode(),
-        "--port", "0"]
+BASE = [
+    "proxy",
+    "--issuer",
+    "http://issuer.invalid",
+    "--api-key",
+    "k" * 32,
+    "--relay",
+    "http://relay.invalid",
+    "--log",
+    "http://log.invalid",
+    "--log-public-key",
+    base64.b64encode(bytes(32)).decode(),
+    "--model",
+    "m",
+    "--witness-key",
+    base64.b64encode(bytes(32)).decode(),
+    "--port",
+    "0",
+]
 
 
 @pytest.fixture
@@ -56,17 +72,29 @@ def test_status_reports_the_policy_and_the_kinds_of_the_verified_nodes(served, t
     (app,) = served
     with running_app(app) as url:
         assert httpx.get(url + "/status").json() == {
-            "model": "m", "policy": "prod", "attestation_kinds": [], "nodes": [], "refused": {},
-            "routing": {"answered": 0, "concentrated": False, "nodes_flagged": 0, "kept_draws": 0}}
+            "model": "m",
+            "policy": "prod",
+            "attestation_kinds": [],
+            "nodes": [],
+            "refused": {},
+            "routing": {"answered": 0, "concentrated": False, "nodes_flagged": 0, "kept_draws": 0},
+        }
         client = app.state.private_client
         key = OhttpServer(key_id=1).key_config
-        client._verified = [VerifiedNode("n1", 2, key, b"\x07" * 32, "kid1", 5.0, "snp+nvidia"),
-                            VerifiedNode("n2", 1, key, b"\x07" * 32, "kid2", 5.0, "snp")]
+        client._verified = [
+            VerifiedNode("n1", 2, key, b"\x07" * 32, "kid1", 5.0, "snp+nvidia"),
+            VerifiedNode("n2", 1, key, b"\x07" * 32, "kid2", 5.0, "snp"),
+        ]
         client.verifier.last_refused = {"evidence_refused": 3}
         status = httpx.get(url + "/status").json()
     assert status["attestation_kinds"] == ["snp", "snp+nvidia"] and status["refused"] == {"evidence_refused": 3}
-    assert status["nodes"][0] == {"node_id": "n1", "attestation_kind": "snp+nvidia", "capacity": 2,
-                                  "measurement": "07" * 32, "verified_at": 5.0}
+    assert status["nodes"][0] == {
+        "node_id": "n1",
+        "attestation_kind": "snp+nvidia",
+        "capacity": 2,
+        "measurement": "07" * 32,
+        "verified_at": 5.0,
+    }
 
 
 def test_attester_keys_alone_run_under_the_attester_policy(served, capsys):

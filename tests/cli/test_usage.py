@@ -1,6 +1,7 @@
 """The command line as a new user meets it: every option has help that shows its default, there is
 a --version, and a usage or configuration error is one line on stderr with exit code 2, never a
 traceback."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,12 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = ""):
 
 
 def test_every_option_of_every_command_has_help():
-    missing = [f"{name} {'/'.join(a.option_strings)}" for name, sub in _commands(build_parser())
-               for a in sub._actions if a.option_strings and not a.help]
+    missing = [
+        f"{name} {'/'.join(a.option_strings)}"
+        for name, sub in _commands(build_parser())
+        for a in sub._actions
+        if a.option_strings and not a.help
+    ]
     assert missing == []
 
 
@@ -34,8 +39,13 @@ def test_help_shows_defaults(capsys):
         main(["serve", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    for expected in ("--max-num-seqs MAX_NUM_SEQS", "(default: 128)", "(default: 8000)", "(default: 127.0.0.1)",
-                     "(default: 2048)"):
+    for expected in (
+        "--max-num-seqs MAX_NUM_SEQS",
+        "(default: 128)",
+        "(default: 8000)",
+        "(default: 127.0.0.1)",
+        "(default: 2048)",
+    ):
         assert expected in text, expected
     assert "(default: None)" not in text and "(default: False)" not in text  # no noise for unset options
 
@@ -60,22 +70,40 @@ def test_ctrl_c_in_any_command_is_one_line_and_status_130(monkeypatch, capsys):
 
 def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-m", "traceless_tools.cli", *argv], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "traceless_tools.cli", *argv], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _one_line_error(r: subprocess.CompletedProcess, *words: str) -> None:
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    lines = [line for line in r.stderr.splitlines()  # events are JSON lines; chat says it is loading
-             if line.strip() and not line.startswith("{") and line != "loading model ..."]
+    lines = [
+        line
+        for line in r.stderr.splitlines()  # events are JSON lines; chat says it is loading
+        if line.strip() and not line.startswith("{") and line != "loading model ..."
+    ]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     for word in words:
         assert word in lines[0], (word, lines[0])
 
 
 def test_a_configuration_error_is_one_line_and_exit_2(tiny_llama_dir):
-    r = _run("serve", "--model", str(tiny_llama_dir), "--dtype", "float32", "--kv-cache-memory", "1MiB",
-             "--max-model-len", "100000", "--no-scrub-freed-memory", "--port", "0", "--metrics-port", "0")
+    r = _run(
+        "serve",
+        "--model",
+        str(tiny_llama_dir),
+        "--dtype",
+        "float32",
+        "--kv-cache-memory",
+        "1MiB",
+        "--max-model-len",
+        "100000",
+        "--no-scrub-freed-memory",
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+    )
     _one_line_error(r, "traceless serve:", "max_model_len 100000 exceeds")
 
 
@@ -110,8 +138,16 @@ def test_a_port_in_use_is_named_before_the_model_loads(taken_port, option, tmp_p
     """Once: `service.started` was logged, then status 3 and no message. The missing model shows
     that the ports are bound before the model loads."""
     other = "--metrics-port" if option == "--port" else "--port"
-    r = _run("serve", "--model", str(tmp_path / "no-model-here"), "--no-scrub-freed-memory", option, str(taken_port),
-             other, "0")
+    r = _run(
+        "serve",
+        "--model",
+        str(tmp_path / "no-model-here"),
+        "--no-scrub-freed-memory",
+        option,
+        str(taken_port),
+        other,
+        "0",
+    )
     _one_line_error(r, "traceless serve:", f"127.0.0.1:{taken_port}", "already in use", option)
     assert "service.started" not in r.stderr
 

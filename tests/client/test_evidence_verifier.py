@@ -1,6 +1,7 @@
 """NodeVerifier with an evidence policy: the key is the one the evidence vouches for, the kind is
 reported, refusals are recorded with fixed codes only; evidence without a policy is refused rather
 than ignored; the events schema knows every verifier's checks."""
+
 from __future__ import annotations
 
 import base64
@@ -49,8 +50,9 @@ def _entry(attester, evidence=True) -> dict:
 
 
 def _verifier(policy=None, keys=()):
-    config = ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32, tuple(keys), "m",
-                          evidence_policy=policy)
+    config = ClientConfig(
+        "http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32, tuple(keys), "m", evidence_policy=policy
+    )
     return NodeVerifier(config, releases=StubReleases(RELEASE))
 
 
@@ -63,8 +65,9 @@ def test_the_key_the_evidence_vouches_for_is_trusted_and_the_kind_reported(polic
     finally:
         v.close()
     assert node.attestation_kind == "snp+nvidia" and node.capacity == 1
-    assert any('"client.attestation_kind"' in r.getMessage() and '"snp+nvidia"' in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        '"client.attestation_kind"' in r.getMessage() and '"snp+nvidia"' in r.getMessage() for r in caplog.records
+    )
 
 
 def test_missing_or_tampered_evidence_is_refused_with_fixed_codes(policy, chains, tmp_path, caplog):
@@ -101,10 +104,14 @@ def _vouched_entry(attester, fresh_capacity: int = 1) -> dict:
     statement = NodeStatement(RELEASE.measurement, server.ohttp_keys(), 1, "http://node.test")
     now = int(time.time())
     base = attester.attest(new_claims(statement, b"b" * 16, now, attester.attester_type, 3600))
-    fresh = attester.attest(new_claims(replace(statement, capacity=fresh_capacity), NONCE, now,
-                                       attester.attester_type))
-    return {"node_id": "n1", "attestation": fresh, "ohttp_keys": base64.b64encode(server.ohttp_keys()).decode(),
-            "evidence": [evidence_to_json(e) for e in attester.evidence(base)], "base_attestation": base}
+    fresh = attester.attest(new_claims(replace(statement, capacity=fresh_capacity), NONCE, now, attester.attester_type))
+    return {
+        "node_id": "n1",
+        "attestation": fresh,
+        "ohttp_keys": base64.b64encode(server.ohttp_keys()).decode(),
+        "evidence": [evidence_to_json(e) for e in attester.evidence(base)],
+        "base_attestation": base,
+    }
 
 
 def test_a_fresh_document_counts_only_as_a_restatement_of_the_base_its_evidence_binds(policy, chains, tmp_path):
@@ -152,13 +159,16 @@ def test_a_development_policy_takes_the_software_attester_only_under_a_pinned_ke
         unpinned.close()
 
 
-@pytest.mark.parametrize("reason, split", [
-    ("software_attester_refused", ("none", "none", "software_attester_refused")),
-    ("snp:report-data", ("snp", "report-data", "report_failed")),
-    ("tdx:tcb-status:not_run", ("tdx", "tcb-status", "check_not_run")),
-    ("nvidia:malformed", ("nvidia", "none", "report_malformed")),
-    ("snp:no_trust_anchor", ("snp", "none", "no_trust_anchor")),
-])
+@pytest.mark.parametrize(
+    "reason, split",
+    [
+        ("software_attester_refused", ("none", "none", "software_attester_refused")),
+        ("snp:report-data", ("snp", "report-data", "report_failed")),
+        ("tdx:tcb-status:not_run", ("tdx", "tcb-status", "check_not_run")),
+        ("nvidia:malformed", ("nvidia", "none", "report_malformed")),
+        ("snp:no_trust_anchor", ("snp", "none", "no_trust_anchor")),
+    ],
+)
 def test_refusal_reasons_split_into_event_fields(reason, split):
     assert _split_reason(reason) == split
 

@@ -1,5 +1,6 @@
 """The client draws its node itself, by attested capacity (threat T14, docs/threat-model.md: the client used to
 take the gateway's order)."""
+
 import random
 
 import pytest

@@ -1,5 +1,6 @@
 """NodeVerifier refusals (threat T15, docs/threat-model.md: fresh attestations, attester policy, clock leeway;
 threat T14: the capacity a node may claim is the logged release's)."""
+
 import base64
 import time
 
@@ -19,13 +20,24 @@ NONCE = b"n" * 16
 def entry(attester, server, ttl=60, now=None, keys=None, nonce=NONCE, capacity=2, measurement=RELEASE.measurement):
     statement = NodeStatement(measurement, server.ohttp_keys(), capacity, "http://node.test")
     claims = new_claims(statement, nonce, int(now or time.time()), attester.attester_type, ttl)
-    return {"node_id": "n1", "attestation": attester.attest(claims),
-            "ohttp_keys": base64.b64encode(keys or server.ohttp_keys()).decode()}
+    return {
+        "node_id": "n1",
+        "attestation": attester.attest(claims),
+        "ohttp_keys": base64.b64encode(keys or server.ohttp_keys()).decode(),
+    }
 
 
 def _config(attester, policy=AttesterPolicy.DEVELOPMENT):
-    return ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32,
-                        (attester.public_key.public_bytes_raw(),), "m", attester_policy=policy)
+    return ClientConfig(
+        "http://i",
+        "k",
+        "http://r",
+        "http://127.0.0.1:9",
+        b"\x00" * 32,
+        (attester.public_key.public_bytes_raw(),),
+        "m",
+        attester_policy=policy,
+    )
 
 
 @pytest.fixture
@@ -58,8 +70,9 @@ def test_expired_forged_and_swapped_key_attestations_are_refused(verifier):
     other = OhttpServer()  # a gateway swapping in its own OHTTP key
     assert _reason(v, entry(attester, server, keys=other.ohttp_keys()), expected_nonce=NONCE) == "key_mismatch"
     good = entry(attester, server)
-    tampered = dict(good, attestation=good["attestation"][:-4]
-                    + ("AAAA" if not good["attestation"].endswith("AAAA") else "BBBB"))
+    tampered = dict(
+        good, attestation=good["attestation"][:-4] + ("AAAA" if not good["attestation"].endswith("AAAA") else "BBBB")
+    )
     assert _reason(v, tampered, expected_nonce=NONCE) in ("bad_signature", "malformed")
 
 
@@ -80,8 +93,10 @@ def test_clock_leeway_accepts_a_node_slightly_ahead_but_not_far(verifier):
 
 def test_the_software_attester_needs_the_development_policy():
     attester = SoftwareAttester()
-    assert ClientConfig("http://i", "k", "http://r", "http://l", b"\x00" * 32, (), "m").attester_policy \
-        is AttesterPolicy.PRODUCTION  # the default
+    assert (
+        ClientConfig("http://i", "k", "http://r", "http://l", b"\x00" * 32, (), "m").attester_policy
+        is AttesterPolicy.PRODUCTION
+    )  # the default
     v = NodeVerifier(_config(attester, AttesterPolicy.PRODUCTION), releases=StubReleases(RELEASE))
     try:
         assert _reason(v, entry(attester, OhttpServer()), expected_nonce=NONCE) == "attester_type"
@@ -104,8 +119,10 @@ def test_every_current_key_is_bound_and_the_newest_is_used(verifier):
     both = encode_ohttp_keys([new.key_config, old.key_config])
     statement = NodeStatement(RELEASE.measurement, both, 1, "http://node.test")
     claims = new_claims(statement, NONCE, int(time.time()), "software", 60)
-    node = v.verify({"node_id": "n", "attestation": attester.attest(claims),
-                     "ohttp_keys": base64.b64encode(both).decode()}, expected_nonce=NONCE)
+    node = v.verify(
+        {"node_id": "n", "attestation": attester.attest(claims), "ohttp_keys": base64.b64encode(both).decode()},
+        expected_nonce=NONCE,
+    )
     assert node.key_config == new.key_config
 
 
@@ -118,17 +135,20 @@ def test_an_unreadable_log_refuses_the_node():
         v.close()
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"prefix_cache": "global"}, "release_prefix_cache"),
-    ({"shape_padding": "off"}, "release_unpadded"),
-    ({"scrub_freed_memory": False}, "release_unscrubbed"),
-    ({"load_format": "dummy"}, "release_dummy_weights"),
-    ({"request_events": True}, "release_request_events"),
-    ({"shape_padding": None}, "release_unpadded"),  # not stated counts as off
-    ({"metrics_epsilon": None}, "release_metrics_epsilon"),  # exact telemetry (off), or not stated
-    ({"metrics_epsilon": 4.0}, "release_metrics_epsilon"),  # noise weaker than the policy allows
-    ({"metrics_epsilon": True}, "release_metrics_epsilon"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"prefix_cache": "global"}, "release_prefix_cache"),
+        ({"shape_padding": "off"}, "release_unpadded"),
+        ({"scrub_freed_memory": False}, "release_unscrubbed"),
+        ({"load_format": "dummy"}, "release_dummy_weights"),
+        ({"request_events": True}, "release_request_events"),
+        ({"shape_padding": None}, "release_unpadded"),  # not stated counts as off
+        ({"metrics_epsilon": None}, "release_metrics_epsilon"),  # exact telemetry (off), or not stated
+        ({"metrics_epsilon": 4.0}, "release_metrics_epsilon"),  # noise weaker than the policy allows
+        ({"metrics_epsilon": True}, "release_metrics_epsilon"),
+    ],
+)
 def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, reason):
     from tests.support.cluster_services import PRIVATE_SETTINGS
     from traceless.privacy.translog.manifest import ReleaseManifest
@@ -144,10 +164,14 @@ def test_a_logged_release_that_does_not_say_private_settings_is_refused(change, 
         v.close()
 
 
-@pytest.mark.parametrize("waiver, change", [
-    ("unpadded", {"shape_padding": "off"}), ("request_events", {"request_events": True}),
-    ("dummy_weights", {"load_format": "dummy"}),
-])
+@pytest.mark.parametrize(
+    "waiver, change",
+    [
+        ("unpadded", {"shape_padding": "off"}),
+        ("request_events", {"request_events": True}),
+        ("dummy_weights", {"load_format": "dummy"}),
+    ],
+)
 def test_a_benchmark_waiver_accepts_exactly_its_setting(waiver, change):
     from dataclasses import replace
 
@@ -177,9 +201,19 @@ def test_one_node_listed_under_many_ids_refuses_the_round():
     from traceless_tools.client.node_choice import draw_node
 
     honest, evil = SoftwareAttester(), SoftwareAttester()
-    v = NodeVerifier(ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32,
-                                  (honest.public_key.public_bytes_raw(), evil.public_key.public_bytes_raw()), "m",
-                                  attester_policy=AttesterPolicy.DEVELOPMENT), releases=StubReleases(RELEASE))
+    v = NodeVerifier(
+        ClientConfig(
+            "http://i",
+            "k",
+            "http://r",
+            "http://127.0.0.1:9",
+            b"\x00" * 32,
+            (honest.public_key.public_bytes_raw(), evil.public_key.public_bytes_raw()),
+            "m",
+            attester_policy=AttesterPolicy.DEVELOPMENT,
+        ),
+        releases=StubReleases(RELEASE),
+    )
     try:
         evil_server = OhttpServer(key_id=4)
         listing = [{**entry(honest, OhttpServer(key_id=3)), "node_id": "honest"}]

@@ -2,6 +2,7 @@
 the next request, so a gateway that fails requests (and a caller that retries them) cannot re-roll the
 client's draw. After a 5xx, a refused token or a truncated stream the error is surfaced with its cause
 and nothing is resent; the one resend is to the same node under a new id after a gateway restart."""
+
 import asyncio
 import random
 
@@ -59,8 +60,9 @@ def test_no_resend_after_a_5xx():
 
 
 def test_no_resend_after_a_broken_response():
-    posts, go = _run(lambda request, n: httpx.Response(200, content=b"\x00" * 10,
-                                                         headers={"content-type": "message/ohttp-res"}))
+    posts, go = _run(
+        lambda request, n: httpx.Response(200, content=b"\x00" * 10, headers={"content-type": "message/ohttp-res"})
+    )
     with pytest.raises(PrivateClientError):
         asyncio.run(go())
     assert len(posts) == 1
@@ -177,8 +179,7 @@ def _stalling(with_head: bool):
         _, context = server.decapsulate_chunked_request(request.content)
         encryptor = context.encryptor()
         first = [encryptor.seal_chunk(ResponseStreamEncoder().head(200))] if with_head else []
-        return httpx.Response(200, headers={"content-type": "message/ohttp-chunked-res"},
-                              stream=_Silent(first))
+        return httpx.Response(200, headers={"content-type": "message/ohttp-chunked-res"}, stream=_Silent(first))
 
     return handler
 
@@ -195,8 +196,17 @@ def test_a_silent_stream_fails_with_a_timeout_error_and_is_not_resent(with_head)
         posts.append(request.url.path)
         return _stalling(with_head)(request, len(posts))
 
-    config = ClientConfig("http://issuer", "k", "http://relay", "http://log", b"\x00" * 32, (), "m",
-                          first_byte_timeout_s=0.3, idle_timeout_s=0.3)
+    config = ClientConfig(
+        "http://issuer",
+        "k",
+        "http://relay",
+        "http://log",
+        b"\x00" * 32,
+        (),
+        "m",
+        first_byte_timeout_s=0.3,
+        idle_timeout_s=0.3,
+    )
     client = AsyncPrivateClient(config, http=httpx.AsyncClient(transport=httpx.MockTransport(record)))
 
     async def candidates():
@@ -215,8 +225,10 @@ def test_a_silent_stream_fails_with_a_timeout_error_and_is_not_resent(with_head)
         finally:
             await client.aclose()
 
-    with pytest.raises(PathTimeoutError, match="nothing arrived for 0.3s while waiting for the " +
-                       ("next chunk" if with_head else "response head")):
+    with pytest.raises(
+        PathTimeoutError,
+        match="nothing arrived for 0.3s while waiting for the " + ("next chunk" if with_head else "response head"),
+    ):
         asyncio.run(asyncio.wait_for(go(), 10))
     assert len(posts) == 1
 
@@ -248,9 +260,11 @@ def test_a_stream_left_at_done_is_still_read_to_its_shaped_end(leaves):
     def handler(request):
         _, context = SERVERS[0].decapsulate_chunked_request(request.content)
         enc, msg = context.encryptor(), ResponseStreamEncoder()
-        chunks = [enc.seal_chunk(msg.head(200, ((b"content-type", b"text/event-stream"),))),
-                  enc.seal_chunk(msg.chunk(b'data: {"choices": []}\n\n')),
-                  enc.seal_chunk(msg.chunk(b"data: [DONE]\n\n"))]
+        chunks = [
+            enc.seal_chunk(msg.head(200, ((b"content-type", b"text/event-stream"),))),
+            enc.seal_chunk(msg.chunk(b'data: {"choices": []}\n\n')),
+            enc.seal_chunk(msg.chunk(b"data: [DONE]\n\n")),
+        ]
         chunks += [enc.seal_chunk(msg.chunk(b": padding\n\n")) for _ in range(8)]
         chunks.append(enc.seal_final(msg.end()))
         streams.append(_Shaped(chunks))

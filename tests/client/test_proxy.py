@@ -1,5 +1,6 @@
 """The local proxy answers only the user's own software (threat T31, docs/threat-model.md): a loopback Host, no
 foreign Origin (CSRF, DNS rebinding), a JSON content type on POST; refusals echo no header value."""
+
 from dataclasses import dataclass
 
 import httpx
@@ -53,8 +54,18 @@ def test_loopback_hosts_are_served(proxy, host):
     assert len(client.sent) == before + 1
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example",
-                                  "localhost.evil.example:8000", "10.0.0.1:8000", "", "127.0.0.1:8000@evil"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:8000",
+        "127.0.0.1.evil.example",
+        "localhost.evil.example:8000",
+        "10.0.0.1:8000",
+        "",
+        "127.0.0.1:8000@evil",
+    ],
+)
 def test_other_hosts_are_403_dns_rebinding(proxy, host):
     client, http = proxy
     before = len(client.sent)
@@ -67,8 +78,10 @@ def test_other_hosts_are_403_dns_rebinding(proxy, host):
     assert len(client.sent) == before
 
 
-@pytest.mark.parametrize("origin", ["https://evil.example", "null", "http://127.0.0.1.evil.example",
-                                    "file://", "http://localhost.evil.example:8000"])
+@pytest.mark.parametrize(
+    "origin",
+    ["https://evil.example", "null", "http://127.0.0.1.evil.example", "file://", "http://localhost.evil.example:8000"],
+)
 def test_foreign_origins_are_403_csrf(proxy, origin):
     client, http = proxy
     before = len(client.sent)
@@ -84,8 +97,9 @@ def test_a_loopback_origin_is_served(proxy):
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x"])
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+)
 def test_a_post_must_declare_json(proxy, content_type):
     """A page may send text/plain or a form cross-origin without a preflight; never JSON."""
     client, http = proxy
@@ -104,12 +118,18 @@ def test_the_proxy_holds():
 
     client = StubPrivateClient()
     with serve_in_thread(create_proxy_app(client), limits=dos.TEST_LIMITS) as url:
+
         def honest():
             response = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10)
             assert response.status_code == 200
 
         json_type = {"content-type": "application/json"}
-        target = dos.Target("proxy", url, honest,
-                            ("POST", "/v1/chat/completions", {**json_type, "host": "evil.example"}, b"{}"), 403,
-                            ("/v1/chat/completions", json_type))
+        target = dos.Target(
+            "proxy",
+            url,
+            honest,
+            ("POST", "/v1/chat/completions", {**json_type, "host": "evil.example"}, b"{}"),
+            403,
+            ("/v1/chat/completions", json_type),
+        )
         dos.run_all(target)

@@ -3,6 +3,7 @@
 request: with a fresh draw, a gateway could steer the caller by failing it). Web pages of other sites
 (`Sec-Fetch-Site`, sent on no-cors GETs too) cannot make it spend tokens; `/v1/models` and
 `/tokenizer_info` go over the private path once."""
+
 import httpx
 import pytest
 
@@ -44,9 +45,16 @@ def _error(cause: str) -> PrivateClientError:
     return PrivateClientError("x", FailureCause(cause))
 
 
-@pytest.mark.parametrize("cause, status", [("relay_unreachable", 503), ("no_healthy_node", 503),
-                                           ("quota_exhausted", 429), ("private_path_failed", 502),
-                                           ("tokens_unavailable", 503)])
+@pytest.mark.parametrize(
+    "cause, status",
+    [
+        ("relay_unreachable", 503),
+        ("no_healthy_node", 503),
+        ("quota_exhausted", 429),
+        ("private_path_failed", 502),
+        ("tokens_unavailable", 503),
+    ],
+)
 def test_a_failure_names_its_cause_and_asks_not_to_be_retried(cause, status):
     client = FailingClient(_error(cause))
     with running_app(create_proxy_app(client)) as url:
@@ -74,8 +82,16 @@ def test_the_relay_down_is_503_relay_unreachable_not_500():
     from traceless.privacy.privacypass.wire import TokenChallenge
     from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig
 
-    config = ClientConfig("http://127.0.0.1:9", "k", "http://127.0.0.1:9", "http://127.0.0.1:9", bytes(32),
-                          (bytes(32),), "m", token_wait_s=0.5)
+    config = ClientConfig(
+        "http://127.0.0.1:9",
+        "k",
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+        bytes(32),
+        (bytes(32),),
+        "m",
+        token_wait_s=0.5,
+    )
     client = AsyncPrivateClient(config)
     issuer = privacypass.Issuer.generate()
     challenge = TokenChallenge(2, "127.0.0.1:9", bytes(32), "")
@@ -92,8 +108,16 @@ def test_with_no_token_to_pay_for_the_candidate_list_nothing_is_sent():
     the nodes sign), so the cause named is the tokens."""
     from traceless_tools.client.private_client import AsyncPrivateClient, ClientConfig
 
-    config = ClientConfig("http://127.0.0.1:9", "k", "http://127.0.0.1:9", "http://127.0.0.1:9", bytes(32),
-                          (bytes(32),), "m", token_wait_s=0.5)
+    config = ClientConfig(
+        "http://127.0.0.1:9",
+        "k",
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:9",
+        bytes(32),
+        (bytes(32),),
+        "m",
+        token_wait_s=0.5,
+    )
     with running_app(create_proxy_app(AsyncPrivateClient(config))) as url:
         r = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30)
     assert r.status_code == 503 and r.json()["error"]["code"] == "tokens_unavailable"
@@ -105,8 +129,10 @@ def test_routing_concentration_reaches_the_caller():
         assert httpx.get(url + "/v1/models").headers["x-traceless-routing"] == "ok"
         for _ in range(40):
             client.routing.observe("evil", {"evil": 1, "honest": 9})
-        assert httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []}).headers[
-            "x-traceless-routing"] == "concentrated"
+        assert (
+            httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": []}).headers["x-traceless-routing"]
+            == "concentrated"
+        )
 
 
 @pytest.mark.parametrize("site", ["cross-site", "same-site"])
@@ -115,8 +141,12 @@ def test_a_page_of_another_site_cannot_spend_tokens(site):
     client = FailingClient()
     with running_app(create_proxy_app(client)) as url:
         for method, path in (("GET", "/v1/models"), ("GET", "/tokenizer_info"), ("POST", "/v1/chat/completions")):
-            r = httpx.request(method, url + path, headers={"sec-fetch-site": site},
-                              json={"model": "m", "messages": []} if method == "POST" else None)
+            r = httpx.request(
+                method,
+                url + path,
+                headers={"sec-fetch-site": site},
+                json={"model": "m", "messages": []} if method == "POST" else None,
+            )
             assert r.status_code == 403 and r.json()["error"]["code"] == "site_not_allowed"
         assert httpx.get(url + "/v1/models", headers={"sec-fetch-site": "same-origin"}).status_code == 200
     assert client.calls == ["/v1/models"]
@@ -125,6 +155,7 @@ def test_a_page_of_another_site_cannot_spend_tokens(site):
 def test_the_model_list_goes_over_the_private_path_once():
     client = FailingClient()
     with running_app(create_proxy_app(client)) as url:
-        answers = [httpx.get(url + "/v1/models").json() for _ in range(3)] + \
-                  [httpx.get(url + "/tokenizer_info").json() for _ in range(2)]
+        answers = [httpx.get(url + "/v1/models").json() for _ in range(3)] + [
+            httpx.get(url + "/tokenizer_info").json() for _ in range(2)
+        ]
     assert answers[0] == answers[2] and client.calls == ["/v1/models", "/tokenizer_info"]

@@ -1,5 +1,6 @@
 """The proxy ends a stream that breaks off on the private path with an OpenAI-style error event
 (as the server's own streams do), so the openai SDK raises APIError rather than a transport error."""
+
 import threading
 from types import SimpleNamespace
 
@@ -31,8 +32,10 @@ class BreakingClient:
 
     async def _events(self):
         try:
-            yield b'data: {"id":"x","object":"text_completion","created":0,"model":"m","choices":[{"index":0,' \
-                  b'"text":"a","logprobs":null,"finish_reason":null}]}\n\n'
+            yield (
+                b'data: {"id":"x","object":"text_completion","created":0,"model":"m","choices":[{"index":0,'
+                b'"text":"a","logprobs":null,"finish_reason":null}]}\n\n'
+            )
             raise PrivateClientError("the response stream broke off (the node or a hop failed)")
         finally:
             self.closed.set()

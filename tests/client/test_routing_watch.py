@@ -33,8 +33,11 @@ def test_a_node_that_dies_raises_no_warning():
     was drawn from, nothing is concentrated."""
     rng, watch = random.Random(2), RoutingWatch()
     both, alone = {"a": 3, "b": 1}, {"b": 1}
-    warnings = [w for i in range(400) if (w := watch.observe(answered(rng, both if i < 40 else alone),
-                                                             both if i < 40 else alone))]
+    warnings = [
+        w
+        for i in range(400)
+        if (w := watch.observe(answered(rng, both if i < 40 else alone), both if i < 40 else alone))
+    ]
     assert warnings == [] and not watch.concentrated
 
 

@@ -3,6 +3,7 @@ error, and the schedule survives anything a hop answers; a waiting request leave
 not when a batch lands; every token handed out once; one challenge for everyone (the epoch's public
 one, fetched through the relay only: the gateway never sees the client's address); only the newest
 issuer key in the transparency log, picked up without a restart."""
+
 import asyncio
 import itertools
 import random
@@ -21,10 +22,20 @@ EPOCH_S = 3600.0
 
 def _config(**kw):
     # gateway_url: where a wallet that checked challenges directly would go (this one must never)
-    base = dict(token_batch=8, token_low_water=4, token_refill_delay_s=(0.02, 0.05), token_wait_s=5.0,
-                token_release_delay_s=(0.01, 0.02), challenge_epoch_s=EPOCH_S, clock_leeway_s=60,
-                issuer_url="http://issuer.test:1", relay_url="http://relay.test", gateway_url="http://gw.test",
-                origin_name="traceless", api_key="k")
+    base = dict(
+        token_batch=8,
+        token_low_water=4,
+        token_refill_delay_s=(0.02, 0.05),
+        token_wait_s=5.0,
+        token_release_delay_s=(0.01, 0.02),
+        challenge_epoch_s=EPOCH_S,
+        clock_leeway_s=60,
+        issuer_url="http://issuer.test:1",
+        relay_url="http://relay.test",
+        gateway_url="http://gw.test",
+        origin_name="traceless",
+        api_key="k",
+    )
     return SimpleNamespace(**(base | kw))
 
 
@@ -78,6 +89,7 @@ def test_every_token_is_handed_out_once_and_every_fetch_is_one_fixed_batch():
 
 def test_requests_never_trigger_a_fetch():
     """A burst of takes does not hasten the schedule: fetches happen only at the wallet's own wakes."""
+
     async def run():
         w = FakeIssuerWallet(token_refill_delay_s=(0.3, 0.3))
         w.start()
@@ -100,6 +112,7 @@ def test_a_waiting_request_leaves_on_its_own_clock_not_when_the_batch_lands():
     """Forced refill, burst drain: a request that waits on an empty wallet must not be sent the instant
     the next batch lands (the issuer sees the batch, the gateway the spend: lock-step links them). It
     leaves at a time drawn when it began waiting."""
+
     async def run():
         loop = asyncio.get_running_loop()
         w = FakeIssuerWallet(token_refill_delay_s=(0.05, 0.05), token_release_delay_s=(0.3, 0.3))
@@ -190,6 +203,7 @@ class _Copy:
 def test_every_refill_of_the_same_epoch_is_kept():
     """Each wake fetches the challenge anew (an equal object, not the same one): the batches of the
     second and later wakes must be kept, not dropped as if the epoch had changed."""
+
     async def run():
         w = FakeIssuerWallet()
         epoch = w.challenge
@@ -221,8 +235,12 @@ class World:
     def handler(self, request: httpx.Request) -> httpx.Response:
         self.hosts.append(request.url.host)
         if request.url.path == "/token-issuer-directory":
-            return httpx.Response(200, json={"token-keys": [
-                {"token-type": 2, "token-key": b64url_encode(k.spki)} for k in self.directory_keys]})
+            return httpx.Response(
+                200,
+                json={
+                    "token-keys": [{"token-type": 2, "token-key": b64url_encode(k.spki)} for k in self.directory_keys]
+                },
+            )
         if request.url.path == "/pcc/v1/challenge":
             if self.malformed_challenge:
                 return httpx.Response(200, headers={"www-authenticate": 'PrivateToken challenge="'})
@@ -357,6 +375,7 @@ def test_a_rotated_issuer_key_is_used_once_logged_without_a_restart(world_keys):
 
 def test_a_malformed_challenge_header_does_not_stop_the_schedule(world_keys):
     """One malformed WWW-Authenticate must not kill the schedule (and a request must not restart it)."""
+
     async def run(world):
         http = httpx.AsyncClient(transport=httpx.MockTransport(world.handler))
         wallet = TokenWallet(_config(), http, world.logged_keys)

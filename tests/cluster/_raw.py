@@ -1,5 +1,6 @@
 """HTTP/1.1 over a bare socket, for what httpx will not do: send a request's head and hold its
 body back (or trickle it), and read whatever status comes back meanwhile."""
+
 from __future__ import annotations
 
 import socket

@@ -1,4 +1,5 @@
 """A TCP forwarder on loopback that records every byte passing through it, both directions."""
+
 from __future__ import annotations
 
 import socket

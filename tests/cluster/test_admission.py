@@ -1,6 +1,7 @@
 """Threat T14 (docs/threat-model.md): capacity is attested, not announced. The gateway admits a node only with an
 attestation that verifies, whose measurement is a logged release allowing the claimed capacity,
 keeps one record per attestation key, caps the registry, and lets no one else replace a node."""
+
 import time
 
 import httpx
@@ -91,8 +92,10 @@ def test_production_policy_refuses_the_software_attester(node):
 def test_one_record_per_attestation_key_whatever_the_url(gateway, node):
     app, http = gateway
     base = node.url
-    ids = {http.post("/pcc/v1/register", json=node.registration(f"{base}/{path}")).json()["node_id"]
-           for path in ("a", "b", "c")}
+    ids = {
+        http.post("/pcc/v1/register", json=node.registration(f"{base}/{path}")).json()["node_id"]
+        for path in ("a", "b", "c")
+    }
     assert len(ids) == 1 and len(app.state.gateway.registry) == 1
     (record,) = app.state.gateway.registry.records()
     assert record.registration.url == f"{base}/c"
@@ -120,8 +123,10 @@ def test_the_registry_is_capped():
     app = _gateway(max_nodes=2)
     with running_app(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         nodes = [FakeNode() for _ in range(3)]
-        statuses = [http.post("/pcc/v1/register", json=n.registration(f"http://n{i}.invalid")).status_code
-                    for i, n in enumerate(nodes)]
+        statuses = [
+            http.post("/pcc/v1/register", json=n.registration(f"http://n{i}.invalid")).status_code
+            for i, n in enumerate(nodes)
+        ]
         assert statuses == [200, 200, 503]
         assert len(app.state.gateway.registry) == 2
         # a known key still re-registers when the registry is full

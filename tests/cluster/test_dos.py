@@ -1,6 +1,7 @@
 """The gateway and the relay under slowloris clients, 100 MiB bodies, 500 connections and a flood
 of invalid tokens: honest requests keep being served, memory stays bounded (threat T28, docs/threat-model.md).
 Figures are printed (pytest -s shows them)."""
+
 import httpx
 import pytest
 
@@ -26,11 +27,14 @@ def issuer():
 def cluster(issuer):
     """(gateway URL, node, node_id, tokens) with the test limits on every hop."""
     node = FakeNode()
-    config = GatewayConfig(issuer_url="http://issuer.test", health_interval_s=3600,
-                           attester_policy=AttesterPolicy.DEVELOPMENT)
+    config = GatewayConfig(
+        issuer_url="http://issuer.test", health_interval_s=3600, attester_policy=AttesterPolicy.DEVELOPMENT
+    )
     gateway = create_gateway_app(config, [issuer.public_key], releases=StubReleases(RELEASE))
-    with serve_in_thread(node.app, limits=dos.TEST_LIMITS) as node_url, \
-            serve_in_thread(gateway, limits=dos.TEST_LIMITS) as gateway_url:
+    with (
+        serve_in_thread(node.app, limits=dos.TEST_LIMITS) as node_url,
+        serve_in_thread(gateway, limits=dos.TEST_LIMITS) as gateway_url,
+    ):
         node_id = httpx.post(gateway_url + "/pcc/v1/register", json=node.registration(node_url)).json()["node_id"]
         www = httpx.get(gateway_url + "/pcc/v1/challenge").headers["www-authenticate"]
         yield gateway_url, node, node_id, mint_tokens(issuer, www, 40)
@@ -42,8 +46,7 @@ def _target(name, url, cluster):
 
     def honest():
         enc, ctx = encrypt_for(node, b"honest")
-        response = httpx.post(url + path, content=enc, headers={**OHTTP_REQ, "authorization": tokens.pop()},
-                              timeout=10)
+        response = httpx.post(url + path, content=enc, headers={**OHTTP_REQ, "authorization": tokens.pop()}, timeout=10)
         assert response.status_code == 200, response.text
         assert bhttp.decode_response(ctx.decapsulate(response.content)).content == b"honest"
 

@@ -2,6 +2,7 @@
 key it registers, every nonce-bound listing carries a document made for the nonce by the key its
 evidence (collected once, over a base document) vouches for, evidence is never accepted
 unchecked, malformed evidence is a 400 that echoes nothing, and the listing's size is capped."""
+
 from __future__ import annotations
 
 import base64
@@ -54,8 +55,10 @@ def hardware_node(amd, tmp_path):
 
 
 def _gateway(policy: AttestationPolicy | None, **overrides):
-    return create_gateway_app(GatewayConfig(privacy=False, health_interval_s=3600, evidence_policy=policy,
-                                            **overrides), releases=StubReleases(RELEASE))
+    return create_gateway_app(
+        GatewayConfig(privacy=False, health_interval_s=3600, evidence_policy=policy, **overrides),
+        releases=StubReleases(RELEASE),
+    )
 
 
 def _body(node: HardwareNode) -> dict:
@@ -73,8 +76,14 @@ def test_a_hardware_node_is_admitted_and_listed_with_a_fresh_document_for_each_n
     # document made for this nonce, restating the base's claims.
     evidence = evidence_from_json(entry["evidence"])
     verdict = check_evidence(policy, entry["base_attestation"], evidence)
-    claims = verify_with_base(entry["attestation"], entry["base_attestation"], verdict.keys, time.time(), nonce,
-                              ohttp_keys=base64.b64decode(entry["ohttp_keys"]))
+    claims = verify_with_base(
+        entry["attestation"],
+        entry["base_attestation"],
+        verdict.keys,
+        time.time(),
+        nonce,
+        ohttp_keys=base64.b64decode(entry["ohttp_keys"]),
+    )
     assert verdict.kind == "snp" and claims.attester_type == "hardware" and claims.eat_nonce == nonce
     with pytest.raises(PolicyRefusedError):  # it binds the base, not the fresh document
         check_evidence(policy, entry["attestation"], evidence)
@@ -104,8 +113,9 @@ def test_a_gateway_without_an_evidence_policy_refuses_evidence_rather_than_ignor
 def test_the_software_attester_under_a_development_evidence_policy_needs_a_pinned_key_when_keys_are_pinned():
     node, pinned = FakeNode(), FakeNode()
     with running_app(node.app) as node_url:
-        gateway = _gateway(AttestationPolicy.development(), trusted_attester_keys=(
-            base64.b64decode(pinned.attester_key_b64),))
+        gateway = _gateway(
+            AttestationPolicy.development(), trusted_attester_keys=(base64.b64decode(pinned.attester_key_b64),)
+        )
         with running_app(gateway) as url:
             r = httpx.post(url + "/pcc/v1/register", json=node.registration(node_url))
             assert r.status_code == 403 and r.json()["error"]["code"] == "attestation_refused"
@@ -113,13 +123,16 @@ def test_the_software_attester_under_a_development_evidence_policy_needs_a_pinne
             assert httpx.post(url + "/pcc/v1/register", json=node.registration(node_url)).status_code == 200
 
 
-@pytest.mark.parametrize("evidence", [
-    [{"kind": "sgx-secret-kind", "blob": "AA=="}],
-    [{"kind": "snp", "blob": "not base64!"}],
-    [{"kind": "snp", "blob": "AA==", "note": "hello"}],
-    [{"kind": "snp", "blob": "AA=="}] * (MAX_EVIDENCE_ITEMS + 1),
-    {"kind": "snp"},
-])
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        [{"kind": "sgx-secret-kind", "blob": "AA=="}],
+        [{"kind": "snp", "blob": "not base64!"}],
+        [{"kind": "snp", "blob": "AA==", "note": "hello"}],
+        [{"kind": "snp", "blob": "AA=="}] * (MAX_EVIDENCE_ITEMS + 1),
+        {"kind": "snp"},
+    ],
+)
 def test_malformed_evidence_is_a_400_that_echoes_nothing(policy, evidence):
     node = FakeNode()
     with running_app(_gateway(policy)) as url:
@@ -132,8 +145,12 @@ def test_malformed_evidence_is_a_400_that_echoes_nothing(policy, evidence):
 
 def test_the_listing_keeps_the_drawn_order_up_to_its_byte_cap():
     def entry(i: int, size: int) -> dict:
-        return {"node_id": str(i), "attestation": "a" * size, "ohttp_keys": "k",
-                "evidence": [{"kind": "snp", "blob": "b" * size, "aux": "", "provider": "p"}]}
+        return {
+            "node_id": str(i),
+            "attestation": "a" * size,
+            "ohttp_keys": "k",
+            "evidence": [{"kind": "snp", "blob": "b" * size, "aux": "", "provider": "p"}],
+        }
 
     listed = [entry(i, 100) for i in range(10)]
     per_entry = 1 + 100 + 1 + (3 + 100 + 0 + 1)

@@ -1,5 +1,6 @@
 """The gateway over real loopback HTTP with fake nodes: registration, candidates, health,
 token checks (missing, replayed, foreign issuer), forwarding and unbuffered streaming."""
+
 import asyncio
 import dataclasses
 import json
@@ -101,8 +102,7 @@ def test_register_and_reregister(gateway, node):
     refreshed = node.registration(node.url, capacity=5, now=time.time() + 1)
     assert http.post("/pcc/v1/register", json=refreshed).json()["node_id"] == node_id
     (listed,) = http.get("/pcc/v1/nodes", params={"model": "m"}).json()["nodes"]
-    assert listed == {"node_id": node_id, "attestation": refreshed["attestation"],
-                      "ohttp_keys": node.ohttp_keys_b64}
+    assert listed == {"node_id": node_id, "attestation": refreshed["attestation"], "ohttp_keys": node.ohttp_keys_b64}
     assert app.state.gateway.registry.get(node_id).capacity == 5
     other = FakeNode()
     other_id = http.post("/pcc/v1/register", json=other.registration(node.url + "/other/")).json()["node_id"]
@@ -114,10 +114,19 @@ def _bad_registrations(node):
     good = node.registration(node.url)
     yield {k: v for k, v in good.items() if k != "model"}
     yield {**good, "extra": 1}
-    for field, value in (("url", "ftp://x"), ("url", "http://"), ("url", 5), ("url", "http://h/?q=1"),
-                         ("model", ""), ("attestation", ""), ("ohttp_keys", "not base64!"),
-                         ("ohttp_keys", "AAAA"), ("attester_key", "AAAA"), ("attester_key", 5),
-                         ("attester_key", "not base64!")):
+    for field, value in (
+        ("url", "ftp://x"),
+        ("url", "http://"),
+        ("url", 5),
+        ("url", "http://h/?q=1"),
+        ("model", ""),
+        ("attestation", ""),
+        ("ohttp_keys", "not base64!"),
+        ("ohttp_keys", "AAAA"),
+        ("attester_key", "AAAA"),
+        ("attester_key", 5),
+        ("attester_key", "not base64!"),
+    ):
         yield {**good, field: value}
 
 
@@ -189,8 +198,9 @@ def test_unhealthy_node_leaves_after_n_failed_checks_and_returns_on_registering(
 
 
 @pytest.mark.parametrize("fault", ["engine_dead", "refused"])
-def test_a_node_whose_engine_stopped_or_that_refuses_connections_is_dropped_at_once(issuer, node, fault,
-                                                                                   captured_events):
+def test_a_node_whose_engine_stopped_or_that_refuses_connections_is_dropped_at_once(
+    issuer, node, fault, captured_events
+):
     app = _gateway(issuer, unhealthy_after=3)
     registry = app.state.gateway.registry
 
@@ -204,12 +214,14 @@ def test_a_node_whose_engine_stopped_or_that_refuses_connections_is_dropped_at_o
             node.engine_dead = True
         else:  # nothing listens at the registered URL any more
             record = registry.get(node_id)
-            registry._nodes[node_id] = dataclasses.replace(record, registration=dataclasses.replace(
-                record.registration, url=f"http://127.0.0.1:{free_port()}"))
+            registry._nodes[node_id] = dataclasses.replace(
+                record, registration=dataclasses.replace(record.registration, url=f"http://127.0.0.1:{free_port()}")
+            )
         assert asyncio.run(check()) == 1
         assert registry.get(node_id) is None and len(registry) == 0
-        assert [e for e in captured_events() if e["event"] == "gateway.node_dropped"][0]["reason"] == \
-            ("engine_dead" if fault == "engine_dead" else "unreachable")
+        assert [e for e in captured_events() if e["event"] == "gateway.node_dropped"][0]["reason"] == (
+            "engine_dead" if fault == "engine_dead" else "unreachable"
+        )
 
 
 def test_background_health_checks_drop_a_dead_node(issuer, node):
@@ -256,8 +268,12 @@ def test_missing_and_invalid_tokens_are_401_with_a_challenge(gateway, node, issu
     node_id = _register(http, node)
     www = http.get("/pcc/v1/challenge").headers["www-authenticate"]
     (foreign,) = mint_tokens(other_issuer, www, 1)
-    for token, code in ((None, "token_required"), (foreign, "token_invalid"),
-                        ("PrivateToken token=AAAA", "token_invalid"), ("Bearer xyz", "token_invalid")):
+    for token, code in (
+        (None, "token_required"),
+        (foreign, "token_invalid"),
+        ("PrivateToken token=AAAA", "token_invalid"),
+        ("Bearer xyz", "token_invalid"),
+    ):
         response, _ = _send(http, node_id, node, b"x", token)
         assert response.status_code == 401, code
         assert response.json()["error"]["code"] == code
@@ -292,8 +308,11 @@ def test_body_limits_and_media_type_do_not_spend_tokens(issuer, node):
         (token,) = _tokens(http, issuer)
         big, _ = _send(http, node_id, node, b"x" * 3000, token)
         assert big.status_code == 413
-        wrong = http.post(f"/pcc/v1/ohttp/{node_id}", content=b"x",
-                          headers={"content-type": "application/json", "authorization": token})
+        wrong = http.post(
+            f"/pcc/v1/ohttp/{node_id}",
+            content=b"x",
+            headers={"content-type": "application/json", "authorization": token},
+        )
         assert wrong.status_code == 415
         assert len(app.state.gateway.verifier.spent) == 0 and node.seen_headers == []
         assert _send(http, node_id, node, b"small", token)[0].status_code == 200
@@ -467,8 +486,10 @@ def test_an_issuer_key_rotation_is_taken_without_a_restart(issuer, other_issuer,
             old_tokens = _tokens(http, issuer, 2)
             current["issuer"] = other_issuer  # the restarted issuer's new key
             deadline = time.monotonic() + 10
-            while parse_www_authenticate(http.get("/pcc/v1/challenge").headers["www-authenticate"])[0].token_key \
-                    != other_issuer.public_key.spki:
+            while (
+                parse_www_authenticate(http.get("/pcc/v1/challenge").headers["www-authenticate"])[0].token_key
+                != other_issuer.public_key.spki
+            ):
                 assert time.monotonic() < deadline, "the gateway never took the new issuer key"
                 time.sleep(0.05)
             (new_token,) = _tokens(http, other_issuer)
@@ -506,7 +527,7 @@ def _in_two_parts(body: bytes, pause_s: float, sent_second: list[float]):
         yield body[: len(body) // 2]
         await asyncio.sleep(pause_s)
         sent_second.append(time.monotonic())
-        yield body[len(body) // 2:]
+        yield body[len(body) // 2 :]
 
     return parts()
 
@@ -521,8 +542,11 @@ def test_the_body_is_streamed_to_the_node_not_buffered(gateway, node, issuer):
 
     async def post():
         async with httpx.AsyncClient(base_url=str(http.base_url), timeout=10) as client:
-            return await client.post(f"/pcc/v1/ohttp/{node_id}", content=_in_two_parts(enc, 0.5, sent_second),
-                                     headers={**OHTTP_REQ, "authorization": token})
+            return await client.post(
+                f"/pcc/v1/ohttp/{node_id}",
+                content=_in_two_parts(enc, 0.5, sent_second),
+                headers={**OHTTP_REQ, "authorization": token},
+            )
 
     response = asyncio.run(post())
     assert response.status_code == 200
@@ -541,8 +565,9 @@ def test_a_chunked_body_over_the_cap_is_cut_off_at_the_cap(issuer, node):
             for _ in range(64):
                 yield b"x" * 1024
 
-        response = http.post(f"/pcc/v1/ohttp/{node_id}", content=chunks(),
-                             headers={**OHTTP_REQ, "authorization": token})
+        response = http.post(
+            f"/pcc/v1/ohttp/{node_id}", content=chunks(), headers={**OHTTP_REQ, "authorization": token}
+        )
         assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
         assert sum(size for _, size in node.body_arrivals) <= 4096
         # the gateway is fine afterwards

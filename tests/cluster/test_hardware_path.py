@@ -4,6 +4,7 @@ fake NVML, both signing with test keys as the hardware would) registers with a g
 the openai client through relay and proxy, under a policy file that pins the test roots; the proxy's
 /status names the kind. The software attester is refused under that (production-shaped) policy, by
 the gateway and by the client on its own, and evidence made for another key is refused."""
+
 from __future__ import annotations
 
 import base64
@@ -87,19 +88,30 @@ def services(tmp_path_factory):
         witness = Witness(tmp / "witness", log.public_key_bytes())
         with running_app(create_log_app(log, (witness.public_key,))) as log_url:
             run_witness(witness, log_url, 1.0, rounds=1)
-            yield {"issuer": issuer, "issuer_url": issuer_url, "log_url": log_url, "log_key": log.public_key_bytes(),
-                   "witness_keys": (witness.public_key,)}
+            yield {
+                "issuer": issuer,
+                "issuer_url": issuer_url,
+                "log_url": log_url,
+                "log_key": log.public_key_bytes(),
+                "witness_keys": (witness.public_key,),
+            }
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir):
-    return lambda: AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32",
-                                                         kv_cache_memory=2**20, max_model_len=128)))
+    return lambda: AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128))
+    )
 
 
 @contextmanager
-def private_path(services, engine, attester: Attester, gateway_policy: AttestationPolicy | None,
-                 clock: Callable[[], float] = time.time):
+def private_path(
+    services,
+    engine,
+    attester: Attester,
+    gateway_policy: AttestationPolicy | None,
+    clock: Callable[[], float] = time.time,
+):
     """node -> gateway (with `gateway_policy`) -> relay; yields (node identity, gateway URL, relay URL,
     the node's registration response). The node registers once, by its own registration code."""
     with ExitStack() as stack:
@@ -109,24 +121,37 @@ def private_path(services, engine, attester: Attester, gateway_policy: Attestati
         identity.node_url = node_url
         gateway = create_gateway_app(
             GatewayConfig(issuer_url=services["issuer_url"], health_interval_s=3600, evidence_policy=gateway_policy),
-            [services["issuer"].public_key], releases=StubReleases(RELEASE))
+            [services["issuer"].public_key],
+            releases=StubReleases(RELEASE),
+        )
         gateway_url = stack.enter_context(running_app(gateway))
-        registered = httpx.post(gateway_url + "/pcc/v1/register", json=registration_body(identity, settings),
-                                timeout=30)
+        registered = httpx.post(
+            gateway_url + "/pcc/v1/register", json=registration_body(identity, settings), timeout=30
+        )
         relay_url = stack.enter_context(running_app(create_relay_app(RelayConfig(gateway_url=gateway_url))))
         yield identity, gateway_url, relay_url, registered
 
 
-def client_config(services, gateway_url: str, relay_url: str, policy: AttestationPolicy,
-                  attester_keys=()) -> ClientConfig:
-    return ClientConfig(issuer_url=services["issuer_url"], api_key=API_KEY, relay_url=relay_url,
-                        witness_keys=services["witness_keys"], max_tree_head_age_s=3600,
-                        log_url=services["log_url"], log_public_key=services["log_key"],
-                        attester_keys=tuple(attester_keys), model=MODEL, evidence_policy=policy)
+def client_config(
+    services, gateway_url: str, relay_url: str, policy: AttestationPolicy, attester_keys=()
+) -> ClientConfig:
+    return ClientConfig(
+        issuer_url=services["issuer_url"],
+        api_key=API_KEY,
+        relay_url=relay_url,
+        witness_keys=services["witness_keys"],
+        max_tree_head_age_s=3600,
+        log_url=services["log_url"],
+        log_public_key=services["log_key"],
+        attester_keys=tuple(attester_keys),
+        model=MODEL,
+        evidence_policy=policy,
+    )
 
 
-def test_a_hardware_node_answers_the_openai_client_under_the_test_policy(services, engine, policy_file, amd, gpu,
-                                                                         tmp_path, tiny_llama_dir):
+def test_a_hardware_node_answers_the_openai_client_under_the_test_policy(
+    services, engine, policy_file, amd, gpu, tmp_path, tiny_llama_dir
+):
     from openai import OpenAI
 
     policy = load_policy_file(policy_file)
@@ -135,8 +160,9 @@ def test_a_hardware_node_answers_the_openai_client_under_the_test_policy(service
         assert registered.status_code == 200, registered.text
         challenge = httpx.get(relay_url + "/pcc/v1/challenge").headers["www-authenticate"]
         (token,) = mint_tokens(services["issuer"], challenge, 1)
-        listed = httpx.get(relay_url + "/pcc/v1/nodes", params={"model": MODEL, "nonce": "ab" * 16},
-                           headers={"authorization": token}).json()["nodes"]
+        listed = httpx.get(
+            relay_url + "/pcc/v1/nodes", params={"model": MODEL, "nonce": "ab" * 16}, headers={"authorization": token}
+        ).json()["nodes"]
         assert [item["kind"] for item in listed[0]["evidence"]] == ["snp", "nvidia"]
         assert listed[0]["base_attestation"] != listed[0]["attestation"]
         client = AsyncPrivateClient(client_config(services, gateway_url, relay_url, policy))
@@ -148,8 +174,12 @@ def test_a_hardware_node_answers_the_openai_client_under_the_test_policy(service
                 status = httpx.get(proxy_url + "/status").json()
         finally:
             client.verifier.close()
-    want = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20).generate(
-        ["Hello there"], SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)[0].outputs[0].text
+    want = (
+        LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20)
+        .generate(["Hello there"], SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)[0]
+        .outputs[0]
+        .text
+    )
     assert got.choices[0].text == want
     assert status["policy"] == "test" and status["attestation_kinds"] == ["snp+nvidia"]
     (node,) = status["nodes"]
@@ -181,8 +211,9 @@ def test_the_software_attester_is_refused_under_the_production_policy(services, 
         finally:
             client.close()
         # The same node passes a client whose policy is explicitly the development one.
-        dev = PrivateClient(client_config(services, gateway_url, relay_url, AttestationPolicy.development(),
-                                          attester_keys=(key,)))
+        dev = PrivateClient(
+            client_config(services, gateway_url, relay_url, AttestationPolicy.development(), attester_keys=(key,))
+        )
         try:
             assert dev.completions({"model": MODEL, "prompt": "hi", "max_tokens": 2})["choices"][0]["text"]
             assert dev._client.status()["attestation_kinds"] == ["software"]
@@ -227,31 +258,44 @@ def test_evidence_for_another_key_is_refused(services, engine, policy_file, amd,
         # The client refuses it on its own too (a gateway that listed it anyway would change nothing).
         nonce = b"c" * 16
         document, keys = identity.attestation(nonce, 300)
-        entry = {"node_id": "n", "attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
-                 "evidence": identity.evidence(document)}
-        verifier = NodeVerifier(client_config(services, "http://gateway.invalid", "http://relay.invalid", policy),
-                                releases=StubReleases(RELEASE))
+        entry = {
+            "node_id": "n",
+            "attestation": document,
+            "ohttp_keys": base64.b64encode(keys).decode(),
+            "evidence": identity.evidence(document),
+        }
+        verifier = NodeVerifier(
+            client_config(services, "http://gateway.invalid", "http://relay.invalid", policy),
+            releases=StubReleases(RELEASE),
+        )
         try:
             with pytest.raises(NodeRefused) as refused:
                 verifier.verify(entry, expected_nonce=nonce)
             assert refused.value.reason == "evidence_refused"
             # The honest node's document with that same evidence passes: what failed is the key.
             honest_doc = honest.attest(_claims(document))
-            honest_entry = {**entry, "attestation": honest_doc,
-                            "evidence": [evidence_to_json(e) for e in honest.evidence(honest_doc)]}
+            honest_entry = {
+                **entry,
+                "attestation": honest_doc,
+                "evidence": [evidence_to_json(e) for e in honest.evidence(honest_doc)],
+            }
             assert verifier.verify(honest_entry, expected_nonce=nonce).attestation_kind == "snp+nvidia"
         finally:
             verifier.close()
-    assert any('"client.evidence_refused"' in m and '"check":"report-data"' in m
-               for m in (r.getMessage() for r in caplog.records))
+    assert any(
+        '"client.evidence_refused"' in m and '"check":"report-data"' in m
+        for m in (r.getMessage() for r in caplog.records)
+    )
 
 
-def test_a_node_whose_hardware_fails_answers_503_and_offers_no_document(services, engine, policy_file, amd, gpu,
-                                                                        tmp_path):
+def test_a_node_whose_hardware_fails_answers_503_and_offers_no_document(
+    services, engine, policy_file, amd, gpu, tmp_path
+):
     attester = hardware_attester(tmp_path / "tsm" / "report", amd, gpu)
     later = [0.0]  # the node's clock runs this far ahead of the wall clock
-    with private_path(services, engine, attester, load_policy_file(policy_file),
-                      clock=lambda: time.time() + later[0]) as (identity, _, _, registered):
+    with private_path(
+        services, engine, attester, load_policy_file(policy_file), clock=lambda: time.time() + later[0]
+    ) as (identity, _, _, registered):
         assert registered.status_code == 200
         (tmp_path / "tsm" / "report").rmdir()  # the configfs-tsm interface went away
         url, params = identity.node_url + "/pcc/v1/attestation", {"nonce": "ab" * 16}

@@ -1,6 +1,7 @@
 """The token issuer over real loopback HTTP: directory, single and batch issuance that clients
 finalize into verifiable tokens, API-key auth, rate limits, malformed input, and no state kept
 per token."""
+
 import json
 import math
 
@@ -37,8 +38,7 @@ def issuer():
 
 
 def _served(issuer, config, clock=None):
-    app = create_issuer_app(config, ApiKeyStore({"alice": ALICE, "bob": BOB}), issuer=issuer,
-                            clock=clock or Clock())
+    app = create_issuer_app(config, ApiKeyStore({"alice": ALICE, "bob": BOB}), issuer=issuer, clock=clock or Clock())
     return app, running_app(app)
 
 
@@ -105,8 +105,9 @@ def test_batch_issuance_keeps_order_and_every_token_verifies(served):
     assert len(tokens) == 6
 
 
-@pytest.mark.parametrize("headers", [{}, _auth("not-a-key-0123456789"), {"authorization": f"Basic {ALICE}"},
-                                     {"authorization": "Bearer"}])
+@pytest.mark.parametrize(
+    "headers", [{}, _auth("not-a-key-0123456789"), {"authorization": f"Basic {ALICE}"}, {"authorization": "Bearer"}]
+)
 def test_missing_or_bad_api_key_is_401(served, headers):
     app, http, _ = served
     ((request, _),) = _begin(app.state.service.issuer_key, 1)
@@ -124,6 +125,7 @@ def test_rate_limit_429_then_recovery_after_the_window(issuer):
     app, server = _served(issuer, IssuerConfig(tokens_per_window=3, window_seconds=60), clock)
     key = issuer.public_key
     with server as url, httpx.Client(base_url=url, timeout=10) as http:
+
         def batch(n, api_key=ALICE):
             body = encode_batch([r.encode() for r, _ in _begin(key, n)])
             return http.post("/token-request-batch", content=body, headers={**BATCH, **_auth(api_key)})
@@ -214,8 +216,9 @@ def test_issuer_keeps_per_user_counters_and_nothing_per_token(served):
     sent, received = [], []
     for api_key, n in ((ALICE, 5), (BOB, 3), (ALICE, 4)):
         requests = [r.encode() for r, _ in _begin(key, n)]
-        response = http.post("/token-request-batch", content=encode_batch(requests),
-                             headers={**BATCH, **_auth(api_key)})
+        response = http.post(
+            "/token-request-batch", content=encode_batch(requests), headers={**BATCH, **_auth(api_key)}
+        )
         sent += requests
         received += decode_batch(response.content)
     window = math.floor(clock.now / 60)
@@ -232,8 +235,13 @@ def test_load_api_keys_file(tmp_path):
     path.write_text(json.dumps({ALICE: "alice", BOB: "bob"}))
     store = load_api_keys(path)
     assert store.authenticate(ALICE) == "alice" and store.authenticate(BOB) == "bob"
-    for content in ("[1]", "{", json.dumps({ALICE: "alice", BOB: "alice"}), json.dumps({"short": "u"}),
-                    json.dumps({ALICE: 3})):
+    for content in (
+        "[1]",
+        "{",
+        json.dumps({ALICE: "alice", BOB: "alice"}),
+        json.dumps({"short": "u"}),
+        json.dumps({ALICE: 3}),
+    ):
         path.write_text(content)
         with pytest.raises(ValueError):
             load_api_keys(path)
@@ -265,7 +273,15 @@ def test_an_unknown_api_key_is_refused_before_the_body_is_read(served):
     _, http, _ = served
     for path in ("/token-request", "/token-request-batch"):
         with raw.connect(str(http.base_url), timeout_s=3) as sock:
-            sock.sendall(raw.head("POST", path, {"authorization": "Bearer not-a-key-at-all-000",
-                                                 "content-type": "application/private-token-request",
-                                                 "content-length": "20000"}))  # and no body
+            sock.sendall(
+                raw.head(
+                    "POST",
+                    path,
+                    {
+                        "authorization": "Bearer not-a-key-at-all-000",
+                        "content-type": "application/private-token-request",
+                        "content-length": "20000",
+                    },
+                )
+            )  # and no body
             assert raw.read_status(sock) == 401

@@ -1,5 +1,6 @@
 """The issuer's key file: a restarted issuer keeps the key the log holds (wallets use only the newest
 logged key, so a fresh key at every restart stopped issuance until someone logged it)."""
+
 import os
 
 import pytest

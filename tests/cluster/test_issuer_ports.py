@@ -1,4 +1,5 @@
 """The issuer's directory-only port: the gateway's way to the key, without the signing routes."""
+
 import asyncio
 
 import httpx
@@ -29,8 +30,12 @@ def _app():
 def test_directory_port_serves_the_directory_and_nothing_else():
     app = _app()
     assert _get(app, DIRECTORY_PORT, "GET", "/token-issuer-directory").status_code == 200
-    for method, path in (("POST", "/token-request"), ("POST", "/token-request-batch"),
-                         ("POST", "/token-issuer-directory"), ("GET", "/anything")):
+    for method, path in (
+        ("POST", "/token-request"),
+        ("POST", "/token-request-batch"),
+        ("POST", "/token-issuer-directory"),
+        ("GET", "/anything"),
+    ):
         response = _get(app, DIRECTORY_PORT, method, path)
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "not_found"

@@ -2,6 +2,7 @@
 sign a document for that nonce. Without a token it makes no node do anything; with one, each node
 signs one document and collects no evidence: the evidence it collected once for its key set (over
 its base document) vouches for the key that signs every fresh document."""
+
 from __future__ import annotations
 
 import os
@@ -68,8 +69,10 @@ def cluster(amd, policy, tmp_path):
     issuer = privacypass.Issuer.generate()
     node = CountingNode(amd, tmp_path / "tsm")
     config = GatewayConfig(issuer_url="http://issuer.test", health_interval_s=3600, evidence_policy=policy)
-    with running_app(node.app) as node_url, running_app(
-            create_gateway_app(config, [issuer.public_key], releases=StubReleases(RELEASE))) as url:
+    with (
+        running_app(node.app) as node_url,
+        running_app(create_gateway_app(config, [issuer.public_key], releases=StubReleases(RELEASE))) as url,
+    ):
         node.identity.node_url = node_url
         registered = httpx.post(url + "/pcc/v1/register", json=registration_body(node.identity, NodeSettings("m")))
         assert registered.status_code == 200, registered.text
@@ -78,8 +81,7 @@ def cluster(amd, policy, tmp_path):
 
 def _listing(url: str, nonce: bytes, authorization: str | None = None) -> httpx.Response:
     headers = {"authorization": authorization} if authorization else {}
-    return httpx.get(url + "/pcc/v1/nodes", params={"model": "m", "nonce": nonce.hex()}, headers=headers,
-                     timeout=30)
+    return httpx.get(url + "/pcc/v1/nodes", params={"model": "m", "nonce": nonce.hex()}, headers=headers, timeout=30)
 
 
 def test_anonymous_nonce_listings_make_no_node_work(cluster):
@@ -100,8 +102,10 @@ def test_a_tokened_listing_costs_each_node_one_signature_and_no_evidence(cluster
     challenge = httpx.get(url + "/pcc/v1/challenge").headers["www-authenticate"]
     tokens = mint_tokens(issuer, challenge, LISTINGS)
     collections, signed = node.work
-    verifier = NodeVerifier(ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32, (), "m",
-                                         evidence_policy=policy), releases=StubReleases(RELEASE))
+    verifier = NodeVerifier(
+        ClientConfig("http://i", "k", "http://r", "http://127.0.0.1:9", b"\x00" * 32, (), "m", evidence_policy=policy),
+        releases=StubReleases(RELEASE),
+    )
     try:
         for token in tokens:
             nonce = os.urandom(16)

@@ -1,4 +1,5 @@
 """The log's HTTP service over real loopback HTTP: every endpoint, proofs verified client-side."""
+
 import base64
 import json
 
@@ -57,8 +58,11 @@ def test_inclusion_proofs_verify(shared, encoding):
         root = merkle_tree_hash(LEAVES[:size])
         for i in range(size):
             h = leaf_hash(LEAVES[i])
-            given = {"b64": base64.b64encode(h).decode(), "hex": h.hex(),
-                     "urlsafe": base64.urlsafe_b64encode(h).decode()}[encoding]
+            given = {
+                "b64": base64.b64encode(h).decode(),
+                "hex": h.hex(),
+                "urlsafe": base64.urlsafe_b64encode(h).decode(),
+            }[encoding]
             body = http.get("/proof/inclusion", params={"leaf_hash": given, "tree_size": size}).json()
             assert body["leaf_index"] == i and body["tree_size"] == size
             verify_inclusion(h, i, size, [_b64(p) for p in body["inclusion_path"]], root)
@@ -68,8 +72,13 @@ def test_consistency_proofs_verify(shared):
     _, http = shared
     for first in range(1, 7):
         body = http.get("/proof/consistency", params={"first": first, "second": 6}).json()
-        verify_consistency(first, 6, [_b64(p) for p in body["consistency_path"]],
-                           merkle_tree_hash(LEAVES[:first]), merkle_tree_hash(LEAVES))
+        verify_consistency(
+            first,
+            6,
+            [_b64(p) for p in body["consistency_path"]],
+            merkle_tree_hash(LEAVES[:first]),
+            merkle_tree_hash(LEAVES),
+        )
 
 
 def test_entries_inclusive_and_capped(shared, monkeypatch):
@@ -94,23 +103,26 @@ def test_appends_by_another_process_are_served(served, tmp_path):
 SECRETISH = "zz-do-not-echo-zz"
 
 
-@pytest.mark.parametrize("path, params", [
-    ("/proof/inclusion", {"tree_size": 6}),
-    ("/proof/inclusion", {"leaf_hash": SECRETISH, "tree_size": 6}),
-    ("/proof/inclusion", {"leaf_hash": base64.b64encode(b"x" * 31).decode(), "tree_size": 6}),
-    ("/proof/inclusion", {"leaf_hash": "00" * 32, "tree_size": 0}),
-    ("/proof/inclusion", {"leaf_hash": "00" * 32, "tree_size": 7}),
-    ("/proof/inclusion", {"leaf_hash": "00" * 32, "tree_size": SECRETISH}),
-    ("/proof/consistency", {"first": 0, "second": 3}),
-    ("/proof/consistency", {"first": 4, "second": 3}),
-    ("/proof/consistency", {"first": 1, "second": 7}),
-    ("/proof/consistency", {"first": "-1", "second": 3}),
-    ("/proof/consistency", {"first": 1}),
-    ("/entries", {"start": 3, "end": 2}),
-    ("/entries", {"start": 6, "end": 6}),
-    ("/entries", {"start": "1e3", "end": 2}),
-    ("/entries", {"start": str(2**63), "end": str(2**63)}),
-])
+@pytest.mark.parametrize(
+    "path, params",
+    [
+        ("/proof/inclusion", {"tree_size": 6}),
+        ("/proof/inclusion", {"leaf_hash": SECRETISH, "tree_size": 6}),
+        ("/proof/inclusion", {"leaf_hash": base64.b64encode(b"x" * 31).decode(), "tree_size": 6}),
+        ("/proof/inclusion", {"leaf_hash": "00" * 32, "tree_size": 0}),
+        ("/proof/inclusion", {"leaf_hash": "00" * 32, "tree_size": 7}),
+        ("/proof/inclusion", {"leaf_hash": "00" * 32, "tree_size": SECRETISH}),
+        ("/proof/consistency", {"first": 0, "second": 3}),
+        ("/proof/consistency", {"first": 4, "second": 3}),
+        ("/proof/consistency", {"first": 1, "second": 7}),
+        ("/proof/consistency", {"first": "-1", "second": 3}),
+        ("/proof/consistency", {"first": 1}),
+        ("/entries", {"start": 3, "end": 2}),
+        ("/entries", {"start": 6, "end": 6}),
+        ("/entries", {"start": "1e3", "end": 2}),
+        ("/entries", {"start": str(2**63), "end": str(2**63)}),
+    ],
+)
 def test_bad_parameters_are_400_json(shared, path, params):
     _, http = shared
     response = http.get(path, params=params)
@@ -124,8 +136,10 @@ def test_unknown_leaf_is_404_and_unknown_route_is_json(shared):
     _, http = shared
     response = http.get("/proof/inclusion", params={"leaf_hash": "ab" * 32, "tree_size": 6})
     assert response.status_code == 404 and response.json()["error"]["code"] == "leaf_not_found"
-    response = http.get("/proof/inclusion",  # in the log, but not in the tree of size 2
-                        params={"leaf_hash": leaf_hash(LEAVES[4]).hex(), "tree_size": 2})
+    response = http.get(
+        "/proof/inclusion",  # in the log, but not in the tree of size 2
+        params={"leaf_hash": leaf_hash(LEAVES[4]).hex(), "tree_size": 2},
+    )
     assert response.status_code == 404
     response = http.get("/append")
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"

@@ -1,4 +1,5 @@
 """The log client and `verify_log` against the real service: forks, rollbacks, forged answers."""
+
 import base64
 
 import httpx
@@ -44,10 +45,13 @@ def test_first_use_then_growth(setup):
     assert verify_log(url, state).previous_size == 5  # unchanged log: still fine
 
 
-@pytest.mark.parametrize("forked", [
-    [RELEASES[0], b"\xee" * 32, RELEASES[2], RELEASES[3]],  # bigger tree, different past
-    [RELEASES[0], RELEASES[1], b"\xee" * 32],  # same size, different root
-])
+@pytest.mark.parametrize(
+    "forked",
+    [
+        [RELEASES[0], b"\xee" * 32, RELEASES[2], RELEASES[3]],  # bigger tree, different past
+        [RELEASES[0], RELEASES[1], b"\xee" * 32],  # same size, different root
+    ],
+)
 def test_fork_is_detected_against_saved_state(setup, tmp_path, forked):
     _, url, state = setup
     verify_log(url, state)

@@ -1,6 +1,7 @@
 """Error messages never carry client-chosen text (threat T29, docs/threat-model.md): a marker placed in every
 client-controlled spot of a bad request (JSON keys and values, query parameters, path segments,
 header values) appears in no response of the gateway, relay or issuer."""
+
 import httpx
 import pytest
 
@@ -20,8 +21,11 @@ def _bad_requests():
     """(method, path, kwargs) of requests that each fail, with MARK somewhere a client chose."""
     return [
         ("POST", "/pcc/v1/register", {"json": {MARK: 1}}),
-        ("POST", "/pcc/v1/register", {"json": {"url": MARK, "model": MARK, "attestation": MARK,
-                                               "ohttp_keys": MARK, "attester_key": MARK}}),
+        (
+            "POST",
+            "/pcc/v1/register",
+            {"json": {"url": MARK, "model": MARK, "attestation": MARK, "ohttp_keys": MARK, "attester_key": MARK}},
+        ),
         ("POST", "/pcc/v1/register", {"content": MARK.encode(), "headers": {"content-type": "application/json"}}),
         ("POST", "/pcc/v1/register", {"content": b"{}", "headers": {"content-type": f"text/{MARK}"}}),
         ("GET", f"/pcc/v1/nodes?model={MARK}", {}),
@@ -29,8 +33,11 @@ def _bad_requests():
         ("GET", f"/pcc/v1/nodes?model=m&nonce={MARK}", {}),
         ("GET", f"/pcc/v1/{MARK}", {}),
         ("POST", f"/pcc/v1/ohttp/{MARK}", {"content": b"x", "headers": {**OHTTP, "authorization": MARK}}),
-        ("POST", f"/pcc/v1/ohttp/{MARK}", {"content": b"x",
-                                           "headers": {**OHTTP, "authorization": f"PrivateToken token={MARK}"}}),
+        (
+            "POST",
+            f"/pcc/v1/ohttp/{MARK}",
+            {"content": b"x", "headers": {**OHTTP, "authorization": f"PrivateToken token={MARK}"}},
+        ),
         ("POST", f"/pcc/v1/ohttp/{MARK}", {"content": b"x", "headers": {"content-type": MARK, "authorization": MARK}}),
         ("DELETE", "/pcc/v1/challenge", {}),
     ]
@@ -43,8 +50,9 @@ def issuer():
 
 @pytest.fixture(scope="module")
 def gateway_url(issuer):
-    config = GatewayConfig(issuer_url="http://issuer.test", health_interval_s=3600,
-                           attester_policy=AttesterPolicy.DEVELOPMENT)
+    config = GatewayConfig(
+        issuer_url="http://issuer.test", health_interval_s=3600, attester_policy=AttesterPolicy.DEVELOPMENT
+    )
     with running_app(create_gateway_app(config, [issuer.public_key], releases=StubReleases(RELEASE))) as url:
         yield url
 
@@ -78,12 +86,27 @@ def test_the_issuer_echoes_nothing(issuer):
     token_request = "application/private-token-request"
     good_key = "Bearer " + "a" * 24
     with running_app(app) as url:
-        _assert_no_echo(url, [
-            ("POST", "/token-request", {"content": MARK.encode(),
-                                        "headers": {"authorization": f"Bearer {MARK}", "content-type": token_request}}),
-            ("POST", "/token-request", {"content": MARK.encode(),
-                                        "headers": {"authorization": good_key, "content-type": MARK}}),
-            ("POST", "/token-request", {"content": MARK.encode(),
-                                        "headers": {"authorization": good_key, "content-type": token_request}}),
-            ("GET", f"/token-request?{MARK}={MARK}", {}),
-        ])
+        _assert_no_echo(
+            url,
+            [
+                (
+                    "POST",
+                    "/token-request",
+                    {
+                        "content": MARK.encode(),
+                        "headers": {"authorization": f"Bearer {MARK}", "content-type": token_request},
+                    },
+                ),
+                (
+                    "POST",
+                    "/token-request",
+                    {"content": MARK.encode(), "headers": {"authorization": good_key, "content-type": MARK}},
+                ),
+                (
+                    "POST",
+                    "/token-request",
+                    {"content": MARK.encode(), "headers": {"authorization": good_key, "content-type": token_request}},
+                ),
+                ("GET", f"/token-request?{MARK}={MARK}", {}),
+            ],
+        )

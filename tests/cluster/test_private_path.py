@@ -1,5 +1,6 @@
 """The private request path end to end, every component a real process on loopback (what it checks:
 openai client through the proxy, no plaintext at the relay or gateway, refusals, faults)."""
+
 from __future__ import annotations
 
 import base64
@@ -41,8 +42,14 @@ class TappedDeployment(Deployment):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    d = TappedDeployment(UpOptions([1, 2], free_port(), str(tmp_path_factory.mktemp("up")),
-                                   ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"]))
+    d = TappedDeployment(
+        UpOptions(
+            [1, 2],
+            free_port(),
+            str(tmp_path_factory.mktemp("up")),
+            ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"],
+        )
+    )
     d.endpoints = d.start()
     try:
         yield d
@@ -56,18 +63,28 @@ def test_the_openai_client_through_the_proxy_matches_the_offline_api(deployment,
     e = deployment.endpoints
     client = OpenAI(base_url=e["proxy"] + "/v1", api_key="unused")
     q = "Name two planets of the solar system."
-    want = real_llm.chat([{"role": "user", "content": q}], SamplingParams(temperature=0, max_tokens=24),
-                         use_tqdm=False)[0].outputs[0].text
-    got = client.chat.completions.create(model=e["model"], messages=[{"role": "user", "content": q}], max_tokens=24,
-                                         temperature=0)
+    want = (
+        real_llm.chat([{"role": "user", "content": q}], SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
+        .outputs[0]
+        .text
+    )
+    got = client.chat.completions.create(
+        model=e["model"], messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0
+    )
     assert got.choices[0].message.content == want
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model=e["model"], messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0, stream=True)
-        if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=e["model"], messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0, stream=True
+        )
+        if c.choices
+    )
     assert streamed == want
     want_c = real_llm.generate("The sky is", SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
-    assert client.completions.create(model=e["model"], prompt="The sky is", max_tokens=12,
-                                     temperature=0).choices[0].text == want_c.outputs[0].text
+    assert (
+        client.completions.create(model=e["model"], prompt="The sky is", max_tokens=12, temperature=0).choices[0].text
+        == want_c.outputs[0].text
+    )
 
 
 def test_models_tokenize_and_echo_logprobs_through_the_proxy(deployment, real_llm):
@@ -79,13 +96,26 @@ def test_models_tokenize_and_echo_logprobs_through_the_proxy(deployment, real_ll
     text = "The sky is blue"
     got = httpx.post(proxy + "/tokenize", json={"model": e["model"], "prompt": text}, timeout=60).json()
     assert got["tokens"] == tok.encode(text) and got["max_model_len"] == 2048
-    assert httpx.post(proxy + "/detokenize", json={"model": e["model"], "tokens": got["tokens"]},
-                      timeout=60).json()["prompt"] == tok.decode(got["tokens"], skip_special_tokens=False)
-    body = httpx.post(proxy + "/v1/completions", json={"model": e["model"], "prompt": got["tokens"], "echo": True,
-                                                       "logprobs": 1, "max_tokens": 1, "temperature": 0},
-                      timeout=60).json()
-    want = real_llm.generate({"prompt_token_ids": got["tokens"]},
-                             SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)[0]
+    assert httpx.post(proxy + "/detokenize", json={"model": e["model"], "tokens": got["tokens"]}, timeout=60).json()[
+        "prompt"
+    ] == tok.decode(got["tokens"], skip_special_tokens=False)
+    body = httpx.post(
+        proxy + "/v1/completions",
+        json={
+            "model": e["model"],
+            "prompt": got["tokens"],
+            "echo": True,
+            "logprobs": 1,
+            "max_tokens": 1,
+            "temperature": 0,
+        },
+        timeout=60,
+    ).json()
+    want = real_llm.generate(
+        {"prompt_token_ids": got["tokens"]},
+        SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1),
+        use_tqdm=False,
+    )[0]
     lps = body["choices"][0]["logprobs"]["token_logprobs"]
     assert lps[0] is None and len(lps) == len(got["tokens"]) + 1
     for k, t in enumerate(got["tokens"][1:], start=1):
@@ -109,12 +139,27 @@ def test_relay_and_gateway_never_see_plaintext(deployment):
     e = deployment.endpoints
     canary = f"CANARY-{uuid.uuid4().hex[:16]}"
     client = OpenAI(base_url=e["proxy"] + "/v1", api_key="unused")
-    answer = client.chat.completions.create(
-        model=e["model"], messages=[{"role": "user", "content": f"Repeat exactly: {canary}"}], max_tokens=32,
-        temperature=0).choices[0].message.content
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model=e["model"], messages=[{"role": "user", "content": f"Say {canary} again"}], max_tokens=32,
-        temperature=0, stream=True) if c.choices)
+    answer = (
+        client.chat.completions.create(
+            model=e["model"],
+            messages=[{"role": "user", "content": f"Repeat exactly: {canary}"}],
+            max_tokens=32,
+            temperature=0,
+        )
+        .choices[0]
+        .message.content
+    )
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=e["model"],
+            messages=[{"role": "user", "content": f"Say {canary} again"}],
+            max_tokens=32,
+            temperature=0,
+            stream=True,
+        )
+        if c.choices
+    )
     needles = [canary.encode(), canary[8:].encode()]
     needles += [t.strip().encode() for t in (answer, streamed) if len(t.strip()) >= 12]
     relay_and_gateway = ("relay", "gateway", "node0", "node1")  # every link into or out of them
@@ -175,10 +220,16 @@ def _processed(deployment) -> int:
     return total
 
 
-@pytest.mark.parametrize("change, reason", [
-    ("attester", "untrusted_key"), ("log_key", "log_error"), ("log_went_back", "log_inconsistent"),
-    ("not_in_log", "not_in_log"), ("unwitnessed", "log_unwitnessed"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ("attester", "untrusted_key"),
+        ("log_key", "log_error"),
+        ("log_went_back", "log_inconsistent"),
+        ("not_in_log", "not_in_log"),
+        ("unwitnessed", "log_unwitnessed"),
+    ],
+)
 def test_the_client_refuses_unproven_nodes_before_sending_anything(deployment, tmp_path, change, reason, caplog):
     import logging
 
@@ -242,14 +293,18 @@ def _other_log(tmp_path) -> dict:
     log.append(b"\x42" * 32)
     witness = Witness(tmp_path / "witness", log.public_key_bytes())
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(log, (witness.public_key,)), host="127.0.0.1", port=port,
-                                           log_config=None))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(log, (witness.public_key,)), host="127.0.0.1", port=port, log_config=None)
+    )
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
     run(witness, f"http://127.0.0.1:{port}", 1.0, rounds=1)
-    return {"log_url": f"http://127.0.0.1:{port}", "log_public_key": log.public_key_bytes(),
-            "witness_keys": (witness.public_key,)}
+    return {
+        "log_url": f"http://127.0.0.1:{port}",
+        "log_public_key": log.public_key_bytes(),
+        "witness_keys": (witness.public_key,),
+    }
 
 
 def test_zz_killing_a_node_mid_stream_fails_cleanly_and_the_rest_keeps_serving(deployment):
@@ -258,8 +313,9 @@ def test_zz_killing_a_node_mid_stream_fails_cleanly_and_the_rest_keeps_serving(d
     client = PrivateClient(client_config(e, relay))
     try:
         before = {n: deployment.taps[n].count(b"POST /pcc/v1/ohttp") for n in ("node0", "node1")}
-        stream = client.completions({"model": e["model"], "prompt": "Once upon a time", "max_tokens": 400,
-                                     "ignore_eos": True, "stream": True})
+        stream = client.completions(
+            {"model": e["model"], "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        )
         next(stream)
         serving = next(n for n in before if deployment.taps[n].count(b"POST /pcc/v1/ohttp") > before[n])
         proc = dict(deployment.procs)[serving]

@@ -1,6 +1,7 @@
 """The relay over real loopback HTTP: client -> relay -> (capturing wrapper) -> gateway -> fake
 node. What the client's software says about itself must never reach the gateway, the relay adds
 no forwarding header, responses stream through, and only the three routes exist."""
+
 import time
 
 import httpx
@@ -24,16 +25,28 @@ from traceless_tools.cluster.relay import RelayConfig, create_relay_app
 
 # Sent by the client on every request; none of it may pass the relay.
 IDENTIFYING = {
-    "x-forwarded-for": "198.51.100.7", "x-real-ip": "198.51.100.7", "forwarded": "for=198.51.100.7",
-    "via": "1.1 corp-proxy", "user-agent": "FancyBrowser/99 (Linux; de-DE)", "cookie": "uid=12345",
-    "accept-language": "de-DE", "referer": "https://example.org/", "x-client-id": "abc",
-    "true-client-ip": "198.51.100.7", "x-request-id": "req-1", "accept-encoding": "br",
+    "x-forwarded-for": "198.51.100.7",
+    "x-real-ip": "198.51.100.7",
+    "forwarded": "for=198.51.100.7",
+    "via": "1.1 corp-proxy",
+    "user-agent": "FancyBrowser/99 (Linux; de-DE)",
+    "cookie": "uid=12345",
+    "accept-language": "de-DE",
+    "referer": "https://example.org/",
+    "x-client-id": "abc",
+    "true-client-ip": "198.51.100.7",
+    "x-request-id": "req-1",
+    "accept-encoding": "br",
 }
 MAY_REACH_GATEWAY = {"host", "transfer-encoding", "content-type", "authorization"}
 # Headers the gateway side adds to its responses; only content-type and www-authenticate may
 # come back through the relay.
-UPSTREAM_EXTRA = [(b"set-cookie", b"gw=1"), (b"server", b"gateway/1"), (b"x-node", b"n1"),
-                  (b"cache-control", b"private")]
+UPSTREAM_EXTRA = [
+    (b"set-cookie", b"gw=1"),
+    (b"server", b"gateway/1"),
+    (b"x-node", b"n1"),
+    (b"cache-control", b"private"),
+]
 MAY_REACH_CLIENT = {"content-type", "www-authenticate", "content-length", "transfer-encoding"}
 
 
@@ -67,9 +80,13 @@ def issuer():
 def path(issuer):
     """(client through the relay, capture, fake node, node_id, gateway app)."""
     node = FakeNode()
-    gateway = create_gateway_app(GatewayConfig(issuer_url="http://issuer.test", health_interval_s=3600,
-                                               attester_policy=AttesterPolicy.DEVELOPMENT),
-                                 [issuer.public_key], releases=StubReleases(RELEASE))
+    gateway = create_gateway_app(
+        GatewayConfig(
+            issuer_url="http://issuer.test", health_interval_s=3600, attester_policy=AttesterPolicy.DEVELOPMENT
+        ),
+        [issuer.public_key],
+        releases=StubReleases(RELEASE),
+    )
     capture = Capture(gateway)
     with running_app(node.app) as node_url, running_app(capture) as gateway_url:
         node_id = httpx.post(gateway_url + "/pcc/v1/register", json=node.registration(node_url)).json()["node_id"]
@@ -106,7 +123,10 @@ def test_full_request_through_relay_carries_nothing_identifying(path, issuer):
     assert bhttp.decode_response(ctx.decapsulate(response.content)).content == b"through the relay"
     assert set(response.headers) <= MAY_REACH_CLIENT
     assert [(p, q) for p, q, _ in capture.requests] == [
-        ("/pcc/v1/challenge", ""), ("/pcc/v1/nodes", "model=m&k=2"), (f"/pcc/v1/ohttp/{node_id}", "")]
+        ("/pcc/v1/challenge", ""),
+        ("/pcc/v1/nodes", "model=m&k=2"),
+        (f"/pcc/v1/ohttp/{node_id}", ""),
+    ]
     _check_clean(capture)
     ohttp_headers = capture.requests[-1][2]
     assert ohttp_headers["authorization"] == token and ohttp_headers["content-type"] == "message/ohttp-req"
@@ -116,8 +136,9 @@ def test_full_request_through_relay_carries_nothing_identifying(path, issuer):
 def test_errors_pass_status_content_type_and_www_authenticate_only(path):
     http, capture, node, node_id, _ = path
     enc, _ = encrypt_for(node, b"x")
-    response = http.post(f"/pcc/v1/ohttp/{node_id}", content=enc,
-                         headers={**IDENTIFYING, "content-type": "message/ohttp-req"})
+    response = http.post(
+        f"/pcc/v1/ohttp/{node_id}", content=enc, headers={**IDENTIFYING, "content-type": "message/ohttp-req"}
+    )
     assert response.status_code == 401
     assert response.headers["www-authenticate"].startswith("PrivateToken ")
     assert response.json()["error"]["code"] == "token_required"
@@ -150,10 +171,18 @@ def test_streamed_response_flows_through_the_relay(path, issuer):
 
 def test_only_the_three_routes_exist(path):
     http, capture, node, node_id, _ = path
-    for method, route in (("GET", "/pcc/v1/register"), ("POST", "/pcc/v1/register"), ("GET", "/health"),
-                          ("GET", "/"), ("GET", "/pcc/v1/nodes/"), ("GET", "/pcc/v1/ohttp-keys"),
-                          ("GET", "/pcc/v1/ohttp"), ("POST", f"/pcc/v1/ohttp/{node_id}/x"),
-                          ("GET", "/token-issuer-directory"), ("GET", "/log/v1/sth")):
+    for method, route in (
+        ("GET", "/pcc/v1/register"),
+        ("POST", "/pcc/v1/register"),
+        ("GET", "/health"),
+        ("GET", "/"),
+        ("GET", "/pcc/v1/nodes/"),
+        ("GET", "/pcc/v1/ohttp-keys"),
+        ("GET", "/pcc/v1/ohttp"),
+        ("POST", f"/pcc/v1/ohttp/{node_id}/x"),
+        ("GET", "/token-issuer-directory"),
+        ("GET", "/log/v1/sth"),
+    ):
         response = http.request(method, route, json={"url": "http://evil"})
         assert response.status_code == 404, (method, route)
         assert response.json()["error"]["code"] == "not_found"
@@ -164,8 +193,7 @@ def test_only_the_three_routes_exist(path):
 
 def test_body_cap(path, issuer):
     http, capture, node, node_id, _ = path
-    response = http.post(f"/pcc/v1/ohttp/{node_id}", content=b"x" * 5000,
-                         headers={"content-type": "message/ohttp-req"})
+    response = http.post(f"/pcc/v1/ohttp/{node_id}", content=b"x" * 5000, headers={"content-type": "message/ohttp-req"})
     assert response.status_code == 413
     assert capture.requests == []
 
@@ -197,12 +225,15 @@ def test_the_body_streams_through_relay_and_gateway_to_the_node(path, issuer):
         yield enc[: len(enc) // 2]
         await asyncio.sleep(0.5)
         sent_second.append(time.monotonic())
-        yield enc[len(enc) // 2:]
+        yield enc[len(enc) // 2 :]
 
     async def post():
         async with httpx.AsyncClient(base_url=str(http.base_url), timeout=10) as client:
-            return await client.post(f"/pcc/v1/ohttp/{node_id}", content=parts(),
-                                     headers={"content-type": "message/ohttp-req", "authorization": token})
+            return await client.post(
+                f"/pcc/v1/ohttp/{node_id}",
+                content=parts(),
+                headers={"content-type": "message/ohttp-req", "authorization": token},
+            )
 
     response = asyncio.run(post())
     assert response.status_code == 200
@@ -219,7 +250,10 @@ def test_a_chunked_body_over_the_cap_is_413(path, issuer):
         for _ in range(64):
             yield b"x" * 1024
 
-    response = http.post(f"/pcc/v1/ohttp/{node_id}", content=chunks(),
-                         headers={"content-type": "message/ohttp-req", "authorization": token})
+    response = http.post(
+        f"/pcc/v1/ohttp/{node_id}",
+        content=chunks(),
+        headers={"content-type": "message/ohttp-req", "authorization": token},
+    )
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
     assert sum(size for _, size in node.body_arrivals) <= 4096

@@ -4,6 +4,7 @@ The pure chooser is checked for capacity shares, distinctness and health; then t
 gateway endpoint is checked for the same shares while the requests differ in every way a
 client controls (query noise, headers, tokens, cookies), per group of clients as well.
 """
+
 import dataclasses
 import inspect
 import random
@@ -122,9 +123,11 @@ def _noisy_request(http, i, group):
 
 def test_gateway_endpoint_draws_by_capacity_whatever_the_request_carries():
     # No health checks during the test (interval 1 h): the node URLs are placeholders.
-    app = create_gateway_app(GatewayConfig(privacy=False, health_interval_s=3600,
-                                           attester_policy=AttesterPolicy.DEVELOPMENT),
-                             rng=random.Random(6), releases=StubReleases(RELEASE))
+    app = create_gateway_app(
+        GatewayConfig(privacy=False, health_interval_s=3600, attester_policy=AttesterPolicy.DEVELOPMENT),
+        rng=random.Random(6),
+        releases=StubReleases(RELEASE),
+    )
     by_group = {"A": [], "B": []}
     with running_app(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         ids = _register_all(http)

@@ -2,6 +2,7 @@
 chunk that passes the relay has one of the documented bucket sizes (docs/shape-hiding.md), whatever
 the prompt's and the answer's lengths. A TCP tap in front of the relay records each connection's
 bytes; the test parses HTTP/1.1 and the OHTTP framing itself."""
+
 from __future__ import annotations
 
 import socket
@@ -66,8 +67,14 @@ class TappedRelay(Deployment):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    d = TappedRelay(UpOptions([1], free_port(), str(tmp_path_factory.mktemp("up")),
-                              ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"]))
+    d = TappedRelay(
+        UpOptions(
+            [1],
+            free_port(),
+            str(tmp_path_factory.mktemp("up")),
+            ["--dtype", "float32", "--kv-cache-memory", "256MiB", "--max-model-len", "2048"],
+        )
+    )
     d.endpoints = d.start()
     try:
         yield d
@@ -119,8 +126,13 @@ def test_every_request_and_response_chunk_at_the_relay_has_a_bucket_size(deploym
     try:
         for prompt in (short, long):
             for max_tokens in (1, 12):
-                body = {"model": e["model"], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                        "ignore_eos": True}
+                body = {
+                    "model": e["model"],
+                    "prompt": prompt,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
                 assert client.completions(body)["choices"][0]["text"] is not None
                 events = list(client.completions({**body, "stream": True}))
                 assert events[-1] == b"data: [DONE]\n\n" and len(events) >= 2

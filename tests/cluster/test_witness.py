@@ -1,5 +1,6 @@
 """The witness, the log's cosigned tree heads and the client's witness policy, over real HTTP:
 cosigning, refusals (unwitnessed, stale, forked), the persisted tree head across restarts."""
+
 import logging
 import os
 import time
@@ -108,8 +109,10 @@ def test_a_forked_log_same_size_is_detected_by_the_witness_and_the_clients(setup
     forked = TransparencyLog.open(tmp_path / "log").sth
     assert forked.tree_size == seen.tree_size and forked.root_hash != seen.root_hash
     assert _witness(witness, url) is None  # the witness refuses to cosign it ...
-    assert any('"event":"witness.refused"' in r.getMessage() and '"reason":"inconsistent"' in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        '"event":"witness.refused"' in r.getMessage() and '"reason":"inconsistent"' in r.getMessage()
+        for r in caplog.records
+    )
     assert _witness(Witness(tmp_path / "witness", log.public_key_bytes()), url) is None  # ... also after a restart
     with _client(log, url, [witness.public_key]) as fresh, pytest.raises(WitnessCheckError):
         fresh.update()  # so a client with no history refuses the fork too: it is unwitnessed
@@ -119,8 +122,7 @@ def test_a_forked_log_same_size_is_detected_by_the_witness_and_the_clients(setup
     assert _witness(colluder, url2).sth == forked
     with _client(log, url2, [colluder.public_key]) as fresh:
         assert fresh.update() == forked  # with no history, a fork cosigned by a bad witness passes ...
-    with _client(log, url2, [colluder.public_key], state_path=state) as restarted, \
-            pytest.raises(InconsistentLogError):
+    with _client(log, url2, [colluder.public_key], state_path=state) as restarted, pytest.raises(InconsistentLogError):
         restarted.update()  # ... but not for a client that kept the head it verified before its restart
 
 

@@ -1,4 +1,5 @@
 """A small reader of deploy/Dockerfile and .dockerignore, enough to check what the image holds."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -102,8 +103,7 @@ def _matches(pattern: str, rel: str) -> bool:
         prefix = "/".join(parts[:i])
         if fnmatch.fnmatchcase(prefix, pattern):
             return True
-        if pattern.startswith("**/") and any(
-                fnmatch.fnmatchcase("/".join(parts[j:i]), pattern[3:]) for j in range(i)):
+        if pattern.startswith("**/") and any(fnmatch.fnmatchcase("/".join(parts[j:i]), pattern[3:]) for j in range(i)):
             return True
     return False
 

@@ -1,4 +1,5 @@
 """Rendering the Kustomize overlays: kubectl (with Kustomize v5) is needed, else the tests skip."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,9 @@ def render():
 
     def _render(overlay: str) -> list[dict]:
         if overlay not in cache:
-            out = subprocess.run([tool, "kustomize", str(K8S / "overlays" / overlay)], capture_output=True,
-                                 text=True, check=True).stdout
+            out = subprocess.run(
+                [tool, "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True, check=True
+            ).stdout
             cache[overlay] = [doc for doc in yaml.safe_load_all(out) if doc]
         return cache[overlay]
 

@@ -5,6 +5,7 @@ The host is the attacker here: it may ask the guest's agent for any container. T
 admit the pod's sandbox and the release's node exactly, and refuse every way of running other code
 inside the attested VM: another image, the same image from a host-provided root filesystem, another
 command line, an injecting variable, an OCI hook, a mount over the image's code, a sidecar, exec."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,9 +31,13 @@ def _script():
 
 def _manifests(image: str, args: list[str]) -> list[dict]:
     container = {"name": "node", "image": image, "args": args}
-    return [{"kind": "StatefulSet", "metadata": {"name": "traceless-node",
-                                                 "labels": {"app.kubernetes.io/component": "node"}},
-             "spec": {"template": {"spec": {"containers": [container]}}}}]
+    return [
+        {
+            "kind": "StatefulSet",
+            "metadata": {"name": "traceless-node", "labels": {"app.kubernetes.io/component": "node"}},
+            "spec": {"template": {"spec": {"containers": [container]}}},
+        }
+    ]
 
 
 class Agent:
@@ -60,20 +65,44 @@ def agent(tmp_path):
     return Agent(_policy_of(script.render_initdata(script.render_policy(release))), tmp_path)
 
 
-MOUNTS = ["/proc", "/dev", "/dev/pts", "/dev/mqueue", "/sys", "/sys/fs/cgroup", "/dev/shm", "/etc/hosts",
-          "/etc/hostname", "/etc/resolv.conf", "/dev/termination-log", "/tmp"]
+MOUNTS = [
+    "/proc",
+    "/dev",
+    "/dev/pts",
+    "/dev/mqueue",
+    "/sys",
+    "/sys/fs/cgroup",
+    "/dev/shm",
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+    "/dev/termination-log",
+    "/tmp",
+]
 
 
 def _node_request(**change) -> dict:
-    oci = {"Annotations": {"io.kubernetes.cri.container-type": "container",
-                           "io.kubernetes.cri.container-name": "node",
-                           "io.kubernetes.cri.image-name": IMAGE},
-           "Process": {"Args": [*NODE_BOOT, "node", *NODE_ARGS],
-                       "Env": ["PATH=/usr/bin:/bin", "HOME=/tmp", "PYTHONMALLOC=malloc", "MALLOC_PERTURB_=165",
-                               "POD_NAME=traceless-node-0", "TRACELESS_GATEWAY_URL=http://traceless-gateway:8092"]},
-           "Root": {"Path": "/run/kata-containers/shared/containers/x/rootfs", "Readonly": True},
-           "Mounts": [{"destination": d, "source": d, "type_": "bind", "options": []} for d in MOUNTS],
-           "Hooks": None}
+    oci = {
+        "Annotations": {
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.container-name": "node",
+            "io.kubernetes.cri.image-name": IMAGE,
+        },
+        "Process": {
+            "Args": [*NODE_BOOT, "node", *NODE_ARGS],
+            "Env": [
+                "PATH=/usr/bin:/bin",
+                "HOME=/tmp",
+                "PYTHONMALLOC=malloc",
+                "MALLOC_PERTURB_=165",
+                "POD_NAME=traceless-node-0",
+                "TRACELESS_GATEWAY_URL=http://traceless-gateway:8092",
+            ],
+        },
+        "Root": {"Path": "/run/kata-containers/shared/containers/x/rootfs", "Readonly": True},
+        "Mounts": [{"destination": d, "source": d, "type_": "bind", "options": []} for d in MOUNTS],
+        "Hooks": None,
+    }
     body = {"OCI": oci, "storages": [{"driver": "image_guest_pull", "source": IMAGE, "mount_point": "/x"}]}
     for path, value in change.items():
         *parents, leaf = path.split("__")
@@ -85,10 +114,15 @@ def _node_request(**change) -> dict:
 
 
 def _sandbox_request() -> dict:
-    return {"OCI": {"Annotations": {"io.kubernetes.cri.container-type": "sandbox"},
-                    "Process": {"Args": ["/pause"], "Env": ["PATH=/usr/bin:/bin"]},
-                    "Root": {"Readonly": True}, "Mounts": [{"destination": "/dev/shm"}]},
-            "storages": []}
+    return {
+        "OCI": {
+            "Annotations": {"io.kubernetes.cri.container-type": "sandbox"},
+            "Process": {"Args": ["/pause"], "Env": ["PATH=/usr/bin:/bin"]},
+            "Root": {"Readonly": True},
+            "Mounts": [{"destination": "/dev/shm"}],
+        },
+        "storages": [],
+    }
 
 
 def test_the_release_and_the_sandbox_are_admitted(agent):
@@ -97,26 +131,33 @@ def test_the_release_and_the_sandbox_are_admitted(agent):
     assert agent.allows("ReadStreamRequest", {})  # the node's content-free stdout
 
 
-@pytest.mark.parametrize("attack,change", [
-    ("another image", {"OCI__Annotations__io.kubernetes.cri.image-name": IMAGE.replace("ab", "cd", 1)}),
-    ("the image by tag", {"OCI__Annotations__io.kubernetes.cri.image-name": "registry.example/traceless/node:1"}),
-    ("a host-provided root filesystem", {"storages": []}),
-    ("a guest pull of another image",
-     {"storages": [{"driver": "image_guest_pull", "source": "evil@sha256:" + "0" * 64}]}),
-    ("another command line", {"OCI__Process__Args": [*NODE_BOOT, "node", "--host=0.0.0.0", "--port=8100",
-                                                      "--attestation=software"]}),
-    ("an extra argument", {"OCI__Process__Args": [*NODE_BOOT, "node", *NODE_ARGS, "--request-events"]}),
-    ("LD_PRELOAD", {"OCI__Process__Env": ["PATH=/usr/bin", "LD_PRELOAD=/tmp/x.so"]}),
-    ("LD_LIBRARY_PATH", {"OCI__Process__Env": ["LD_LIBRARY_PATH=/tmp"]}),
-    ("PYTHONPATH", {"OCI__Process__Env": ["PYTHONPATH=/tmp"]}),
-    ("another allocator setting", {"OCI__Process__Env": ["PYTHONMALLOC=pymalloc"]}),
-    ("GLIBC_TUNABLES", {"OCI__Process__Env": ["GLIBC_TUNABLES=glibc.malloc.perturb=0"]}),
-    ("a prestart hook", {"OCI__Hooks": {"Prestart": [{"Path": "/bin/sh", "Args": ["sh", "-c", "id"]}]}}),
-    ("a mount over the code", {"OCI__Mounts": [{"destination": "/opt/traceless", "source": "/host/evil"}]}),
-    ("a mount over the venv", {"OCI__Mounts": [{"destination": "/opt/venv/lib", "source": "/host/evil"}]}),
-    ("a writable root", {"OCI__Root__Readonly": False}),
-    ("a sidecar of the same image", {"OCI__Annotations__io.kubernetes.cri.container-name": "debug"}),
-])
+@pytest.mark.parametrize(
+    "attack,change",
+    [
+        ("another image", {"OCI__Annotations__io.kubernetes.cri.image-name": IMAGE.replace("ab", "cd", 1)}),
+        ("the image by tag", {"OCI__Annotations__io.kubernetes.cri.image-name": "registry.example/traceless/node:1"}),
+        ("a host-provided root filesystem", {"storages": []}),
+        (
+            "a guest pull of another image",
+            {"storages": [{"driver": "image_guest_pull", "source": "evil@sha256:" + "0" * 64}]},
+        ),
+        (
+            "another command line",
+            {"OCI__Process__Args": [*NODE_BOOT, "node", "--host=0.0.0.0", "--port=8100", "--attestation=software"]},
+        ),
+        ("an extra argument", {"OCI__Process__Args": [*NODE_BOOT, "node", *NODE_ARGS, "--request-events"]}),
+        ("LD_PRELOAD", {"OCI__Process__Env": ["PATH=/usr/bin", "LD_PRELOAD=/tmp/x.so"]}),
+        ("LD_LIBRARY_PATH", {"OCI__Process__Env": ["LD_LIBRARY_PATH=/tmp"]}),
+        ("PYTHONPATH", {"OCI__Process__Env": ["PYTHONPATH=/tmp"]}),
+        ("another allocator setting", {"OCI__Process__Env": ["PYTHONMALLOC=pymalloc"]}),
+        ("GLIBC_TUNABLES", {"OCI__Process__Env": ["GLIBC_TUNABLES=glibc.malloc.perturb=0"]}),
+        ("a prestart hook", {"OCI__Hooks": {"Prestart": [{"Path": "/bin/sh", "Args": ["sh", "-c", "id"]}]}}),
+        ("a mount over the code", {"OCI__Mounts": [{"destination": "/opt/traceless", "source": "/host/evil"}]}),
+        ("a mount over the venv", {"OCI__Mounts": [{"destination": "/opt/venv/lib", "source": "/host/evil"}]}),
+        ("a writable root", {"OCI__Root__Readonly": False}),
+        ("a sidecar of the same image", {"OCI__Annotations__io.kubernetes.cri.container-name": "debug"}),
+    ],
+)
 def test_every_other_container_is_refused(agent, attack, change):
     assert not agent.allows("CreateContainerRequest", _node_request(**change)), attack
 
@@ -127,8 +168,17 @@ def test_a_sandbox_with_another_command_is_refused(agent):
     assert not agent.allows("CreateContainerRequest", body)
 
 
-@pytest.mark.parametrize("request_kind", ["ExecProcessRequest", "WriteStreamRequest", "CloseStdinRequest",
-                                          "SetPolicyRequest", "StartTracingRequest", "UpdateEphemeralMountsRequest"])
+@pytest.mark.parametrize(
+    "request_kind",
+    [
+        "ExecProcessRequest",
+        "WriteStreamRequest",
+        "CloseStdinRequest",
+        "SetPolicyRequest",
+        "StartTracingRequest",
+        "UpdateEphemeralMountsRequest",
+    ],
+)
 def test_the_host_cannot_reach_into_the_vm(agent, request_kind):
     assert not agent.allows(request_kind, {"container_id": "x", "process": {"Args": ["/bin/sh"]}})
 

@@ -2,6 +2,7 @@
 deploy/Dockerfile, then the manifest's args, with the container's environment) parses with the
 project's own argument parser, with no unknown flag and every required option, and passes the
 command's own start-up checks. A manifest can then never ship a command that exits at start."""
+
 from __future__ import annotations
 
 import contextlib
@@ -51,12 +52,12 @@ def _argv(container: dict, env: dict[str, str]) -> tuple[str, list[str]]:
     """(command-line module, what the container runs after `python -m MODULE` or the node's isolated
     boot), $(VAR) expanded as Kubernetes does. The node boots the core's command line."""
     full = _command(container)
-    if full[:len(NODE_BOOT)] == NODE_BOOT:
+    if full[: len(NODE_BOOT)] == NODE_BOOT:
         cli, prefix = "traceless.cli", NODE_BOOT
     else:
         assert full[:2] == ["/opt/venv/bin/python", "-m"] and full[2] in CLI_MODULES, full
         cli, prefix = full[2], full[:3]
-    return cli, [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[len(prefix):]]
+    return cli, [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in full[len(prefix) :]]
 
 
 def _command(container: dict) -> list[str]:

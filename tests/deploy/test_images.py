@@ -1,4 +1,5 @@
 """deploy/Dockerfile and its inputs: what the images hold, checked without a Docker engine."""
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,9 @@ def test_every_base_image_is_pinned_and_final_stages_are_distroless_nonroot():
             continue
         image = dockerfile.resolve(stage.base)
         assert "$" not in image, f"stage {stage.name}: FROM names an undefined build argument"
-        assert "@sha256:" in image or re.search(r":[\w.-]+$", image.split("/")[-1]), \
+        assert "@sha256:" in image or re.search(r":[\w.-]+$", image.split("/")[-1]), (
             f"stage {stage.name}: base image without a tag or digest"
+        )
         assert not image.endswith(":latest")
     for name in FINAL_STAGES:
         root = dockerfile.lineage(name)[-1]
@@ -111,15 +113,20 @@ def test_node_image_measures_like_the_checkout(tmp_path):
     assert dockerfile.stages["kernels"].values("WORKDIR") == ["/src"]
     assert "traceless/ traceless/" in dockerfile.stages["kernels"].values("COPY")
     # the package the node runs is that copy: its isolated boot puts /opt/traceless on the path
-    assert exec_form(dockerfile.stages["node"].values("ENTRYPOINT")[0])[:len(NODE_BOOT)] == NODE_BOOT
+    assert exec_form(dockerfile.stages["node"].values("ENTRYPOINT")[0])[: len(NODE_BOOT)] == NODE_BOOT
     assert "/opt/traceless" in NODE_BOOT[-1]
     image_tree = tmp_path / "opt" / "traceless"
     for rel in context_files():
         if rel.startswith("traceless/"):
             (image_tree / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(REPO / rel, image_tree / rel)
-    checkout = subprocess.run([sys.executable, "-m", "traceless.cli", "measure", "--model", str(REPO / "README.md")],
-                              capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    checkout = subprocess.run(
+        [sys.executable, "-m", "traceless.cli", "measure", "--model", str(REPO / "README.md")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout
     assert f"code      {code_digest(image_tree / 'traceless').hex()}" in checkout.splitlines()
     assert code_digest(image_tree / "traceless") == code_digest(REPO / "traceless")
 

@@ -1,5 +1,6 @@
 """The rendered Kustomize overlays: schemas, a scanner, and the properties the deployment's
 guarantees rest on, asserted object by object so a later edit cannot quietly drop one."""
+
 from __future__ import annotations
 
 import json
@@ -105,18 +106,30 @@ def test_network_policies_are_as_documented(render, overlay):
     # Nodes accept the request port only from the gateway, the metrics port only from monitoring.
     by_port = {rule["ports"][0]["port"]: rule["from"] for rule in node["ingress"]}
     assert set(by_port) == {8100, 9100}
-    assert by_port[8100] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "traceless",
-                                                              "app.kubernetes.io/component": "gateway"}}}]
+    assert by_port[8100] == [
+        {
+            "podSelector": {
+                "matchLabels": {"app.kubernetes.io/name": "traceless", "app.kubernetes.io/component": "gateway"}
+            }
+        }
+    ]
     assert by_port[9100] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     # The gateway reaches the issuer's directory port and never its signing port.
     gateway = _one(objs, "NetworkPolicy", "traceless-gateway")["spec"]
-    issuer_rules = [r for r in gateway["egress"] if any(
-        t.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "issuer"
-        for t in r.get("to", []))]
+    issuer_rules = [
+        r
+        for r in gateway["egress"]
+        if any(
+            t.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "issuer"
+            for t in r.get("to", [])
+        )
+    ]
     assert [p["port"] for r in issuer_rules for p in r["ports"]] == [8094]
     assert all(r.get("to") for r in gateway["egress"]), "a gateway egress rule without destinations allows all"
-    issuer_ports = {p["containerPort"]: p["name"]
-                    for p in _pod_spec(_one(objs, "StatefulSet", "traceless-issuer"))["containers"][0]["ports"]}
+    issuer_ports = {
+        p["containerPort"]: p["name"]
+        for p in _pod_spec(_one(objs, "StatefulSet", "traceless-issuer"))["containers"][0]["ports"]
+    }
     assert issuer_ports == {8091: "http", 8094: "directory"}
     assert "--directory-port=8094" in _pod_spec(_one(objs, "StatefulSet", "traceless-issuer"))["containers"][0]["args"]
     endpoints = _one(objs, "ConfigMap", "traceless-endpoints")["data"]
@@ -151,8 +164,9 @@ def test_confidential_overlay_runs_nodes_in_confidential_containers_on_gpus(rend
     spec = _pod_spec(node)
     assert spec["runtimeClassName"] == "kata-qemu-snp"
     assert spec["nodeSelector"] == {"traceless.dev/tee": "sev-snp"}
-    assert {"key": "traceless.dev/tee", "operator": "Equal", "value": "sev-snp", "effect": "NoSchedule"} \
-        in spec["tolerations"]
+    assert {"key": "traceless.dev/tee", "operator": "Equal", "value": "sev-snp", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
     resources = spec["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == "1"
     assert "--device=cuda" in spec["containers"][0]["args"]
@@ -175,8 +189,7 @@ def test_secrets_come_from_secrets_never_from_config_maps(render):
 def test_gateway_scales_with_an_hpa_and_prometheus_scrapes_only_the_metrics_port(render):
     objs = render("dev")
     hpa = _one(objs, "HorizontalPodAutoscaler", "traceless-gateway")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": "traceless-gateway"}
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "traceless-gateway"}
     monitor = _one(objs, "ServiceMonitor", "traceless-node")
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     service = _one(objs, "Service", "traceless-node")
@@ -207,8 +220,22 @@ def test_checkov_passes_with_every_skip_justified(render, overlay, tmp_path):
 
     rendered = tmp_path / f"{overlay}.yaml"
     rendered.write_text(yaml.safe_dump_all(render(overlay)))
-    result = subprocess.run([checkov, "--quiet", "--compact", "--skip-download", "--framework", "kubernetes",
-                             "-o", "json", "-f", str(rendered)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            checkov,
+            "--quiet",
+            "--compact",
+            "--skip-download",
+            "--framework",
+            "kubernetes",
+            "-o",
+            "json",
+            "-f",
+            str(rendered),
+        ],
+        capture_output=True,
+        text=True,
+    )
     report = json.loads(result.stdout)
     report = report[0] if isinstance(report, list) else report
     assert report["summary"]["failed"] == 0, [c["check_id"] for c in report["results"]["failed_checks"]]

@@ -1,4 +1,5 @@
 """deploy/release_manifest.py: the logged release is computed from the rendered deployment."""
+
 from __future__ import annotations
 
 import importlib.util

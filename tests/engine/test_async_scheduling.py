@@ -3,6 +3,7 @@ before the last one's tokens are read, and the output must be what synchronous s
 token for token (greedy and seeded sampling), with stops, aborts, preemption, prefix caching and
 requests that need their tokens on the host (which run synchronously; structured outputs:
 tests/structured/test_engine_structured.py)."""
+
 from __future__ import annotations
 
 import random
@@ -38,8 +39,9 @@ class Counting(ExecutorSpy):
 def _llm(path, async_scheduling: bool, **kw):
     Counting.launches = Counting.executes = 0
     Counting.events = []
-    cfg = EngineConfig(model=str(path), dtype="float32", async_scheduling=async_scheduling,
-                       **({"kv_cache_memory": 2**20} | kw))
+    cfg = EngineConfig(
+        model=str(path), dtype="float32", async_scheduling=async_scheduling, **({"kv_cache_memory": 2**20} | kw)
+    )
     return llm_with_executor(cfg, Counting)
 
 
@@ -51,8 +53,9 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
 def _run(llm, prompts, params):
     """Every request's (tokens, text, finish reason, stop reason)."""
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason)
-            for o in outs]
+    return [
+        (o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason) for o in outs
+    ]
 
 
 def _params(rng: random.Random, i: int) -> SamplingParams:
@@ -80,8 +83,11 @@ def test_running_ahead_gives_the_synchronous_output(tiny_llama_dir):
     assert any(w[2] == "stop" for w in want) and any(w[2] == "length" for w in want)
     assert Counting.launches > 10 and Counting.executes == 0  # every step ran ahead
     # and its tokens were read only after the next step was launched (but for the last ones)
-    late = sum(1 for i, (what, step) in enumerate(Counting.events) if what == "read"
-               and any(w == "launch" and s > step for w, s in Counting.events[:i]))
+    late = sum(
+        1
+        for i, (what, step) in enumerate(Counting.events)
+        if what == "read" and any(w == "launch" and s > step for w, s in Counting.events[:i])
+    )
     assert late >= Counting.launches - 3
     llm.engine.check_integrity()
 

@@ -2,6 +2,7 @@
 
 Groups (0, W, W): one global group that keeps every block and two local groups that free the
 blocks behind their window."""
+
 from tests.support.fake_offload import FakeOffload
 from traceless.engine.block_pool import NULL_BLOCK_ID, BlockPool
 from traceless.engine.kv_manager import KVCacheManager
@@ -26,8 +27,9 @@ class Clock:
 def setup(mode=CacheMode.OFF, num_blocks=128, offloader=None):
     zeroed: list[int] = []
     clock = Clock()
-    kv = KVCacheManager(BlockPool(num_blocks, zeroed.extend, clock), BS, PrefixCacheConfig(mode, ttl_s=50.0),
-                        offloader, GROUPS)
+    kv = KVCacheManager(
+        BlockPool(num_blocks, zeroed.extend, clock), BS, PrefixCacheConfig(mode, ttl_s=50.0), offloader, GROUPS
+    )
     return Scheduler(SchedulerConfig(max_num_batched_tokens=16), kv), kv, zeroed, clock
 
 
@@ -95,8 +97,9 @@ def test_a_prefix_hit_takes_the_local_blocks_its_window_reads_and_no_evicted_one
     sched.finish(second, RequestStatus.FINISHED_ABORTED)
     # 24 shared tokens: the global group has them, but the local blocks of keys 17..23 were evicted,
     # so no hit (a shorter one would need local blocks that are gone too)
-    third = Request("c", prompt[:24] + [1, 2, 3], SamplingParams(max_tokens=1), frozenset(),
-                    domain=domain_of(cfg, None))
+    third = Request(
+        "c", prompt[:24] + [1, 2, 3], SamplingParams(max_tokens=1), frozenset(), domain=domain_of(cfg, None)
+    )
     assert kv.prefix_hit(third) is None
     kv.pool.drop_cache()
     assert kv.check_integrity() == []
@@ -140,7 +143,9 @@ def test_allocation_takes_every_groups_blocks_or_none():
     assert kv.pool.num_free_blocks == 9 and kv.num_owners() == 0
     r2 = Request("s", list(range(10, 21)), SamplingParams(max_tokens=5), frozenset())
     assert kv.allocate_slots(r2, 11) and kv.pool.num_free_blocks == 0
-    assert kv.check_integrity() == ["1 request(s) still own KV blocks",
-                                    "1 request(s) still have sliding-window bookkeeping"]
+    assert kv.check_integrity() == [
+        "1 request(s) still own KV blocks",
+        "1 request(s) still have sliding-window bookkeeping",
+    ]
     kv.free(r2)
     assert kv.num_owners() == 0 and kv.check_integrity() == []

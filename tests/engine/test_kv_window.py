@@ -1,4 +1,5 @@
 """Sliding-window block freeing in the KV manager: exact block ids, no torch, no model."""
+
 from tests.support.fake_offload import FakeOffload
 from traceless.engine.block_pool import NULL_BLOCK_ID, BlockPool
 from traceless.engine.kv_manager import KVCacheManager
@@ -14,8 +15,7 @@ BS, WINDOW = 4, 8
 
 def setup(window=WINDOW, mode=CacheMode.OFF, num_blocks=64, offloader=None):
     zeroed: list[int] = []
-    kv = KVCacheManager(BlockPool(num_blocks, zeroed.extend), BS, PrefixCacheConfig(mode), offloader,
-                        (window or 0,))
+    kv = KVCacheManager(BlockPool(num_blocks, zeroed.extend), BS, PrefixCacheConfig(mode), offloader, (window or 0,))
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16), kv)
     return sched, kv, zeroed
 
@@ -41,8 +41,10 @@ def test_a_long_generation_holds_window_sized_memory_and_frees_zeroed_blocks():
         # the table's live part covers every key the next query reads; the rest is the null block
         lo = max(0, r.num_computed_tokens - WINDOW + 1) // BS
         assert all(b == NULL_BLOCK_ID for b in table[:lo]) and NULL_BLOCK_ID not in table[lo:]
-        assert kv.check_integrity() == ["1 request(s) still own KV blocks",
-                                        "1 request(s) still have sliding-window bookkeeping"]
+        assert kv.check_integrity() == [
+            "1 request(s) still own KV blocks",
+            "1 request(s) still have sliding-window bookkeeping",
+        ]
     assert r.num_computed_tokens > 200
     # a 16-token prefill chunk needs 16 + 8 keys: 7 blocks; decoding needs W/BS + 1 (+1 at an edge)
     assert most <= 7 and kv.num_live_blocks("r") <= WINDOW // BS + 2

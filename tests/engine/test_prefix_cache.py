@@ -1,4 +1,5 @@
 """Prefix caching with isolation domains: exact block ids, no torch, no model."""
+
 import pytest
 
 from traceless.engine.block_pool import BlockPool

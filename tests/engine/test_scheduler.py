@@ -1,4 +1,5 @@
 """Scheduler decisions with exact block ids (no torch, no model)."""
+
 from traceless.engine.block_pool import BlockPool
 from traceless.engine.kv_manager import KVCacheManager
 from traceless.engine.request import Request, RequestStatus

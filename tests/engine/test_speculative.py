@@ -1,5 +1,6 @@
 """Speculative decoding, engine side (no torch, no model): prompt lookup, scheduling of drafts,
 draft lifetime on the request."""
+
 import pytest
 
 from traceless.config import EngineConfig
@@ -63,11 +64,18 @@ def test_proposer_reads_only_the_request_and_overwrites_its_copy(monkeypatch):
 
 
 # --- config ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [
-    dict(speculative="eagle"), dict(num_speculative_tokens=0), dict(num_speculative_tokens=17),
-    dict(ngram_min=0), dict(ngram_min=3, ngram_max=2), dict(speculative="draft", draft_layers=0),
-    dict(speculative="ngram", draft_layers=2),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(speculative="eagle"),
+        dict(num_speculative_tokens=0),
+        dict(num_speculative_tokens=17),
+        dict(ngram_min=0),
+        dict(ngram_min=3, ngram_max=2),
+        dict(speculative="draft", draft_layers=0),
+        dict(speculative="ngram", draft_layers=2),
+    ],
+)
 def test_engine_config_rejects_bad_speculative_options(kwargs):
     with pytest.raises(ValueError):
         EngineConfig(**kwargs)
@@ -127,11 +135,19 @@ def test_a_decoding_request_is_scheduled_for_its_drafts():
     assert len(kv.block_ids("a")) == 3  # tokens 0..9 (6 known + 3 drafts + room) -> ceil(9 / 4)
 
 
-@pytest.mark.parametrize("budget,max_tokens,max_len,want", [
-    (64, None, 100, 3), (3, None, 100, 2), (1, None, 100, 0),  # token budget
-    (64, 3, 100, 1), (64, 2, 100, 0),  # max_tokens: 1 output now, at most 3 after the step
-    (64, None, 9, 2), (64, None, 8, 1), (64, None, 7, 0),  # context: 6 tokens now, at most max_len after
-])
+@pytest.mark.parametrize(
+    "budget,max_tokens,max_len,want",
+    [
+        (64, None, 100, 3),
+        (3, None, 100, 2),
+        (1, None, 100, 0),  # token budget
+        (64, 3, 100, 1),
+        (64, 2, 100, 0),  # max_tokens: 1 output now, at most 3 after the step
+        (64, None, 9, 2),
+        (64, None, 8, 1),
+        (64, None, 7, 0),  # context: 6 tokens now, at most max_len after
+    ],
+)
 def test_drafts_are_capped_by_budget_max_tokens_and_context(budget, max_tokens, max_len, want):
     sched, _ = make(max_num_batched_tokens=budget, max_model_len=max_len)
     r = decoding(sched, "a", 5, max_tokens)

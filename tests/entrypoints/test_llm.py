@@ -1,4 +1,5 @@
 """The offline API end to end on tiny random models (fast) and the real default model (slow)."""
+
 from __future__ import annotations
 
 import random
@@ -16,8 +17,14 @@ from traceless.errors import ContextLengthError, InvalidRequestError, ModelLoadE
 def tiny(tiny_llama_dir):
     # A block holds K and V for 4 tokens x 2 layers x 2 kv heads x 16 dims in float32 = 2048 bytes;
     # 41 blocks (40 usable) = 160 tokens of KV: small enough to force preemption.
-    return LLM(str(tiny_llama_dir), dtype="float32", block_size=4, kv_cache_memory=41 * 2048,
-               max_num_batched_tokens=64, max_model_len=128)
+    return LLM(
+        str(tiny_llama_dir),
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=41 * 2048,
+        max_num_batched_tokens=64,
+        max_model_len=128,
+    )
 
 
 def prompts(n, lo=3, hi=40, seed=0):
@@ -57,8 +64,10 @@ def test_abort_of_a_waiting_and_unknown_request(tiny):
 
 def test_step_failure_fails_the_batch_and_the_engine_keeps_serving(tiny_llama_dir):
     spies = []
-    llm = llm_with_executor(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20),
-                            lambda real: spies.append(ExecutorSpy(real)) or spies[0])
+    llm = llm_with_executor(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20),
+        lambda real: spies.append(ExecutorSpy(real)) or spies[0],
+    )
     engine = llm.engine
     engine.add_request("doomed", [5, 6, 7, 8], SamplingParams(max_tokens=5))
     spies[0].broken = True
@@ -85,29 +94,35 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_busy_batch(tiny):
 
 
 def test_n_completions_logprobs_and_stop_reasons(tiny):
-    out = tiny.generate({"prompt_token_ids": [20, 21, 22]},
-                        SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, logprobs=2, ignore_eos=True),
-                        use_tqdm=False)[0]
+    out = tiny.generate(
+        {"prompt_token_ids": [20, 21, 22]},
+        SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, logprobs=2, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished
     for c in out.outputs:
         assert len(c.token_ids) == 6 and c.finish_reason == "length" and len(c.logprobs) == 6
         for tok, lp in zip(c.token_ids, c.logprobs):
             assert tok in lp and len(lp) in (2, 3)  # top-2 plus the sampled token when it is not among them
     assert len({c.token_ids for c in out.outputs}) > 1
-    greedy = tiny.generate({"prompt_token_ids": [20, 21, 22]},
-                           SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                           use_tqdm=False)[0].outputs[0]
+    greedy = tiny.generate(
+        {"prompt_token_ids": [20, 21, 22]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
     stop_tok = greedy.token_ids[3]
-    stopped = tiny.generate({"prompt_token_ids": [20, 21, 22]},
-                            SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_tok], ignore_eos=True),
-                            use_tqdm=False)[0].outputs[0]
+    stopped = tiny.generate(
+        {"prompt_token_ids": [20, 21, 22]},
+        SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_tok], ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
     first = greedy.token_ids.index(stop_tok)
     assert stopped.token_ids == greedy.token_ids[: first + 1] and stopped.stop_reason == stop_tok
     words = greedy.text.split()
     stop_str = " ".join(words[2:4])
-    by_string = tiny.generate({"prompt_token_ids": [20, 21, 22]},
-                              SamplingParams(temperature=0, max_tokens=8, stop=[stop_str], ignore_eos=True),
-                              use_tqdm=False)[0].outputs[0]
+    by_string = tiny.generate(
+        {"prompt_token_ids": [20, 21, 22]},
+        SamplingParams(temperature=0, max_tokens=8, stop=[stop_str], ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert by_string.text == greedy.text[: greedy.text.index(stop_str)]
     assert by_string.finish_reason == "stop" and by_string.stop_reason == stop_str
     tiny.engine.check_integrity()
@@ -140,8 +155,9 @@ def test_bad_input_raises_typed_errors_and_the_engine_keeps_serving(tiny, tmp_pa
 
 
 def test_chat_applies_the_template(tiny):
-    out = tiny.chat([{"role": "user", "content": "w5 w6"}], SamplingParams(temperature=0, max_tokens=2),
-                    use_tqdm=False)[0]
+    out = tiny.chat(
+        [{"role": "user", "content": "w5 w6"}], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
+    )[0]
     tok = tiny.get_tokenizer()
     assert list(out.prompt_token_ids) == tok.encode("<s> user w5 w6 </s> <s> assistant ", add_special_tokens=False)
     with pytest.raises(InvalidRequestError):
@@ -150,16 +166,22 @@ def test_chat_applies_the_template(tiny):
 
 @pytest.mark.slow
 def test_default_model_chat_and_seeded_batch(real_llm):
-    out = real_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                        SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[0]
+    out = real_llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=20),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert "Paris" in out.text and out.finish_reason == "stop"
     sp = SamplingParams(temperature=0.9, seed=2024, max_tokens=32, ignore_eos=True)
     alone = real_llm.generate("Once upon a time", sp, use_tqdm=False)[0].outputs[0].token_ids
     crowd = ["Tell me about the ocean.", "The weather today", "import numpy as np", "Dear diary,"]
-    outs = real_llm.generate(crowd[:2] + ["Once upon a time"] + crowd[2:],
-                             [SamplingParams(temperature=1.0, max_tokens=32)] * 2 + [sp]
-                             + [SamplingParams(temperature=1.0, max_tokens=32)] * 2,
-                             use_tqdm=False)
+    outs = real_llm.generate(
+        crowd[:2] + ["Once upon a time"] + crowd[2:],
+        [SamplingParams(temperature=1.0, max_tokens=32)] * 2
+        + [sp]
+        + [SamplingParams(temperature=1.0, max_tokens=32)] * 2,
+        use_tqdm=False,
+    )
     assert outs[2].outputs[0].token_ids == alone
     real_llm.engine.check_integrity()
 
@@ -174,8 +196,7 @@ def test_per_request_events_only_with_the_benchmark_switch(tiny_llama_dir, caplo
 
     llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, request_events=request_events)
     with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
-        llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, ignore_eos=True),
-                     use_tqdm=False)
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     finished = [r for r in caplog.records if '"event":"request.finished"' in r.getMessage()]
     assert len(finished) == (1 if request_events else 0)
 

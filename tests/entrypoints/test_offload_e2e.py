@@ -1,5 +1,6 @@
 """KV offload under memory pressure: same outputs as without pressure, no plaintext or canary in the
 spill files while they exist, an empty spill directory afterwards."""
+
 import random
 
 import pytest
@@ -21,8 +22,15 @@ def test_outputs_under_pressure_with_offload_equal_the_unpressured_run(tiny_llam
     roomy = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, block_size=4)
     want = [o.outputs[0].token_ids for o in roomy.generate(ps, greedy, use_tqdm=False)]
     spill = tmp_path / "spill"
-    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
-                kv_offload=mode, kv_offload_dir=str(spill) if mode == "disk" else None)
+    tight = LLM(
+        str(tiny_llama_dir),
+        dtype="float32",
+        kv_cache_memory=61 * 2048,
+        block_size=4,
+        max_model_len=128,
+        kv_offload=mode,
+        kv_offload_dir=str(spill) if mode == "disk" else None,
+    )
     got = [o.outputs[0].token_ids for o in tight.generate(ps, greedy, use_tqdm=False)]
     kv = tight.engine.kv_stats()
     assert kv.offload_bytes_out > 0 and kv.offload_bytes_in == kv.offload_bytes_out  # swapped, and all came back
@@ -51,8 +59,14 @@ def test_spill_files_hold_no_canary_and_no_plaintext_kv(tmp_path, monkeypatch):
     monkeypatch.setattr(KVOffloader, "save", save)
     # float32 on every CPU (auto is bfloat16 only on AVX-512): 32 MiB hold ~720 tokens, fewer than the ~900
     # the 8 requests reach, so it must swap
-    llm = LLM(dtype="float32", kv_cache_memory=32 * 2**20, max_model_len=512, kv_offload="disk",
-              kv_offload_dir=str(spill), max_num_seqs=8)
+    llm = LLM(
+        dtype="float32",
+        kv_cache_memory=32 * 2**20,
+        max_model_len=512,
+        kv_offload="disk",
+        kv_offload_dir=str(spill),
+        max_num_seqs=8,
+    )
     canary = "CANARY-7f3e2a9b41d0"
     ps = [f"Write a long story about {canary} number {i}." for i in range(8)]
     llm.generate(ps, SamplingParams(temperature=0, max_tokens=96, ignore_eos=True), use_tqdm=False)
@@ -60,8 +74,8 @@ def test_spill_files_hold_no_canary_and_no_plaintext_kv(tmp_path, monkeypatch):
     for item in seen:
         data, plain = item["file"], item["plain"].numpy().tobytes()
         assert canary.encode() not in data
-        nonzero = [i for i in range(0, len(plain) - 48, 4096) if any(plain[i:i + 48])][:64]
-        assert nonzero and all(plain[i:i + 48] not in data for i in nonzero)
+        nonzero = [i for i in range(0, len(plain) - 48, 4096) if any(plain[i : i + 48])][:64]
+        assert nonzero and all(plain[i : i + 48] not in data for i in nonzero)
     llm.engine.check_integrity()
     assert not any(spill.iterdir())
 
@@ -72,12 +86,25 @@ def test_speculation_offload_and_prefix_caching_together_keep_outputs_and_leave_
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     shared = [7] * 24  # a common prefix, so salted requests hit each other's cache
     ps = [{"prompt_token_ids": shared + p["prompt_token_ids"]} for p in prompts(10, seed=4)]
-    want = [o.outputs[0].token_ids for o in LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                                 prefix_cache="off").generate(ps, greedy, use_tqdm=False)]
+    want = [
+        o.outputs[0].token_ids
+        for o in LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, prefix_cache="off").generate(
+            ps, greedy, use_tqdm=False
+        )
+    ]
     spill = tmp_path / "spill"
-    llm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
-              kv_offload="disk", kv_offload_dir=str(spill), speculative="ngram", prefix_cache="isolated",
-              prefix_cache_ttl=0.0)
+    llm = LLM(
+        str(tiny_llama_dir),
+        dtype="float32",
+        kv_cache_memory=61 * 2048,
+        block_size=4,
+        max_model_len=128,
+        kv_offload="disk",
+        kv_offload_dir=str(spill),
+        speculative="ngram",
+        prefix_cache="isolated",
+        prefix_cache_ttl=0.0,
+    )
     salted = [{**p, "cache_salt": "q" * 24} for p in ps]
     got = [o.outputs[0].token_ids for o in llm.generate(salted, greedy, use_tqdm=False)]
     assert got == want
@@ -113,12 +140,19 @@ def test_a_spill_file_that_fails_to_decrypt_fails_that_request_only(tiny_llama_d
             if damage == "tamper":
                 data[len(data) // 2] ^= 0x40
             else:
-                del data[len(data) // 2:]
+                del data[len(data) // 2 :]
             path.write_bytes(bytes(data))
 
     monkeypatch.setattr(KVOffloader, "save", save)
-    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
-                kv_offload="disk", kv_offload_dir=str(spill))
+    tight = LLM(
+        str(tiny_llama_dir),
+        dtype="float32",
+        kv_cache_memory=61 * 2048,
+        block_size=4,
+        max_model_len=128,
+        kv_offload="disk",
+        kv_offload_dir=str(spill),
+    )
     outs = tight.generate(ps, greedy, use_tqdm=False)
     assert len(damaged) == 1, "the workload was meant to swap at least one request out"
     reasons = [o.outputs[0].finish_reason for o in outs]
@@ -141,8 +175,15 @@ def test_a_full_spill_directory_fails_only_the_requests_it_could_not_hold(tiny_l
     roomy = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, block_size=4)
     want = [o.outputs[0].token_ids for o in roomy.generate(ps, greedy, use_tqdm=False)]
     spill = tmp_path / "spill"
-    tight = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=61 * 2048, block_size=4, max_model_len=128,
-                kv_offload="disk", kv_offload_dir=str(spill))
+    tight = LLM(
+        str(tiny_llama_dir),
+        dtype="float32",
+        kv_cache_memory=61 * 2048,
+        block_size=4,
+        max_model_len=128,
+        kv_offload="disk",
+        kv_offload_dir=str(spill),
+    )
     with file_size_limit(20 * 1024):  # a block is 2 KiB here: a request holding over 10 blocks does not fit
         outs = tight.generate(ps, greedy, use_tqdm=False)
     reasons = [o.outputs[0].finish_reason for o in outs]

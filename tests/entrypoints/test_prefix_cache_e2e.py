@@ -1,4 +1,5 @@
 """Prefix-cache hits give exactly the outputs of a cold run (tiny model, float32)."""
+
 import random
 
 import pytest
@@ -15,8 +16,10 @@ def test_cached_prefixes_give_identical_outputs(tiny_llama_dir, mode):
     prompts = [system + [rng.randrange(3, 384) for _ in range(n)] for n in (3, 17, 30)]
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     cold = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, prefix_cache="off")
-    want = [o.outputs[0].token_ids for o in cold.generate([{"prompt_token_ids": p} for p in prompts], greedy,
-                                                          use_tqdm=False)]
+    want = [
+        o.outputs[0].token_ids
+        for o in cold.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+    ]
     warm = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, prefix_cache=mode, block_size=8)
     salted = [{"prompt_token_ids": p, "cache_salt": SALT} for p in prompts]
     for p, w in zip(salted, want):  # one at a time: each later prompt hits the system prefix

@@ -1,5 +1,6 @@
 """Speculative decoding end to end: greedy output identical to plain decoding, sampled output with
 the target distribution, stops inside accepted runs, and nothing left behind."""
+
 from __future__ import annotations
 
 import random
@@ -27,8 +28,10 @@ def engine(model_dir, mode, **kw):
     if mode == "ngram":
         opts.setdefault("ngram_min", 1)
     spies = []
-    llm = llm_with_executor(EngineConfig(model=str(model_dir), speculative=mode, **opts),
-                            lambda real: spies.append(ExecutorSpy(real)) or spies[0])
+    llm = llm_with_executor(
+        EngineConfig(model=str(model_dir), speculative=mode, **opts),
+        lambda real: spies.append(ExecutorSpy(real)) or spies[0],
+    )
     _SPIES[llm] = spies[0]
     return llm
 
@@ -81,8 +84,15 @@ def test_greedy_output_is_identical_to_plain_decoding(request, kind, attention, 
 
 def test_greedy_with_penalties_and_logprobs_is_identical(tiny_llama_dir):
     ps = prompts(6, seed=4)
-    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, repetition_penalty=1.05,
-                            presence_penalty=0.2, frequency_penalty=0.1, logprobs=2)
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=30,
+        ignore_eos=True,
+        repetition_penalty=1.05,
+        presence_penalty=0.2,
+        frequency_penalty=0.1,
+        logprobs=2,
+    )
     off = engine(tiny_llama_dir, "off").generate(ps, params, use_tqdm=False)
     for mode in ("ngram", "draft"):
         spec = engine(tiny_llama_dir, mode)
@@ -113,8 +123,11 @@ def emissions(llm, ps, params):
 
 def greedy_chain(llm) -> list[int]:
     """The longest run of distinct tokens the bigram model produces greedily from one token."""
-    firsts = llm.generate([{"prompt_token_ids": [t]} for t in range(3, 384)],
-                          SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+    firsts = llm.generate(
+        [{"prompt_token_ids": [t]} for t in range(3, 384)],
+        SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+        use_tqdm=False,
+    )
     nxt = {t: o.outputs[0].token_ids[0] for t, o in zip(range(3, 384), firsts)}
     best: list[int] = []
     for t in nxt:
@@ -145,13 +158,19 @@ def test_stops_inside_an_accepted_run_cut_the_output_there(bigram_dir):
     else:
         pytest.fail("no accepted run to stop in")
     word = tokenizer.decode([tok])
-    for params in (SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[tok]),
-                   SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[word]),
-                   SamplingParams(temperature=0, max_tokens=start + 2, ignore_eos=True)):
+    for params in (
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[tok]),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[word]),
+        SamplingParams(temperature=0, max_tokens=start + 2, ignore_eos=True),
+    ):
         want = off.generate(p, params, use_tqdm=False)[0].outputs[0]
         (got,), (got_steps,) = emissions(spec, [p], params)
-        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == \
-               (want.token_ids, want.text, want.finish_reason, want.stop_reason)
+        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
+            want.token_ids,
+            want.text,
+            want.finish_reason,
+            want.stop_reason,
+        )
         assert len(got.token_ids) == start + 2
         if params.max_tokens == 40:  # a stop: the last step emitted more than was kept
             assert sum(len(s) for s in got_steps) > len(got.token_ids)
@@ -199,16 +218,27 @@ def test_sampled_output_keeps_the_target_distribution(request, mode, model):
     The prompt is the model's own sample, so prompt lookup proposes drafts it often accepts; the
     frequency penalty makes the target at each verified position depend on the drafts before it."""
     path = request.getfixturevalue(model)
-    N, kw = 2000, dict(kv_cache_memory=2**23, block_size=16, max_num_seqs=256, max_num_batched_tokens=4096,
-                       max_queued_requests=4096, prefix_cache="global")
+    N, kw = (
+        2000,
+        dict(
+            kv_cache_memory=2**23,
+            block_size=16,
+            max_num_seqs=256,
+            max_num_batched_tokens=4096,
+            max_queued_requests=4096,
+            prefix_cache="global",
+        ),
+    )
     off = engine(path, "off", **kw)
     sample = SamplingParams(temperature=0.8, top_k=4, max_tokens=60, ignore_eos=True, seed=123)
     own = off.generate({"prompt_token_ids": [5]}, sample, use_tqdm=False)[0].outputs[0]
     prompt = {"prompt_token_ids": [5] + list(own.token_ids)}
 
     def first3(llm, seeds):
-        ps = [SamplingParams(temperature=0.8, top_k=4, frequency_penalty=1.0, max_tokens=4, ignore_eos=True, seed=s)
-              for s in seeds]
+        ps = [
+            SamplingParams(temperature=0.8, top_k=4, frequency_penalty=1.0, max_tokens=4, ignore_eos=True, seed=s)
+            for s in seeds
+        ]
         return Counter(tuple(o.outputs[0].token_ids[:3]) for o in llm.generate([prompt] * N, ps, use_tqdm=False))
 
     spec = engine(path, mode, **kw)
@@ -229,8 +259,10 @@ def test_seeded_sampling_with_drafts_is_reproducible(tiny_llama_dir):
         busy = prompts(6, seed=5) + [p]
         noise = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
         assert token_ids(llm, busy, [noise] * 6 + [sp])[6] == alone
-        assert token_ids(llm, [p], SamplingParams(temperature=1.0, top_p=0.95, seed=43, max_tokens=24,
-                                                  ignore_eos=True))[0] != alone
+        assert (
+            token_ids(llm, [p], SamplingParams(temperature=1.0, top_p=0.95, seed=43, max_tokens=24, ignore_eos=True))[0]
+            != alone
+        )
         llm.engine.check_integrity()
 
 
@@ -238,8 +270,14 @@ def test_seeded_sampling_with_drafts_is_reproducible(tiny_llama_dir):
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
 def test_mixed_workload_with_preemption_and_aborts_leaves_nothing(tiny_llama_dir, mode):
     # 40 usable blocks of 4 tokens: small enough to force preemption (see test_llm.py)
-    llm = engine(tiny_llama_dir, mode, kv_cache_memory=41 * 2048, max_num_batched_tokens=64, max_model_len=128,
-                 prefix_cache="global")
+    llm = engine(
+        tiny_llama_dir,
+        mode,
+        kv_cache_memory=41 * 2048,
+        max_num_batched_tokens=64,
+        max_model_len=128,
+        prefix_cache="global",
+    )
     eng = llm.engine
     rng = random.Random(1)
     params = mixed_params()  # the plain engine's mixed workload (test_llm.py)
@@ -276,9 +314,11 @@ def test_draft_layers_must_leave_a_layer_to_verify_with(tiny_llama_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
 def test_default_model_greedy_is_identical(real_llm, default_model_path, mode):
-    ps = ["Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-          "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fib2(n):\n",
-          "Once upon a time"]
+    ps = [
+        "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+        "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fib2(n):\n",
+        "Once upon a time",
+    ]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in real_llm.generate(ps, params, use_tqdm=False)]
     spec = LLM(dtype="float32", kv_cache_memory=512 * 2**20, speculative=mode)

@@ -1,5 +1,6 @@
 """`traceless eval` (lm-evaluation-harness's local-completions against a traceless server) gives
 the same answers, question by question, as lm-eval's own `hf` backend on the same float32 weights."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,9 @@ def task_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(task_model):
-    app, engine = make_served_app(EngineConfig(model=str(task_model), dtype="float32", kv_cache_memory=4 * 2**20,
-                                               max_model_len=256))
+    app, engine = make_served_app(
+        EngineConfig(model=str(task_model), dtype="float32", kv_cache_memory=4 * 2**20, max_model_len=256)
+    )
     with serve(app, engine) as s:
         yield s
 
@@ -59,11 +61,14 @@ def hf_results(model_dir: Path, tasks: list[str], tmp_path: Path) -> dict:
     from lm_eval.tasks import TaskManager
 
     _resolved_tasks(tmp_path)
-    return lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(model_dir), "dtype": "float32",
-                                                           "device": "cpu"},
-                                   tasks=tasks, task_manager=TaskManager(include_path=str(tmp_path),
-                                                                         include_defaults=False),
-                                   batch_size=1, log_samples=True)
+    return lm_eval.simple_evaluate(
+        model="hf",
+        model_args={"pretrained": str(model_dir), "dtype": "float32", "device": "cpu"},
+        tasks=tasks,
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+        batch_size=1,
+        log_samples=True,
+    )
 
 
 def by_doc(results: dict, task: str) -> dict[int, dict]:
@@ -107,8 +112,10 @@ def test_the_eval_command_prints_figures_only(server, tmp_path, capsys):
     from traceless_tools.cli import main
 
     out = tmp_path / "figures.json"
-    assert main(["eval", "--base-url", server.url, "--tasks", "traceless_mc", "--limit", "4",
-                 "--output-json", str(out)]) == 0
+    assert (
+        main(["eval", "--base-url", server.url, "--tasks", "traceless_mc", "--limit", "4", "--output-json", str(out)])
+        == 0
+    )
     figures = json.loads(out.read_text())
     assert set(figures) == {"traceless_mc"} and 0.0 <= figures["traceless_mc"]["acc"] <= 1.0
     printed = capsys.readouterr().out
@@ -128,10 +135,18 @@ def test_default_model_multiple_choice_matches_the_hf_backend(default_model_path
 
     _resolved_tasks(tmp_path)
     ref = lm_eval.simple_evaluate(
-        model="hf", model_args={"pretrained": str(default_model_path.parent), "gguf_file": default_model_path.name,
-                                "dtype": "float32", "device": "cpu"},
-        tasks=["traceless_mc"], task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
-        batch_size=1, log_samples=True)
+        model="hf",
+        model_args={
+            "pretrained": str(default_model_path.parent),
+            "gguf_file": default_model_path.name,
+            "dtype": "float32",
+            "device": "cpu",
+        },
+        tasks=["traceless_mc"],
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+        batch_size=1,
+        log_samples=True,
+    )
     got, want = by_doc(ours, "traceless_mc"), by_doc(ref, "traceless_mc")
     assert sorted(got) == sorted(want) == list(range(30))
     for doc_id, w in want.items():

@@ -1,5 +1,6 @@
 """Bodies at the boundary: a client that leaves (or is cut off) mid-body is a client error in the
 events, not a server error; a streamed body is capped on the way."""
+
 import time
 
 import pytest
@@ -26,8 +27,10 @@ async def _streamed(request):
 
 @pytest.mark.parametrize("route", ["whole", "streamed"])
 def test_a_body_cut_off_by_its_deadline_is_a_client_error(captured_events, route):
-    routes = [Route("/whole", endpoint("server", "completions", _whole), methods=["POST"]),
-              Route("/streamed", endpoint("server", "chat_completions", _streamed), methods=["POST"])]
+    routes = [
+        Route("/whole", endpoint("server", "completions", _whole), methods=["POST"]),
+        Route("/streamed", endpoint("server", "chat_completions", _streamed), methods=["POST"]),
+    ]
     app = create_app("server", routes)
     with serve_in_thread(app, limits=ConnectionLimits(body_timeout_s=0.5)) as url:
         with raw.connect(url) as sock:

@@ -1,6 +1,7 @@
 """Bad JSON is a 400 `invalid_json` at the one boundary every service parses with, never a 500:
 nesting past the parser's recursion limit, an integer of 5,000 digits, a lone surrogate (escaped or
 as raw bytes), a body that is not UTF-8."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 cut off, idle connections closed, a request answered before its body is read gets its answer and
 a lingering close (not a drain of the whole body), a flood of connections gets a JSON 503, and an
 honest client is served throughout."""
+
 import threading
 import time
 
@@ -17,8 +18,15 @@ from tests.cluster import _raw as raw
 from traceless.http.limits import ConnectionLimits, uvicorn_options
 from traceless.http.serve import serve_in_thread
 
-LIMITS = ConnectionLimits(max_connections=16, head_timeout_s=0.6, body_timeout_s=0.6, keep_alive_s=0.6,
-                          linger_s=0.3, linger_bytes=64 * 1024, max_head_bytes=8 * 1024)
+LIMITS = ConnectionLimits(
+    max_connections=16,
+    head_timeout_s=0.6,
+    body_timeout_s=0.6,
+    keep_alive_s=0.6,
+    linger_s=0.3,
+    linger_bytes=64 * 1024,
+    max_head_bytes=8 * 1024,
+)
 
 
 class Recorder:
@@ -42,15 +50,21 @@ class Recorder:
         async def ok(request: Request):
             return JSONResponse({"ok": True})
 
-        return Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/reject", reject, methods=["POST"]),
-                                 Route("/ok", ok)])
+        return Starlette(
+            routes=[
+                Route("/echo", echo, methods=["POST"]),
+                Route("/reject", reject, methods=["POST"]),
+                Route("/ok", ok),
+            ]
+        )
 
 
 @pytest.fixture(params=["httptools", "h11"], scope="module")
 def served(request):
     recorder = Recorder()
-    config = uvicorn.Config(recorder.app(), log_config=None, access_log=False, lifespan="on",
-                            **uvicorn_options(LIMITS, request.param))
+    config = uvicorn.Config(
+        recorder.app(), log_config=None, access_log=False, lifespan="on", **uvicorn_options(LIMITS, request.param)
+    )
     with serve_in_thread(server=uvicorn.Server(config)) as url:
         yield url, recorder
 
@@ -129,8 +143,9 @@ def test_an_answer_before_the_body_lingers_briefly_instead_of_draining(served):
         except OSError:
             pass
         elapsed = time.monotonic() - started
-    print(f"lingering close: the client got {sent / 2**20:.2f} MiB out of 100 MiB in before the close "
-          f"({elapsed:.2f} s)")
+    print(
+        f"lingering close: the client got {sent / 2**20:.2f} MiB out of 100 MiB in before the close ({elapsed:.2f} s)"
+    )
     assert sent < 16 * 2**20  # the linger budget, plus what the kernel's socket buffers take
     _honest(url)
 

@@ -1,6 +1,7 @@
 """A packet capture for the network-namespace tests, with no tcpdump: an AF_PACKET socket on one
 interface of one namespace, TCP streams reassembled by sequence number, and the HTTP/1.1 messages
 in them parsed (Content-Length and chunked bodies; a cut-off message is kept as far as it got)."""
+
 from __future__ import annotations
 
 import socket
@@ -76,8 +77,12 @@ def tcp_streams(frames: list[bytes]) -> dict[Flow, bytes]:
             continue
         end = total if ihl < total <= len(ip) else len(ip)  # an offloaded (GSO) frame may say 0
         tcp = ip[ihl:end]
-        flow = (socket.inet_ntoa(ip[12:16]), int.from_bytes(tcp[0:2], "big"),
-                socket.inet_ntoa(ip[16:20]), int.from_bytes(tcp[2:4], "big"))
+        flow = (
+            socket.inet_ntoa(ip[12:16]),
+            int.from_bytes(tcp[0:2], "big"),
+            socket.inet_ntoa(ip[16:20]),
+            int.from_bytes(tcp[2:4], "big"),
+        )
         seq, offset, flags = int.from_bytes(tcp[4:8], "big"), (tcp[12] >> 4) * 4, tcp[13]
         if flags & 0x02:  # SYN: data starts one past its sequence number
             starts[flow] = seq + 1
@@ -92,7 +97,7 @@ def tcp_streams(frames: list[bytes]) -> dict[Flow, bytes]:
             data = by_seq[seq]
             if seq + len(data) <= pos:
                 continue
-            out += data[max(0, pos - seq):]
+            out += data[max(0, pos - seq) :]
             pos = max(pos, seq + len(data))
         streams[flow] = bytes(out)
     return streams
@@ -132,7 +137,7 @@ def http_messages(data: bytes) -> list[Message]:
                 if size == 0:
                     pos = line_end + 4
                     break
-                chunk = data[line_end + 2: line_end + 2 + size]
+                chunk = data[line_end + 2 : line_end + 2 + size]
                 body += chunk
                 msg.chunks.append(size)
                 if len(chunk) < size:
@@ -142,7 +147,7 @@ def http_messages(data: bytes) -> list[Message]:
             msg.body = bytes(body)
         else:
             length = int(headers.get("content-length", "0"))
-            msg.body = data[pos:pos + length]
+            msg.body = data[pos : pos + length]
             msg.complete = len(msg.body) == length
             pos += length
         out.append(msg)

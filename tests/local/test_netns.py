@@ -4,6 +4,7 @@ through it, a capture on the relay's interface holds only ciphertext (the record
 the output, checked against wire_sizes.py once documented), and a node whose host vanishes
 mid-stream gives the client a clean error while the other node serves on. Skips, saying why,
 where this process cannot create namespaces (not root)."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,15 @@ pytestmark = pytest.mark.skipif(not _ok, reason=_why or "network namespaces avai
 
 # User content never seen as such outside the user's machine and the node (the JSON of a request
 # or a response); the listing of nodes (public attestations and keys) is JSON by design.
-CONTENT_MARKERS = (b'"messages"', b'"prompt"', b'"choices"', b'"content"', b"chat.completion", b"text_completion",
-                   b"data: {")
+CONTENT_MARKERS = (
+    b'"messages"',
+    b'"prompt"',
+    b'"choices"',
+    b'"content"',
+    b"chat.completion",
+    b"text_completion",
+    b"data: {",
+)
 RELAY_ROUTES = ("GET /pcc/v1/nodes?", "GET /pcc/v1/challenge ", "POST /pcc/v1/ohttp/")
 
 
@@ -75,10 +83,27 @@ def deployment(tmp_path_factory):
     state = tmp_path_factory.mktemp("up-netns") / "state"
     out = open(state.parent / "up.out", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless_tools.cli", "up", "--netns", "--nodes", "2", "--port", str(free_port()),
-         "--state-dir", str(state), "--node-args", f"--model {model} --dtype float32 --kv-cache-memory 64MiB",
-         "--gateway-args", "--health-interval 1 --unhealthy-after 2"],
-        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "traceless_tools.cli",
+            "up",
+            "--netns",
+            "--nodes",
+            "2",
+            "--port",
+            str(free_port()),
+            "--state-dir",
+            str(state),
+            "--node-args",
+            f"--model {model} --dtype float32 --kv-cache-memory 64MiB",
+            "--gateway-args",
+            "--health-interval 1 --unhealthy-after 2",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     up = Up(proc, state)
     try:
         deadline = time.monotonic() + 180
@@ -112,19 +137,25 @@ def test_every_component_has_a_host_of_its_own_and_the_openai_client_works(deplo
     e = deployment.endpoints
     spaces = e["namespaces"]
     assert set(spaces) == {"log", "witness", "issuer", "gateway", "relay", "node0", "node1", "proxy"}
-    assert len({s["address"] for s in spaces.values()}) == 8 and set(deployment.namespaces()) == \
-        {s["namespace"] for s in spaces.values()} | {e["bridge"]}
+    assert len({s["address"] for s in spaces.values()}) == 8 and set(deployment.namespaces()) == {
+        s["namespace"] for s in spaces.values()
+    } | {e["bridge"]}
     for role in ("relay", "gateway", "node0"):
         assert f"//{spaces[role]['address']}:" in (e[role] if role != "node0" else e["nodes"][0])
     assert not _host_reaches_the_gateway(spaces["gateway"]["address"])  # it is on a host of its own
     client = _openai(deployment)
     assert [m.id for m in client.models.list().data] == [e["model"]]
-    got = client.chat.completions.create(model=e["model"], messages=[{"role": "user", "content": "Hello"}],
-                                         max_tokens=8, temperature=0)
+    got = client.chat.completions.create(
+        model=e["model"], messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+    )
     assert got.choices[0].message.content and got.usage.completion_tokens == 8
-    streamed = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model=e["model"], messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0, stream=True)
-        if c.choices]
+    streamed = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=e["model"], messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0, stream=True
+        )
+        if c.choices
+    ]
     assert "".join(streamed) == got.choices[0].message.content
 
 
@@ -149,11 +180,23 @@ def test_the_relays_interface_carries_only_ciphertext(deployment, capsys):
     capture = Capture(e["namespaces"]["relay"]["namespace"])
     client = _openai(deployment)
     try:
-        answer = client.chat.completions.create(
-            model=e["model"], messages=[{"role": "user", "content": f"Repeat exactly: {canary}"}], max_tokens=32,
-            temperature=0).choices[0].message.content
-        streamed = "".join(c.choices[0].text for c in client.completions.create(
-            model=e["model"], prompt=f"Say {canary} again", max_tokens=32, temperature=0, stream=True) if c.choices)
+        answer = (
+            client.chat.completions.create(
+                model=e["model"],
+                messages=[{"role": "user", "content": f"Repeat exactly: {canary}"}],
+                max_tokens=32,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+        )
+        streamed = "".join(
+            c.choices[0].text
+            for c in client.completions.create(
+                model=e["model"], prompt=f"Say {canary} again", max_tokens=32, temperature=0, stream=True
+            )
+            if c.choices
+        )
         # The SDK stops at [DONE]; the shaped stream runs on to its budget (the client reads it to the
         # end so the hops never see where the answer ended): wait for the relay to pass all of it.
         deadline = time.monotonic() + 60
@@ -169,8 +212,10 @@ def test_the_relays_interface_carries_only_ciphertext(deployment, capsys):
     assert [n for n in needles if n in raw] == []
 
     relay = f"{e['namespaces']['relay']['address']}"
-    seen = {"from_proxy": exchanges(capture.frames, PORTS["relay"]),
-            "to_gateway": exchanges(capture.frames, PORTS["gateway"])}
+    seen = {
+        "from_proxy": exchanges(capture.frames, PORTS["relay"]),
+        "to_gateway": exchanges(capture.frames, PORTS["gateway"]),
+    }
     assert all(seen.values()), "both hops of the relay were captured"
     sizes: dict[str, dict[str, list]] = {}
     for hop, pairs in seen.items():
@@ -190,8 +235,10 @@ def test_the_relays_interface_carries_only_ciphertext(deployment, capsys):
             hop_sizes["responses"].append(response_records(req.body, res))
     assert sizes["from_proxy"] == sizes["to_gateway"]  # the relay passes the ciphertext on unchanged
     with capsys.disabled():
-        print(f"\n[netns] relay {relay} eth0: {len(capture.frames)} frames; encapsulated request bodies "
-              f"{sizes['from_proxy']['requests']} bytes; response records {sizes['from_proxy']['responses']} bytes")
+        print(
+            f"\n[netns] relay {relay} eth0: {len(capture.frames)} frames; encapsulated request bodies "
+            f"{sizes['from_proxy']['requests']} bytes; response records {sizes['from_proxy']['responses']} bytes"
+        )
     if wire_sizes.REQUEST_BUCKETS is not None:
         assert set(sizes["from_proxy"]["requests"]) <= set(wire_sizes.REQUEST_BUCKETS)
     if wire_sizes.RESPONSE_BUCKETS is not None:
@@ -207,8 +254,14 @@ def test_killing_a_nodes_namespace_mid_stream_fails_cleanly_and_the_other_node_s
     captures = {n: Capture(e["namespaces"][n]["namespace"]) for n in nodes}
     client = _openai(deployment)
     try:
-        stream = client.completions.create(model=e["model"], prompt="Once upon a time", max_tokens=3000,
-                                           temperature=0, stream=True, extra_body={"ignore_eos": True})
+        stream = client.completions.create(
+            model=e["model"],
+            prompt="Once upon a time",
+            max_tokens=3000,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         it = iter(stream)
         next(it)
         deadline = time.monotonic() + 5
@@ -233,8 +286,9 @@ def test_killing_a_nodes_namespace_mid_stream_fails_cleanly_and_the_other_node_s
     assert '"event":"gateway.streams_cut"' in gateway_log
     for _ in range(3):  # a fresh round of attestations: the other node serves
         # greedy and past EOS: a sampled first token may be EOS, an empty answer that proves nothing
-        out = client.completions.create(model=e["model"], prompt="Hello", max_tokens=3, temperature=0,
-                                        extra_body={"ignore_eos": True})
+        out = client.completions.create(
+            model=e["model"], prompt="Hello", max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert out.choices[0].text
     for path in deployment.state.rglob("*"):  # no request data on disk
         if path.is_file():

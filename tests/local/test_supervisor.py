@@ -1,4 +1,5 @@
 """The restart rule of `traceless up`'s supervisor, on stand-in processes and a given clock."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """`traceless up` as a user runs it: a process that starts the whole private path and, however it
 is told to stop (Ctrl-C, `kill`, a closed terminal), stops every service it started."""
+
 import json
 import os
 import shutil
@@ -33,10 +34,25 @@ def test_up_stops_every_service_it_started_on_kill(tmp_path, tiny_llama_dir, sig
     port, state = free_port(), tmp_path / "state"
     # start_new_session: like a service manager's process, and so the test's own group is not signalled
     proc = subprocess.Popen(
-        [sys.executable, "-m", "traceless_tools.cli", "up", "--nodes", "1", "--port", str(port),
-         "--state-dir", str(state),
-         "--node-args", f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "traceless_tools.cli",
+            "up",
+            "--nodes",
+            "1",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(state),
+            "--node-args",
+            f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (state / "endpoints.json").exists():
@@ -67,9 +83,22 @@ def test_a_node_that_fails_at_start_fails_up_and_its_log_is_kept(tiny_llama_dir)
     """Once: the message pointed at a log in a temporary directory `up` had already deleted, and the
     status was 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "traceless_tools.cli", "up", "--nodes", "1", "--port", str(free_port()),
-         "--node-args", f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB --max-model-len 100000"],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "traceless_tools.cli",
+            "up",
+            "--nodes",
+            "1",
+            "--port",
+            str(free_port()),
+            "--node-args",
+            f"--model {tiny_llama_dir} --dtype float32 --kv-cache-memory 64MiB --max-model-len 100000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = next(li for li in proc.stderr.splitlines() if "node0 exited during startup" in li)
     log = Path(line.split("(see ")[1].rstrip(")"))

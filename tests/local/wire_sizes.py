@@ -6,6 +6,7 @@ REQUEST_BUCKETS: the sizes (bytes) an encapsulated request body may have.
 RESPONSE_BUCKETS: the sizes a response record may have: a whole `message/ohttp-res` body, or one
 chunk (AEAD ciphertext, tag included) of a `message/ohttp-chunked-res`.
 """
+
 from __future__ import annotations
 
 REQUEST_BUCKETS: tuple[int, ...] | None = None

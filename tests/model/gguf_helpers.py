@@ -7,6 +7,7 @@ to the requested type (1-D norms and biases stay F32, as llama.cpp keeps them) a
 correct loader must produce: the dequantized values, back in HF row order, under traceless's
 canonical names.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -132,16 +133,29 @@ class Hyper:
     @classmethod
     def from_hf(cls, cfg: dict, arch: str = "llama") -> Hyper:
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        return cls(arch, cfg["num_hidden_layers"], cfg["max_position_embeddings"], cfg["hidden_size"],
-                   cfg["intermediate_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
-                   float(theta), float(cfg["rms_norm_eps"]), cfg["vocab_size"])
+        return cls(
+            arch,
+            cfg["num_hidden_layers"],
+            cfg["max_position_embeddings"],
+            cfg["hidden_size"],
+            cfg["intermediate_size"],
+            cfg["num_attention_heads"],
+            cfg["num_key_value_heads"],
+            float(theta),
+            float(cfg["rms_norm_eps"]),
+            cfg["vocab_size"],
+        )
 
 
 def add_hyper(writer, h: Hyper, skip: tuple[str, ...] = ()) -> None:
     a = h.arch
     values = {
-        "block_count": h.n_layer, "context_length": h.n_ctx, "embedding_length": h.n_embd,
-        "feed_forward_length": h.n_ff, "attention.head_count": h.n_head, "attention.head_count_kv": h.n_head_kv,
+        "block_count": h.n_layer,
+        "context_length": h.n_ctx,
+        "embedding_length": h.n_embd,
+        "feed_forward_length": h.n_ff,
+        "attention.head_count": h.n_head,
+        "attention.head_count_kv": h.n_head_kv,
         "vocab_size": h.vocab_size,
     }
     for key, value in values.items():

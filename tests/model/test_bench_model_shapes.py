@@ -1,6 +1,7 @@
 """The bench/models configs of the mixture-of-experts and 70B models build, in transformers (on
 the meta device: shapes only), models of the published sizes: a check that the configs copied
 from the hub hold no typo. Total and active (per token) parameters in billions."""
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ PUBLISHED = {  # name: (total, active, experts, top k, active counted without th
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_bench_config_builds_a_model_of_the_published_size(name):
     from transformers import AutoConfig, AutoModelForCausalLM
+
     raw = json.loads((MODELS / name / "config.json").read_text())
     raw.pop("quantization_config", None)  # gpt-oss: MXFP4 experts; the count is of parameters, not bytes
     config = AutoConfig.for_model(**raw)

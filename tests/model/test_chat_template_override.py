@@ -1,4 +1,5 @@
 """The built-in model's tools template, and --chat-template."""
+
 import pytest
 
 from traceless.errors import ModelLoadError
@@ -9,13 +10,22 @@ from traceless.server.tools import ToolFormat, tool_format
 
 CONVERSATIONS = [
     [{"role": "user", "content": "hi"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-     {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "and?"},
+    ],
     [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"}],
 ]
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                           "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +47,32 @@ def test_with_tools_it_writes_smollm2s_format(gguf_tokenizer):
     tok = gguf_tokenizer
     tok.set_chat_template(builtin_chat_template("smollm2-tools"))
     assert tool_format(tok.chat_template) is ToolFormat.SMOLLM2
-    text = tok.apply_chat_template([
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], tools=[WEATHER])
+    text = tok.apply_chat_template(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ],
+        tools=[WEATHER],
+    )
     assert text.startswith("<|im_start|>system\nYou are an expert in composing functions.")
     assert '<tools>[{"name": "get_weather", "description": "Weather in a city"' in text
     assert "\n\nBe brief.<|im_end|>\n" in text and text.count("<|im_start|>system") == 1
-    assert ('<|im_start|>assistant\n<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n]'
-            '</tool_call><|im_end|>\n') in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n]'
+        "</tool_call><|im_end|>\n"
+    ) in text
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
 
@@ -60,8 +84,9 @@ def test_built_in_model_gets_it_and_an_explicit_template_wins(tmp_path):
     parts = build_engine_parts(EngineConfig(dtype="float32", kv_cache_memory=16 << 20, max_model_len=256))
     assert parts.tokenizer.chat_template == builtin_chat_template("smollm2-tools")
     mine = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
-    parts = build_engine_parts(EngineConfig(dtype="float32", kv_cache_memory=16 << 20, max_model_len=256,
-                                            chat_template=mine))
+    parts = build_engine_parts(
+        EngineConfig(dtype="float32", kv_cache_memory=16 << 20, max_model_len=256, chat_template=mine)
+    )
     assert parts.tokenizer.apply_chat_template([{"role": "user", "content": "x"}]) == "[user]x"
 
 

@@ -1,5 +1,6 @@
 """--load-format dummy: real shapes from the bench/models configs, seeded weights, a synthetic
 tokenizer, and a model marked dummy wherever it is reported."""
+
 from __future__ import annotations
 
 import json
@@ -33,16 +34,33 @@ PUBLISHED = {  # (layers, hidden, intermediate, heads, kv heads, vocab, tied, qk
 def test_bench_model_configs_have_the_published_shapes(name):
     c = read_dummy_config(MODELS / name)
     layers, hidden, inter, heads, kv, vocab, tied, bias, billions = PUBLISHED[name]
-    assert (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.vocab_size,
-            c.tie_word_embeddings, c.qkv_bias) == (layers, hidden, inter, heads, kv, vocab, tied, bias)
+    assert (
+        c.num_layers,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.vocab_size,
+        c.tie_word_embeddings,
+        c.qkv_bias,
+    ) == (layers, hidden, inter, heads, kv, vocab, tied, bias)
     params = sum(torch.Size(s).numel() for s in weight_shapes(c).values())
     assert abs(params / 1e9 - billions) < 0.01
 
 
 def _tiny_config(tmp_path: Path, **over) -> Path:
-    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "max_position_embeddings": 256, "rms_norm_eps": 1e-5, **over}
+    raw = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        **over,
+    }
     folder = tmp_path / "tiny-dummy"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(raw))
@@ -57,7 +75,7 @@ def test_dummy_weights_are_seeded_and_of_sane_scale(tmp_path):
     assert a.keys() == b.keys() == weight_shapes(c).keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["layers.0.q"], other["layers.0.q"])
-    assert abs(float(a["layers.0.down"].std()) - 128 ** -0.5) < 0.02  # 1 / sqrt(fan_in)
+    assert abs(float(a["layers.0.down"].std()) - 128**-0.5) < 0.02  # 1 / sqrt(fan_in)
     assert torch.equal(a["norm"], torch.ones(64))
 
 
@@ -99,8 +117,13 @@ def test_dummy_needs_a_config_and_a_known_format(tmp_path):
 @pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Phi3ForCausalLM", "Qwen3ForCausalLM"])
 def test_a_dummy_model_of_each_new_family_generates(tmp_path, arch):
     """Their extra tensors (q/k norms, post norms) are drawn; Gemma's norms come out as ones applied."""
-    folder = _tiny_config(tmp_path, architectures=[arch], head_dim=16, sliding_window=8,
-                          layer_types=["sliding_attention", "full_attention"])
+    folder = _tiny_config(
+        tmp_path,
+        architectures=[arch],
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     c = read_dummy_config(folder)
     weights = dummy_weights(c, torch.float32, torch.device("cpu"))
     if c.qk_norm:
@@ -108,15 +131,19 @@ def test_a_dummy_model_of_each_new_family_generates(tmp_path, arch):
     if c.sandwich_norms:
         assert torch.equal(weights["layers.0.post_mlp_norm"] + c.norm_offset, torch.ones(64))
     llm = LLM(str(folder), dtype="float32", device="cpu", load_format="dummy", kv_cache_memory=2**20)
-    out = llm.generate([{"prompt_token_ids": list(range(5, 25))}], SamplingParams(temperature=0, max_tokens=6,
-                                                                                  ignore_eos=True),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        [{"prompt_token_ids": list(range(5, 25))}],
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert len(out.token_ids) == 6
     llm.engine.check_integrity()
 
 
-@pytest.mark.parametrize(("name", "billions"), [("mixtral-8x7b", 46.70), ("qwen3-30b-a3b", 30.53),
-                                                ("gpt-oss-20b", 20.91), ("llama-3.1-70b", 70.55)])
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [("mixtral-8x7b", 46.70), ("qwen3-30b-a3b", 30.53), ("gpt-oss-20b", 20.91), ("llama-3.1-70b", 70.55)],
+)
 def test_the_dummy_shapes_of_the_moe_and_70b_configs_count_the_published_parameters(name, billions):
     c = read_dummy_config(MODELS / name)
     params = sum(torch.Size(s).numel() for s in weight_shapes(c).values())
@@ -137,8 +164,15 @@ def test_lazy_dummy_weights_are_the_same_in_any_order(tmp_path):
 
 @pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM"])
 def test_a_dummy_mixture_of_experts_generates(tmp_path, arch):
-    folder = _tiny_config(tmp_path, architectures=[arch], num_local_experts=4, num_experts=8,
-                          num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[1])
+    folder = _tiny_config(
+        tmp_path,
+        architectures=[arch],
+        num_local_experts=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        mlp_only_layers=[1],
+    )
     c = read_dummy_config(folder)
     shapes = weight_shapes(c)
     E = 4 if arch.startswith("Mixtral") else 8

@@ -2,6 +2,7 @@
 and a windowed Mistral: prompts shorter and longer than the sliding window and than LongRoPE's
 original context, in one batch and one at a time, with chunked prefill, on the native kernel and
 the torch path; then prefix hits and preemption."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,10 @@ from traceless import LLM
 
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory):
-    return {name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=7 + i, **overrides)
-            for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())}
+    return {
+        name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=7 + i, **overrides)
+        for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())
+    }
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

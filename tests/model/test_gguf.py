@@ -2,6 +2,7 @@
 2-D tensors quantized, norms in F32) load to exactly the dequantized values and generate what
 transformers generates on the same weights; bad files raise typed errors and leave the process able
 to load a good model."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -87,8 +88,17 @@ PROMPTS = [[5], [17, 300, 42, 8, 99, 250, 3], [random.Random(11).randrange(3, 38
 
 def hf_greedy(model, prompts: list[list[int]], n: int = N_NEW) -> list[list[int]]:
     with torch.no_grad():
-        return [model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                               pad_token_id=0, eos_token_id=None)[0, len(p):].tolist() for p in prompts]
+        return [
+            model.generate(
+                torch.tensor([p]),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )[0, len(p) :].tolist()
+            for p in prompts
+        ]
 
 
 def our_greedy(path: Path, prompts: list[list[int]], n: int = N_NEW) -> list[list[int]]:
@@ -122,10 +132,18 @@ def test_weights_equal_dequantized_values(tiny, tmp_path, qname):
     config, weights, meta = load_gguf(path, torch.float32)
 
     h = tiny.hyper
-    assert ((config.architecture, config.num_layers, config.hidden_size, config.intermediate_size)
-            == ("llama", 2, 64, 256))
-    assert ((config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size)
-            == (h.n_head, h.n_head_kv, 16, 384))
+    assert (config.architecture, config.num_layers, config.hidden_size, config.intermediate_size) == (
+        "llama",
+        2,
+        64,
+        256,
+    )
+    assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (
+        h.n_head,
+        h.n_head_kv,
+        16,
+        384,
+    )
     assert config.rope_theta == h.rope_theta and config.rms_norm_eps == pytest.approx(h.rms_eps)
     assert config.max_position_embeddings == h.n_ctx and not config.tie_word_embeddings
     assert meta["tokenizer.ggml.model"] == "gpt2"
@@ -217,8 +235,10 @@ def assert_good_model_still_generates(good) -> None:
 
 # the tensor each "missing-*" case leaves out, and the wrong-shaped matrix each "wrong-shape-*" case writes
 _DROPPED = {"missing-ffn_up": "blk.1.ffn_up.weight", "missing-token_embd": "token_embd.weight"}
-_WRONG_SHAPE = {"wrong-shape-attn_v": ("blk.0.attn_v.weight", (48, 64)),  # 3 kv heads' rows, the model has 2
-                "wrong-shape-token_embd": ("token_embd.weight", (300, 64))}  # llama.vocab_size says 384
+_WRONG_SHAPE = {
+    "wrong-shape-attn_v": ("blk.0.attn_v.weight", (48, 64)),  # 3 kv heads' rows, the model has 2
+    "wrong-shape-token_embd": ("token_embd.weight", (300, 64)),
+}  # llama.vocab_size says 384
 
 
 def bad_file(tiny, path: Path, case: str) -> None:
@@ -226,8 +246,14 @@ def bad_file(tiny, path: Path, case: str) -> None:
     if case.startswith("truncated"):
         write_gguf(path, tiny.spec("Q8_0"))
         data = path.read_bytes()
-        keep = {"truncated-empty": 0, "truncated-magic": 3, "truncated-header": 24, "truncated-metadata": 200,
-                "truncated-half": len(data) // 2, "truncated-last-tensor": len(data) - 40}[case]
+        keep = {
+            "truncated-empty": 0,
+            "truncated-magic": 3,
+            "truncated-header": 24,
+            "truncated-metadata": 200,
+            "truncated-half": len(data) // 2,
+            "truncated-last-tensor": len(data) - 40,
+        }[case]
         path.write_bytes(data[:keep])
     elif case == "random-bytes":
         path.write_bytes(random.Random(1).randbytes(4096))
@@ -254,8 +280,10 @@ def bad_spec(tiny, case: str):
         return tiny.spec("Q8_0", replace={name: (np.zeros(shape, dtype=np.float32), None)})
     if case == "tokenizer-larger-than-model":
         # a 320-row model with the 384-token vocabulary
-        small = {"token_embd.weight": (np.zeros((320, 64), dtype=np.float32), None),
-                 "output.weight": (np.zeros((320, 64), dtype=np.float32), None)}
+        small = {
+            "token_embd.weight": (np.zeros((320, 64), dtype=np.float32), None),
+            "output.weight": (np.zeros((320, 64), dtype=np.float32), None),
+        }
         spec = tiny.spec("F32", replace=small)
         return dataclasses.replace(spec, hyper=dataclasses.replace(h, vocab_size=320))
     if case == "missing-block_count":
@@ -399,8 +427,12 @@ def test_default_model_loads(default_model_path):
     config, weights, meta = load_gguf(default_model_path, torch.float32)
     elapsed = time.perf_counter() - start
     assert elapsed < 60, f"loading the default model took {elapsed:.1f} s"
-    assert ((config.architecture, config.num_layers, config.hidden_size, config.intermediate_size)
-            == ("llama", 30, 576, 1536))
+    assert (config.architecture, config.num_layers, config.hidden_size, config.intermediate_size) == (
+        "llama",
+        30,
+        576,
+        1536,
+    )
     assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (9, 3, 64, 49152)
     assert config.tie_word_embeddings and "lm_head" not in weights
     assert config.rope_theta == 100000.0 and config.max_position_embeddings == 8192

@@ -1,6 +1,7 @@
 """GGUF qwen3, gemma3 and phi3 files, written here with the `gguf` package the way llama.cpp's
 converter writes them (names, metadata, gemma's 1 + w norms, phi3's fused tensors and LongRoPE
 factor tensors; F32 tensors), load and generate transformers' tokens."""
+
 from __future__ import annotations
 
 import json
@@ -16,24 +17,40 @@ from traceless import LLM
 
 # HF name after "model.layers.N." -> llama.cpp name after "blk.N."
 LAYER = {
-    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
-    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",  # phi3
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",  # phi3
 }
-GEMMA = LAYER | {"post_attention_layernorm.weight": "post_attention_norm.weight",
-                 "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-                 "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
-GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-          "lm_head.weight": "output.weight"}
+GEMMA = LAYER | {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 MODELS = {
     "qwen3": {},
-    "gemma3": {"sliding_window": 12, "num_hidden_layers": 3, "query_pre_attn_scalar": 16, "tie_word_embeddings": True,
-               "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-               "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "gemma3": {
+        "sliding_window": 12,
+        "num_hidden_layers": 3,
+        "query_pre_attn_scalar": 16,
+        "tie_word_embeddings": True,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+    },
     "phi3": {"rope_scaling": longrope_scaling(16, 32), "original_max_position_embeddings": 32},
 }
 
@@ -112,9 +129,16 @@ def test_gguf_partial_rotary_is_refused_outside_phi3(tmp_path):
     from traceless.errors import UnsupportedModelError
     from traceless.model.gguf_config import from_gguf_metadata
 
-    meta = {"general.architecture": "qwen3", "qwen3.embedding_length": 64, "qwen3.attention.head_count": 4,
-            "qwen3.feed_forward_length": 128, "qwen3.block_count": 2, "qwen3.context_length": 64,
-            "qwen3.attention.layer_norm_rms_epsilon": 1e-5, "qwen3.vocab_size": 384,
-            "qwen3.rope.dimension_count": 8}
+    meta = {
+        "general.architecture": "qwen3",
+        "qwen3.embedding_length": 64,
+        "qwen3.attention.head_count": 4,
+        "qwen3.feed_forward_length": 128,
+        "qwen3.block_count": 2,
+        "qwen3.context_length": 64,
+        "qwen3.attention.layer_norm_rms_epsilon": 1e-5,
+        "qwen3.vocab_size": 384,
+        "qwen3.rope.dimension_count": 8,
+    }
     with pytest.raises(UnsupportedModelError, match="rope.dimension_count"):
         from_gguf_metadata(meta, True, False)

@@ -1,5 +1,6 @@
 """GGUF files whose tensors are K-quants load to the reference dequantizer's values, bit for bit,
 and the model runs them: greedy tokens equal transformers' on the same (dequantized) weights."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ def _write(tiny, path: Path, fmt: str) -> tuple[dict[str, np.ndarray], dict[str,
         raw = random_tensor(fmt, hyper.n_embd, hyper.n_ff, rng, scale=0.05)
         replace[f"blk.{layer}.ffn_down.weight"] = (raw, GGMLQuantizationType[fmt])
         raws[f"layers.{layer}.down"] = raw
-    spec = GGUFSpec(hyper, hf_state(model), GGMLQuantizationType.Q8_0, byte_level_vocab(hyper.vocab_size),
-                    replace=replace)
+    spec = GGUFSpec(
+        hyper, hf_state(model), GGMLQuantizationType.Q8_0, byte_level_vocab(hyper.vocab_size), replace=replace
+    )
     expected = write_gguf(path, spec)
     for name, raw in raws.items():
         expected[name] = np.asarray(quants.dequantize(raw, GGMLQuantizationType[fmt]), dtype=np.float32)
@@ -71,9 +73,21 @@ def test_k_quant_model_generates_like_transformers(tiny, tmp_path, fmt):
     clone.load_state_dict({k: torch.from_numpy(v) for k, v in to_hf_names(expected).items()}, strict=True)
     prompts = [[5, 9, 200], [17, 300, 42, 8, 99, 250, 3]]
     with torch.no_grad():
-        want = [clone.generate(torch.tensor([p]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
-                               pad_token_id=0, eos_token_id=None)[0, len(p):].tolist() for p in prompts]
+        want = [
+            clone.generate(
+                torch.tensor([p]),
+                max_new_tokens=8,
+                min_new_tokens=8,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )[0, len(p) :].tolist()
+            for p in prompts
+        ]
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 * 2**20)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert [list(o.outputs[0].token_ids) for o in outs] == want

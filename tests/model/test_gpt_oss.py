@@ -3,6 +3,7 @@ transformers on tiny random models: attention sinks, alternating sliding-window 
 YaRN rope scaling, biased projections, clamped SwiGLU experts (top 2 of 8) with biases, experts
 published in MXFP4 and dequantized at load; batch and single, chunked prefill, the native kernel
 and the torch path, preemption, and the same tokens for a request alone and among strangers."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,8 +34,14 @@ def test_gpt_oss_matches_transformers(gpt_oss_dir):
     want = transformers_greedy(gpt_oss_dir, prompts, 16)
     assert len({t for w in want for t in w}) > 20  # the model says varied things: a test that can fail
     assert_greedy_parity(gpt_oss_dir, prompts, want, 16)
-    llm = LLM(str(gpt_oss_dir), dtype="float32", kv_cache_memory=8 * 2**20, max_num_batched_tokens=24,
-              attention_backend="native", block_size=4)
+    llm = LLM(
+        str(gpt_oss_dir),
+        dtype="float32",
+        kv_cache_memory=8 * 2**20,
+        max_num_batched_tokens=24,
+        attention_backend="native",
+        block_size=4,
+    )
     for layer in llm.engine._executor.model.layers:  # without the sinks it differs
         layer.sinks = None
     assert ours(llm, prompts, 16, batched=True) != want

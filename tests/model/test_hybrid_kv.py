@@ -1,6 +1,7 @@
 """A Gemma 3-shaped model (five local layers with a 32-token window to one global layer): its local
 layers' KV stays window-sized over a long generation while the global layer's grows, prefix hits
 and chunked prefill work across the window's edge, and every output equals transformers'."""
+
 from __future__ import annotations
 
 import random
@@ -18,9 +19,17 @@ TYPES = ["sliding_attention"] * 5 + ["full_attention"]
 
 @pytest.fixture(scope="module")
 def gemma3_dir(tmp_path_factory):
-    return make_family_model(tmp_path_factory.mktemp("gemma3-hybrid"), "gemma3", seed=5, num_hidden_layers=6,
-                             layer_types=TYPES, sliding_window=WINDOW, max_position_embeddings=1024,
-                             head_dim=16, query_pre_attn_scalar=16)
+    return make_family_model(
+        tmp_path_factory.mktemp("gemma3-hybrid"),
+        "gemma3",
+        seed=5,
+        num_hidden_layers=6,
+        layer_types=TYPES,
+        sliding_window=WINDOW,
+        max_position_embeddings=1024,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+    )
 
 
 def _block_bytes(path, block_size: int) -> int:
@@ -36,8 +45,14 @@ def test_local_layers_hold_window_sized_kv_over_a_long_generation(gemma3_dir):
     want = hf_greedy(hf_model(gemma3_dir), prompt, new_tokens)
     # 80 one-layer blocks: the global layer's 40 and 4 for each local group, with room for a
     # 64-token chunk (what the engine checks at start); keeping every layer's blocks takes 6 x 40
-    llm = LLM(str(gemma3_dir), dtype="float32", kv_cache_memory=80 * _block_bytes(gemma3_dir, block),
-              max_model_len=640, max_num_batched_tokens=64, block_size=block)
+    llm = LLM(
+        str(gemma3_dir),
+        dtype="float32",
+        kv_cache_memory=80 * _block_bytes(gemma3_dir, block),
+        max_model_len=640,
+        max_num_batched_tokens=64,
+        block_size=block,
+    )
     engine = llm.engine
     assert engine.model.kv_windows == (0,) + (WINDOW,) * 5
     engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
@@ -65,13 +80,24 @@ def test_prefix_hits_and_chunked_prefill_across_the_window_edge(gemma3_dir, back
     are prefilled in chunks of 24 tokens, in one batch; block size 4 puts the edge inside blocks."""
     rng = random.Random(backend)
     base = [rng.randrange(3, 384) for _ in range(72)]
-    prompts = [base[:40] + [rng.randrange(3, 384) for _ in range(7)], base[:64] + [5, 9, 11],
-               base[:20] + [rng.randrange(3, 384) for _ in range(30)]]
+    prompts = [
+        base[:40] + [rng.randrange(3, 384) for _ in range(7)],
+        base[:64] + [5, 9, 11],
+        base[:20] + [rng.randrange(3, 384) for _ in range(30)],
+    ]
     hf = hf_model(gemma3_dir)
     want_base = hf_greedy(hf, base, 8)
     want = [hf_greedy(hf, p, 12) for p in prompts]
-    llm = LLM(str(gemma3_dir), dtype="float32", block_size=4, kv_cache_memory=600 * _block_bytes(gemma3_dir, 4),
-              max_num_batched_tokens=24, prefix_cache="global", max_model_len=256, attention_backend=backend)
+    llm = LLM(
+        str(gemma3_dir),
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=600 * _block_bytes(gemma3_dir, 4),
+        max_num_batched_tokens=24,
+        prefix_cache="global",
+        max_model_len=256,
+        attention_backend=backend,
+    )
     assert ours(llm, [base], 8, batched=False) == [want_base]
     assert llm.engine.cached_prefix_len(prompts[0]) == 40 and llm.engine.cached_prefix_len(prompts[1]) == 64
     assert ours(llm, prompts, 12, batched=True) == want
@@ -87,8 +113,15 @@ def test_preemption_by_swapping_restores_every_groups_kv(gemma3_dir):
     prompts = [[rng.randrange(3, 384) for _ in range(n)] for n in (50, 38, 61, 45)]
     hf = hf_model(gemma3_dir)
     want = [hf_greedy(hf, p, 24) for p in prompts]
-    llm = LLM(str(gemma3_dir), dtype="float32", block_size=4, kv_cache_memory=120 * _block_bytes(gemma3_dir, 4),
-              max_num_batched_tokens=32, max_model_len=96, kv_offload="memory")
+    llm = LLM(
+        str(gemma3_dir),
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=120 * _block_bytes(gemma3_dir, 4),
+        max_num_batched_tokens=32,
+        max_model_len=96,
+        kv_offload="memory",
+    )
     assert ours(llm, prompts, 24, batched=True) == want
     stats = llm.engine.kv_stats()
     assert stats.preemptions > 0 and stats.offload_bytes_in == stats.offload_bytes_out > 0
@@ -104,9 +137,16 @@ def test_speculative_decoding_writes_and_reads_every_groups_blocks(gemma3_dir, m
     prompts = [motif * 8, [rng.randrange(3, 384) for _ in range(45)]]  # repeats give prompt lookup drafts
     hf = hf_model(gemma3_dir)
     want = [hf_greedy(hf, p, 20) for p in prompts]
-    llm = LLM(str(gemma3_dir), dtype="float32", block_size=4, kv_cache_memory=400 * _block_bytes(gemma3_dir, 4),
-              max_model_len=128, speculative=mode, num_speculative_tokens=3,
-              draft_layers=2 if mode == "draft" else None)
+    llm = LLM(
+        str(gemma3_dir),
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=400 * _block_bytes(gemma3_dir, 4),
+        max_model_len=128,
+        speculative=mode,
+        num_speculative_tokens=3,
+        draft_layers=2 if mode == "draft" else None,
+    )
     assert ours(llm, prompts, 20, batched=True) == want
     assert llm.engine.spec_stats.proposed > 0
     llm.engine.check_integrity()
@@ -119,7 +159,13 @@ def test_async_scheduling_runs_ahead_across_the_window_edge(gemma3_dir):
     prompts = [[rng.randrange(3, 384) for _ in range(n)] for n in (20, 33, 47)]
     hf = hf_model(gemma3_dir)
     want = [hf_greedy(hf, p, 30) for p in prompts]
-    llm = LLM(str(gemma3_dir), dtype="float32", block_size=4, kv_cache_memory=400 * _block_bytes(gemma3_dir, 4),
-              max_model_len=128, async_scheduling=True)
+    llm = LLM(
+        str(gemma3_dir),
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=400 * _block_bytes(gemma3_dir, 4),
+        max_model_len=128,
+        async_scheduling=True,
+    )
     assert ours(llm, prompts, 30, batched=True) == want
     llm.engine.check_integrity()

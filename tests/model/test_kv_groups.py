@@ -1,4 +1,5 @@
 """Which layers share a block table: the KV groups of local and global layers."""
+
 from traceless.model.kv_groups import kv_groups
 
 

@@ -2,6 +2,7 @@
 transformers (batch and single, chunked prefill, the native kernel and the torch path, preemption),
 dense layers beside sparse ones (Qwen3-MoE's mlp_only_layers and decoder_sparse_step), and the
 routing's batch invariance: a request gives the same tokens alone and among strangers."""
+
 from __future__ import annotations
 
 import json
@@ -30,17 +31,20 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):
-    return {name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=11 + i, **overrides)
-            for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())}
+    return {
+        name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=11 + i, **overrides)
+        for i, (name, (kind, overrides)) in enumerate(FAMILIES.items())
+    }
 
 
 def test_the_configs_say_which_layers_are_sparse(moe_dirs):
     from traceless.model.dummy import read_dummy_config
 
-    sparse = {name: [read_dummy_config(moe_dirs[name]).sparse(i) for i in range(n)]
-              for name, n in (("mixtral", 2), ("qwen3_moe", 3), ("qwen3_moe-step", 3))}
-    assert sparse == {"mixtral": [True, True], "qwen3_moe": [True, False, True],
-                      "qwen3_moe-step": [False, True, False]}
+    sparse = {
+        name: [read_dummy_config(moe_dirs[name]).sparse(i) for i in range(n)]
+        for name, n in (("mixtral", 2), ("qwen3_moe", 3), ("qwen3_moe-step", 3))
+    }
+    assert sparse == {"mixtral": [True, True], "qwen3_moe": [True, False, True], "qwen3_moe-step": [False, True, False]}
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

@@ -1,5 +1,6 @@
 """MXFP4 dequantization against transformers' convert_moe_packed_tensors (gpt-oss's loader) and
 against the format's definition."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,6 +20,7 @@ def _random(E: int, R: int, G: int, seed: int) -> tuple[torch.Tensor, torch.Tens
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_mxfp4_matches_transformers(dtype):
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
     blocks, scales = _random(3, 40, 2, 0)
     got = dequantize_mxfp4(blocks, scales, dtype)  # [E, rows, cols]: Linear layout
     want = convert_moe_packed_tensors(blocks, scales, dtype=dtype)  # [E, cols, rows]: x @ W layout

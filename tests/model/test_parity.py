@@ -1,4 +1,5 @@
 """Greedy float32 outputs equal Hugging Face transformers on the same weights."""
+
 from __future__ import annotations
 
 import random
@@ -16,8 +17,9 @@ def tiny_llama3_dir(tmp_path_factory):
     from tests.conftest import make_tiny_model
 
     # llama3 RoPE scaling with a short original context, so the prompts below cross its wavelengths
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama3"), "llama", seed=2, rope_scaling=LLAMA3_SCALING,
-                           rope_theta=500000.0)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny-llama3"), "llama", seed=2, rope_scaling=LLAMA3_SCALING, rope_theta=500000.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +33,9 @@ def tiny_mistral_dir(tmp_path_factory):
 def test_tiny_models_match_transformers(kind, tiny_llama_dir, tiny_qwen2_dir, tiny_llama3_dir, tiny_mistral_dir):
     from transformers import AutoModelForCausalLM
 
-    path = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "llama3": tiny_llama3_dir,
-            "mistral": tiny_mistral_dir}[kind]
+    path = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "llama3": tiny_llama3_dir, "mistral": tiny_mistral_dir}[
+        kind
+    ]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rng = random.Random(kind)
     # varied lengths: single token, a partial block, several blocks, one long enough to chunk
@@ -75,11 +78,14 @@ def test_default_model_matches_transformers(real_llm, default_model_path):
     from transformers import AutoModelForCausalLM
 
     # transformers dequantizes the GGUF itself (its own converter): an independent reading of the file
-    hf = AutoModelForCausalLM.from_pretrained(str(default_model_path.parent), gguf_file=default_model_path.name,
-                                              dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(default_model_path.parent), gguf_file=default_model_path.name, dtype=torch.float32
+    ).eval()
     tok = real_llm.get_tokenizer()
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-               for p in PROMPTS[::2]]  # five chat prompts of ten (every one costs a transformers generate)
+    prompts = [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
+        for p in PROMPTS[::2]
+    ]  # five chat prompts of ten (every one costs a transformers generate)
     prompts += [tok.encode("The history of the printing press"), tok.encode("def fibonacci(n):")]
     want = [hf_greedy(hf, p, 48) for p in prompts]
     assert ours(real_llm, prompts, 48, batched=True) == want

@@ -1,5 +1,6 @@
 """Weights kept quantized on the CPU: the rule that picks the format, the refusals, and models that
 run on quantized weights (a GGUF file's blocks, a Hugging Face checkpoint quantized at load)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,9 @@ from traceless.runner.build import build_engine_parts
 
 
 def _rule(requested, dtype="auto", device="cpu", gguf=True, load_format="auto", kernels=True):
-    return resolve_quantization(QuantizationMode(requested), DType(dtype), device, gguf, LoadFormat(load_format),
-                                kernels)
+    return resolve_quantization(
+        QuantizationMode(requested), DType(dtype), device, gguf, LoadFormat(load_format), kernels
+    )
 
 
 def test_auto_keeps_a_gguf_files_blocks_unless_a_dtype_is_given():
@@ -33,16 +35,19 @@ def test_auto_keeps_a_gguf_files_blocks_unless_a_dtype_is_given():
     assert _rule("fp8", gguf=False, device="cuda", load_format="dummy", dtype="bfloat16") is Quantization.FP8
 
 
-@pytest.mark.parametrize("kwargs,words", [
-    (dict(requested="gguf", gguf=False), ["Hugging Face", "q8_0"]),
-    (dict(requested="q4_0", gguf=True), ["quantized already", "gguf"]),
-    (dict(requested="q8_0", gguf=False, device="cuda"), ["CPU"]),
-    (dict(requested="gguf", dtype="bfloat16"), ["float32", "bfloat16"]),
-    (dict(requested="q8_0", gguf=False, load_format="dummy"), ["dummy"]),
-    (dict(requested="gguf", kernels=False), ["native kernels"]),
-    (dict(requested="fp8", gguf=True, device="cuda"), ["GGUF", "gguf"]),
-    (dict(requested="fp8", gguf=False, device="cpu"), ["CUDA", "q8_0"]),
-])
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(requested="gguf", gguf=False), ["Hugging Face", "q8_0"]),
+        (dict(requested="q4_0", gguf=True), ["quantized already", "gguf"]),
+        (dict(requested="q8_0", gguf=False, device="cuda"), ["CPU"]),
+        (dict(requested="gguf", dtype="bfloat16"), ["float32", "bfloat16"]),
+        (dict(requested="q8_0", gguf=False, load_format="dummy"), ["dummy"]),
+        (dict(requested="gguf", kernels=False), ["native kernels"]),
+        (dict(requested="fp8", gguf=True, device="cuda"), ["GGUF", "gguf"]),
+        (dict(requested="fp8", gguf=False, device="cpu"), ["CUDA", "q8_0"]),
+    ],
+)
 def test_contradictory_combinations_are_refused(kwargs, words):
     with pytest.raises(ValueError) as info:
         _rule(**kwargs)
@@ -72,8 +77,11 @@ def test_hf_checkpoint_quantized_at_load_runs_on_quantized_weights(tiny_dir, fmt
     model = parts.executor.model  # type: ignore[attr-defined]
     assert parts.model.quantization == fmt and parts.model.dtype == "float32"
     assert isinstance(model.embed, QuantTensor) and model.embed.fmt.name.removesuffix("_ROWS") == fmt.upper()
-    assert all(isinstance(linear.impl.parts[0], QuantTensor)
-               for layer in model.layers for linear in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down))
+    assert all(
+        isinstance(linear.impl.parts[0], QuantTensor)
+        for layer in model.layers
+        for linear in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)
+    )
     # first-step log-probabilities near the dense float32 model's (a random model's are near-flat, so
     # compare values, not argmax choices): q8_0 within 0.05 nats, q4_0 within 0.5
     prompts = [[5, 9, 200, 17], [17, 300, 42, 8, 99, 250, 3]]
@@ -104,8 +112,10 @@ def test_a_mixtures_experts_are_quantized_one_matrix_at_a_time(tmp_path):
     for layer in quant.engine._executor.model.layers:
         block = layer.mlp.block
         assert block.router.dtype == torch.float32
-        assert all(isinstance(lin.impl, _Quant) and isinstance(lin.impl.parts[0], QuantTensor)
-                   for lin in block.gate_up + block.down)
+        assert all(
+            isinstance(lin.impl, _Quant) and isinstance(lin.impl.parts[0], QuantTensor)
+            for lin in block.gate_up + block.down
+        )
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=5)
     for p in ([5, 9, 200, 17], [17, 300, 42, 8, 99, 250, 3]):
         want = dense.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0].outputs[0].logprobs[0]

@@ -6,6 +6,7 @@ log-probabilities and every logits row it produced must be equal to the bit. One
 path: a matmul whose numerics changed with the number of rows in the call (an int8 path for small
 calls, a dequantized float path for large ones) would move them, and a request's output would then
 carry information about the other users sharing its batch."""
+
 from __future__ import annotations
 
 import json

@@ -15,6 +15,7 @@ float32, so a greedy answer may start either way (llama.cpp, llama-cpp-python 0.
 file, answers "L'Étoile, la Cité, la Nation", as the int8 path does). Whole prompts run here; chunks
 of any size run the same kernels (one for every row count; row independence:
 tests/model/test_quantized_batch_invariance.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,16 +32,19 @@ def _scores(llm: LLM, seqs: list[list[int]]) -> list[dict]:
     (teacher-forced), the top-1 under key "top"."""
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=20)
     outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
-    return [{"top": next(t for t, lp in entry.items() if lp.rank == 1),
-             **{t: lp.logprob for t, lp in entry.items()}}
-            for o in outs for entry in o.prompt_logprobs[1:]]
+    return [
+        {"top": next(t for t, lp in entry.items() if lp.rank == 1), **{t: lp.logprob for t, lp in entry.items()}}
+        for o in outs
+        for entry in o.prompt_logprobs[1:]
+    ]
 
 
 @pytest.mark.slow
 def test_quantized_default_model_agrees_with_float32_on_95_percent_of_positions(real_llm):
     tok = real_llm.get_tokenizer()
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-               for p in CHAT] + [tok.encode(p) for p in PLAIN]
+    prompts = [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False) for p in CHAT
+    ] + [tok.encode(p) for p in PLAIN]
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     cont = real_llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seqs = [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, cont)]

@@ -5,6 +5,7 @@ read a row at a time from the same blocks, and what is dense (norms) is small.
 Measured by walking the model executor's object graph (`engine._executor`) and summing the bytes of every
 distinct tensor storage it holds, the KV cache left out (per-request memory, sized by its own
 option). Required: <= the file's size + 10%."""
+
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,5 @@
 """A windowed model's long generation runs in window-sized KV memory and still equals transformers."""
+
 from __future__ import annotations
 
 import random
@@ -18,8 +19,7 @@ def test_mistral_window_keeps_its_blocks_bounded_over_a_long_generation(tmp_path
     from traceless.model.hf_config import from_hf_config
     from traceless.model.hf_loader import read_json
 
-    path = make_family_model(tmp_path / "m", "mistral", seed=11, sliding_window=WINDOW,
-                             max_position_embeddings=4096)
+    path = make_family_model(tmp_path / "m", "mistral", seed=11, sliding_window=WINDOW, max_position_embeddings=4096)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = [random.Random(3).randrange(3, 384) for _ in range(40)]  # longer than the window
     want = hf_greedy(hf, prompt, NEW_TOKENS)

@@ -4,6 +4,7 @@ its host copy is dropped before the next layer is read, so loading never holds t
 The decoder is built on the meta device (moving there keeps no data), and every host tensor the
 loader reads or hands out is tracked until it is freed: the most bytes alive at once must stay
 within one layer's, far below the model's."""
+
 from __future__ import annotations
 
 import weakref
@@ -17,8 +18,7 @@ from traceless.model.hf_loader import load_hf_dir
 from traceless.model.lazy_weights import LazyWeights, SafetensorsFiles
 from traceless.model.llama import LlamaModel
 
-SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
-             num_key_value_heads=4)
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4)
 
 
 class LiveBytes:

@@ -2,6 +2,7 @@
 with what transformers builds from the same file; synthetic byte-level and SentencePiece ("llama")
 vocabularies agree with transformers where it follows llama.cpp, and follow llama.cpp where it
 does not; bad vocabularies and templates raise typed errors."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -180,8 +181,9 @@ TEMPLATE = """{{ bos_token }}
 def test_custom_template_renders_like_transformers(ours, hf, conversation, add_generation_prompt):
     messages = CONVERSATIONS[conversation] + [{"role": "user", "content": "STOP"}, {"role": "user", "content": "never"}]
     tok = Tokenizer(ours.backend, bos_id=ours.bos_id, eos_ids=ours.eos_ids, add_bos=False, chat_template=TEMPLATE)
-    want = hf.apply_chat_template(messages, chat_template=TEMPLATE, tokenize=False,
-                                  add_generation_prompt=add_generation_prompt)
+    want = hf.apply_chat_template(
+        messages, chat_template=TEMPLATE, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     assert tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt) == want
     assert "[USER] never" not in want and want.startswith("<|im_start|>")
 
@@ -192,14 +194,56 @@ def test_custom_template_renders_like_transformers(ours, hf, conversation, add_g
 _B = bytes_to_unicode()
 SP, NL, TAB = _B[ord(" ")], _B[ord("\n")], _B[ord("\t")]  # "Ġ", "Ċ", "ĉ"
 BPE_MERGES = [
-    f"{SP} t", "h e", f"{SP}t he", f"{SP} a", "i n", f"{SP} {SP}", f"{SP}{SP} {SP}", f"{NL} {NL}", "1 2",
-    "12 3", f"{SP} 1", f"{SP}1 2", "' s", "' t", "' S", f"{SP} (", ") :", f"{TAB} {TAB}", "e r", f"{SP} w",
-    "o r", f"{SP}w or", "l d", f"{SP}wor ld", f"{SP}{SP} {NL}", f"{SP} '", f"{SP}' s", f"{SP} h", f"{SP}h e",
-    "l l", f"{SP}he ll", f"{SP}hell o", "c a", "ca f", "é s",
+    f"{SP} t",
+    "h e",
+    f"{SP}t he",
+    f"{SP} a",
+    "i n",
+    f"{SP} {SP}",
+    f"{SP}{SP} {SP}",
+    f"{NL} {NL}",
+    "1 2",
+    "12 3",
+    f"{SP} 1",
+    f"{SP}1 2",
+    "' s",
+    "' t",
+    "' S",
+    f"{SP} (",
+    ") :",
+    f"{TAB} {TAB}",
+    "e r",
+    f"{SP} w",
+    "o r",
+    f"{SP}w or",
+    "l d",
+    f"{SP}wor ld",
+    f"{SP}{SP} {NL}",
+    f"{SP} '",
+    f"{SP}' s",
+    f"{SP} h",
+    f"{SP}h e",
+    "l l",
+    f"{SP}he ll",
+    f"{SP}hell o",
+    "c a",
+    "ca f",
+    "é s",
 ]
 BPE_CORPUS = [
-    "the world", "Hello   world\n\n\nx", "123456 1234", " 12 x", "it's IT'S 'twas", "def f(x):\n\t\treturn  1\n",
-    "  \n  y", "café 日本語 🤖", "a<|im_start|>b", "x  \n\n", " (hello) : the", "\r\n\r\n", "   ",
+    "the world",
+    "Hello   world\n\n\nx",
+    "123456 1234",
+    " 12 x",
+    "it's IT'S 'twas",
+    "def f(x):\n\t\treturn  1\n",
+    "  \n  y",
+    "café 日本語 🤖",
+    "a<|im_start|>b",
+    "x  \n\n",
+    " (hello) : the",
+    "\r\n\r\n",
+    "   ",
 ]
 
 
@@ -253,8 +297,36 @@ def test_llama_bpe_takes_whole_words_from_the_vocabulary(tmp_path):
 # a synthetic SentencePiece ("llama") vocabulary
 
 SPM_MERGED = [  # best first: score -index
-    "he", "ll", "▁t", "▁a", "▁h", "▁w", "in", "er", "▁the", "or", "ld", "▁he", "llo", "▁hel", "▁hello",
-    "▁wor", "▁world", "an", "nd", "▁and", "▁in", "re", "on", "es", "at", "▁is", "is", "▁s", "st", "▁st",
+    "he",
+    "ll",
+    "▁t",
+    "▁a",
+    "▁h",
+    "▁w",
+    "in",
+    "er",
+    "▁the",
+    "or",
+    "ld",
+    "▁he",
+    "llo",
+    "▁hel",
+    "▁hello",
+    "▁wor",
+    "▁world",
+    "an",
+    "nd",
+    "▁and",
+    "▁in",
+    "re",
+    "on",
+    "es",
+    "at",
+    "▁is",
+    "is",
+    "▁s",
+    "st",
+    "▁st",
 ]
 SPM_CHARS = list("etaohlnsrdwicumgpfyb.,!?'") + ["▁"]
 
@@ -268,8 +340,19 @@ def spm_vocab() -> Vocab:
 
 # No leading whitespace and no special tokens inside: see test_spm_prefix_space_follows_llama_cpp.
 SPM_CORPUS = [
-    "hello world", "the hello", "and in the world", "this is the test", "Hello World!", "héllo",
-    "日本", "🤖!", "a\nb", "two  spaces", "trailing ", "x", "",
+    "hello world",
+    "the hello",
+    "and in the world",
+    "this is the test",
+    "Hello World!",
+    "héllo",
+    "日本",
+    "🤖!",
+    "a\nb",
+    "two  spaces",
+    "trailing ",
+    "x",
+    "",
 ]
 
 
@@ -325,9 +408,13 @@ def test_spm_honours_add_space_prefix_false(tmp_path):
 def tiny_meta(**changes) -> dict:
     vocab = byte_level("gpt2")
     meta = {
-        "tokenizer.ggml.model": vocab.model, "tokenizer.ggml.pre": vocab.pre, "tokenizer.ggml.tokens": vocab.tokens,
-        "tokenizer.ggml.token_type": vocab.token_types, "tokenizer.ggml.merges": vocab.merges,
-        "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 0,
+        "tokenizer.ggml.model": vocab.model,
+        "tokenizer.ggml.pre": vocab.pre,
+        "tokenizer.ggml.tokens": vocab.tokens,
+        "tokenizer.ggml.token_type": vocab.token_types,
+        "tokenizer.ggml.merges": vocab.merges,
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 0,
     }
     meta.update(changes)
     return {k: v for k, v in meta.items() if v is not None}
@@ -368,8 +455,9 @@ def with_template(source: str) -> Tokenizer:
 
 
 def test_template_raise_exception_is_invalid_request():
-    tok = with_template("{% if messages[0]['role'] != 'system' %}"
-                        "{{ raise_exception('a system message comes first') }}{% endif %}")
+    tok = with_template(
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message comes first') }}{% endif %}"
+    )
     with pytest.raises(InvalidRequestError, match="the chat template refused this conversation"):
         tok.apply_chat_template(USER)
     assert tok.apply_chat_template([{"role": "system", "content": "x"}]) == ""
@@ -384,14 +472,17 @@ def test_template_raise_exception_never_carries_the_templates_text():
     assert "PRIVATE-CANARY" not in str(info.value) and "cannot handle" not in str(info.value)
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user"}],
-    [{"content": "hi"}],
-    [{"role": "user", "content": None}],
-    [{"role": "user", "content": 5}],
-    [{"role": 1, "content": "hi"}],
-    ["user: hi"],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user"}],
+        [{"content": "hi"}],
+        [{"role": "user", "content": None}],
+        [{"role": "user", "content": 5}],
+        [{"role": 1, "content": "hi"}],
+        ["user: hi"],
+    ],
+)
 def test_malformed_messages_are_invalid_request(messages):
     tok = with_template("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
     with pytest.raises(InvalidRequestError, match="role.*content"):
@@ -403,14 +494,17 @@ def test_no_template_is_invalid_request():
         Tokenizer.from_gguf_metadata(tiny_meta()).apply_chat_template(USER)
 
 
-@pytest.mark.parametrize("source", [
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{{ messages.__class__.__base__.__subclasses__() }}",
-    "{{ raise_exception.__globals__.os }}",
-    "{{ cycler.__init__.__globals__.os }}",
-    "{% set _ = messages.append({'role': 'x', 'content': 'y'}) %}",
-    "{% set _ = messages[0].update({'content': 'changed'}) %}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ messages.__class__.__base__.__subclasses__() }}",
+        "{{ raise_exception.__globals__.os }}",
+        "{{ cycler.__init__.__globals__.os }}",
+        "{% set _ = messages.append({'role': 'x', 'content': 'y'}) %}",
+        "{% set _ = messages[0].update({'content': 'changed'}) %}",
+    ],
+)
 def test_sandbox_blocks_escapes_and_mutation(source):
     tok = with_template(source)
     messages = [{"role": "user", "content": "hi"}]
@@ -419,9 +513,15 @@ def test_sandbox_blocks_escapes_and_mutation(source):
     assert messages == [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("source", [
-    "{{ ''.__class__ }}", "{{ messages.__class__ }}", "{{ messages[0].__init__ }}", "{{ raise_exception.__globals__ }}",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ''.__class__ }}",
+        "{{ messages.__class__ }}",
+        "{{ messages[0].__init__ }}",
+        "{{ raise_exception.__globals__ }}",
+    ],
+)
 def test_sandbox_refuses_unsafe_attribute_access(source):
     """Reading an unsafe attribute must raise, not quietly render as an empty string."""
     with pytest.raises(InvalidRequestError):

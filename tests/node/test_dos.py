@@ -1,6 +1,7 @@
 """The node under slowloris clients, 100 MiB bodies, 500 connections and a flood of requests that
 do not decapsulate: honest encrypted requests keep being served, memory stays bounded (threat T28,
 docs/threat-model.md). Figures are printed (pytest -s shows them)."""
+
 import json
 
 import httpx
@@ -21,11 +22,13 @@ OHTTP_REQ = {"content-type": "message/ohttp-req"}
 
 
 def test_the_node_holds(tiny_llama_dir):
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                                   max_model_len=128)))
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128))
+    )
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     body = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": True}).encode()
     with serve(create_node_app(engine, identity, NodeSettings("tiny")), engine, dos.TEST_LIMITS) as s:
+
         def honest():
             call = encapsulate_call(identity.keys.current.key_config, b"/v1/completions", body, stream=False)
             response = httpx.post(s.url + "/pcc/v1/ohttp", content=call.body, headers=OHTTP_REQ, timeout=30)
@@ -34,7 +37,8 @@ def test_the_node_holds(tiny_llama_dir):
             assert reply.status == 200 and json.loads(reply.content)["usage"]["completion_tokens"] == 2
 
         garbage = b"\x01\x00\x20" + b"\x00" * 200  # names the key, but does not decapsulate
-        target = dos.Target("node", s.url, honest, ("POST", "/pcc/v1/ohttp", OHTTP_REQ, garbage), 400,
-                            ("/pcc/v1/ohttp", OHTTP_REQ))
+        target = dos.Target(
+            "node", s.url, honest, ("POST", "/pcc/v1/ohttp", OHTTP_REQ, garbage), 400, ("/pcc/v1/ohttp", OHTTP_REQ)
+        )
         dos.run_all(target)
         s.check_integrity()

@@ -1,6 +1,7 @@
 """A hardware node collects evidence once per OHTTP key set (over a base document) and at most once
 per collection interval, whoever asks and however often; each nonce gets a fresh document by the key
 the evidence vouches for."""
+
 from __future__ import annotations
 
 import threading
@@ -46,8 +47,11 @@ class CountingCpu(Collector):
 def _node(limits: EvidenceLimits = EvidenceLimits()) -> tuple[NodeIdentity, CountingCpu, Clock]:
     clock, cpu = Clock(), CountingCpu()
     keys = KeyRing(ROTATION_S, OVERLAP_S, clock=clock)
-    return NodeIdentity(HardwareAttester(cpu), RELEASE.measurement, keys=keys, evidence_limits=limits,
-                        clock=clock), cpu, clock
+    return (
+        NodeIdentity(HardwareAttester(cpu), RELEASE.measurement, keys=keys, evidence_limits=limits, clock=clock),
+        cpu,
+        clock,
+    )
 
 
 def _claims(document: str) -> AttestationClaims:

@@ -4,6 +4,7 @@ when the engine went idle, it ran in the middle of a shaped stream at a fixed de
 answer's last token: the relay saw a gap of 300-550 ms about 0.9 s after the content ended, which
 is the answer's length (the stream-shape attack's natural-length reading, docs/shape-hiding.md).
 It waits until no shaped stream is open."""
+
 from __future__ import annotations
 
 import random
@@ -25,8 +26,9 @@ from traceless_tools.audit.stream_observe import key_config, observe
 
 
 def test_no_idle_collection_runs_while_a_shaped_stream_is_open(tiny_llama_dir):
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                                   max_model_len=128)))
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128))
+    )
     collected: list[float] = []
     engine.on_idle(lambda: collected.append(time.perf_counter()))
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
@@ -34,8 +36,15 @@ def test_no_idle_collection_runs_while_a_shaped_stream_is_open(tiny_llama_dir):
     with serve(create_node_app(engine, identity, NodeSettings("tiny", shape=shape)), engine) as node:
         config = key_config(node.url)
         with httpx.Client(timeout=60) as client:
-            body = {"model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 12, "temperature": 0.0,
-                    "ignore_eos": False, "seed": random.randrange(2**31), "stream": True}
+            body = {
+                "model": "tiny",
+                "prompt": "w5 w6 w7",
+                "max_tokens": 12,
+                "temperature": 0.0,
+                "ignore_eos": False,
+                "seed": random.randrange(2**31),
+                "stream": True,
+            }
             observe(client, node.url, config, b"/v1/completions", body, True)  # warm-up
             node.wait_until(lambda _: collected, timeout=20)  # its idle collection is done (seconds, loaded)
             time.sleep(0.2)

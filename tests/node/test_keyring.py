@@ -1,5 +1,6 @@
 """OHTTP keys rotate on a schedule with an overlap window, and a repeated encapsulated request is
 dropped (threat T19, docs/threat-model.md: one key_id for the life of the process, no replay cache)."""
+
 import pytest
 
 from traceless.node.keyring import KeyRing, ReplayCacheFullError, ReplayedRequestError

@@ -1,4 +1,5 @@
 """The private node end to end over OHTTP (tiny model; no gateway)."""
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,15 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def node(tiny_llama_dir):
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                                max_model_len=128)))
-    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
-                            capacity=3, node_url="http://node.test:8100")
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128))
+    )
+    identity = NodeIdentity(
+        SoftwareAttester(),
+        Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
+        capacity=3,
+        node_url="http://node.test:8100",
+    )
     # min_requests=0 and no noise: the telemetry's explicit off switches, so a test can count single requests
     telemetry = Telemetry(WindowPolicy(1e-6, 0, None), engine)
     with serve(create_node_app(engine, identity, NodeSettings(MODEL), telemetry), engine) as s:
@@ -45,8 +51,13 @@ def test_attestation_binds_the_served_key(node):
     r = httpx.get(node.url + "/pcc/v1/attestation", params={"nonce": "ab" * 16}).json()
     keys = __import__("base64").b64decode(r["ohttp_keys"])
     assert decode_ohttp_keys(keys)[0] == node.identity.keys.current.key_config
-    claims = verify_attestation(r["attestation"], [node.identity.attester.public_key], time.time(),
-                                expected_nonce=bytes.fromhex("ab" * 16), ohttp_keys=keys)
+    claims = verify_attestation(
+        r["attestation"],
+        [node.identity.attester.public_key],
+        time.time(),
+        expected_nonce=bytes.fromhex("ab" * 16),
+        ohttp_keys=keys,
+    )
     assert claims.measurement == node.identity.measurement
     assert claims.capacity == 3 and claims.node_url == "http://node.test:8100" and claims.attester_type == "software"
     assert httpx.get(node.url + "/pcc/v1/ohttp-keys").content == node.identity.ohttp_keys()
@@ -69,8 +80,8 @@ def test_a_node_whose_engine_cannot_serve_attests_nothing_and_says_why(node, sta
 
 def test_encapsulated_answers_equal_the_offline_engine(node, tiny_llama_dir):
     want = LLM(str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20).generate(
-        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-        use_tqdm=False)[0]
+        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )[0]
     body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     status, data = call(node, b"/v1/completions", body)
     assert status == 200 and data["choices"][0]["text"] == want.outputs[0].text
@@ -97,8 +108,12 @@ def test_models_tokenize_and_detokenize_over_ohttp(node):
     status, models = call(node, b"/v1/models", b"", method=b"GET")
     assert status == 200 and models["data"][0]["id"] == MODEL and models["data"][0]["max_model_len"] == 128
     status, tok = call(node, b"/tokenize", {"model": MODEL, "prompt": "w5 w6 w7", "return_token_strs": True})
-    assert status == 200 and tok == {"count": 3, "max_model_len": 128, "tokens": [5, 6, 7],
-                                     "token_strs": ["w5", "w6", "w7"]}
+    assert status == 200 and tok == {
+        "count": 3,
+        "max_model_len": 128,
+        "tokens": [5, 6, 7],
+        "token_strs": ["w5", "w6", "w7"],
+    }
     status, detok = call(node, b"/detokenize", {"model": MODEL, "tokens": [5, 6, 7]})
     assert status == 200 and detok == {"prompt": "w5 w6 w7"}
     status, info = call(node, b"/tokenizer_info", b"", method=b"GET")
@@ -106,8 +121,12 @@ def test_models_tokenize_and_detokenize_over_ohttp(node):
 
 
 def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
-    enc = encapsulate_call(node.identity.keys.current.key_config, b"/v1/completions",
-                           json.dumps({"model": MODEL, "prompt": [5]}).encode(), stream=False).body
+    enc = encapsulate_call(
+        node.identity.keys.current.key_config,
+        b"/v1/completions",
+        json.dumps({"model": MODEL, "prompt": [5]}).encode(),
+        stream=False,
+    ).body
     bad = bytearray(enc)
     bad[-5] ^= 0x01
     r = httpx.post(node.url + "/pcc/v1/ohttp", content=bytes(bad), headers={"content-type": "message/ohttp-req"})
@@ -120,8 +139,12 @@ def test_tampered_ciphertext_is_refused_and_nothing_runs(node):
 
 def test_a_replayed_request_runs_once(node):
     """Threat T19 (docs/threat-model.md): the gateway replays an encapsulated request; the node runs it once."""
-    enc = encapsulate_call(node.identity.keys.current.key_config, b"/v1/completions",
-                           json.dumps({"model": MODEL, "prompt": [5], "max_tokens": 2}).encode(), stream=False).body
+    enc = encapsulate_call(
+        node.identity.keys.current.key_config,
+        b"/v1/completions",
+        json.dumps({"model": MODEL, "prompt": [5], "max_tokens": 2}).encode(),
+        stream=False,
+    ).body
     before = _requests_total(node)
     first = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
     again = httpx.post(node.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"})
@@ -132,13 +155,21 @@ def test_a_replayed_request_runs_once(node):
 
 
 def _requests_total(node) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in node.telemetry.render().splitlines()
-               if line.startswith("traceless_requests_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in node.telemetry.render().splitlines()
+        if line.startswith("traceless_requests_total")
+    )
 
 
 def test_the_node_serves_no_plaintext_api(node):
-    for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                         ("GET", "/debug"), ("GET", "/admin")):
+    for method, path in (
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/debug"),
+        ("GET", "/admin"),
+    ):
         assert httpx.request(method, node.url + path, json={}).status_code == 404
     assert httpx.get(node.url + "/health").status_code == 200
     assert httpx.get(node.url + "/metrics").status_code == 404  # metrics: only on the operator's listener
@@ -171,20 +202,20 @@ def test_a_client_that_leaves_aborts_non_streamed_work(tiny_llama_dir):
 
     steps: list[int] = []
     spies: list[ExecutorSpy] = []
-    llm = llm_with_executor(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                         max_model_len=128),
-                            lambda real: spies.append(ExecutorSpy(real, lambda plan, out: steps.append(1)))
-                            or spies[0])
+    llm = llm_with_executor(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128),
+        lambda real: spies.append(ExecutorSpy(real, lambda plan, out: steps.append(1))) or spies[0],
+    )
     engine = AsyncEngine(llm.engine)
     _SPIES[engine] = spies[0]
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 120, "ignore_eos": True}
     with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s, s.slowed(0.05):
-        enc = encapsulate_call(identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(),
-                               stream=False).body
+        enc = encapsulate_call(
+            identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(), stream=False
+        ).body
         with pytest.raises(httpx.ReadTimeout):  # 120 steps take >= 6 s; the client leaves after 0.3 s
-            httpx.post(s.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"},
-                       timeout=0.3)
+            httpx.post(s.url + "/pcc/v1/ohttp", content=enc, headers={"content-type": "message/ohttp-req"}, timeout=0.3)
         s.wait_idle(timeout=60)
         assert len(steps) < 120  # aborted, not run to max_tokens
         s.check_integrity()
@@ -197,8 +228,9 @@ def test_a_stopping_node_ends_its_encrypted_streams_with_an_error_then_done(tiny
 
     from tests.support.serving import make_served_app
 
-    _, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                             max_model_len=128))
+    _, engine = make_served_app(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128)
+    )
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 100, "ignore_eos": True, "stream": True}
     result: dict = {}

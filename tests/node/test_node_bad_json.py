@@ -1,4 +1,5 @@
 """A node answers bad JSON inside the encryption with a 400 `invalid_json`, never a 500."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """A node writes no log line per request: no `http.request` (a millisecond timestamp, the exact
 duration) and no `http.error` (the inner status) unless it runs with --request-events, a measured
 switch that is off by default."""
+
 from __future__ import annotations
 
 import json

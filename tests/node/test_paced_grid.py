@@ -3,6 +3,7 @@ does: the first on the prefill budget's tick even when the first token (and so t
 head) comes later, every other one tick after it, all of one size, and the times independent of when
 the tokens came. Driven through the node's service with a fake engine on virtual time (an exact clock
 that no machine load disturbs); the client decodes what it always decoded."""
+
 from __future__ import annotations
 
 import asyncio
@@ -67,8 +68,9 @@ def service(api: FakeApi, policy: ShapePolicy = POLICY) -> NodeService:
 
 def request():
     body = {"model": "tiny", "prompt": "w5 w6", "max_tokens": MAX_TOKENS, "stream": True}
-    return encapsulate_call(IDENTITY.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(),
-                            stream=True)
+    return encapsulate_call(
+        IDENTITY.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(), stream=True
+    )
 
 
 async def emit(api: FakeApi, policy: ShapePolicy = POLICY):
@@ -101,11 +103,14 @@ def test_a_prefill_longer_than_its_budget_still_starts_the_stream_on_the_budget_
     assert got.status == 200 and split_sse(got.content) == EVENTS  # what the client decodes is unchanged
 
 
-@pytest.mark.parametrize("prefill,gaps", [
-    (0.01, [0.0] * 5),                      # everything at once, before the first tick
-    (0.2, [0.31, 0.002, 0.4, 0.05, 0.33]),  # slow and irregular tokens
-    (1.1, [0.0, 0.9, 0.0, 0.0, 0.0]),       # a prefill past the budget, then a token that falls behind
-])
+@pytest.mark.parametrize(
+    "prefill,gaps",
+    [
+        (0.01, [0.0] * 5),  # everything at once, before the first tick
+        (0.2, [0.31, 0.002, 0.4, 0.05, 0.33]),  # slow and irregular tokens
+        (1.1, [0.0, 0.9, 0.0, 0.0, 0.0]),  # a prefill past the budget, then a token that falls behind
+    ],
+)
 def test_the_chunks_times_and_sizes_do_not_depend_on_when_the_tokens_came(prefill, gaps):
     reference = run_virtual(emit(FakeApi(0.0, [0.0] * 5)))
     head, chunks, call = run_virtual(emit(FakeApi(prefill, gaps)))

@@ -1,4 +1,5 @@
 """A node's default shape: whole responses in size buckets, streams in equal chunks on a timer."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ TAG, NONCE = 16, 16  # AES-128-GCM, the key config's first choice
 
 @pytest.fixture(scope="module")
 def node(tiny_llama_dir):
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                                max_model_len=256)))
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=256))
+    )
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     with serve(create_node_app(engine, identity, NodeSettings("tiny")), engine) as s:
         s.identity = identity
@@ -34,15 +36,22 @@ def node(tiny_llama_dir):
 
 
 def raw(node, body: dict, stream: bool) -> bytes:
-    call = encapsulate_call(node.identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(),
-                            stream=stream)
+    call = encapsulate_call(
+        node.identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(), stream=stream
+    )
     return httpx.post(node.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type}).content
 
 
 @pytest.mark.parametrize("prompt_len,max_tokens", [(1, 1), (3, 9), (40, 30)])
 def test_streams_leave_in_equal_chunks_and_whole_responses_in_buckets(node, prompt_len, max_tokens):
-    body = {"model": "tiny", "prompt": list(range(5, 5 + prompt_len)), "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "logprobs": 2}
+    body = {
+        "model": "tiny",
+        "prompt": list(range(5, 5 + prompt_len)),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 2,
+    }
     sizes = chunked_ciphertexts(raw(node, {**body, "stream": True}, stream=True))
     assert len(sizes) >= 2 and set(sizes) == {STREAM_CHUNK + TAG}, sizes
     assert len(raw(node, body, stream=False)) - NONCE - TAG in BUCKETS
@@ -56,21 +65,30 @@ def test_streams_leave_in_equal_chunks_and_whole_responses_in_buckets(node, prom
 def test_an_error_in_a_chunked_response_is_shaped_and_readable(node):
     sizes = chunked_ciphertexts(raw(node, {"model": "tiny", "prompt": [5], "max_tokens": -1, "stream": True}, True))
     assert set(sizes) == {STREAM_CHUNK + TAG}
-    status, err = call(node, b"/v1/completions", {"model": "tiny", "prompt": [5], "max_tokens": -1, "stream": True},
-                       stream=True)
+    status, err = call(
+        node, b"/v1/completions", {"model": "tiny", "prompt": [5], "max_tokens": -1, "stream": True}, stream=True
+    )
     assert status == 400 and err["error"]["type"] == "invalid_request_error"
 
 
 def test_without_a_timer_each_event_is_its_own_bucket_sized_chunk(tiny_llama_dir):
     from traceless.privacy.shape import ShapePolicy
 
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                                max_model_len=256)))
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=256))
+    )
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     with serve(create_node_app(engine, identity, NodeSettings("tiny", shape=ShapePolicy(tick_ms=0))), engine) as n:
         n.identity = identity
-        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-                "logprobs": 5, "stream": True}
+        body = {
+            "model": "tiny",
+            "prompt": [5, 6, 7],
+            "max_tokens": 6,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 5,
+            "stream": True,
+        }
         sizes = chunked_ciphertexts(raw(n, body, stream=True))
         # head, six token events (with logprobs: some above 1 KiB), [DONE], final
         assert len(sizes) == 9 and all(s - TAG in BUCKETS for s in sizes), sizes

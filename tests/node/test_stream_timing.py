@@ -2,6 +2,7 @@
 not when the first token is known; no stream starts before its request bucket's prefill budget;
 a stream with max_tokens runs to its decode budget whatever its answer's length, one without to a
 power-of-two number of ticks."""
+
 from __future__ import annotations
 
 import httpx
@@ -17,18 +18,30 @@ TICK, BUDGET_PER_KIB, DECODE_PER_TOKEN = 0.1, 0.3, 0.05
 
 @pytest.fixture(scope="module")
 def node(tiny_llama_dir):
-    shape = ShapePolicy(tick_ms=int(TICK * 1000), prefill_ms_per_kib=int(BUDGET_PER_KIB * 1000),
-                        decode_ms_per_token=int(DECODE_PER_TOKEN * 1000))
+    shape = ShapePolicy(
+        tick_ms=int(TICK * 1000),
+        prefill_ms_per_kib=int(BUDGET_PER_KIB * 1000),
+        decode_ms_per_token=int(DECODE_PER_TOKEN * 1000),
+    )
     with tiny_node(tiny_llama_dir, NodeSettings(MODEL, shape=shape), max_model_len=256) as s:
         yield s
 
 
 def trace(node, prompt, max_tokens: int, stop_after_one: bool = False):
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     if stop_after_one:  # the greedy second token's text as a stop string: the answer is one token
-        status, whole = call(node, b"/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2,
-                                                         "temperature": 0, "ignore_eos": True})
+        status, whole = call(
+            node,
+            b"/v1/completions",
+            {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True},
+        )
         body["stop"] = [whole["choices"][0]["text"].split()[-1]]
     with httpx.Client(timeout=60) as client:
         return observe(client, node.url, key_config(node.url), b"/v1/completions", body, pad=True)

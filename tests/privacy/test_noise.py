@@ -1,5 +1,6 @@
 """The discrete Laplace sampler draws from the distribution it names, and its scale spends the
 stated epsilon."""
+
 from __future__ import annotations
 
 import math

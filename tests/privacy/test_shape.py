@@ -1,4 +1,5 @@
 """The bucket table and the fixed-size stream chunks (privacy/shape.py)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """Known-answer vectors for the token tests (RFC 9474, RFC 9577/9578), from tests/data/vectors.
 A missing file raises: the tests fail rather than skip when their vectors are not there.
 """
+
 from __future__ import annotations
 
 import json

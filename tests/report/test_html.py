@@ -1,6 +1,7 @@
 """`traceless report`: one self-contained HTML page from the tools' JSON; a failing section is
 reported as failed and the others still render. The sections run on recorded tool output (the
 committed bench/results files), so the headline code is checked against the real report shapes."""
+
 import json
 import re
 import shutil
@@ -11,9 +12,15 @@ import pytest
 from traceless_tools.report import html as report
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-RECORDED = {"offline": "offline.json", "privacy_tax": "privacy_tax.json", "prefix_timing": "prefix_timing.json",
-            "targeting": "targeting.json", "residue": "residue.json", "prefix_cache": "prefix_cache.json",
-            "kv_offload": "kv_offload.json"}
+RECORDED = {
+    "offline": "offline.json",
+    "privacy_tax": "privacy_tax.json",
+    "prefix_timing": "prefix_timing.json",
+    "targeting": "targeting.json",
+    "residue": "residue.json",
+    "prefix_cache": "prefix_cache.json",
+    "kv_offload": "kv_offload.json",
+}
 
 
 def _recorded(key: str):
@@ -22,6 +29,7 @@ def _recorded(key: str):
         for png in RESULTS.glob(f"{key}*.png"):
             shutil.copy(png, workdir / png.name)
         return json.loads((RESULTS / RECORDED[key]).read_text())
+
     return run
 
 
@@ -44,9 +52,14 @@ def test_report_is_one_self_contained_page_with_every_headline(tmp_path, recorde
     assert page.startswith("<!doctype html>")
     assert not re.search(r"(src|href)=['\"]?https?:", page)  # nothing fetched from elsewhere
     assert page.count("data:image/png;base64,") == len(list(RESULTS.glob("*.png")))
-    for claim in ("single-stream decode (W1)", "privacy tax: tokens/s", "timing attack on a global prefix cache",
-                  "our routing vs targeting attacks", "canaries left outside process memory",
-                  "TTFT, repeated system prompt"):
+    for claim in (
+        "single-stream decode (W1)",
+        "privacy tax: tokens/s",
+        "timing attack on a global prefix cache",
+        "our routing vs targeting attacks",
+        "canaries left outside process memory",
+        "TTFT, repeated system prompt",
+    ):
         assert claim in page
     assert "table of residue" in page  # each tool's printed table is kept
     assert "did not run (RuntimeError)" in page  # the broken section, without its message
@@ -59,8 +72,9 @@ def test_only_runs_the_sections_asked_for(tmp_path, recorded_sections):
     assert "canaries left outside process memory" in page and "privacy tax" not in page
 
 
-@pytest.mark.parametrize("interval, expected", [((2.0, 5.0), "below"), ((8.0, 12.0), "ABOVE"),
-                                                ((3.0, 9.0), "inconclusive")])
+@pytest.mark.parametrize(
+    "interval, expected", [((2.0, 5.0), "below"), ((8.0, 12.0), "ABOVE"), ((3.0, 9.0), "inconclusive")]
+)
 def test_privacy_tax_verdict_follows_the_pooled_interval(interval, expected):
     r = json.loads((RESULTS / "privacy_tax.json").read_text())
     r["comparison"]["pooled_tokens_per_s_pct"] = {"mean": sum(interval) / 2, "ci95": list(interval), "n": 12}

@@ -1,5 +1,6 @@
 """Which attention backend runs for the one asked for, on each device type (the choice reads only
 the device's type: CUDA's branch is checked without a GPU)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The CUDA path (Triton paged attention and ops, CUDA graphs): greedy float32 parity with
 transformers and with the CPU path. Skipped without a GPU."""
+
 import random
 
 import pytest
@@ -22,8 +23,9 @@ def tiny_mistral_dir(tmp_path_factory):
 def tiny_llama3_dir(tmp_path_factory):
     from tests.conftest import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama3-gpu"), "llama", seed=2, rope_scaling=LLAMA3_SCALING,
-                           rope_theta=500000.0)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny-llama3-gpu"), "llama", seed=2, rope_scaling=LLAMA3_SCALING, rope_theta=500000.0
+    )
 
 
 def _prompts(seed: str) -> list[list[int]]:
@@ -40,8 +42,9 @@ def _gpu(path, **kw) -> LLM:
 def test_cuda_matches_transformers_and_cpu(kind, tiny_llama_dir, tiny_qwen2_dir, tiny_llama3_dir, tiny_mistral_dir):
     from transformers import AutoModelForCausalLM
 
-    path = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "llama3": tiny_llama3_dir,
-            "mistral": tiny_mistral_dir}[kind]
+    path = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "llama3": tiny_llama3_dir, "mistral": tiny_mistral_dir}[
+        kind
+    ]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompts = _prompts(kind)
     want = [hf_greedy(hf, p, 24) for p in prompts]
@@ -75,8 +78,14 @@ def test_prefix_hits_preemption_and_sampling_stay_exact(tiny_llama_dir):
     prompts = [shared + [rng.randrange(3, 384) for _ in range(n)] for n in (3, 9, 20, 33)]
     want = [hf_greedy(hf, p, 16) for p in prompts]
     # global prefix cache: later prompts hit the shared blocks; a tiny cache forces preemption
-    llm = LLM(str(tiny_llama_dir), dtype="float32", device="cuda", kv_cache_memory=96 * 1024,
-              prefix_cache="global", max_model_len=128)
+    llm = LLM(
+        str(tiny_llama_dir),
+        dtype="float32",
+        device="cuda",
+        kv_cache_memory=96 * 1024,
+        prefix_cache="global",
+        max_model_len=128,
+    )
     assert ours(llm, prompts[:1], 16, batched=False) == want[:1]
     assert ours(llm, prompts, 16, batched=True) == want
     assert llm.engine.drop_prefix_cache() > 0  # the shared blocks were cached (and are zeroed now)
@@ -101,13 +110,27 @@ def test_speculative_decoding_keeps_greedy_tokens(mode, tiny_llama_dir):
 def test_dummy_model_runs_on_cuda_in_bfloat16(tmp_path):
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "vocab_size": 1024,
+                "hidden_size": 256,
+                "intermediate_size": 512,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 512,
+            }
+        )
+    )
     llm = LLM(str(tmp_path), device="cuda", load_format="dummy", gpu_memory_utilization=0.2, max_model_len=512)
     assert llm.engine.model.load_format == "dummy" and llm.engine.model.dtype == "bfloat16"
-    out = llm.generate([{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 70)],
-                       SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(
+        [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 70)],
+        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert all(len(o.outputs[0].token_ids) == 16 for o in out)
     llm.engine.check_integrity()
 
@@ -124,8 +147,14 @@ def test_torch_backend_still_matches(tiny_llama_dir):
 def test_kv_offload_on_cuda_restores_exactly_and_leaves_no_temporaries(tiny_llama_dir):
     prompts = [list(range(5 + i, 45 + i)) for i in range(6)]
     roomy = _gpu(tiny_llama_dir)
-    tight = LLM(str(tiny_llama_dir), dtype="float32", device="cuda", kv_cache_memory=96 * 1024, max_model_len=128,
-                kv_offload="memory")
+    tight = LLM(
+        str(tiny_llama_dir),
+        dtype="float32",
+        device="cuda",
+        kv_cache_memory=96 * 1024,
+        max_model_len=128,
+        kv_offload="memory",
+    )
     assert ours(tight, prompts, 24, batched=True) == ours(roomy, prompts, 24, batched=True)
     assert tight.engine.kv_stats().offload_bytes_out > 0  # preempted requests were sealed and restored
     tight.engine.check_integrity()
@@ -136,8 +165,10 @@ def test_async_scheduling_gives_the_same_tokens(tiny_llama_dir, eager):
     """Running ahead on the device: decode rows take their token from the last step's sampled ids
     (in the graphs' buffer, or the eager step's), greedy and seeded, with varied stops."""
     prompts = _prompts("ahead") * 3
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=4 + i % 11, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=4 + i % 11, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     runs = []
     for ahead in (False, True):
         llm = _gpu(tiny_llama_dir, max_num_seqs=32, enforce_eager=eager, async_scheduling=ahead)
@@ -161,8 +192,13 @@ def test_no_kernel_compiles_after_warm_up(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), dtype="float32", device="cuda", max_num_seqs=32, max_model_len=256)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in _prompts("warm")], params, use_tqdm=False)
-    kernels = (tk._paged_attention_kernel, tk._combine_kernel, tk._rope_cache_kernel, tk._add_rms_norm_kernel,
-               tk._silu_mul_kernel)
+    kernels = (
+        tk._paged_attention_kernel,
+        tk._combine_kernel,
+        tk._rope_cache_kernel,
+        tk._add_rms_norm_kernel,
+        tk._silu_mul_kernel,
+    )
     before = [_compiled(k) for k in kernels]
     rng = random.Random(9)
     for n in (3, 7, 13, 29):
@@ -176,12 +212,15 @@ def family_dirs_gpu(tmp_path_factory):
     from tests.support.families import FAMILIES, make_family_model
 
     families = FAMILIES | {"gpt-oss": ("gpt_oss", {})}
-    return {name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=7 + i, **overrides)
-            for i, (name, (kind, overrides)) in enumerate(families.items())}
+    return {
+        name: make_family_model(tmp_path_factory.mktemp(name), kind, seed=7 + i, **overrides)
+        for i, (name, (kind, overrides)) in enumerate(families.items())
+    }
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3-tied", "phi3-longrope", "phi3-partial", "gemma2", "gemma3",
-                                  "mistral-window", "gpt-oss"])
+@pytest.mark.parametrize(
+    "name", ["qwen3", "qwen3-tied", "phi3-longrope", "phi3-partial", "gemma2", "gemma3", "mistral-window", "gpt-oss"]
+)
 def test_families_on_triton_match_transformers(name, family_dirs_gpu):
     """Qwen3 (q/k norms), Phi-3 (LongRoPE past the original context, partial rotary), Gemma 2
     (attention soft-capping), Gemma 3 (local and global layers, two RoPE bases), a windowed
@@ -204,4 +243,3 @@ def test_families_on_triton_match_transformers(name, family_dirs_gpu):
     assert ours(llm, prompts, 20, batched=True) == want
     assert ours(llm, prompts[2:5], 20, batched=False) == want[2:5]
     llm.engine.check_integrity()
-

@@ -1,4 +1,5 @@
 """The decode-graph ladder and which steps may be replayed (CPU-side logic of cuda_graphs.py)."""
+
 import pytest
 
 from traceless.runner.batch import SeqInput
@@ -63,11 +64,14 @@ def test_a_replayed_step_and_its_scrub_never_wait_for_the_device(monkeypatch):
     idle = np.zeros(g.layout.size, dtype=np.int32)
     fill_idle(idle, g.layout)
     for step in range(3):  # the two pinned host buffers in turn
-        seqs = [SeqInput([7, 9], 5 + step, [100 + step], 1), SeqInput([3], 1, [200 + step], 1),
-                SeqInput([4], 0, [9], 1)]
+        seqs = [
+            SeqInput([7, 9], 5 + step, [100 + step], 1),
+            SeqInput([3], 1, [200 + step], 1),
+            SeqInput([4], 0, [9], 1),
+        ]
         logits = g.run(seqs)
         assert logits.shape == (3, 3)
-        assert replays[4].seen[-1][: 3].tolist() == [100 + step, 200 + step, 9]  # the ids it read
+        assert replays[4].seen[-1][:3].tolist() == [100 + step, 200 + step, 9]  # the ids it read
         g.scrub()
         assert g.buf.tolist() == idle.tolist()
         assert replays[4].out.abs().sum() == 0

@@ -3,6 +3,7 @@ range-zeroing kernel (under Triton's interpreter on a CPU, where it writes host 
 ranges a sweep builds (freed KV blocks, the allocator's free blocks from a stand-in memory
 snapshot, the graphs' pool), and the engine calling one sweep per step however many requests
 ended."""
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,18 @@ DEV = torch.device("cuda") if torch.cuda.is_available() else CPU
 
 
 def _config() -> ModelConfig:
-    return from_hf_config({"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32,
-                                  "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-                                  "num_key_value_heads": 2, "max_position_embeddings": 64})
+    return from_hf_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+        }
+    )
 
 
 def test_pieces_cut_ranges_into_chunks(monkeypatch):
@@ -67,10 +77,12 @@ def test_kv_block_ranges_cover_the_blocks_in_every_layer():
 
 
 def test_free_ranges_take_inactive_default_blocks_and_whole_graph_pools():
-    segments = [segment(0, 1 << 20, (0, 0), [(512, "active_allocated"), (1024, "inactive"), (512, "inactive")]),
-                segment(0, 1 << 24, (0, 1), [(4096, "active_allocated")], total=8192),
-                segment(1, 1 << 28, (0, 0), [(512, "inactive")]),  # another device
-                segment(0, 1 << 26, (0, 2), [(512, "inactive")])]  # a private pool that is not ours
+    segments = [
+        segment(0, 1 << 20, (0, 0), [(512, "active_allocated"), (1024, "inactive"), (512, "inactive")]),
+        segment(0, 1 << 24, (0, 1), [(4096, "active_allocated")], total=8192),
+        segment(1, 1 << 28, (0, 0), [(512, "inactive")]),  # another device
+        segment(0, 1 << 26, (0, 2), [(512, "inactive")]),
+    ]  # a private pool that is not ours
     got = free_ranges(segments, 0, {(0, 1)})
     assert got.tolist() == [[(1 << 20) + 512, 1024], [(1 << 20) + 1536, 512], [1 << 24, 8192]]
 
@@ -79,8 +91,10 @@ def test_a_sweep_zeroes_freed_blocks_and_free_memory_in_one_launch():
     cache = KVCache(_config(), num_blocks=6, block_size=4, dtype=torch.float32, device=DEV)
     stale = torch.randn(256, dtype=torch.float64, device=DEV)  # a freed activation, say
     graph_pool = torch.randn(128, dtype=torch.float64, device=DEV)
-    segs = [segment(0, stale.data_ptr(), (0, 0), [(8 * 256, "inactive")]),
-            segment(0, graph_pool.data_ptr(), (0, 7), [(8 * 128, "active_allocated")])]
+    segs = [
+        segment(0, stale.data_ptr(), (0, 0), [(8 * 256, "inactive")]),
+        segment(0, graph_pool.data_ptr(), (0, 7), [(8 * 128, "active_allocated")]),
+    ]
     scrubber = DeviceScrubber(cache, DEV, snapshot=lambda: segs)
     scrubber.graph_pools.add((0, 7))
     cache.k.normal_()
@@ -118,8 +132,7 @@ def test_the_engine_sweeps_once_per_step_however_many_requests_end(tiny_llama_di
             sweeps.append(1)
             super().sweep()
 
-    llm = llm_with_executor(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20),
-                            Counting)
+    llm = llm_with_executor(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20), Counting)
     engine = llm.engine
     for i in range(4):  # four requests ending at the same step
         engine.add_request(f"r{i}", [5 + i, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))

@@ -1,5 +1,6 @@
 """The self-speculation draft proposes exactly what the model's first layers (+ final norm and
 lm_head) would generate greedily: checked against transformers with the layers cut."""
+
 import pytest
 import torch
 
@@ -15,8 +16,9 @@ def test_greedy_drafts_are_the_truncated_models_greedy_continuation(request, kin
     path = request.getfixturevalue(f"tiny_{kind}_dir")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     hf.model.layers = hf.model.layers[:1]  # the draft: layer 0, then the final norm and lm_head
-    config = EngineConfig(model=str(path), dtype="float32", kv_cache_memory=2**21, block_size=4, speculative="draft",
-                          draft_layers=1)
+    config = EngineConfig(
+        model=str(path), dtype="float32", kv_cache_memory=2**21, block_size=4, speculative="draft", draft_layers=1
+    )
     seen = []  # (request id, position of the last sampled token, drafts)
 
     def watch(runner):
@@ -38,6 +40,6 @@ def test_greedy_drafts_are_the_truncated_models_greedy_continuation(request, kin
     for rid, start, drafts in seen:
         context = tokens[rid][: start + 1]  # greedy: the final output holds every token the step saw
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([context]), max_new_tokens=len(drafts), do_sample=False)[0, len(context):]
+            ref = hf.generate(torch.tensor([context]), max_new_tokens=len(drafts), do_sample=False)[0, len(context) :]
         assert drafts == ref.tolist()
     llm.engine.check_integrity()

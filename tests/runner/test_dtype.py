@@ -1,5 +1,6 @@
 """`--dtype auto` and the packed bfloat16 weights follow what the CPU runs in hardware: an AVX2-only
 CPU gets float32 by default, and an explicit bfloat16 there builds without oneDNN's packed weights."""
+
 import torch
 
 import traceless.runner.build as build
@@ -20,8 +21,9 @@ def test_auto_is_bfloat16_on_gpus_and_on_cpus_that_run_it(monkeypatch):
 
 def test_explicit_bfloat16_builds_and_runs_without_avx512(monkeypatch, tiny_llama_dir):
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: False)
-    parts = build.build_engine_parts(EngineConfig(model=str(tiny_llama_dir), dtype="bfloat16",
-                                                  kv_cache_memory=2**22, max_model_len=64))
+    parts = build.build_engine_parts(
+        EngineConfig(model=str(tiny_llama_dir), dtype="bfloat16", kv_cache_memory=2**22, max_model_len=64)
+    )
     assert parts.model.dtype == "bfloat16"
     llm = LLM(model=str(tiny_llama_dir), dtype="bfloat16", kv_cache_memory=2**22, max_model_len=64)
     out = llm.generate(["hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
@@ -46,8 +48,9 @@ def test_compute_dtype_is_float32_for_weights_quantized_for_the_cpu(monkeypatch,
 def test_the_engine_computes_in_compute_dtype(monkeypatch, tiny_llama_dir):
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
     for quantization in ("auto", "q8_0"):
-        cfg = EngineConfig(model=str(tiny_llama_dir), device="cpu", quantization=quantization,
-                           kv_cache_memory=2**22, max_model_len=64)
+        cfg = EngineConfig(
+            model=str(tiny_llama_dir), device="cpu", quantization=quantization, kv_cache_memory=2**22, max_model_len=64
+        )
         parts = build.build_engine_parts(cfg)
         assert parts.model.dtype == str(build.compute_dtype(cfg)).removeprefix("torch.")
         assert parts.kv_memory.k.dtype == build.compute_dtype(cfg)

@@ -2,6 +2,7 @@
 the metadata its buffers hold; between steps they hold `fill_idle`'s image, so the kernels that
 matter are run here on that image directly (on a CPU under Triton's interpreter): every attention
 output and split-K partial of the last real step must come out zero, and no K/V may be written."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """The KV cache's size where no profiling pass sets it: on the CPU, by default, what the
 configuration can use (not a fixed 2 GiB: `make run` once held 6.2 GB for a 135M model); the
 engine says at start what it chose; gpu_memory_utilization is refused on the CPU."""
+
 from __future__ import annotations
 
 import pytest

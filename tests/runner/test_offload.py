@@ -6,9 +6,21 @@ from traceless.model.layers.kv_cache import KVCache
 from traceless.modes import KVOffload
 from traceless.runner.offload import KVOffloader, OffloadError
 
-CFG = ModelConfig(architecture="llama", vocab_size=100, hidden_size=64, intermediate_size=128, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-                  max_position_embeddings=64, tie_word_embeddings=True, qkv_bias=False)
+CFG = ModelConfig(
+    architecture="llama",
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+    qkv_bias=False,
+)
 
 
 def filled_cache(dtype=torch.bfloat16):

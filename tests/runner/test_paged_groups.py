@@ -1,6 +1,7 @@
 """KV groups on the CUDA path's packing: every group's slots and block tables travel in the one
 packed buffer (step_meta.py), and the Triton attention reading them equals the torch attention
 reading the CPU path's metadata. On a CPU Triton runs under its interpreter."""
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,22 @@ from traceless.runner.batch import BatchBuilder, SeqInput  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 WINDOWS = (8, 0, 8, 0)  # local and global layers alternate: groups (global, local), one slot each... x2
-CFG = ModelConfig(architecture="gemma2", vocab_size=100, hidden_size=64, intermediate_size=64, num_layers=4,
-                  num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-                  max_position_embeddings=128, tie_word_embeddings=True, qkv_bias=False, layer_windows=WINDOWS)
+CFG = ModelConfig(
+    architecture="gemma2",
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=64,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+    qkv_bias=False,
+    layer_windows=WINDOWS,
+)
 BS = 4
 
 

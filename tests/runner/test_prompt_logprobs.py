@@ -1,5 +1,6 @@
 """Prompt logprobs equal transformers' float32 log-softmax, through chunked prefill, prefix-cache
 hits (bypassed) and preemption; the engine holds nothing afterwards."""
+
 from __future__ import annotations
 
 import random
@@ -67,8 +68,11 @@ def test_prefix_cache_hit_is_bypassed_for_prompt_logprobs(tiny_llama_dir, hf):
     plain = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     llm.generate({"prompt_token_ids": ids}, plain, use_tqdm=False)
     assert llm.engine.cached_prefix_len(ids) > 0
-    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True,
-                                                                  prompt_logprobs=1), use_tqdm=False)[0]
+    out = llm.generate(
+        {"prompt_token_ids": ids},
+        SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=1),
+        use_tqdm=False,
+    )[0]
     check(out, ids, hf_prompt_logprobs(hf, ids), 1)
     assert llm.generate({"prompt_token_ids": ids}, plain, use_tqdm=False)[0].prompt_logprobs is None
     llm.engine.drop_prefix_cache()
@@ -82,14 +86,23 @@ def test_prompt_logprobs_survive_preemption_by_recompute(tiny_llama_dir, hf):
     from traceless.config import EngineConfig
 
     preempted = []
-    config = EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=9 * 8192, max_model_len=96,
-                          max_num_batched_tokens=32, prefix_cache="off")
-    llm = llm_with_executor(config, lambda real: ExecutorSpy(real, lambda plan, _: preempted.append(
-        plan.num_preempted)))
+    config = EngineConfig(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        kv_cache_memory=9 * 8192,
+        max_model_len=96,
+        max_num_batched_tokens=32,
+        prefix_cache="off",
+    )
+    llm = llm_with_executor(
+        config, lambda real: ExecutorSpy(real, lambda plan, _: preempted.append(plan.num_preempted))
+    )
     ps = prompts("preempt")[2:]
-    outs = llm.generate([{"prompt_token_ids": p} for p in ps],
-                        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, prompt_logprobs=2),
-                        use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in ps],
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, prompt_logprobs=2),
+        use_tqdm=False,
+    )
     assert sum(preempted) > 0
     for out, ids in zip(outs, ps):
         check(out, ids, hf_prompt_logprobs(hf, ids), 2)

@@ -1,5 +1,6 @@
 """Draft verification: exact decisions on hand-made cases, and the speculative-sampling rule's
 output distribution against the target distribution (chi-square on synthetic p and q)."""
+
 import math
 
 import torch
@@ -18,8 +19,9 @@ def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs[keep] * counts.sum()
     stat = float(((counts[keep] - expected) ** 2 / expected).sum())
     dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 def one_seq(p_rows, drafts, q_rows=None, u=None, e=None, greedy=False):
@@ -28,8 +30,9 @@ def one_seq(p_rows, drafts, q_rows=None, u=None, e=None, greedy=False):
     d, V = len(drafts), p.shape[-1]
     q = None if q_rows is None else torch.tensor(q_rows, dtype=torch.float32)[None]
     noise = Noise(torch.tensor([u if u is not None else [0.5] * d]), torch.tensor([e or [1.0] * V]))
-    n, tok = verify(p, p.argmax(-1), torch.tensor([greedy]), Drafts(torch.tensor([drafts]), torch.tensor([d]), q),
-                    noise)
+    n, tok = verify(
+        p, p.argmax(-1), torch.tensor([greedy]), Drafts(torch.tensor([drafts]), torch.tensor([d]), q), noise
+    )
     return int(n[0]), int(tok[0])
 
 
@@ -85,8 +88,9 @@ def test_equal_p_and_q_accept_everything():
     p = torch.softmax(torch.randn(64, 4, 5), -1)
     drafts = torch.multinomial(p[:, :3].reshape(-1, 5), 1).view(64, 3)
     noise = Noise(torch.rand(64, 3) * 0.9999, torch.ones(64, 5))
-    n, _ = verify(p, p.argmax(-1), torch.zeros(64, dtype=torch.bool), Drafts(drafts, torch.full((64,), 3), p[:, :3]),
-                  noise)
+    n, _ = verify(
+        p, p.argmax(-1), torch.zeros(64, dtype=torch.bool), Drafts(drafts, torch.full((64,), 3), p[:, :3]), noise
+    )
     assert n.tolist() == [3] * 64
 
 
@@ -117,8 +121,9 @@ def emitted(p, q, g, point_mass=False):
     noise = Noise(torch.rand(S, K, generator=g), torch.empty(S, V).exponential_(generator=g))
     target = p[None].expand(S, -1, -1).contiguous()
     probs = None if point_mass else q[None].expand(S, -1, -1).contiguous()
-    return verify(target, target.argmax(-1), torch.zeros(S, dtype=torch.bool),
-                  Drafts(drafts, torch.full((S,), K), probs), noise), drafts
+    return verify(
+        target, target.argmax(-1), torch.zeros(S, dtype=torch.bool), Drafts(drafts, torch.full((S,), K), probs), noise
+    ), drafts
 
 
 def test_speculative_sampling_keeps_the_target_distribution():
@@ -190,6 +195,7 @@ def test_seeded_rows_reproduce_and_match_plain_sampling_without_drafts():
     a = run([seeded([3, 4])])[0].token_ids
     assert run([seeded([3, 4])])[0].token_ids == a
     # a seeded row with no drafts draws exactly what the plain sampler draws for it
-    plain = Sampler(CPU)(logits[:1].clone(),
-                         [SampleRow(SamplingParams(seed=7), torch.Generator().manual_seed(7), None, None)])
+    plain = Sampler(CPU)(
+        logits[:1].clone(), [SampleRow(SamplingParams(seed=7), torch.Generator().manual_seed(7), None, None)]
+    )
     assert run([seeded([])])[0].token_ids == plain.token_ids

@@ -78,13 +78,18 @@ def test_logprobs_report_top_n_and_the_chosen_token():
 
 def test_logit_bias_is_added_per_row_before_sampling_and_logprobs():
     logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 4.9], [1.0, 2.0, 0.0]])
-    rows = [row(temperature=0, logit_bias={2: 2.5}), row(temperature=0, logit_bias={0: -100, 1: 0.5}),
-            row(temperature=0, logprobs=1)]
+    rows = [
+        row(temperature=0, logit_bias={2: 2.5}),
+        row(temperature=0, logit_bias={0: -100, 1: 0.5}),
+        row(temperature=0, logprobs=1),
+    ]
     out = Sampler(torch.device("cpu"), seed=0)(logits.clone(), rows)
     assert out.token_ids == [2, 2, 1]  # rows 0 and 1 flipped by their biases; row 2 has none
     biased = torch.tensor([[0.0, 3.0, 3.5], [-95.0, 0.5, 4.9]])
-    rows = [row(temperature=1.0, logit_bias={2: 2.5}, logprobs=1), row(temperature=1.0, logit_bias={0: -100, 1: 0.5},
-                                                                       logprobs=1)]
+    rows = [
+        row(temperature=1.0, logit_bias={2: 2.5}, logprobs=1),
+        row(temperature=1.0, logit_bias={0: -100, 1: 0.5}, logprobs=1),
+    ]
     lp = Sampler(torch.device("cpu"), seed=0)(logits[:2].clone(), rows).logprobs
     want = torch.log_softmax(biased, dim=-1)
     for i in range(2):
@@ -107,8 +112,12 @@ def test_choosing_tokens_reads_nothing_back_from_the_device(monkeypatch):
     torch.manual_seed(3)
     logits = torch.randn(4, 40)
     g = torch.Generator().manual_seed(5)
-    rows = [row(temperature=0), row(temperature=0.7, top_k=5), row(top_p=0.8, min_p=0.05),
-            SampleRow(SamplingParams(temperature=1.0, seed=5), g, None, None)]
+    rows = [
+        row(temperature=0),
+        row(temperature=0.7, top_k=5),
+        row(top_p=0.8, min_p=0.05),
+        SampleRow(SamplingParams(temperature=1.0, seed=5), g, None, None),
+    ]
     want = Sampler(torch.device("cpu"), seed=0)(logits.clone(), rows).token_ids
 
     def forbidden(*a, **k):

@@ -1,4 +1,5 @@
 """Packing a step's metadata into one buffer (the CUDA path's single host-to-device copy)."""
+
 import numpy as np
 
 from traceless.runner.batch import SeqInput

@@ -3,6 +3,7 @@ integers equal to 1 or divisible by 16). The step metadata's views sit at offset
 the batch: if that changed the specialization, a serving engine would compile new kernels at new
 batch shapes long after warm-up (hundreds of milliseconds each, on the step path). Here the CUDA
 path's packing runs on a CPU for many batch shapes, and every launch's specialization is compared."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ def _batches():
     for n in range(1, 41):
         yield [SeqInput(list(range(1, 40)), rng.randrange(1, 150), [7], 1) for _ in range(n)]
     for _ in range(30):
-        yield [SeqInput(list(range(1, 40)), rng.randrange(0, 100), [7] * rng.randrange(1, 50), rng.randrange(0, 2))
-               for _ in range(rng.randrange(1, 6))]
+        yield [
+            SeqInput(list(range(1, 40)), rng.randrange(0, 100), [7] * rng.randrange(1, 50), rng.randrange(0, 2))
+            for _ in range(rng.randrange(1, 6))
+        ]
 
 
 def _launch(builder: BatchBuilder, seqs: list[SeqInput], k: torch.Tensor, v: torch.Tensor) -> None:
@@ -48,11 +51,13 @@ def _launch(builder: BatchBuilder, seqs: list[SeqInput], k: torch.Tensor, v: tor
 
 
 def test_no_new_specialization_at_new_batch_shapes(monkeypatch):
-    kernels = {name: LaunchRecorder(getattr(tk, name))
-               for name in ("_paged_attention_kernel", "_combine_kernel", "_rope_cache_kernel")}
+    kernels = {
+        name: LaunchRecorder(getattr(tk, name))
+        for name in ("_paged_attention_kernel", "_combine_kernel", "_rope_cache_kernel")
+    }
     for name, rec in kernels.items():
         monkeypatch.setattr(tk, name, rec)
-    builder = BatchBuilder(BS, torch.device("cpu"), False, D ** -0.5, paged=True)
+    builder = BatchBuilder(BS, torch.device("cpu"), False, D**-0.5, paged=True)
     k = torch.zeros(2, 64, NKV, D, BS)
     v = torch.zeros(2, 64, NKV, BS, D)
     for seqs in _batches():

@@ -1,6 +1,7 @@
 """Who may call `traceless serve`: a bearer token (--api-key) on every route but /health, browser
 origins refused unless allowed (--allowed-origins), and routes of OpenAI's API this server does not
 implement answered with a clear error instead of a bare 404."""
+
 from __future__ import annotations
 
 import httpx
@@ -16,9 +17,12 @@ ALLOWED = "https://app.example"
 
 @pytest.fixture(scope="module")
 def guarded(tiny_llama_dir):
-    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                               max_model_len=128), model_name="tiny", api_key=KEY,
-                                  allowed_origins=(ALLOWED,))
+    app, engine = make_served_app(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128),
+        model_name="tiny",
+        api_key=KEY,
+        allowed_origins=(ALLOWED,),
+    )
     with serve(app, engine) as s:
         yield s.url
 
@@ -31,9 +35,17 @@ def open_server(tiny_server):
 BODY = {"model": "tiny", "prompt": [5, 6], "max_tokens": 2}
 
 
-@pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("POST", "/v1/completions"),
-                                          ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
-                                          ("GET", "/tokenizer_info"), ("POST", "/v1/embeddings")])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/tokenize"),
+        ("GET", "/tokenizer_info"),
+        ("POST", "/v1/embeddings"),
+    ],
+)
 def test_every_route_but_health_needs_the_key(guarded, method, path):
     for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": KEY}, {"authorization": "Basic x"}):
         r = httpx.request(method, guarded + path, json=BODY, headers=headers)
@@ -53,24 +65,38 @@ def test_the_key_opens_the_api_and_the_openai_client_sends_it(guarded):
 
 
 def test_cross_origin_requests_are_refused_by_default(open_server):
-    r = httpx.post(open_server + "/v1/completions", json={**BODY, "model": "tiny-llama"},
-                   headers={"origin": "https://evil.example"})
+    r = httpx.post(
+        open_server + "/v1/completions",
+        json={**BODY, "model": "tiny-llama"},
+        headers={"origin": "https://evil.example"},
+    )
     assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed" and "evil" not in r.text
-    preflight = httpx.options(open_server + "/v1/completions", headers={
-        "origin": "https://evil.example", "access-control-request-method": "POST"})
+    preflight = httpx.options(
+        open_server + "/v1/completions",
+        headers={"origin": "https://evil.example", "access-control-request-method": "POST"},
+    )
     assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
 
 
 def test_an_allowed_origin_gets_cors_headers(guarded):
-    preflight = httpx.options(guarded + "/v1/chat/completions", headers={
-        "origin": ALLOWED, "access-control-request-method": "POST",
-        "access-control-request-headers": "authorization, content-type"})
+    preflight = httpx.options(
+        guarded + "/v1/chat/completions",
+        headers={
+            "origin": ALLOWED,
+            "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type",
+        },
+    )
     assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == ALLOWED
-    r = httpx.post(guarded + "/v1/completions", json=BODY, headers={"origin": ALLOWED,
-                                                                    "authorization": f"Bearer {KEY}"})
+    r = httpx.post(
+        guarded + "/v1/completions", json=BODY, headers={"origin": ALLOWED, "authorization": f"Bearer {KEY}"}
+    )
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ALLOWED
-    other = httpx.post(guarded + "/v1/completions", json=BODY, headers={"origin": "https://other.example",
-                                                                        "authorization": f"Bearer {KEY}"})
+    other = httpx.post(
+        guarded + "/v1/completions",
+        json=BODY,
+        headers={"origin": "https://other.example", "authorization": f"Bearer {KEY}"},
+    )
     assert other.status_code == 403
 
 

@@ -1,6 +1,7 @@
 """The engine thread survives any client cancellation: a request cancelled while its "add" is still
 queued (a client that disconnects at the right moment) must neither kill the engine nor leave the
 request behind."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,13 @@ from traceless.server.async_engine import AsyncEngine
 
 @pytest.fixture(params=[False, True], ids=["sync", "async-scheduling"])
 def engine(tiny_llama_dir, request):
-    return AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32",
-                                                 kv_cache_memory=4 * 2**20, async_scheduling=request.param)))
+    return AsyncEngine(
+        build_engine(
+            EngineConfig(
+                model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=4 * 2**20, async_scheduling=request.param
+            )
+        )
+    )
 
 
 async def _collect(engine: AsyncEngine, rid: str, n: int = 4) -> list[int]:
@@ -74,6 +80,7 @@ def test_cancellation_at_random_moments_never_kills_the_engine(engine):
 
 def _break_next_step(engine: AsyncEngine, broken: list) -> None:
     """The engine's next step raises (a bug outside the per-batch error handling), once per call."""
+
     def patch(e):
         real = e.step
 
@@ -84,6 +91,7 @@ def _break_next_step(engine: AsyncEngine, broken: list) -> None:
             raise RuntimeError("simulated engine bug")
 
         e.step = step
+
     return patch
 
 

@@ -1,4 +1,5 @@
 """Bad input gets its OpenAI-shaped error with the right status, and the server keeps serving."""
+
 import json
 
 import httpx
@@ -31,8 +32,7 @@ def model(url):
 CASES = [
     ("malformed json", "/v1/completions", b"{not json", 400, "invalid_json", None),
     ("not an object", "/v1/completions", b"[1, 2]", 400, None, None),
-    ("unknown field", "/v1/completions", {"prompt": "w5", "best_friend": 1},
-     400, "unsupported_parameter", None),
+    ("unknown field", "/v1/completions", {"prompt": "w5", "best_friend": 1}, 400, "unsupported_parameter", None),
     ("wrong type", "/v1/completions", {"prompt": "w5", "max_tokens": "ten"}, 400, None, "max_tokens"),
     ("negative max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": -3}, 400, None, "max_tokens"),
     ("huge max_tokens", "/v1/completions", {"prompt": "w5", "max_tokens": 10**9}, 400, "context_length_exceeded", None),
@@ -41,29 +41,83 @@ CASES = [
     ("token out of vocab", "/v1/completions", {"prompt": [5, 10**7]}, 400, None, None),
     ("empty prompt", "/v1/completions", {"prompt": ""}, 400, None, None),
     ("missing prompt", "/v1/completions", {}, 400, "missing_required_parameter", "prompt"),
-    ("logit_bias token out of vocab", "/v1/completions", {"prompt": "w5", "logit_bias": {"5": 1, "384": 10}},
-     400, None, None),
-    ("logit_bias key not a token id", "/v1/completions", {"prompt": "w5", "logit_bias": {"w5": 10}},
-     400, None, "logit_bias"),
-    ("logit_bias out of range", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "w5"}], "logit_bias": {"5": 100.5}}, 400, None, "logit_bias"),
+    (
+        "logit_bias token out of vocab",
+        "/v1/completions",
+        {"prompt": "w5", "logit_bias": {"5": 1, "384": 10}},
+        400,
+        None,
+        None,
+    ),
+    (
+        "logit_bias key not a token id",
+        "/v1/completions",
+        {"prompt": "w5", "logit_bias": {"w5": 10}},
+        400,
+        None,
+        "logit_bias",
+    ),
+    (
+        "logit_bias out of range",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "w5"}], "logit_bias": {"5": 100.5}},
+        400,
+        None,
+        "logit_bias",
+    ),
     ("echo not a boolean", "/v1/completions", {"prompt": "w5", "echo": "yes"}, 400, None, "echo"),
-    ("prompt_logprobs too many", "/v1/completions", {"prompt": "w5", "prompt_logprobs": 6}, 400, None,
-     "prompt_logprobs"),
-    ("prompt_logprobs on chat", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "w5"}], "prompt_logprobs": 1}, 400, "unsupported_parameter", None),
-    ("malformed tool", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "w5"}], "tools": [{"type": "function"}]}, 400, None, "tools[0]"),
-    ("response_format", "/v1/completions", {"prompt": "w5", "response_format": {"type": "xml"}},
-     400, "unsupported_parameter", "response_format"),
+    (
+        "prompt_logprobs too many",
+        "/v1/completions",
+        {"prompt": "w5", "prompt_logprobs": 6},
+        400,
+        None,
+        "prompt_logprobs",
+    ),
+    (
+        "prompt_logprobs on chat",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "w5"}], "prompt_logprobs": 1},
+        400,
+        "unsupported_parameter",
+        None,
+    ),
+    (
+        "malformed tool",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "w5"}], "tools": [{"type": "function"}]},
+        400,
+        None,
+        "tools[0]",
+    ),
+    (
+        "response_format",
+        "/v1/completions",
+        {"prompt": "w5", "response_format": {"type": "xml"}},
+        400,
+        "unsupported_parameter",
+        "response_format",
+    ),
     ("bad role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "w5"}]}, 400, None, "messages[0]"),
     ("bad content", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None, "messages[0]"),
-    ("top_logprobs alone", "/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2},
-     400, None, "top_logprobs"),
+    (
+        "top_logprobs alone",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2},
+        400,
+        None,
+        "top_logprobs",
+    ),
     ("weak cache_salt", "/v1/completions", {"prompt": "w5", "cache_salt": "only-16-chars-ok"}, 400, None, "cache_salt"),
     ("cache_salt not a string", "/v1/completions", {"prompt": "w5", "cache_salt": 12345}, 400, None, "cache_salt"),
-    ("stream_options without stream", "/v1/completions", {"prompt": "w5", "stream_options": {"include_usage": True}},
-     400, None, "stream_options"),
+    (
+        "stream_options without stream",
+        "/v1/completions",
+        {"prompt": "w5", "stream_options": {"include_usage": True}},
+        400,
+        None,
+        "stream_options",
+    ),
 ]
 
 
@@ -83,8 +137,11 @@ def test_bad_requests_get_openai_errors(url, model, name, path, body, status, co
 
 
 def test_a_good_cache_salt_is_accepted(url, model):
-    r = post(url, "/v1/completions", {"model": model, "prompt": [5, 6, 7], "max_tokens": 2,
-                                      "cache_salt": "Zm9vYmFyYmF6cXV4cXV1eHp6enp6"})
+    r = post(
+        url,
+        "/v1/completions",
+        {"model": model, "prompt": [5, 6, 7], "max_tokens": 2, "cache_salt": "Zm9vYmFyYmF6cXV4cXV1eHp6enp6"},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -107,8 +164,14 @@ def test_unknown_route_and_method(url):
 
 
 def test_client_disconnect_mid_stream_aborts_and_frees(tiny_server, model):
-    body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 100, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": model,
+        "prompt": [5, 6, 7],
+        "max_tokens": 100,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", tiny_server.url + "/v1/completions", json=body) as r:
             it = r.iter_lines()
@@ -133,8 +196,11 @@ def test_queue_full_is_503_with_retry_after(tiny_llama_dir):
     from tests.support.serving import make_served_app, serve
     from traceless.config import EngineConfig
 
-    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                               max_model_len=128, max_queued_requests=1))
+    app, engine = make_served_app(
+        EngineConfig(
+            model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128, max_queued_requests=1
+        )
+    )
     with serve(app, engine) as s, s.slowed(0.05):  # the first request surely holds its slot
         m = httpx.get(s.url + "/v1/models").json()["data"][0]["id"]
         body = {"model": m, "prompt": [5, 6], "max_tokens": 100, "ignore_eos": True, "stream": True}
@@ -150,11 +216,15 @@ def test_queue_full_is_503_with_retry_after(tiny_llama_dir):
 SECRET_KEY = "my-diagnosis-is-TRACELESS-KEY-7c1e"
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "w5", SECRET_KEY: 1}),
-    ("/v1/completions", {"prompt": "w5", SECRET_KEY: 1, "another " + SECRET_KEY: 2}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5", SECRET_KEY: "x"}]}),
-], ids=["top-level", "two-unknown", "in-a-message"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "w5", SECRET_KEY: 1}),
+        ("/v1/completions", {"prompt": "w5", SECRET_KEY: 1, "another " + SECRET_KEY: 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5", SECRET_KEY: "x"}]}),
+    ],
+    ids=["top-level", "two-unknown", "in-a-message"],
+)
 def test_errors_never_name_a_client_chosen_key(url, model, path, body):
     """A key name is client-chosen text (content): errors say how many fields are unknown, never which."""
     r = post(url, path, {"model": model, **body})
@@ -164,14 +234,21 @@ def test_errors_never_name_a_client_chosen_key(url, model, path, body):
     assert f"{unknown} unknown field" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("path, body, named", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "metadata": {"a": "b"}}, "metadata"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "store": True}, "store"),
-    ("/v1/completions", {"prompt": "w5", "min_tokens": 3}, "min_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],
-                              "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "guided_json": {}}, "guided_json"),
-], ids=["metadata", "store", "min_tokens", "chat_template_kwargs", "guided_json"])
+@pytest.mark.parametrize(
+    "path, body, named",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "metadata": {"a": "b"}}, "metadata"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "store": True}, "store"),
+        ("/v1/completions", {"prompt": "w5", "min_tokens": 3}, "min_tokens"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "w5"}], "chat_template_kwargs": {"enable_thinking": False}},
+            "chat_template_kwargs",
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "guided_json": {}}, "guided_json"),
+    ],
+    ids=["metadata", "store", "min_tokens", "chat_template_kwargs", "guided_json"],
+)
 def test_a_known_openai_or_vllm_field_is_named(url, model, path, body, named):
     """Fields of OpenAI's or vLLM's API come from a fixed list in the server: naming them echoes
     nothing a client chose. The error points at the reference of supported fields."""
@@ -197,12 +274,15 @@ def test_every_field_named_in_errors_comes_from_the_fixed_list():
     assert {"metadata", "store", "min_tokens", "chat_template_kwargs"} <= set(KNOWN_UNSUPPORTED)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "w5", "n": 9}, "n"),
-    ({"prompt": ["w5"] * 9}, "prompt"),
-    ({"prompt": [[5, 6]] * 9}, "prompt"),
-    ({"prompt": ["w5"] * 3, "n": 3}, "n"),  # 9 choices in all
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "w5", "n": 9}, "n"),
+        ({"prompt": ["w5"] * 9}, "prompt"),
+        ({"prompt": [[5, 6]] * 9}, "prompt"),
+        ({"prompt": ["w5"] * 3, "n": 3}, "n"),  # 9 choices in all
+    ],
+)
 def test_one_request_buys_at_most_max_choices_engine_requests(url, model, body, param):
     from traceless.server.protocol import MAX_CHOICES
 
@@ -231,8 +311,9 @@ def test_tokenization_runs_off_the_event_loop(tiny_server, model, monkeypatch):
 
     monkeypatch.setattr(tok, "encode", held_encode)
     with ThreadPoolExecutor(1) as pool:
-        held = pool.submit(post, tiny_server.url, "/v1/completions", {"model": model, "prompt": "w7 w7 w7",
-                                                                      "max_tokens": 2})
+        held = pool.submit(
+            post, tiny_server.url, "/v1/completions", {"model": model, "prompt": "w7 w7 w7", "max_tokens": 2}
+        )
         try:
             assert entered.wait(30)
             other = httpx.get(tiny_server.url + "/v1/models", timeout=15)

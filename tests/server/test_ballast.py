@@ -1,6 +1,7 @@
 """The ballast: while a shaped stream holds the engine and no request runs, the engine decodes for no
 one; a real request stops it and runs as it would alone; when the hold ends it stops, leaving
 nothing behind (its KV blocks released and zeroed)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,13 @@ from traceless.server.async_engine import AsyncEngine
 
 @pytest.fixture(params=[False, True], ids=["sync", "async-scheduling"])
 def engine(tiny_llama_dir, request):
-    return AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32",
-                                                 kv_cache_memory=4 * 2**20, async_scheduling=request.param)))
+    return AsyncEngine(
+        build_engine(
+            EngineConfig(
+                model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=4 * 2**20, async_scheduling=request.param
+            )
+        )
+    )
 
 
 async def _collect(engine: AsyncEngine, rid: str) -> list[int]:

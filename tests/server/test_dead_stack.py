@@ -1,5 +1,6 @@
 """scrub_dead_stack clears a thread's stack below the caller: what deep calls left there is gone,
 on a worker thread and on the main thread."""
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """/v1/completions with echo and logprobs (as OpenAI and lm-evaluation-harness use them), vLLM's
 prompt_logprobs, and logit_bias, over HTTP, against transformers' float32 log-softmax."""
+
 import json
 
 import httpx
@@ -37,13 +38,14 @@ PROMPT = [5, 17, 200, 33, 9, 140, 77, 301, 12, 64, 250, 8]
 
 @pytest.mark.parametrize("prompt", [PROMPT, " ".join(f"w{t}" for t in PROMPT)], ids=["ids", "text"])
 def test_echo_returns_the_prompt_and_its_logprobs(tiny_server, hf, model, prompt):
-    body = post(tiny_server, {"model": model, "prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 1,
-                              "temperature": 0})
+    body = post(
+        tiny_server, {"model": model, "prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0}
+    )
     choice = body["choices"][0]
     lp = choice["logprobs"]
     want = reference(hf, PROMPT)
     tok = [f"w{t}" for t in PROMPT]
-    assert lp["tokens"][:len(PROMPT)] == tok and len(lp["tokens"]) == len(PROMPT) + 1
+    assert lp["tokens"][: len(PROMPT)] == tok and len(lp["tokens"]) == len(PROMPT) + 1
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     for k in range(1, len(PROMPT)):
         assert abs(lp["token_logprobs"][k] - float(want[k - 1, PROMPT[k]])) < 1e-4
@@ -65,8 +67,9 @@ def test_echo_without_logprobs_and_the_stream_agree(tiny_server, model):
     with_lp = post(tiny_server, {**base, "logprobs": 1})["choices"][0]
     assert with_lp["text"] == whole["text"]
     text, tokens, lps = "", [], []
-    with httpx.stream("POST", tiny_server.url + "/v1/completions", json={**base, "logprobs": 1, "stream": True},
-                      timeout=60) as r:
+    with httpx.stream(
+        "POST", tiny_server.url + "/v1/completions", json={**base, "logprobs": 1, "stream": True}, timeout=60
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 c = json.loads(line[6:])["choices"][0]
@@ -80,8 +83,9 @@ def test_echo_without_logprobs_and_the_stream_agree(tiny_server, model):
 
 
 def test_vllm_prompt_logprobs(tiny_server, hf, model):
-    body = post(tiny_server, {"model": model, "prompt": PROMPT, "prompt_logprobs": 1, "max_tokens": 2,
-                              "temperature": 0, "n": 2})
+    body = post(
+        tiny_server, {"model": model, "prompt": PROMPT, "prompt_logprobs": 1, "max_tokens": 2, "temperature": 0, "n": 2}
+    )
     want = reference(hf, PROMPT)
     for choice in body["choices"]:
         plp = choice["prompt_logprobs"]
@@ -113,8 +117,9 @@ def test_the_openai_client_reads_echo_logprobs_and_sends_logit_bias(tiny_server,
     from openai import OpenAI
 
     client = OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0)
-    got = client.completions.create(model=model, prompt="w5 w6 w7", echo=True, logprobs=1, max_tokens=1,
-                                    temperature=0, logit_bias={"9": 100})
+    got = client.completions.create(
+        model=model, prompt="w5 w6 w7", echo=True, logprobs=1, max_tokens=1, temperature=0, logit_bias={"9": 100}
+    )
     lp = got.choices[0].logprobs
     assert lp.tokens == ["w5", "w6", "w7", "w9"] and lp.token_logprobs[0] is None
     assert got.choices[0].text.startswith("w5 w6 w7") and got.choices[0].text.endswith("w9")

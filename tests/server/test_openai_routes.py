@@ -1,4 +1,5 @@
 """One OpenAI route table (http/openai_routes.py): `serve`, the node and the proxy serve exactly it."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -25,8 +26,9 @@ def test_the_table_is_consistent():
 
 
 def test_serve_the_node_and_the_proxy_serve_every_route_of_the_table(tiny_llama_dir):
-    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                               max_model_len=64))
+    app, engine = make_served_app(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=64)
+    )
     served = _served(app)
     for r in OPENAI_ROUTES:
         assert served[r.path] == {r.method}, r

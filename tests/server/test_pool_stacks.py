@@ -7,6 +7,7 @@ baseline) the worker idles in the OpenMP runtime, whose wait frames at the top o
 a little from one region to the next: the lines a trivial parallel region changes mark how deep
 that noise reaches. The lines below it that a quantized matmul changed are what the kernel left;
 after a second scrub each must read as in the baseline again."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,7 @@ def _lines(bounds: tuple[int, int]) -> list[bytes]:
     with open("/proc/self/mem", "rb", buffering=0) as mem:
         mem.seek(high - TOP)
         data = mem.read(TOP)
-    return [data[i - LINE:i] for i in range(len(data), 0, -LINE)]
+    return [data[i - LINE : i] for i in range(len(data), 0, -LINE)]
 
 
 class Workers:
@@ -62,8 +63,11 @@ class Workers:
 
 
 def _quantized_matmul() -> None:
-    w = QuantTensor(QFormat.Q4_1, (512, 576),
-                    torch.from_numpy(random_tensor("Q4_1", 512, 576, np.random.default_rng(0), scale=0.02)))
+    w = QuantTensor(
+        QFormat.Q4_1,
+        (512, 576),
+        torch.from_numpy(random_tensor("Q4_1", 512, 576, np.random.default_rng(0), scale=0.02)),
+    )
     x = torch.randn(8, 576)
     QuantKernels.load().matmul(x, to_kernel_layout(w), torch.empty(8, 512))
 

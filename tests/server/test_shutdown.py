@@ -2,6 +2,7 @@
 drain calls): each stream gets an error event then [DONE], a non-streamed request a 503, each
 engine request is aborted (every block free and zero while the server still runs), and requests
 that come later are refused with 503 `shutting_down`."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ from traceless.config import EngineConfig
 
 @pytest.fixture
 def server(tiny_llama_dir):
-    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                               max_model_len=128))
+    app, engine = make_served_app(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128)
+    )
     with serve(app, engine) as s:
         yield s
 
@@ -37,8 +39,14 @@ def test_ending_requests_ends_streams_with_an_error_then_done_and_frees_every_bl
 
     with server.slowed(0.05):  # 100 tokens: 5 s, far longer than the test waits
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2,
-                                              max_tokens=100, stream=True, extra_body={"ignore_eos": True})
+        chat = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "hi"}],
+            n=2,
+            max_tokens=100,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
             events = (line for line in r.iter_lines() if line.startswith("data: "))
             assert json.loads(next(events)[6:])["choices"]

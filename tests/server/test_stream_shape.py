@@ -1,4 +1,5 @@
 """Padded, grouped streams: every chunk has the same length, and clients still parse them."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,10 @@ def test_pad_event_sizes():
 
 @pytest.fixture(scope="module")
 def padded(tiny_llama_dir):
-    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                               max_model_len=128), stream_shape=StreamShape(PAD, 4))
+    app, engine = make_served_app(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128),
+        stream_shape=StreamShape(PAD, 4),
+    )
     with serve(app, engine) as s:
         s.model = httpx.get(s.url + "/v1/models").json()["data"][0]["id"]
         yield s
@@ -35,8 +38,9 @@ def padded(tiny_llama_dir):
 def test_every_sse_event_has_the_same_length_and_the_text_is_intact(padded):
     body = {"model": padded.model, "prompt": [5, 6, 7], "max_tokens": 22, "temperature": 0, "ignore_eos": True}
     whole = httpx.post(padded.url + "/v1/completions", json=body).json()["choices"][0]["text"]
-    raw = httpx.post(padded.url + "/v1/completions", json={**body, "stream": True,
-                                                          "stream_options": {"include_usage": True}}).content
+    raw = httpx.post(
+        padded.url + "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ).content
     events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]
     assert len(events) >= 5 and {len(e) for e in events} == {PAD}
     texts = []
@@ -55,8 +59,11 @@ def test_the_openai_client_reads_padded_streams(padded):
     from openai import OpenAI
 
     client = OpenAI(base_url=padded.url + "/v1", api_key="-")
-    text = "".join(c.choices[0].text for c in client.completions.create(
-        model=padded.model, prompt="w5 w6", max_tokens=9, temperature=0, stream=True) if c.choices)
+    text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=padded.model, prompt="w5 w6", max_tokens=9, temperature=0, stream=True)
+        if c.choices
+    )
     want = client.completions.create(model=padded.model, prompt="w5 w6", max_tokens=9, temperature=0).choices[0].text
     assert text == want
 
@@ -72,8 +79,9 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
     from traceless.privacy.ohttp.call import encapsulate_call
     from traceless.server.async_engine import AsyncEngine
 
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                                max_model_len=128)))
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128))
+    )
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     from traceless.privacy.shape import OFF
 
@@ -81,16 +89,24 @@ def test_node_chunks_all_have_the_same_length(tiny_llama_dir):
     app = create_node_app(engine, identity, NodeSettings("tiny", stream_shape=StreamShape(PAD, 2), shape=OFF))
     with serve(app, engine) as node:
         node.identity = identity
-        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 15, "temperature": 0, "ignore_eos": True,
-                "stream": True}
-        call = encapsulate_call(identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(),
-                                stream=True)
+        body = {
+            "model": "tiny",
+            "prompt": [5, 6, 7],
+            "max_tokens": 15,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        call = encapsulate_call(
+            identity.keys.current.key_config, b"/v1/completions", json.dumps(body).encode(), stream=True
+        )
         r = httpx.post(node.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type})
         sizes = chunked_ciphertexts(r.content)
         assert len(sizes) >= 10 and len(set(sizes)) == 1, sizes  # head, data chunks and final chunk alike
         status, events = node_call(node, b"/v1/completions", body, stream=True)  # and it still decodes
         assert status == 200 and events[-1].startswith(b"data: [DONE]")
-        text = "".join(json.loads(e.split(b"\n", 1)[0][6:])["choices"][0]["text"] for e in events[:-1]
-                       if e.startswith(b"data: {"))
+        text = "".join(
+            json.loads(e.split(b"\n", 1)[0][6:])["choices"][0]["text"] for e in events[:-1] if e.startswith(b"data: {")
+        )
         plain = {k: v for k, v in body.items() if k != "stream"}
         assert text == node_call(node, b"/v1/completions", plain)[1]["choices"][0]["text"]

@@ -1,5 +1,6 @@
 """Telemetry that cannot count one request: nothing changes in the metrics until a window of at
 least K requests closes; no metrics on the public app."""
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,24 @@ class Clock:
 
 
 def values(text: str) -> dict[str, float]:
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line and not line.startswith("#")}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def test_the_default_window_is_a_minute_and_twenty_requests_with_noise_of_epsilon_one():
     assert WindowPolicy() == WindowPolicy(60.0, 20, 1.0)
-    for bad in ((0.0, 20), (float("inf"), 20), (60.0, -1), (60.0, 2.5), (60.0, 20, 0.0), (60.0, 20, float("nan")),
-                (60.0, 20, float("inf"))):
+    for bad in (
+        (0.0, 20),
+        (float("inf"), 20),
+        (60.0, -1),
+        (60.0, 2.5),
+        (60.0, 20, 0.0),
+        (60.0, 20, float("nan")),
+        (60.0, 20, float("inf")),
+    ):
         with pytest.raises(ValueError):
             WindowPolicy(*bad)
 
@@ -156,14 +167,19 @@ def test_with_noise_every_cell_is_published_and_nothing_a_request_moves_by_more_
     assert len([k for k in last if k.startswith("traceless_requests_by_prompt_tokens_total{")]) == 6
     assert 'traceless_requests_total{endpoint="chat_completions",status="error"}' in moved  # noise, not requests
     assert last["traceless_window_requests"] == 2 and last["traceless_telemetry_windows_total"] == 30
-    for gone in ("traceless_prompt_tokens_total", "traceless_generation_tokens_total",
-                 "traceless_window_peak_requests_running", "traceless_window_peak_kv_cache_usage_ratio",
-                 "traceless_spec_decode_num_draft_tokens_total"):
+    for gone in (
+        "traceless_prompt_tokens_total",
+        "traceless_generation_tokens_total",
+        "traceless_window_peak_requests_running",
+        "traceless_window_peak_kv_cache_usage_ratio",
+        "traceless_spec_decode_num_draft_tokens_total",
+    ):
         assert not any(k.startswith(gone) for k in last), gone
     assert not any(k.startswith("traceless_window_inter_token_latency") for k in last)
 
 
 # --- live: the server's public app and its operator listener ---------------------------------------
+
 
 @pytest.fixture(scope="module")
 def served(tiny_llama_dir):
@@ -179,8 +195,10 @@ def served(tiny_llama_dir):
         telemetry_box["t"] = Telemetry(WindowPolicy(60.0, 3), engine, clock=clock)  # with its noise
         return telemetry_box["t"]
 
-    app, engine = make_served_app(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20,
-                                               max_model_len=128), telemetry=make)
+    app, engine = make_served_app(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=128),
+        telemetry=make,
+    )
     with serve(app, engine) as s, serve_in_thread(create_operator_app(telemetry_box["t"], "server")) as ops:
         s.clock, s.ops = clock, ops
         yield s
@@ -191,8 +209,11 @@ def test_one_request_cannot_be_seen_in_the_metrics(served):
     model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
 
     def one(stream=False):
-        r = httpx.post(url + "/v1/completions", json={"model": model, "prompt": [5, 6, 7], "max_tokens": 4,
-                                                       "ignore_eos": True, "stream": stream}, timeout=60)
+        r = httpx.post(
+            url + "/v1/completions",
+            json={"model": model, "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True, "stream": stream},
+            timeout=60,
+        )
         assert r.status_code == 200
 
     before = httpx.get(ops + "/metrics").text

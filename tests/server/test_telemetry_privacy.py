@@ -3,6 +3,7 @@ own in a window of 20, an operator reads the victim's finish reason from the pub
 The published counts carry noise calibrated to the node's epsilon, so the attacker can do no better
 than epsilon-differential privacy allows: between two candidate requests, with even odds, no
 attacker names the right one more often than e^eps / (1 + e^eps)."""
+
 from __future__ import annotations
 
 import math
@@ -29,9 +30,15 @@ def run_attack(prefix: str, epsilon: float | None, seed: int = 7) -> float:
     """The attack's accuracy over TRIALS windows of 19 + 1 against the default window, the noise
     drawn by the real mechanism from a seeded generator (so the figure repeats)."""
     clock, rng = Clock(), random.Random(seed)
-    return attack_accuracy(lambda: Telemetry(WindowPolicy(60.0, 20, epsilon), clock=clock, rng=rng),
-                           lambda: Telemetry(WindowPolicy(60.0, 20, None), clock=clock),
-                           clock, trials=TRIALS, own=19, rng=rng, prefix=prefix)
+    return attack_accuracy(
+        lambda: Telemetry(WindowPolicy(60.0, 20, epsilon), clock=clock, rng=rng),
+        lambda: Telemetry(WindowPolicy(60.0, 20, None), clock=clock),
+        clock,
+        trials=TRIALS,
+        own=19,
+        rng=rng,
+        prefix=prefix,
+    )
 
 
 def dp_bound(epsilon: float) -> float:

@@ -1,4 +1,5 @@
 """/tokenize and /detokenize in vLLM's shape, and /v1/models with max_model_len (plaintext server)."""
+
 import httpx
 import pytest
 
@@ -25,7 +26,8 @@ def test_tokenize_a_prompt_and_back(url, model):
     r = httpx.post(url + "/tokenize", json={"prompt": "w5 w6", "return_token_strs": True})  # model is optional
     assert r.json()["token_strs"] == ["w5", "w6"]
     assert httpx.post(url + "/detokenize", json={"model": model, "tokens": [5, 6, 300]}).json() == {
-        "prompt": "w5 w6 w300"}
+        "prompt": "w5 w6 w300"
+    }
 
 
 def test_tokenize_a_conversation_with_the_chat_template(url, model, tiny_server):
@@ -35,20 +37,23 @@ def test_tokenize_a_conversation_with_the_chat_template(url, model, tiny_server)
     want = tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
     assert got["tokens"] == want and got["count"] == len(want)
     no_prompt = httpx.post(url + "/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
-    assert no_prompt["tokens"] == want[:len(no_prompt["tokens"])] and no_prompt["count"] < len(want)
+    assert no_prompt["tokens"] == want[: len(no_prompt["tokens"])] and no_prompt["count"] < len(want)
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/tokenize", {"prompt": "w5", "messages": [{"role": "user", "content": "w5"}]}, "prompt"),
-    ("/tokenize", {}, "prompt"),
-    ("/tokenize", {"prompt": 5}, "prompt"),
-    ("/tokenize", {"prompt": "w5", "add_generation_prompt": True}, "add_generation_prompt"),
-    ("/tokenize", {"prompt": "w5", "secret_field": 1}, None),
-    ("/detokenize", {"tokens": [5, 384]}, "tokens"),
-    ("/detokenize", {"tokens": [-1]}, "tokens"),
-    ("/detokenize", {"tokens": "w5"}, "tokens"),
-    ("/detokenize", {}, "tokens"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/tokenize", {"prompt": "w5", "messages": [{"role": "user", "content": "w5"}]}, "prompt"),
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "w5", "add_generation_prompt": True}, "add_generation_prompt"),
+        ("/tokenize", {"prompt": "w5", "secret_field": 1}, None),
+        ("/detokenize", {"tokens": [5, 384]}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": "w5"}, "tokens"),
+        ("/detokenize", {}, "tokens"),
+    ],
+)
 def test_bad_tokenizer_calls_are_400(url, path, body, param):
     r = httpx.post(url + path, json=body)
     assert r.status_code == 400, r.text

@@ -1,5 +1,6 @@
 """A tiny random model whose tokenizer covers every byte (so any JSON can be spelled), with a
 Hermes-style chat template that renders tools (the shape Qwen2.5 uses)."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from tests.conftest import make_tiny_model
 TOOLS_TEMPLATE = (
     "{% if tools %}<s>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}"
     "# Tools\n<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
-    "Call a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call></s>\n"
+    'Call a tool as <tool_call>{"name": ..., "arguments": ...}</tool_call></s>\n'
     "{% elif messages[0]['role'] == 'system' %}<s>system\n{{ messages[0]['content'] }}</s>\n{% endif %}"
     "{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
     "{% if m['role'] == 'tool' %}<s>user\n<tool_response>\n{{ m['content'] }}\n</tool_response></s>\n"

@@ -2,6 +2,7 @@
 [A-Za-z0-9_] and `\\s` is a fixed set of spaces; llguidance reads `\\d` and `\\w` as Unicode classes
 (a pattern `\\d{3}` once let a model write three Arabic-Indic digits). Patterns and regex outputs are
 translated before llguidance sees them; outputs must match Python's `re` in ASCII mode."""
+
 from __future__ import annotations
 
 import json
@@ -45,14 +46,17 @@ def _text(kind: StructuredKind, text: str) -> str:
 
 
 @pytest.mark.parametrize("kind", [StructuredKind.REGEX, StructuredKind.JSON_SCHEMA])
-@pytest.mark.parametrize("pattern, ascii_text, other, ecma_accepts", [
-    (r"^\d{3}$", "123", NON_ASCII["digit"] * 3, False),
-    (r"^\d{3}$", "123", "\U0001FBF8" * 3, False),  # segmented digits
-    (r"^\w+$", "a_Z9", "a" + NON_ASCII["word"], False),
-    (r"^[\d-]+$", "1-2", "1-" + NON_ASCII["digit"], False),
-    (r"^\D$", "x", NON_ASCII["digit"], True),  # not one of [0-9]
-    (r"^a\sb$", "a\tb", "a" + NON_ASCII["space"] + "b", True),  # ECMA's \s includes the Zs spaces
-])
+@pytest.mark.parametrize(
+    "pattern, ascii_text, other, ecma_accepts",
+    [
+        (r"^\d{3}$", "123", NON_ASCII["digit"] * 3, False),
+        (r"^\d{3}$", "123", "\U0001fbf8" * 3, False),  # segmented digits
+        (r"^\w+$", "a_Z9", "a" + NON_ASCII["word"], False),
+        (r"^[\d-]+$", "1-2", "1-" + NON_ASCII["digit"], False),
+        (r"^\D$", "x", NON_ASCII["digit"], True),  # not one of [0-9]
+        (r"^a\sb$", "a\tb", "a" + NON_ASCII["space"] + "b", True),  # ECMA's \s includes the Zs spaces
+    ],
+)
 def test_classes_mean_what_ecma_262_says(llm, kind, pattern, ascii_text, other, ecma_accepts):
     spec = _spec(kind, pattern)
     assert _accepts(llm, spec, _text(kind, ascii_text))
@@ -66,10 +70,18 @@ def test_regex_outputs_use_ascii_classes(llm):
     params = SamplingParams(max_tokens=40, temperature=1.5, seed=3, structured=spec)
     for out in llm.generate(["x", "y", "z", "w"], params, use_tqdm=False):
         assert re.fullmatch(r"\d{3}-\w{2}", out.outputs[0].text, re.ASCII), out.outputs[0].text
-    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": r"^\d{2}\w$"}},
-              "required": ["id"], "additionalProperties": False}
-    params = SamplingParams(max_tokens=60, temperature=1.5, seed=5,
-                            structured=StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema)))
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": r"^\d{2}\w$"}},
+        "required": ["id"],
+        "additionalProperties": False,
+    }
+    params = SamplingParams(
+        max_tokens=60,
+        temperature=1.5,
+        seed=5,
+        structured=StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema)),
+    )
     for out in llm.generate(["x", "y"], params, use_tqdm=False):
         text = out.outputs[0].text
         if out.outputs[0].finish_reason == "stop":
@@ -77,11 +89,21 @@ def test_regex_outputs_use_ascii_classes(llm):
     llm.engine.check_integrity()
 
 
-@pytest.mark.parametrize("source, expected", [
-    (r"\d", "[0-9]"), (r"\D", "[^0-9]"), (r"\w", "[A-Za-z0-9_]"), (r"\W", "[^A-Za-z0-9_]"),
-    (r"[\d_]", "[0-9_]"), (r"[^\w]", "[^A-Za-z0-9_]"), (r"\\d", r"\\d"), (r"[\]\d]", r"[\]0-9]"),
-    (r"a\.b", r"a\.b"), (r"\p{L}", r"\p{L}"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        (r"\d", "[0-9]"),
+        (r"\D", "[^0-9]"),
+        (r"\w", "[A-Za-z0-9_]"),
+        (r"\W", "[^A-Za-z0-9_]"),
+        (r"[\d_]", "[0-9_]"),
+        (r"[^\w]", "[^A-Za-z0-9_]"),
+        (r"\\d", r"\\d"),
+        (r"[\]\d]", r"[\]0-9]"),
+        (r"a\.b", r"a\.b"),
+        (r"\p{L}", r"\p{L}"),
+    ],
+)
 def test_the_translation(source, expected):
     assert ecma_to_ascii(source) == expected
 

@@ -1,6 +1,7 @@
 """No structured-output path hands request text to Python's `re`: its module-level cache keeps the
 last few hundred patterns compiled (request content that would outlive the request). Every kind
 is compiled and guided, and the refusals taken, with canary words in the source."""
+
 from __future__ import annotations
 
 import json
@@ -17,21 +18,31 @@ from traceless_tools.audit.canary import new_canary
 
 
 def _specs(text: str, words: tuple[str, ...]) -> list[StructuredOutput]:
-    tool = {"type": "function", "function": {"name": "f", "description": text, "parameters": {
-        "type": "object", "properties": {"v": {"const": text}}, "required": ["v"]}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "description": text,
+            "parameters": {"type": "object", "properties": {"v": {"const": text}}, "required": ["v"]},
+        },
+    }
     forced = forced_call_grammar(ToolRequest([tool], "required", parallel=False))
     assert forced is not None
-    return [StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({"const": text, "pattern": re.escape(words[0])})),
-            StructuredOutput(StructuredKind.REGEX, re.escape(text) + r"\d+"),
-            StructuredOutput(StructuredKind.CHOICE, json.dumps([text, "other"])),
-            StructuredOutput(StructuredKind.GRAMMAR, f"start: {json.dumps(text)} | /{words[0]}[0-9]/"),
-            forced]
+    return [
+        StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({"const": text, "pattern": re.escape(words[0])})),
+        StructuredOutput(StructuredKind.REGEX, re.escape(text) + r"\d+"),
+        StructuredOutput(StructuredKind.CHOICE, json.dumps([text, "other"])),
+        StructuredOutput(StructuredKind.GRAMMAR, f"start: {json.dumps(text)} | /{words[0]}[0-9]/"),
+        forced,
+    ]
 
 
 def _refused(text: str, words: tuple[str, ...]) -> list[StructuredOutput]:
-    return [StructuredOutput(StructuredKind.REGEX, f"({re.escape(text)}"),  # unbalanced
-            StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({"const": text, words[1]: 1, "format": words[0]})),
-            StructuredOutput(StructuredKind.GRAMMAR, f"start: {words[0]} ::=")]
+    return [
+        StructuredOutput(StructuredKind.REGEX, f"({re.escape(text)}"),  # unbalanced
+        StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps({"const": text, words[1]: 1, "format": words[0]})),
+        StructuredOutput(StructuredKind.GRAMMAR, f"start: {words[0]} ::="),
+    ]
 
 
 def _cached_patterns() -> list[str]:

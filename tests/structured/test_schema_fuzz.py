@@ -1,6 +1,7 @@
 """Schema fuzzing: random schemas inside the supported subset always yield output that parses and
 validates; a schema using a feature outside it gets a refusal naming that feature; pathological
 schemas are refused or compiled within bounded time."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,15 @@ from traceless.sampling_params import SamplingParams
 from traceless.structured.grammar import MAX_SCHEMA_DEPTH
 from traceless.structured.spec import StructuredKind, StructuredOutput
 
-UNSUPPORTED = {"not": {}, "if": {"type": "string"}, "dependentRequired": {"a": ["b"]}, "uniqueItems": True,
-               "contains": {"type": "integer"}, "propertyNames": {"maxLength": 2}, "unevaluatedProperties": False}
+UNSUPPORTED = {
+    "not": {},
+    "if": {"type": "string"},
+    "dependentRequired": {"a": ["b"]},
+    "uniqueItems": True,
+    "contains": {"type": "integer"},
+    "propertyNames": {"maxLength": 2},
+    "unevaluatedProperties": False,
+}
 
 
 @st.composite
@@ -33,8 +41,10 @@ LEAVES = st.one_of(
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),
     st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 4)),
-    st.builds(lambda vs: {"enum": vs}, st.lists(st.one_of(st.text("abc", max_size=3), st.integers(0, 9)),
-                                                min_size=1, max_size=4, unique=True)),
+    st.builds(
+        lambda vs: {"enum": vs},
+        st.lists(st.one_of(st.text("abc", max_size=3), st.integers(0, 9)), min_size=1, max_size=4, unique=True),
+    ),
     st.builds(lambda v: {"const": v}, st.text("xyz", max_size=3)),
 )
 
@@ -59,8 +69,9 @@ def llm(byte_model_dir):
     return LLM(str(byte_model_dir), dtype="float32", kv_cache_memory=2**22, max_model_len=1024)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(schema=SCHEMAS, seed=st.integers(0, 1000))
 def test_supported_schemas_always_yield_valid_json(llm, schema, seed):
     structured = StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema))
@@ -88,8 +99,12 @@ def test_pathological_schemas_are_bounded(llm):
     for _ in range(MAX_SCHEMA_DEPTH):
         deep = {"type": "array", "items": deep}
     huge_enum = {"enum": [f"v{i:05d}" for i in range(5000)]}
-    wide = {"anyOf": [_object({f"k{j}": {"type": "string", "pattern": f"[a-z]{{{j % 7 + 1}}}x+"}
-                               for j in range(12)}) for _ in range(40)]}
+    wide = {
+        "anyOf": [
+            _object({f"k{j}": {"type": "string", "pattern": f"[a-z]{{{j % 7 + 1}}}x+"} for j in range(12)})
+            for _ in range(40)
+        ]
+    }
     for schema in (deep, huge_enum, wide, {"type": "string", "pattern": "(a|aa)*(b{1,900}){1,900}c"}):
         t0 = time.monotonic()
         try:

@@ -1,5 +1,6 @@
 """Structured outputs and tool calls over HTTP with the official openai client, on a tiny random
 model whose tokenizer spells any byte."""
+
 from __future__ import annotations
 
 import json
@@ -23,15 +24,24 @@ WEATHER = {
         "description": "The weather in a city",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 12},
-                           "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"], "additionalProperties": False,
+            "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
         },
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
-    "required": ["zone"], "additionalProperties": False}}}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 class Person(BaseModel):
@@ -42,8 +52,10 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(byte_model_dir):
-    app, engine = make_served_app(EngineConfig(model=str(byte_model_dir), dtype="float32", kv_cache_memory=2**22,
-                                               max_model_len=1024), max_body_bytes=256 * 1024)
+    app, engine = make_served_app(
+        EngineConfig(model=str(byte_model_dir), dtype="float32", kv_cache_memory=2**22, max_model_len=1024),
+        max_body_bytes=256 * 1024,
+    )
     with serve(app, engine) as s:
         yield s
 
@@ -85,8 +97,14 @@ def captured_logs():
 
 def test_parse_returns_a_validated_object(client, model, server):
     for seed in (0, 1):
-        done = client.chat.completions.parse(model=model, messages=[{"role": "user", "content": "who?"}],
-                                             response_format=Person, max_tokens=400, temperature=1.0, seed=seed)
+        done = client.chat.completions.parse(
+            model=model,
+            messages=[{"role": "user", "content": "who?"}],
+            response_format=Person,
+            max_tokens=400,
+            temperature=1.0,
+            seed=seed,
+        )
         choice = done.choices[0]
         assert choice.finish_reason == "stop"
         assert isinstance(choice.message.parsed, Person)
@@ -95,24 +113,45 @@ def test_parse_returns_a_validated_object(client, model, server):
 
 
 def test_completions_structured_outputs(client, model):
-    r = client.completions.create(model=model, prompt="pick", max_tokens=20, n=3, temperature=1.0, seed=5,
-                                  extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}})
+    r = client.completions.create(
+        model=model,
+        prompt="pick",
+        max_tokens=20,
+        n=3,
+        temperature=1.0,
+        seed=5,
+        extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}},
+    )
     assert {c.text for c in r.choices} <= {"red", "green", "blue"}
-    r = client.completions.create(model=model, prompt="id", max_tokens=20,
-                                  extra_body={"structured_outputs": {"regex": "[A-F]{4}-[0-9]{2}"}})
+    r = client.completions.create(
+        model=model, prompt="id", max_tokens=20, extra_body={"structured_outputs": {"regex": "[A-F]{4}-[0-9]{2}"}}
+    )
     assert len(r.choices[0].text) == 7 and r.choices[0].text[4] == "-"
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
-              "required": ["n"], "additionalProperties": False}
-    r = client.completions.create(model=model, prompt="x", max_tokens=30, extra_body={
-        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    r = client.completions.create(
+        model=model,
+        prompt="x",
+        max_tokens=30,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}},
+    )
     jsonschema.validate(json.loads(r.choices[0].text), schema)
 
 
 def test_streamed_structured_output_validates(client, model):
     schema = Person.model_json_schema()
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "x"}], max_tokens=400, stream=True, seed=2,
-        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}})
+        model=model,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=400,
+        stream=True,
+        seed=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}},
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     jsonschema.validate(json.loads(text), schema)
 
@@ -120,26 +159,60 @@ def test_streamed_structured_output_validates(client, model):
 def test_refusals_name_the_feature_and_echo_nothing(server, model, captured_logs):
     canary = "CANARY-schema-31337"
     bad = [
-        ({"response_format": {"type": "json_schema", "json_schema": {
-            "name": canary, "schema": {"type": "object", "not": {"const": canary}}}}}, "not"),
-        ({"response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "string", "format": canary}}}}, "format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": canary, "schema": {"type": "object", "not": {"const": canary}}},
+                }
+            },
+            "not",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "string", "format": canary}},
+                }
+            },
+            "format",
+        ),
         ({"structured_outputs": {"regex": canary + "[a-"}}, None),
         ({"structured_outputs": {"grammar": canary + " ::= ::="}}, None),
         ({"structured_outputs": {"json": {"$ref": "#/" + canary}}}, None),
     ]
     for extra, feature in bad:
-        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
-            "model": model, "messages": [{"role": "user", "content": "x"}], **extra})
+        r = httpx.post(
+            server.url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": model, "messages": [{"role": "user", "content": "x"}], **extra},
+        )
         assert r.status_code == 400, r.text
         assert canary not in r.text
         if feature:
             assert feature in r.json()["error"]["message"]
-    ok = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
-        "model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 200,
-        "tools": [{"type": "function", "function": {"name": "f", "description": canary, "parameters": {
-            "type": "object", "properties": {"v": {"const": canary}}, "required": ["v"]}}}],
-        "tool_choice": "required", "parallel_tool_calls": False, "seed": 0})
+    ok = httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 200,
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "description": canary,
+                        "parameters": {"type": "object", "properties": {"v": {"const": canary}}, "required": ["v"]},
+                    },
+                }
+            ],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "seed": 0,
+        },
+    )
     assert ok.status_code == 200, ok.text
     args = json.loads(ok.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
     assert args == {"v": canary}
@@ -149,25 +222,39 @@ def test_refusals_name_the_feature_and_echo_nothing(server, model, captured_logs
 
 def test_forced_tool_call_round_trip(client, model, server):
     messages = [{"role": "user", "content": "weather in Paris?"}]
-    r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER, TIME], max_tokens=120,
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER, TIME],
+        max_tokens=120,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-    messages += [choice.message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21"}]
-    answer = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER, TIME], max_tokens=8,
-                                            tool_choice="none", temperature=0)
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21"},
+    ]
+    answer = client.chat.completions.create(
+        model=model, messages=messages, tools=[WEATHER, TIME], max_tokens=8, tool_choice="none", temperature=0
+    )
     assert answer.choices[0].message.tool_calls is None
     assert answer.choices[0].finish_reason in ("stop", "length")
     server.check_integrity()
 
 
 def test_required_calls_validate_and_stream_the_same(client, model):
-    kw = dict(model=model, messages=[{"role": "user", "content": "now"}], tools=[WEATHER, TIME],
-              tool_choice="required", max_tokens=200, temperature=0)
+    kw = dict(
+        model=model,
+        messages=[{"role": "user", "content": "now"}],
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=200,
+        temperature=0,
+    )
     whole = client.chat.completions.create(**kw).choices[0]
     assert whole.finish_reason == "tool_calls" and whole.message.tool_calls
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
@@ -184,7 +271,8 @@ def test_required_calls_validate_and_stream_the_same(client, model):
             finish = c.finish_reason or finish
     assert finish == "tool_calls"
     assert [calls[i] for i in sorted(calls)] == [
-        {"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls]
+        {"name": c.function.name, "arguments": c.function.arguments} for c in whole.message.tool_calls
+    ]
 
 
 def test_tool_messages_and_bad_tools(server, model):
@@ -195,8 +283,17 @@ def test_tool_messages_and_bad_tools(server, model):
         {"tool_choice": "required"},
         {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
         {"messages": [{"role": "tool", "content": "x"}]},
-        {"messages": [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
+                    ],
+                }
+            ]
+        },
     ]
     for extra in cases:
         r = httpx.post(server.url + "/v1/chat/completions", json={**base, **extra}, timeout=60)

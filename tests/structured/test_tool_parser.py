@@ -1,4 +1,5 @@
 """The Hermes tool-call parser: whole outputs and the same outputs fed in arbitrary pieces."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ def test_whole_outputs():
     assert parse_all("no calls < here <tool") == ("no calls < here <tool", [])
     broken = "<tool_call>\n{not json}\n</tool_call>"
     assert parse_all(broken) == (broken, [])  # not a call: it stays the model's text
-    assert parse_all("<tool_call>{\"name\": \"f\", \"argu")[1] == []  # cut by length: content
+    assert parse_all('<tool_call>{"name": "f", "argu')[1] == []  # cut by length: content
 
 
 @settings(max_examples=60, deadline=None)
@@ -63,8 +64,13 @@ def test_templates_without_tools():
         check_template(parse_tools(tools, "auto", None), plain)
     check_template(parse_tools(tools, "required", None), plain)  # enforced by the grammar
     check_template(parse_tools(tools, "auto", None), "{{ tools }}")
-    msgs = [{"role": "assistant", "content": "ok", "tool_calls": [
-        {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]
+    msgs = [
+        {
+            "role": "assistant",
+            "content": "ok",
+            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}],
+        }
+    ]
     (m,) = for_template(msgs, plain)
     assert m == {"role": "assistant", "content": 'ok<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'}
     assert parse_all(m["content"])[1][0].arguments == '{"x":1}'
@@ -100,7 +106,9 @@ def test_llama3_pieces_reassemble(cuts, lead):
         rest, more = finish_parser(p)
         whole = parse_all(text, ToolFormat.LLAMA3_JSON)
         assert (content + rest, [(c.name, c.arguments) for c in calls + more]) == (
-            whole[0], [(c.name, c.arguments) for c in whole[1]])
+            whole[0],
+            [(c.name, c.arguments) for c in whole[1]],
+        )
 
 
 def test_llama3_forced_grammar_accepts_its_calls(byte_model_dir):
@@ -110,8 +118,16 @@ def test_llama3_forced_grammar_accepts_its_calls(byte_model_dir):
 
     tok = Tokenizer.from_hf_dir(byte_model_dir)
     compiler = GrammarCompiler(tok, 384)
-    tools = [{"type": "function", "function": {"name": n, "parameters": {
-        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}} for n in ("a", "b")]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": n,
+                "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+            },
+        }
+        for n in ("a", "b")
+    ]
     spec = forced_call_grammar(parse_tools(tools, "required", True, ToolFormat.LLAMA3_JSON))
     guide = compiler.guide(compiler.compile(spec))
     text = '{"name":"b","parameters":{"x":3}}; {"name":"a","parameters":{"x":-1}}'
@@ -122,15 +138,19 @@ def test_llama3_forced_grammar_accepts_its_calls(byte_model_dir):
     assert bad.valid_prefix(tok.encode('{"name":"c"', add_special_tokens=False)) < len('{"name":"c"')
 
 
-SMOL = ('<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris"}},\n'
-        '{"name": "get_time", "arguments": {"tz": "CET"}}\n]</tool_call>')
+SMOL = (
+    '<tool_call>[\n{"name": "get_weather", "arguments": {"city": "Paris"}},\n'
+    '{"name": "get_time", "arguments": {"tz": "CET"}}\n]</tool_call>'
+)
 
 
 def test_smollm2_lists():
     content, calls = parse_all("Sure." + SMOL)
     assert content == "Sure."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}),
-                                                                   ("get_time", {"tz": "CET"})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"tz": "CET"}),
+    ]
     assert parse_all("<tool_call>[]</tool_call>") == ("", [])  # SmolLM2's "no call needed"
     mixed = '<tool_call>[{"name": "f", "arguments": {}}, 3]</tool_call>'
     assert parse_all(mixed) == (mixed, [])  # not all calls: the model's text, as written
@@ -139,8 +159,15 @@ def test_smollm2_lists():
 def test_smollm2_forced_grammar_matches_its_format():
     from traceless.server.tools import ToolFormat
 
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     for parallel, many in ((None, True), (False, False)):
         g = forced_call_grammar(parse_tools(tools, "required", parallel, ToolFormat.SMOLLM2)).source
         assert g.startswith('start: "<tool_call>[\\n" call') and g.split("\n")[0].endswith('"\\n]</tool_call>"')

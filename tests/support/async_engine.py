@@ -1,5 +1,6 @@
 """Running a test's coroutine against an AsyncEngine: the engine started on a fresh event loop,
 the coroutine bounded in time, the engine stopped whatever happens; and the end-of-test check."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ from traceless.server.async_engine import AsyncEngine
 
 def run_engine(engine: AsyncEngine, main: Callable[[], Awaitable[None]], timeout_s: float = 60) -> None:
     """Start `engine` on a new event loop, run main() there within timeout_s, then stop the engine."""
+
     async def started() -> None:
         engine.start(asyncio.get_running_loop())
         await main()

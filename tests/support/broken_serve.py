@@ -3,6 +3,7 @@ handling), run as `python -m tests.support.broken_serve SERVE-ARGS`: the real co
 engine the real code builds and restarts, but LLMEngine.step replaced in this process. Only this
 test double knows of it: traceless/ has no hook. Run it with --no-scrub-freed-memory (scrubbing
 re-executes `traceless.cli` itself, which would leave this module behind)."""
+
 from __future__ import annotations
 
 import sys

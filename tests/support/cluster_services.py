@@ -1,5 +1,6 @@
 """Test doubles and runners for the private-path services: any ASGI app on a loopback port,
 a fake node (OHTTP echo, optionally streamed), issuer keys and tokens from a local Issuer."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,15 @@ STREAM_CHUNKS = 4
 STREAM_DELAY_S = 0.15
 # The release the fake nodes run: the capacities it allows are what a node may claim; its settings pass
 # the client's release policy.
-PRIVATE_SETTINGS = {"component": "node", "prefix_cache": "isolated", "shape_padding": "buckets",
-                    "scrub_freed_memory": True, "load_format": "auto", "request_events": False,
-                    "metrics_epsilon": 1.0}
+PRIVATE_SETTINGS = {
+    "component": "node",
+    "prefix_cache": "isolated",
+    "shape_padding": "buckets",
+    "scrub_freed_memory": True,
+    "load_format": "auto",
+    "request_events": False,
+    "metrics_epsilon": 1.0,
+}
 RELEASE = ReleaseManifest(b"\x01" * 32, b"\x02" * 32, PRIVATE_SETTINGS, (1, 2, 3, 4, 5))
 
 
@@ -77,11 +84,13 @@ class FakeNode:
         # True: go silent, as a host that vanished (no FIN, no RST): a plain request is never
         # answered, a stream stops after its first chunk; until the gateway hangs up.
         self.stall = False
-        self.app = Starlette(routes=[
-            Route("/health", self._health, methods=["GET"]),
-            Route("/pcc/v1/attestation", self._attestation, methods=["GET"]),
-            Route("/pcc/v1/ohttp", self._ohttp_route, methods=["POST"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/health", self._health, methods=["GET"]),
+                Route("/pcc/v1/attestation", self._attestation, methods=["GET"]),
+                Route("/pcc/v1/ohttp", self._ohttp_route, methods=["POST"]),
+            ]
+        )
 
     @property
     def ohttp_keys_b64(self) -> str:
@@ -92,16 +101,26 @@ class FakeNode:
 
     async def _attestation(self, request: Request) -> Response:
         if self.engine_dead:
-            return JSONResponse({"error": {"message": "the node's engine has stopped", "type": "server_error",
-                                           "param": None, "code": "engine_dead"}}, status_code=503)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": "the node's engine has stopped",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "engine_dead",
+                    }
+                },
+                status_code=503,
+            )
         if not self.healthy:
             return JSONResponse({"status": "down"}, status_code=503)
         nonce = bytes.fromhex(request.query_params["nonce"])
         return JSONResponse({"attestation": self.attest(nonce), "ohttp_keys": self.ohttp_keys_b64})
 
     def attest(self, nonce: bytes, now: float | None = None, capacity: int | None = None, ttl_s: int = 300) -> str:
-        statement = NodeStatement(self.measurement, self.ohttp.ohttp_keys(),
-                                  self.capacity if capacity is None else capacity, self.url)
+        statement = NodeStatement(
+            self.measurement, self.ohttp.ohttp_keys(), self.capacity if capacity is None else capacity, self.url
+        )
         claims = new_claims(statement, nonce, int(time.time() if now is None else now), "software", ttl_s)
         return self.attester.attest(claims)
 
@@ -119,8 +138,7 @@ class FakeNode:
         body = b"".join(parts)
         if request.headers.get("content-type") == "message/ohttp-chunked-req":
             inner, context = self.ohttp.decapsulate_chunked_request(body)
-            return StreamingResponse(self._stream(inner, context.encryptor()),
-                                     media_type="message/ohttp-chunked-res")
+            return StreamingResponse(self._stream(inner, context.encryptor()), media_type="message/ohttp-chunked-res")
         inner, context = self.ohttp.decapsulate_request(body)
         if self.stall:
             while not await request.is_disconnected():
@@ -148,8 +166,13 @@ class FakeNode:
     def registration(self, url: str, model: str = "m", capacity: int = 1, now: float | None = None) -> dict:
         """A registration body with a fresh attestation that binds `url` and claims `capacity`."""
         self.url, self.capacity = url.rstrip("/"), capacity
-        return {"url": url, "model": model, "attestation": self.attest(b"r" * 16, now),
-                "ohttp_keys": self.ohttp_keys_b64, "attester_key": self.attester_key_b64}
+        return {
+            "url": url,
+            "model": model,
+            "attestation": self.attest(b"r" * 16, now),
+            "ohttp_keys": self.ohttp_keys_b64,
+            "attester_key": self.attester_key_b64,
+        }
 
 
 def encrypt_for(node: FakeNode, content: bytes):

@@ -1,5 +1,6 @@
 """The one capture of schema events (traceless/events.py) for tests: the `captured_events` fixture
 (tests/conftest.py) is this, around one test."""
+
 from __future__ import annotations
 
 import io

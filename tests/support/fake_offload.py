@@ -1,4 +1,5 @@
 """An offload store that records which block ids a swap sealed and restored (no tensors)."""
+
 from __future__ import annotations
 
 

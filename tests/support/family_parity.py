@@ -1,6 +1,7 @@
 """The runs the family parity tests share (dense families, mixtures of experts, gpt-oss): random
 prompts, greedy parity on both CPU attention paths, parity under preemption with prefix hits, and
 a request's tokens alone and among strangers (batch invariance)."""
+
 from __future__ import annotations
 
 import random
@@ -31,8 +32,17 @@ def parity_llms(path: Path):
     and across blocks) and on the torch path with 16, both under a small token budget: chunked
     prefill mixed with decodes in one step."""
     for backend, block_size in (("native", 4), ("torch", 16)):
-        yield backend, LLM(str(path), dtype="float32", kv_cache_memory=8 * 2**20, max_num_batched_tokens=24,
-                           attention_backend=backend, block_size=block_size)
+        yield (
+            backend,
+            LLM(
+                str(path),
+                dtype="float32",
+                kv_cache_memory=8 * 2**20,
+                max_num_batched_tokens=24,
+                attention_backend=backend,
+                block_size=block_size,
+            ),
+        )
 
 
 def assert_greedy_parity(path: Path, prompts: list[list[int]], want: list[list[int]], n: int) -> None:
@@ -64,8 +74,15 @@ def shared_prefix_prompts(seed: str) -> tuple[list[int], list[list[int]]]:
 def small_cache_llm(path: Path, blocks: int = 40) -> LLM:
     """An engine with a global prefix cache (hits between requests) of `blocks` blocks of 4 tokens:
     too few for the five shared-prefix prompts at once, so requests are preempted and recomputed."""
-    return LLM(str(path), dtype="float32", block_size=4, kv_cache_memory=blocks * kv_block_bytes(path),
-               max_num_batched_tokens=32, prefix_cache="global", max_model_len=100)
+    return LLM(
+        str(path),
+        dtype="float32",
+        block_size=4,
+        kv_cache_memory=blocks * kv_block_bytes(path),
+        max_num_batched_tokens=32,
+        prefix_cache="global",
+        max_model_len=100,
+    )
 
 
 def assert_preemption_parity(path: Path, seed: str, blocks: int = 40) -> None:

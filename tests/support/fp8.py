@@ -1,4 +1,5 @@
 """FP8 references written from the formats' definitions, independent of torch's float8 casts."""
+
 from __future__ import annotations
 
 import torch
@@ -12,7 +13,7 @@ def e4m3_value(byte: int) -> float:
     if exp == 15 and man == 7:
         return float("nan")
     if exp == 0:
-        return sign * 2.0 ** -6 * man / 8
+        return sign * 2.0**-6 * man / 8
     return sign * 2.0 ** (exp - 7) * (1 + man / 8)
 
 

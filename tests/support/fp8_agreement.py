@@ -1,5 +1,6 @@
 """Next-token agreement of two engines over one's greedy runs: how close an FP8 model stays to
 the dequantized one."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ def top1_agreement(candidate, reference, prompts: list[list[int]], n: int, margi
         out = reference.generate({"prompt_token_ids": prompt}, greedy, use_tqdm=False)[0].outputs[0]
         tokens = list(out.token_ids)
         scored = candidate.generate({"prompt_token_ids": prompt + tokens}, score, use_tqdm=False)[0]
-        for t, ref, got in zip(tokens, out.logprobs, scored.prompt_logprobs[len(prompt):]):
+        for t, ref, got in zip(tokens, out.logprobs, scored.prompt_logprobs[len(prompt) :]):
             gap = max(gap, abs(got[t].logprob - ref[t].logprob))
             second = max((v.logprob for k, v in ref.items() if k != t), default=float("-inf"))
             if ref[t].logprob - second > margin:

@@ -1,6 +1,7 @@
 """Tiny FP8 checkpoints written from a tiny unquantized one, in the published forms, beside the
 reference dequantization of the same bytes (an unquantized checkpoint that transformers runs):
 the FP8 loader's tests compare against it."""
+
 from __future__ import annotations
 
 import json
@@ -21,27 +22,52 @@ FORMS = {
     "fp8-dynamic": {"quant_method": "fp8", "activation_scheme": "dynamic"},
     "fp8-block": {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)},
     "ct-channel": {
-        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {
-            "targets": ["Linear"],
-            "weights": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "channel", "dynamic": False},
-            "input_activations": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "token",
-                                  "dynamic": True}}}},
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "channel", "dynamic": False},
+                "input_activations": {
+                    "type": "float",
+                    "num_bits": 8,
+                    "symmetric": True,
+                    "strategy": "token",
+                    "dynamic": True,
+                },
+            }
+        },
+    },
     "ct-tensor-static": {
-        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {
-            "targets": ["Linear"],
-            "weights": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "tensor", "dynamic": False},
-            "input_activations": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "tensor",
-                                  "dynamic": False}}}},
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": "float", "num_bits": 8, "symmetric": True, "strategy": "tensor", "dynamic": False},
+                "input_activations": {
+                    "type": "float",
+                    "num_bits": 8,
+                    "symmetric": True,
+                    "strategy": "tensor",
+                    "dynamic": False,
+                },
+            }
+        },
+    },
 }
 _STATIC = ("fp8-static", "ct-tensor-static")  # forms with a calibrated input_scale per Linear
 
 
 def _quantized_module(name: str, ignore: tuple[str, ...]) -> bool:
     module = name.removesuffix(".weight")
-    return (name.endswith(".weight") and module.rsplit(".", 1)[-1] in _PROJECTIONS
-            and not any(module.endswith(i) for i in ignore))
+    return (
+        name.endswith(".weight")
+        and module.rsplit(".", 1)[-1] in _PROJECTIONS
+        and not any(module.endswith(i) for i in ignore)
+    )
 
 
 def _quantize(w: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,7 +79,7 @@ def _quantize(w: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor, t
         scale = torch.empty(rows, cols)
         for i in range(rows):
             for j in range(cols):
-                scale[i, j] = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].abs().max() / 448
+                scale[i, j] = w[i * bn : (i + 1) * bn, j * bk : (j + 1) * bk].abs().max() / 448
         full = scale.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[: w.shape[0], : w.shape[1]]
     elif form == "ct-channel":
         scale = w.abs().amax(dim=1, keepdim=True) / 448  # [N, 1]
@@ -82,7 +108,8 @@ def write_fp8_checkpoint(src: Path, dst: Path, form: str, ignore: tuple[str, ...
         q, scale, deq = _quantize(w, form)
         fp8[name], ref[name] = q, deq.to(w.dtype)
         fp8[module + (".weight_scale_inv" if form == "fp8-block" else ".weight_scale")] = scale.float().reshape(
-            scale.shape if scale.dim() else ())
+            scale.shape if scale.dim() else ()
+        )
         if form in _STATIC:
             fp8[module + ".input_scale"] = torch.tensor(STATIC_INPUT_SCALE)
     config = json.loads((src / "config.json").read_text())

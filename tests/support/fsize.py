@@ -1,6 +1,7 @@
 """A file-size limit for this process (RLIMIT_FSIZE), the way a full disk looks to a writer that
 needs more room: a write past the limit fails with EFBIG (SIGXFSZ, which would kill the process,
 is ignored meanwhile). Pipes and sockets are not files: pytest's and xdist's channels are unaffected."""
+
 from __future__ import annotations
 
 import resource

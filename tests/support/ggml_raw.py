@@ -1,5 +1,6 @@
 """Raw GGML blocks for tests: random bytes with finite float16 scale fields (every bit pattern of the
 quant fields occurs), and GGUF-ready raw tensors of any block format."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,16 @@ import numpy as np
 from traceless.model.layers.ggml_blocks import FORMATS
 
 # byte offsets of each format's float16 fields inside one block
-F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
-              "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+F16_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 
 
 def random_blocks(fmt: str, n_blocks: int, rng: np.random.Generator, scale: float = 0.01) -> np.ndarray:
@@ -17,7 +26,7 @@ def random_blocks(fmt: str, n_blocks: int, rng: np.random.Generator, scale: floa
     blocks = rng.integers(0, 256, size=(n_blocks, f.type_size), dtype=np.uint8)
     for off in F16_FIELDS[fmt]:
         vals = (rng.standard_normal(n_blocks) * scale).astype(np.float16)
-        blocks[:, off:off + 2] = vals.view(np.uint8).reshape(n_blocks, 2)
+        blocks[:, off : off + 2] = vals.view(np.uint8).reshape(n_blocks, 2)
     return blocks
 
 

@@ -1,4 +1,5 @@
 """Test helpers: run the log service on a free loopback port (real HTTP), forge a log's history."""
+
 import json
 
 from cryptography.hazmat.primitives import serialization

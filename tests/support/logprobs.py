@@ -5,6 +5,7 @@ transformers) differ in the last bits of every matmul, so tokens whose logits ar
 bits can swap ranks. A test states a tolerance `eps` on logprobs and accepts any rank inside the band
 of reference values within `eps` of the token's own.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Transformers' own mixture-of-experts blocks on random weights, and the same weights as our
 MoEConfig / MoEWeights: the reference of the MoE tests."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,27 +34,32 @@ def _randomize(block: torch.nn.Module, seed: int) -> None:
         for name, p in block.named_parameters():
             fan_in = p.shape[-1] if p.dim() > 1 else 1
             scale = 4.0 if "router" in name or name.startswith("gate.") else 1.0
-            p.copy_(torch.randn(p.shape, generator=g) * scale / fan_in ** 0.5)
+            p.copy_(torch.randn(p.shape, generator=g) * scale / fan_in**0.5)
 
 
-def reference(family: str, hidden: int = 32, inter: int = 24, experts: int = 8, top_k: int = 2,
-              seed: int = 0) -> Reference:
+def reference(
+    family: str, hidden: int = 32, inter: int = 24, experts: int = 8, top_k: int = 2, seed: int = 0
+) -> Reference:
     common = {"hidden_size": hidden, "num_experts_per_tok": top_k, "experts_implementation": "eager"}
     if family == "mixtral":
         from transformers.models.mixtral.configuration_mixtral import MixtralConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
         block = MixtralSparseMoeBlock(MixtralConfig(intermediate_size=inter, num_local_experts=experts, **common))
         router = RouterConfig(experts, top_k, RoutingMode.SOFTMAX_TOPK, renormalize=True)
     elif family.startswith("qwen3_moe"):
         from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
         norm = family == "qwen3_moe"
-        block = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(moe_intermediate_size=inter, num_experts=experts,
-                                                      norm_topk_prob=norm, **common))
+        block = Qwen3MoeSparseMoeBlock(
+            Qwen3MoeConfig(moe_intermediate_size=inter, num_experts=experts, norm_topk_prob=norm, **common)
+        )
         router = RouterConfig(experts, top_k, RoutingMode.SOFTMAX_TOPK, renormalize=norm)
     elif family == "gpt_oss":
         from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
         from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
         # a limit of 1 (published: 7) so that unit-scale activations reach both clamps
         block = GptOssMLP(GptOssConfig(intermediate_size=inter, num_local_experts=experts, swiglu_limit=1.0, **common))
         router = RouterConfig(experts, top_k, RoutingMode.TOPK_SOFTMAX)
@@ -66,9 +72,12 @@ def reference(family: str, hidden: int = 32, inter: int = 24, experts: int = 8, 
         config = MoEConfig(router=router, hidden_size=hidden, intermediate_size=inter, activation=act, expert_bias=True)
         return Reference(block, config, _gpt_oss_weights(block))
     config = MoEConfig(router=router, hidden_size=hidden, intermediate_size=inter, activation=SiluAndMul())
-    weights = MoEWeights(router=block.gate.weight.detach().clone(), router_bias=None,
-                         gate_up=block.experts.gate_up_proj.detach().clone(),
-                         down=block.experts.down_proj.detach().clone())
+    weights = MoEWeights(
+        router=block.gate.weight.detach().clone(),
+        router_bias=None,
+        gate_up=block.experts.gate_up_proj.detach().clone(),
+        down=block.experts.down_proj.detach().clone(),
+    )
     return Reference(block, config, weights)
 
 
@@ -77,7 +86,8 @@ def _gpt_oss_weights(block) -> MoEWeights:
     Linear-shaped with the gate's rows first."""
     e = block.experts
     return MoEWeights(
-        router=block.router.weight.detach().clone(), router_bias=block.router.bias.detach().clone(),
+        router=block.router.weight.detach().clone(),
+        router_bias=block.router.bias.detach().clone(),
         gate_up=deinterleave_gate_up(e.gate_up_proj.detach().transpose(1, 2)).contiguous(),
         down=e.down_proj.detach().transpose(1, 2).contiguous(),
         gate_up_bias=deinterleave_gate_up(e.gate_up_proj_bias.detach()).contiguous(),

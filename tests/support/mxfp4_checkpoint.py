@@ -1,6 +1,7 @@
 """A gpt-oss checkpoint with its experts in MXFP4, written from a tiny unquantized one, beside the
 reference: the same model with the experts replaced by their MXFP4 values (which transformers
 runs without any quantization support)."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ def encode_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     e2m1 magnitude (ties to the lower code)."""
     E, R, C = w.shape
     g = w.float().reshape(E, R, C // 32, 32)
-    amax = g.abs().amax(-1).clamp(min=2.0 ** -100)
+    amax = g.abs().amax(-1).clamp(min=2.0**-100)
     exp = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
     scaled = g / torch.exp2(exp)[..., None]
     codes = (scaled.abs()[..., None] - _FP4).abs().argmin(-1)  # [E, R, G, 32] in 0..7
@@ -49,8 +50,10 @@ def write_mxfp4_checkpoint(src: Path, dst: Path) -> tuple[Path, Path]:
         ref[name] = deq.transpose(1, 2).to(w.dtype).contiguous()
     config = json.loads((src / "config.json").read_text())
     out = {}
-    for kind, weights, cfg in (("mxfp4", quant, config | {"quantization_config": {"quant_method": "mxfp4"}}),
-                               ("reference", ref, config)):
+    for kind, weights, cfg in (
+        ("mxfp4", quant, config | {"quantization_config": {"quant_method": "mxfp4"}}),
+        ("reference", ref, config),
+    ):
         d = dst / kind
         d.mkdir(parents=True, exist_ok=True)
         for f in src.iterdir():

@@ -1,5 +1,6 @@
 """A private node on a tiny model, served on loopback, and encapsulated calls to it (through the
 core's OHTTP call codec, privacy/ohttp/call.py: the bytes the client sends)."""
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,25 @@ MODEL = "tiny"
 
 @contextmanager
 def tiny_node(model_dir, settings: NodeSettings = NodeSettings(MODEL), max_model_len: int = 128):
-    engine = AsyncEngine(build_engine(EngineConfig(model=str(model_dir), dtype="float32", kv_cache_memory=2**20,
-                                                max_model_len=max_model_len)))
-    identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
-                            capacity=1, node_url="http://node.test:8100")
+    engine = AsyncEngine(
+        build_engine(
+            EngineConfig(model=str(model_dir), dtype="float32", kv_cache_memory=2**20, max_model_len=max_model_len)
+        )
+    )
+    identity = NodeIdentity(
+        SoftwareAttester(),
+        Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32),
+        capacity=1,
+        node_url="http://node.test:8100",
+    )
     with serve(create_node_app(engine, identity, settings), engine) as s:
         s.identity = identity
         yield s
 
 
-def call_response(s, path: bytes, content: bytes | None, stream: bool = False,
-                  method: bytes | None = None) -> CallResponse:
+def call_response(
+    s, path: bytes, content: bytes | None, stream: bool = False, method: bytes | None = None
+) -> CallResponse:
     """The inner response of one encapsulated call (`content` None: a GET)."""
     call = encapsulate_call(s.identity.keys.current.key_config, path, content, stream=stream, method=method)
     r = httpx.post(s.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type}, timeout=60)

@@ -1,4 +1,5 @@
 """What any hop reads of an encrypted response: the OHTTP chunk framing, in the clear."""
+
 from __future__ import annotations
 
 from traceless.privacy.wire import peek_varint

@@ -1,4 +1,5 @@
 """Reference for the quantized matmul kernels: dequantize, then multiply in float64."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Sampling parameters that several engine tests run together."""
+
 from __future__ import annotations
 
 from traceless import SamplingParams
@@ -10,6 +11,13 @@ def mixed_params() -> list[SamplingParams]:
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
         SamplingParams(temperature=0.8, top_p=0.9, max_tokens=25, seed=3, ignore_eos=True),
         SamplingParams(temperature=1.0, top_k=5, max_tokens=20, stop=["w100 w"], ignore_eos=True),
-        SamplingParams(temperature=0.5, min_p=0.1, max_tokens=40, repetition_penalty=1.3, presence_penalty=0.5,
-                       logprobs=3, ignore_eos=True),
+        SamplingParams(
+            temperature=0.5,
+            min_p=0.1,
+            max_tokens=40,
+            repetition_penalty=1.3,
+            presence_penalty=0.5,
+            logprobs=3,
+            ignore_eos=True,
+        ),
     ]

@@ -1,4 +1,5 @@
 """Run the real app under uvicorn on a loopback port in a background thread, for tests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,15 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.engine = engine  # the AsyncEngine
         # the services' own connection limits (the documented defaults unless a test gives others)
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, access_log=False, log_config=None, lifespan="on",
-                                **uvicorn_options(limits or ConnectionLimits()))
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            access_log=False,
+            log_config=None,
+            lifespan="on",
+            **uvicorn_options(limits or ConnectionLimits()),
+        )
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -99,6 +107,9 @@ def make_served_app(engine_config, model_name=None, **settings):
     engine = AsyncEngine(llm.engine)
     _SPIES[engine] = spies[0]
     telemetry = settings.pop("telemetry", None)  # engine -> Telemetry, for tests that read the metrics
-    app = create_app(engine, ServerSettings(model_name or engine.model_name, **settings),
-                     telemetry(engine) if telemetry is not None else None)
+    app = create_app(
+        engine,
+        ServerSettings(model_name or engine.model_name, **settings),
+        telemetry(engine) if telemetry is not None else None,
+    )
     return app, engine

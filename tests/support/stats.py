@@ -1,4 +1,5 @@
 """Pearson's chi-square goodness-of-fit test, without scipy."""
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
 """A command run on a pseudo-terminal, as a user at a terminal runs it: its output read as it
 comes, lines typed, signals sent."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,14 @@ import time
 class Terminal:
     def __init__(self, *args: str):
         master, slave = pty.openpty()
-        self.proc = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", *args], stdin=slave, stdout=slave,
-                                     stderr=slave, close_fds=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "traceless_tools.cli", *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            close_fds=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         os.close(slave)
         self._master = master
         self.output = b""

@@ -3,6 +3,7 @@ launch's arguments (types, pointer alignment, integers equal to 1 or divisible b
 as the runtime's binder computes it before looking a kernel up. Works whether the kernel is a
 JITFunction or, under TRITON_INTERPRET=1, an InterpretedFunction (rebuilt as the JITFunction the
 same decorator makes on a GPU)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -5,6 +5,7 @@ next timer instead of sleeping. A test of a timer-driven protocol then reads exa
 Only for code that waits on timers and on other tasks: a real wait (a socket, a thread's
 call_soon_threadsafe) with no timer pending raises instead of hanging.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -8,6 +8,7 @@ the one whose expected exposition is nearer, in L1 over the counters it reads (t
 with a prefix: the finish reasons, say), to what it read: with no noise on them that names the
 victim's candidate every time; with noise of one scale on every published count it is the
 maximum-likelihood guess between the two."""
+
 from __future__ import annotations
 
 import random
@@ -62,8 +63,15 @@ def window_delta(telemetry, clock, victim: Candidate, own: int, prefix: str) -> 
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
-def attack_accuracy(make_telemetry: Callable, make_exact: Callable, clock, trials: int, own: int,
-                    rng: random.Random, prefix: str = "traceless_finished_total") -> float:
+def attack_accuracy(
+    make_telemetry: Callable,
+    make_exact: Callable,
+    clock,
+    trials: int,
+    own: int,
+    rng: random.Random,
+    prefix: str = "traceless_finished_total",
+) -> float:
     """The share of `trials` windows in which the attacker names the victim's candidate.
     `make_telemetry()` is the node's telemetry under attack (it keeps its state across windows,
     as a node's does); `make_exact()` a fresh one without noise, on which the attacker computes what

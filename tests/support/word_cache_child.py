@@ -11,6 +11,7 @@ overwrites what an earlier one left in its stack. Then everything is dropped, co
 thread scrubbed as an idle server does (its malloc cache and dead stack overwritten), and the
 process prints "ready" and sleeps.
 """
+
 from __future__ import annotations
 
 import gc
@@ -40,9 +41,15 @@ def write_tokenizers(root: Path) -> None:
     symbols = [BYTE_LEVEL[b] for b in range(256)]
     merges = [f"Ġ {c}" for c in LATIN] + [f"{a} {b}" for a in "qjxaeiou" for b in "qjxaeiou"]
     tokens = ["<unk>", "<s>", "</s>", *symbols, *(m.replace(" ", "") for m in merges)]
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3), "tokenizer.ggml.merges": merges,
-            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(tokens) - 3),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+    }
     (root / "gguf_meta.json").write_text(json.dumps(meta))
     vocab = {t: i for i, t in enumerate(tokens)}
     bpe = HFTokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges]))
@@ -62,12 +69,16 @@ def write_tokenizers(root: Path) -> None:
 
 def load(root: Path) -> list[Tokenizer]:
     meta = json.loads((root / "gguf_meta.json").read_text())
-    return [Tokenizer.from_gguf_metadata(meta), Tokenizer.from_hf_dir(root / "bpe"),
-            Tokenizer.from_hf_dir(root / "unigram")]
+    return [
+        Tokenizer.from_gguf_metadata(meta),
+        Tokenizer.from_hf_dir(root / "bpe"),
+        Tokenizer.from_hf_dir(root / "unigram"),
+    ]
 
 
 def uses(tokenizers: list[Tokenizer], compiler: GrammarCompiler) -> list[Callable[[str], None]]:
     """One piece of request work per entry: a tokenizer encoding, or a structured output compiled."""
+
     def encode(tok: Tokenizer) -> Callable[[str], None]:
         return lambda text: tok.encode(f"Say {text} twice") and None
 
@@ -76,13 +87,16 @@ def uses(tokenizers: list[Tokenizer], compiler: GrammarCompiler) -> list[Callabl
             guide = compiler.guide(compiler.compile(StructuredOutput(kind, source(text))))
             guide.matcher.compute_ff_tokens()
             guide.release()
+
         return run
 
-    return [*(encode(tok) for tok in tokenizers),
-            constrain(StructuredKind.JSON_SCHEMA, lambda t: json.dumps({"const": t})),
-            constrain(StructuredKind.REGEX, re.escape),
-            constrain(StructuredKind.CHOICE, lambda t: json.dumps([t, "other"])),
-            constrain(StructuredKind.GRAMMAR, lambda t: f"start: {json.dumps(t)} | \"other\"")]
+    return [
+        *(encode(tok) for tok in tokenizers),
+        constrain(StructuredKind.JSON_SCHEMA, lambda t: json.dumps({"const": t})),
+        constrain(StructuredKind.REGEX, re.escape),
+        constrain(StructuredKind.CHOICE, lambda t: json.dumps([t, "other"])),
+        constrain(StructuredKind.GRAMMAR, lambda t: f'start: {json.dumps(t)} | "other"'),
+    ]
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ what a node image runs. Every argument parser and `register()` lives in this pac
 per command group (parser.py lists them); handlers import what they run lazily, so that parsing
 arguments never loads torch. The `traceless` console script is `traceless_tools.cli`: these
 commands and the tools'."""
+
 from __future__ import annotations
 
 from traceless.cli.parser import main

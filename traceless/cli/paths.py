@@ -1,4 +1,5 @@
 """Directories a command writes to, checked before anything starts."""
+
 from __future__ import annotations
 
 import tempfile
@@ -17,6 +18,5 @@ def writable_dir(path: str | Path, option: str) -> Path:
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as exc:
-        raise ConfigError(f"{option} {directory}: cannot write there ({exc.strerror or type(exc).__name__})") \
-            from None
+        raise ConfigError(f"{option} {directory}: cannot write there ({exc.strerror or type(exc).__name__})") from None
     return directory

@@ -7,6 +7,7 @@ PYTHONMALLOC=malloc and MALLOC_PERTURB_ set, freeing overwrites them (the engine
 runs a garbage collection so objects caught in reference cycles are freed too). Both variables
 are read at process start, so the command starts itself again with them set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +21,13 @@ SCRUB_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_PERTURB_": "165"}
 
 
 def add_scrub_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scrub-freed-memory", action=argparse.BooleanOptionalAction, default=True,
-                   help="have the allocator overwrite freed heap memory, so request text left in freed Python "
-                        "objects does not linger (PYTHONMALLOC=malloc + glibc MALLOC_PERTURB_; default on)")
+    p.add_argument(
+        "--scrub-freed-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="have the allocator overwrite freed heap memory, so request text left in freed Python "
+        "objects does not linger (PYTHONMALLOC=malloc + glibc MALLOC_PERTURB_; default on)",
+    )
 
 
 def scrubbing_active() -> bool:

@@ -1,4 +1,5 @@
 """`traceless serve`: the plaintext OpenAI-compatible server."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,28 +16,63 @@ def add_http_args(p: argparse.ArgumentParser, port: int, metrics_port: int) -> N
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=port, help="port of the public listener")
     g = p.add_argument_group("operator telemetry (docs/telemetry.md)")
-    g.add_argument("--metrics-host", default="127.0.0.1",
-                   help="host of the operator's metrics listener (default loopback only)")
-    g.add_argument("--metrics-port", type=int, default=metrics_port,
-                   help="port of the operator's metrics listener; never the public --port (0 = no listener)")
-    g.add_argument("--metrics-window", type=float, default=60.0, metavar="SECONDS",
-                   help="shortest telemetry window: request figures are published only as a window's aggregates")
-    g.add_argument("--metrics-min-requests", type=int, default=20, metavar="K",
-                   help="a window is published only once it holds at least K requests (0 = every window: "
-                        "for audits and benchmarks only)")
-    g.add_argument("--metrics-epsilon", type=_epsilon, default=DEFAULT_EPSILON, metavar="EPS",
-                   help=f"noise on every count a window publishes: the window is EPS-differentially private for "
-                        f"one request, discrete Laplace noise (default {DEFAULT_EPSILON}; off = exact figures, for "
-                        f"audits and benchmarks only)")
+    g.add_argument(
+        "--metrics-host", default="127.0.0.1", help="host of the operator's metrics listener (default loopback only)"
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=metrics_port,
+        help="port of the operator's metrics listener; never the public --port (0 = no listener)",
+    )
+    g.add_argument(
+        "--metrics-window",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="shortest telemetry window: request figures are published only as a window's aggregates",
+    )
+    g.add_argument(
+        "--metrics-min-requests",
+        type=int,
+        default=20,
+        metavar="K",
+        help="a window is published only once it holds at least K requests (0 = every window: "
+        "for audits and benchmarks only)",
+    )
+    g.add_argument(
+        "--metrics-epsilon",
+        type=_epsilon,
+        default=DEFAULT_EPSILON,
+        metavar="EPS",
+        help=f"noise on every count a window publishes: the window is EPS-differentially private for "
+        f"one request, discrete Laplace noise (default {DEFAULT_EPSILON}; off = exact figures, for "
+        f"audits and benchmarks only)",
+    )
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the model's name)")
     p.add_argument("--max-body-bytes", type=parse_size, default=None, help="largest request body (default 4MiB)")
-    p.add_argument("--stream-padding", type=int, default=0, metavar="BYTES",
-                   help="pad every streamed chunk to this many bytes (0 = off; at least 64)")
-    p.add_argument("--stream-interval", type=int, default=1, metavar="TOKENS",
-                   help="stream in groups of this many tokens instead of one chunk per step")
-    p.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
-                   help="on Ctrl-C or SIGTERM, how long open requests may run on before they are ended (a "
-                        "stream with an error event and [DONE]; a second Ctrl-C ends them at once)")
+    p.add_argument(
+        "--stream-padding",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="pad every streamed chunk to this many bytes (0 = off; at least 64)",
+    )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        metavar="TOKENS",
+        help="stream in groups of this many tokens instead of one chunk per step",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="on Ctrl-C or SIGTERM, how long open requests may run on before they are ended (a "
+        "stream with an error event and [DONE]; a second Ctrl-C ends them at once)",
+    )
 
 
 def _epsilon(value: str) -> float | None:
@@ -72,12 +108,20 @@ def add_access_args(p: argparse.ArgumentParser) -> None:
     from traceless.cli.env import env_value
 
     g = p.add_argument_group("access")
-    g.add_argument("--api-key", default=env_value("TRACELESS_API_KEY") or env_value("VLLM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every route but /health (env TRACELESS_API_KEY or "
-                        "VLLM_API_KEY: a variable keeps the key out of the process list)")
-    g.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN",
-                   help="a browser origin (e.g. https://app.example) allowed to call the server, with CORS headers; "
-                        "repeatable or comma-separated (default: none, requests with another Origin get 403)")
+    g.add_argument(
+        "--api-key",
+        default=env_value("TRACELESS_API_KEY") or env_value("VLLM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health (env TRACELESS_API_KEY or "
+        "VLLM_API_KEY: a variable keeps the key out of the process list)",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (e.g. https://app.example) allowed to call the server, with CORS headers; "
+        "repeatable or comma-separated (default: none, requests with another Origin get 403)",
+    )
 
 
 def access_settings(args: argparse.Namespace) -> dict:
@@ -101,8 +145,10 @@ def window_policy(args: argparse.Namespace, component: str):
     from traceless.server.telemetry import WindowPolicy
 
     if args.metrics_port and args.metrics_port == args.port:
-        raise SystemExit(f"traceless {component}: --metrics-port must differ from --port (metrics are never "
-                         "served on the public port)")
+        raise SystemExit(
+            f"traceless {component}: --metrics-port must differ from --port (metrics are never "
+            "served on the public port)"
+        )
     try:
         return WindowPolicy(args.metrics_window, args.metrics_min_requests, args.metrics_epsilon)
     except ValueError as exc:
@@ -130,8 +176,9 @@ def telemetry_for(args: argparse.Namespace, engine, component: str, operator_soc
     telemetry = Telemetry(window_policy(args, component), engine)
     if args.metrics_port == 0:
         return telemetry, None
-    return telemetry, OperatorListener(create_operator_app(telemetry, component), args.metrics_host,
-                                       args.metrics_port, operator_sock)
+    return telemetry, OperatorListener(
+        create_operator_app(telemetry, component), args.metrics_host, args.metrics_port, operator_sock
+    )
 
 
 ENGINE_STOPPED_EXIT = 70  # EX_SOFTWARE: the engine failed past its restart budget
@@ -145,8 +192,12 @@ def exit_when_engine_stops(engine, component: str) -> None:
     import sys
 
     def stop() -> None:
-        print(f"traceless {component}: the engine failed repeatedly and stopped; exiting "
-              f"({ENGINE_STOPPED_EXIT}) for a supervisor to restart", file=sys.stderr, flush=True)
+        print(
+            f"traceless {component}: the engine failed repeatedly and stopped; exiting "
+            f"({ENGINE_STOPPED_EXIT}) for a supervisor to restart",
+            file=sys.stderr,
+            flush=True,
+        )
         os.kill(os.getpid(), signal.SIGTERM)
 
     engine.on_dead(stop)
@@ -175,16 +226,27 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging()
     public, operator_sock = reserve_ports(args, "server")
     engine = build_async_engine(args)
-    settings = ServerSettings(args.served_model_name or engine.model_name,
-                              args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                              stream_shape=stream_shape(args), **access_settings(args))
+    settings = ServerSettings(
+        args.served_model_name or engine.model_name,
+        args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        stream_shape=stream_shape(args),
+        **access_settings(args),
+    )
     telemetry, operator = telemetry_for(args, engine, "server", operator_sock)
     # uvloop reads every connection's bytes into one long-lived buffer, which would keep the last
     # plaintext request until a later read overwrites it: a scrubbing server uses asyncio's loop,
     # which reads into fresh (freed, hence scrubbed) buffers. (A node reads only ciphertext.)
     loop = "asyncio" if args.scrub_freed_memory else "auto"
     exit_when_engine_stops(engine, "serve")
-    run_uvicorn(create_app(engine, settings, telemetry), args.host, args.port, "server", loop=loop,
-                operator=operator, limits=connection_limits(args), sock=public,
-                shutdown=shutdown_policy(args, engine, "serve"))
+    run_uvicorn(
+        create_app(engine, settings, telemetry),
+        args.host,
+        args.port,
+        "server",
+        loop=loop,
+        operator=operator,
+        limits=connection_limits(args),
+        sock=public,
+        shutdown=shutdown_policy(args, engine, "serve"),
+    )
     return ENGINE_STOPPED_EXIT if engine.dead else 0

@@ -9,6 +9,7 @@ another prefix hit, evicted for space, or expires -- and eviction and expiry zer
 Block 0 is the null block: never allocated, always zero. Padded block tables point at it, so
 padding never reads another request's KV.
 """
+
 from __future__ import annotations
 
 import time

@@ -7,6 +7,7 @@ inside the buffer that was searched.
 
     pending buffer:  [ ..... emitted now ..... | held back (h chars) ]
 """
+
 from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream

@@ -26,6 +26,7 @@ group only the blocks its window still reads at position n * block_size (the one
 freed, possibly evicted and zeroed: never taken). Preemption by swapping seals and restores the
 live blocks of every group.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -76,8 +77,14 @@ class PrefixHit:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, cache: PrefixCacheConfig | None = None, offloader=None,
-                 windows: Sequence[int] = (0,)):
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        cache: PrefixCacheConfig | None = None,
+        offloader=None,
+        windows: Sequence[int] = (0,),
+    ):
         """`offloader` (runner/offload.py: save, restore, discard, is_swapped) seals a preempted
         request's KV instead of letting it be recomputed; None = preemption by recompute.
         `windows`: per KV group, the keys its layers see behind a query, 0 for all (ModelInfo.kv_windows)."""
@@ -120,8 +127,10 @@ class KVCacheManager:
         n = self._hit_length(found)
         if n == 0:
             return None
-        blocks = tuple(tuple(b if i >= self._dead_blocks(g, n * self.block_size) else None for i, b in enumerate(f[:n]))
-                       for g, f in enumerate(found))
+        blocks = tuple(
+            tuple(b if i >= self._dead_blocks(g, n * self.block_size) else None for i, b in enumerate(f[:n]))
+            for g, f in enumerate(found)
+        )
         return PrefixHit(blocks, tuple(h for h, _ in chain[:n]))
 
     def _lookup(self, chain: list[tuple[bytes, tuple[int, ...]]]) -> list[list[KVBlock | None]]:
@@ -204,8 +213,14 @@ class KVCacheManager:
             return
         owned = self._blocks[request.request_id]
         tokens = request.token_ids(0, n_full * self.block_size)
-        new = block_hashes(self.cache, tokens, request.domain, self.block_size, start=len(hashes),
-                           parent=hashes[-1] if hashes else _root(request))
+        new = block_hashes(
+            self.cache,
+            tokens,
+            request.domain,
+            self.block_size,
+            start=len(hashes),
+            parent=hashes[-1] if hashes else _root(request),
+        )
         for i, (h, chunk) in enumerate(new, start=len(hashes)):
             for g, own in enumerate(owned):
                 block = own[i]
@@ -224,8 +239,8 @@ class KVCacheManager:
             own = owned[g]
             dead = min(self._dead_blocks(g, request.num_computed_tokens), len(own))
             if dead > live[g]:
-                out += [b for b in own[live[g]:dead] if b is not None]
-                own[live[g]:dead] = [None] * (dead - live[g])
+                out += [b for b in own[live[g] : dead] if b is not None]
+                own[live[g] : dead] = [None] * (dead - live[g])
                 live[g] = dead
         if out:
             self.pool.free(out)
@@ -289,13 +304,14 @@ class KVCacheManager:
     def num_live_blocks(self, request_id: str, group: int | None = None) -> int:
         """Blocks the request holds now: in one group, or in all of them."""
         owned = self._blocks.get(request_id) or []
-        groups = owned if group is None else owned[group:group + 1]
+        groups = owned if group is None else owned[group : group + 1]
         return sum(1 for own in groups for b in own if b is not None)
 
     def live_blocks_by_group(self) -> list[int]:
         """Blocks the requests hold now in each group (all requests together)."""
-        return [sum(1 for owned in self._blocks.values() for b in owned[g] if b is not None)
-                for g in range(self.num_groups)]
+        return [
+            sum(1 for owned in self._blocks.values() for b in owned[g] if b is not None) for g in range(self.num_groups)
+        ]
 
     def num_owners(self) -> int:
         return len(self._blocks)

@@ -11,6 +11,7 @@ zeroes its KV blocks, drops its sampler generator and detokenizer state, and wip
 The engine is given its parts (the model executor, the KV cache tensors, the tokenizer, the offload
 store: `EngineParts`) by whoever builds it (entrypoints/build.py); engine/ itself imports no torch.
 """
+
 from __future__ import annotations
 
 import functools
@@ -93,18 +94,23 @@ class LLMEngine:
         self._executor = parts.executor
         self._kv_memory = parts.kv_memory
         self._offload = parts.offload
-        self._cache_config = PrefixCacheConfig(config.prefix_cache, config.prefix_cache_ttl,
-                                               self._public_prefixes(config.public_prefixes))
+        self._cache_config = PrefixCacheConfig(
+            config.prefix_cache, config.prefix_cache_ttl, self._public_prefixes(config.public_prefixes)
+        )
         pool = BlockPool(parts.kv_memory.num_blocks, parts.kv_memory.zero_blocks)
-        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload,
-                                  parts.model.kv_windows)
+        self._kv = KVCacheManager(pool, config.block_size, self._cache_config, parts.offload, parts.model.kv_windows)
         self._last_expiry = 0.0
-        spec = SpeculativeConfig(config.speculative, config.num_speculative_tokens,
-                                 config.ngram_min, config.ngram_max)
+        spec = SpeculativeConfig(config.speculative, config.num_speculative_tokens, config.ngram_min, config.ngram_max)
         self._ngram = NgramProposer(spec) if spec.mode is SpecMode.NGRAM else None
         self._scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            spec.model_drafts, parts.model.long_context_from), self._kv
+            SchedulerConfig(
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+                self.max_model_len,
+                spec.model_drafts,
+                parts.model.long_context_from,
+            ),
+            self._kv,
         )
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -129,14 +135,21 @@ class LLMEngine:
         for text in texts:
             out.append(tuple(self.tokenizer.encode(text)))
             if self.tokenizer.chat_template is not None:
-                rendered = self.tokenizer.apply_chat_template([{"role": "system", "content": text}],
-                                                              add_generation_prompt=False)
+                rendered = self.tokenizer.apply_chat_template(
+                    [{"role": "system", "content": text}], add_generation_prompt=False
+                )
                 out.append(tuple(self.tokenizer.encode(rendered, add_special_tokens=False)))
         return tuple(p for p in out if p)
 
     # --- admission ----------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    cache_salt: str | None = None, guide: Guide | None = None) -> list[int]:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+        guide: Guide | None = None,
+    ) -> list[int]:
         """Validate, tokenize and queue a request; returns (a copy of) its prompt token ids.
         `cache_salt` names the request's prefix-cache isolation domain (a client secret).
         With `params.structured`, `guide` is the request's matcher, compiled beforehand (the server
@@ -267,8 +280,9 @@ class LLMEngine:
     def cached_prefix_len(self, token_ids: list[int], cache_salt: str | None = None) -> int:
         """How many leading tokens a request with these tokens and this salt would take from the
         prefix cache now (a count; nothing is taken)."""
-        probe = Request("probe", token_ids, SamplingParams(), frozenset(),
-                        domain=domain_of(self._cache_config, cache_salt))
+        probe = Request(
+            "probe", token_ids, SamplingParams(), frozenset(), domain=domain_of(self._cache_config, cache_salt)
+        )
         limit = self._scheduler.config.long_context_from
         probe.long_context = limit is not None and len(token_ids) > limit
         try:
@@ -279,8 +293,13 @@ class LLMEngine:
 
     def kv_stats(self) -> KVStats:
         off = self._offload
-        return KVStats(self._kv.pool.usage(), len(self._kv.pool.cached), self._scheduler.num_preemptions,
-                       off.bytes_out if off is not None else 0, off.bytes_in if off is not None else 0)
+        return KVStats(
+            self._kv.pool.usage(),
+            len(self._kv.pool.cached),
+            self._scheduler.num_preemptions,
+            off.bytes_out if off is not None else 0,
+            off.bytes_in if off is not None else 0,
+        )
 
     def tick(self, now: float | None = None) -> None:
         """Housekeeping between steps: expire (and zero) prefix-cache blocks past their TTL."""
@@ -317,8 +336,11 @@ class LLMEngine:
         try:
             got = sampled()
         except Exception as exc:  # the batch fails; the engine and every other request go on
-            emit("engine.step_failed", num_requests=len(plan.seqs),
-                 error_kind="internal" if not isinstance(exc, MemoryError) else "model_error")
+            emit(
+                "engine.step_failed",
+                num_requests=len(plan.seqs),
+                error_kind="internal" if not isinstance(exc, MemoryError) else "model_error",
+            )
             self._scheduler.drop_plan(plan)
             batch = [self._requests[s.request_id] for s in plan.seqs if s.request_id in self._requests]
             return [self._finish(TokenUpdate(r, [], "", None, RequestStatus.FINISHED_ERROR)) for r in batch]
@@ -335,8 +357,11 @@ class LLMEngine:
         """Asynchronous scheduling (engine/run_ahead.py): launch this step, then read the last one."""
         self.tick()
         out: list[StepOutput] = []
-        plain = self._ngram is None and self._scheduler.config.model_drafts == 0 and all(
-            is_plain(r) for r in self._requests.values())
+        plain = (
+            self._ngram is None
+            and self._scheduler.config.model_drafts == 0
+            and all(is_plain(r) for r in self._requests.values())
+        )
         if self._in_flight and not (plain and self._scheduler.can_run_ahead()):
             out += self._read_in_flight()
         self._propose()
@@ -371,7 +396,7 @@ class LLMEngine:
             if request.num_tokens - request.num_computed_tokens == 1:
                 drafts = self._ngram.propose(request)
                 if request.guide is not None and drafts:  # only drafts the grammar allows are verified
-                    del drafts[request.guide.valid_prefix(drafts):]
+                    del drafts[request.guide.valid_prefix(drafts) :]
                 request.set_drafts(drafts)
 
     def _stop(self, request: Request, token_id: int) -> tuple[RequestStatus | None, str]:
@@ -390,16 +415,26 @@ class LLMEngine:
             return RequestStatus.FINISHED_STOPPED, text
         if guide is not None and guide.is_stopped:  # the grammar is complete: nothing may follow
             return RequestStatus.FINISHED_STOPPED, text
-        if ((p.max_tokens is not None and request.num_output_tokens >= p.max_tokens)
-                or request.num_tokens >= self.max_model_len):
+        if (
+            p.max_tokens is not None and request.num_output_tokens >= p.max_tokens
+        ) or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH, text
         return None, text
 
     @staticmethod
     def _output(u: TokenUpdate) -> StepOutput:
         r = u.request
-        return StepOutput(r.request_id, u.token_ids, u.text, u.logprobs, None, None, r.num_prompt_tokens,
-                          r.num_output_tokens, r.take_prompt_logprobs())
+        return StepOutput(
+            r.request_id,
+            u.token_ids,
+            u.text,
+            u.logprobs,
+            None,
+            None,
+            r.num_prompt_tokens,
+            r.num_output_tokens,
+            r.take_prompt_logprobs(),
+        )
 
     def _finish(self, u: TokenUpdate) -> StepOutput:
         request, status = u.request, u.status
@@ -407,9 +442,17 @@ class LLMEngine:
             raise RuntimeError(f"request {request.request_id} has not finished")
         detok = self._detok.get(request.request_id)
         tail = detok.flush() if detok is not None else ""  # empty after a stop-string match
-        out = StepOutput(request.request_id, u.token_ids, u.text + tail, u.logprobs, status.finish_reason,
-                         request.stop_reason, request.num_prompt_tokens, request.num_output_tokens,
-                         request.take_prompt_logprobs() if u.token_ids else None)
+        out = StepOutput(
+            request.request_id,
+            u.token_ids,
+            u.text + tail,
+            u.logprobs,
+            status.finish_reason,
+            request.stop_reason,
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            request.take_prompt_logprobs() if u.token_ids else None,
+        )
         self._release(request, status)
         return out
 
@@ -423,9 +466,14 @@ class LLMEngine:
         del self._requests[request.request_id]
         if self.config.request_events:  # a benchmark's switch: exact figures of one request, off by default
             now, first = time.monotonic(), request.first_token_time
-            emit("request.finished", finish=status.finish_reason, prompt_tokens=request.num_prompt_tokens,
-                 output_tokens=request.num_output_tokens, ttft_s=(first - request.arrival_time) if first else 0.0,
-                 e2e_s=now - request.arrival_time)
+            emit(
+                "request.finished",
+                finish=status.finish_reason,
+                prompt_tokens=request.num_prompt_tokens,
+                output_tokens=request.num_output_tokens,
+                ttft_s=(first - request.arrival_time) if first else 0.0,
+                e2e_s=now - request.arrival_time,
+            )
         request.wipe()
 
     def residue_stats(self, nonzero_blocks: int | None = None) -> ResidueStats:
@@ -433,8 +481,12 @@ class LLMEngine:
         whole KV cache is read here: call it when idle."""
         if nonzero_blocks is None:
             nonzero_blocks = len(self._kv_memory.nonzero_blocks())
-        return ResidueStats(len(self._requests), nonzero_blocks, len(self._kv.pool.cached),
-                            self._offload.num_swapped() if self._offload is not None else 0)
+        return ResidueStats(
+            len(self._requests),
+            nonzero_blocks,
+            len(self._kv.pool.cached),
+            self._offload.num_swapped() if self._offload is not None else 0,
+        )
 
     # --- integrity ----------------------------------------------------------------------------
     def check_integrity(self) -> None:

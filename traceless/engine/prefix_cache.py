@@ -17,6 +17,7 @@ Domains:
   off       nothing is cached.
 Every hit also compares the block's stored tokens (BlockPool.lookup), not only the hash.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,8 +84,14 @@ def public_blocks(config: PrefixCacheConfig, tokens: Sequence[int], block_size: 
     return best // block_size
 
 
-def block_hashes(config: PrefixCacheConfig, tokens: Sequence[int], domain: bytes | None, block_size: int,
-                 start: int = 0, parent: bytes = ROOT) -> list[tuple[bytes, tuple[int, ...]]]:
+def block_hashes(
+    config: PrefixCacheConfig,
+    tokens: Sequence[int],
+    domain: bytes | None,
+    block_size: int,
+    start: int = 0,
+    parent: bytes = ROOT,
+) -> list[tuple[bytes, tuple[int, ...]]]:
     """(hash, tokens) of the full blocks from block index `start` on that may be cached:
     public-prefix blocks, then (if the request has a domain) its own blocks. Stops at the first
     block that may not be cached."""
@@ -94,7 +101,7 @@ def block_hashes(config: PrefixCacheConfig, tokens: Sequence[int], domain: bytes
         d = PUBLIC if i < n_public else domain
         if d is None:
             break
-        chunk = tuple(tokens[i * block_size:(i + 1) * block_size])
+        chunk = tuple(tokens[i * block_size : (i + 1) * block_size])
         parent = hash_block(parent, chunk, d)
         out.append((parent, chunk))
     return out

@@ -4,6 +4,7 @@ No torch here. Token ids are user content, so the object exposes counts and narr
 its repr shows only ids and counts, and `wipe()` (called by the engine's single release path,
 whatever way the request ends) overwrites and drops every token it held.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,10 +36,14 @@ class RequestStatus(Enum):
         return self.value if self.finished else None
 
 
-_FINISHED = frozenset({
-    RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
-    RequestStatus.FINISHED_ERROR,
-})
+_FINISHED = frozenset(
+    {
+        RequestStatus.FINISHED_STOPPED,
+        RequestStatus.FINISHED_LENGTH,
+        RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_ERROR,
+    }
+)
 _TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     RequestStatus.WAITING: frozenset({RequestStatus.RUNNING}) | _FINISHED,
     RequestStatus.RUNNING: frozenset({RequestStatus.PREEMPTED}) | _FINISHED,
@@ -66,9 +71,23 @@ class Request:
     """
 
     __slots__ = (
-        "request_id", "params", "eos_token_ids", "arrival_time", "first_token_time", "status",
-        "num_computed_tokens", "stop_reason", "_prompt", "_output", "num_prompt_tokens", "domain",
-        "_drafts", "_prompt_lps", "_prompt_lps_taken", "guide", "long_context",
+        "request_id",
+        "params",
+        "eos_token_ids",
+        "arrival_time",
+        "first_token_time",
+        "status",
+        "num_computed_tokens",
+        "stop_reason",
+        "_prompt",
+        "_output",
+        "num_prompt_tokens",
+        "domain",
+        "_drafts",
+        "_prompt_lps",
+        "_prompt_lps_taken",
+        "guide",
+        "long_context",
     )
 
     def __init__(
@@ -158,8 +177,11 @@ class Request:
 
     def take_prompt_logprobs(self) -> list[TokenLogprobs] | None:
         """The prompt's logprobs, once, when the request asked for them and all are computed."""
-        if (self.params.prompt_logprobs is None or self._prompt_lps_taken
-                or len(self._prompt_lps) != self.num_prompt_tokens - 1):
+        if (
+            self.params.prompt_logprobs is None
+            or self._prompt_lps_taken
+            or len(self._prompt_lps) != self.num_prompt_tokens - 1
+        ):
             return None
         self._prompt_lps_taken = True
         out, self._prompt_lps = self._prompt_lps, []

@@ -12,6 +12,7 @@ synchronously (reading the plan in flight first) whenever running ahead could ch
 request computes: a request that needs its tokens on the host (grammar, logprobs, prompt
 logprobs, penalties, logit bias), speculative decoding, or a step that could preempt.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,8 +24,13 @@ from traceless.engine.step_io import PendingResult, SampledTokens, SchedulerOutp
 def is_plain(request: Request) -> bool:
     """A request whose next steps need nothing of its last token on the host."""
     p = request.params
-    return (request.guide is None and p.logprobs is None and p.prompt_logprobs is None and not p.needs_penalties
-            and not p.logit_bias)
+    return (
+        request.guide is None
+        and p.logprobs is None
+        and p.prompt_logprobs is None
+        and not p.needs_penalties
+        and not p.logit_bias
+    )
 
 
 class InFlight:

@@ -11,6 +11,7 @@ Speculative decoding fits the same rule: a decoding request with d draft tokens 
 1 + d tokens (its last sampled token plus the drafts), d capped by the budget, max_tokens and the
 context. Drafts never cost a preemption: without room for them the request decodes one token.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -286,8 +287,9 @@ class Scheduler:
             long_context=r.long_context,
         )
 
-    def update_from_output(self, plan: SchedulerOutput, sampled: dict[str, SampledTokens],
-                           check_stop: StopCheck) -> list[TokenUpdate]:
+    def update_from_output(
+        self, plan: SchedulerOutput, sampled: dict[str, SampledTokens], check_stop: StopCheck
+    ) -> list[TokenUpdate]:
         """The step's bookkeeping, in one place: computed tokens advance over what the step fed
         the model, sampled tokens are appended one by one until the first that stops the request,
         accepted drafts count as computed, and newly filled blocks enter the prefix cache."""

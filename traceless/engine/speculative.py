@@ -12,6 +12,7 @@ shared across users, which would hold other users' tokens):
 A decoding request with d drafts is scheduled for 1 + d tokens; the runner verifies them
 (runner/rejection.py) so that the output has exactly the distribution of plain decoding.
 """
+
 from __future__ import annotations
 
 from array import array
@@ -60,8 +61,12 @@ class SpecStats:
         return self.accepted / self.proposed if self.proposed else 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return {"proposed": self.proposed, "accepted": self.accepted, "verify_steps": self.verify_steps,
-                "acceptance_rate": self.acceptance_rate}
+        return {
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "verify_steps": self.verify_steps,
+            "acceptance_rate": self.acceptance_rate,
+        }
 
 
 class NgramProposer:

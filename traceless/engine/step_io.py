@@ -8,6 +8,7 @@ else of the engine.
 The token lists in a SchedulerOutput are copies of user content made for this one step; the engine
 calls `wipe()` once the step is over, whatever way it ended.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

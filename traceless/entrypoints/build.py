@@ -1,5 +1,6 @@
 """Build an engine from its configuration: the torch side (runner/build.py) first, then the engine
 around it. The one place that imports both engine and runner."""
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,19 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     parts = build_engine_parts(config)
     engine = LLMEngine(config, parts)
     m = parts.model
-    emit("engine.ready", device=m.device, dtype=m.dtype, num_blocks=parts.kv_memory.num_blocks,
-         block_size=config.block_size, max_model_len=m.max_model_len, load_s=time.monotonic() - t0,
-         attention=m.attention, load_format=m.load_format, cuda_graphs=m.cuda_graphs, capture_s=m.capture_s,
-         kv_cache_bytes=m.kv_cache_bytes, kv_sized_by=m.kv_sizing)
+    emit(
+        "engine.ready",
+        device=m.device,
+        dtype=m.dtype,
+        num_blocks=parts.kv_memory.num_blocks,
+        block_size=config.block_size,
+        max_model_len=m.max_model_len,
+        load_s=time.monotonic() - t0,
+        attention=m.attention,
+        load_format=m.load_format,
+        cuda_graphs=m.cuda_graphs,
+        capture_s=m.capture_s,
+        kv_cache_bytes=m.kv_cache_bytes,
+        kv_sized_by=m.kv_sizing,
+    )
     return engine

@@ -1,4 +1,5 @@
 """Offline API shaped like vLLM's: `LLM(...).generate(prompts, params)` and `.chat(messages, params)`."""
+
 from __future__ import annotations
 
 import itertools
@@ -114,8 +115,10 @@ class LLM:
                 return None, p["prompt_token_ids"], salt
             if keys == {"prompt"}:
                 return p["prompt"], p["prompt"], salt
-        raise InvalidRequestError('a prompt is a string, or a dict with "prompt" (str) or "prompt_token_ids" '
-                                  '([int, ...]) and optionally "cache_salt"')
+        raise InvalidRequestError(
+            'a prompt is a string, or a dict with "prompt" (str) or "prompt_token_ids" '
+            '([int, ...]) and optionally "cache_salt"'
+        )
 
     @staticmethod
     def _params(params, count: int) -> list[SamplingParams]:
@@ -128,8 +131,12 @@ class LLM:
             raise InvalidRequestError(f"got {len(params)} sampling params for {count} prompts")
         return params
 
-    def _run(self, prompts: list[tuple[str | None, str | list[int], str | None]], params: list[SamplingParams],
-             use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self,
+        prompts: list[tuple[str | None, str | list[int], str | None]],
+        params: list[SamplingParams],
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
         children: dict[str, tuple[int, int]] = {}  # child request id -> (prompt index, completion index)
@@ -145,9 +152,13 @@ class LLM:
             raise
         return self._collect(prompts, params, prompt_ids, children, acc)
 
-    def _add_requests(self, prompts: list[tuple[str | None, str | list[int], str | None]],
-                      params: list[SamplingParams], children: dict[str, tuple[int, int]],
-                      prompt_ids: list[tuple[int, ...]]) -> None:
+    def _add_requests(
+        self,
+        prompts: list[tuple[str | None, str | list[int], str | None]],
+        params: list[SamplingParams],
+        children: dict[str, tuple[int, int]],
+        prompt_ids: list[tuple[int, ...]],
+    ) -> None:
         """Each prompt's n completions as engine requests. `children` grows as they are added, so
         that a failure part-way aborts those already in the engine."""
         for i, ((_, prompt, salt), p) in enumerate(zip(prompts, params)):
@@ -158,8 +169,13 @@ class LLM:
                 if j == 0:
                     prompt_ids.append(tuple(ids))
 
-    def _step_until_done(self, params: list[SamplingParams], children: dict[str, tuple[int, int]],
-                         acc: dict[str, _Accumulated], prompt_done: Callable[[int], object]) -> None:
+    def _step_until_done(
+        self,
+        params: list[SamplingParams],
+        children: dict[str, tuple[int, int]],
+        acc: dict[str, _Accumulated],
+        prompt_done: Callable[[int], object],
+    ) -> None:
         """Engine steps until every completion has finished; prompt_done(1) once per prompt whose
         completions have all finished (the progress bar)."""
         remaining = [p.n for p in params]
@@ -178,8 +194,9 @@ class LLM:
         a.token_ids.extend(out.new_token_ids)
         a.text.append(out.new_text)
         if out.new_logprobs is not None:
-            a.logprobs = (a.logprobs or []) + [self._logprob_dict(lp, t)
-                                               for lp, t in zip(out.new_logprobs, out.new_token_ids)]
+            a.logprobs = (a.logprobs or []) + [
+                self._logprob_dict(lp, t) for lp, t in zip(out.new_logprobs, out.new_token_ids)
+            ]
         if out.prompt_logprobs is not None:
             a.prompt_logprobs = out.prompt_logprobs
         if out.finished:
@@ -188,8 +205,10 @@ class LLM:
     def _logprob_dict(self, lp, token_id: int) -> dict[int, Logprob]:
         """Top-N of the position plus the sampled token (as vLLM returns them)."""
         tok = self.engine.tokenizer
-        d = {tid: Logprob(v, rank + 1, tok.decode([tid], skip_special_tokens=False))
-             for rank, (tid, v) in enumerate(zip(lp.top_ids, lp.top_logprobs))}
+        d = {
+            tid: Logprob(v, rank + 1, tok.decode([tid], skip_special_tokens=False))
+            for rank, (tid, v) in enumerate(zip(lp.top_ids, lp.top_logprobs))
+        }
         if token_id not in d:
             d[token_id] = Logprob(lp.token_logprob, lp.token_rank, tok.decode([token_id], skip_special_tokens=False))
         return d
@@ -200,12 +219,25 @@ class LLM:
         for rid, (i, j) in children.items():
             a = acc[rid]
             if j == 0 and a.prompt_logprobs is not None:
-                prompt_lps[i] = (None, *(self._logprob_dict(lp, t) for lp, t in zip(a.prompt_logprobs,
-                                                                                   prompt_ids[i][1:])))
+                prompt_lps[i] = (
+                    None,
+                    *(self._logprob_dict(lp, t) for lp, t in zip(a.prompt_logprobs, prompt_ids[i][1:])),
+                )
             cum = sum(d[t].logprob for d, t in zip(a.logprobs, a.token_ids) if t in d) if a.logprobs else None
-            per_prompt[i].append(CompletionOutput(j, "".join(a.text), tuple(a.token_ids), a.finish_reason,
-                                                  a.stop_reason, tuple(a.logprobs) if a.logprobs is not None else None,
-                                                  cum))
-        return [RequestOutput(f"{i}", prompts[i][0], prompt_ids[i], tuple(sorted(outs, key=lambda c: c.index)), True,
-                              prompt_lps[i])
-                for i, outs in enumerate(per_prompt)]
+            per_prompt[i].append(
+                CompletionOutput(
+                    j,
+                    "".join(a.text),
+                    tuple(a.token_ids),
+                    a.finish_reason,
+                    a.stop_reason,
+                    tuple(a.logprobs) if a.logprobs is not None else None,
+                    cum,
+                )
+            )
+        return [
+            RequestOutput(
+                f"{i}", prompts[i][0], prompt_ids[i], tuple(sorted(outs, key=lambda c: c.index)), True, prompt_lps[i]
+            )
+            for i, outs in enumerate(per_prompt)
+        ]

@@ -7,6 +7,7 @@
 - `create_app`: a Starlette app whose unknown routes and methods answer in the same JSON shape,
   with no trailing-slash redirects (exactly the declared paths).
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,14 @@ def endpoint(component: str, route: str, handler: Handler, events: bool = True) 
         except Exception:
             response = error_response(component, internal_error(), events)
         if events:
-            emit("http.request", component=component, route=route, status_code=response.status_code,
-                 duration_s=time.perf_counter() - started, stream=isinstance(response, StreamingResponse))
+            emit(
+                "http.request",
+                component=component,
+                route=route,
+                status_code=response.status_code,
+                duration_s=time.perf_counter() - started,
+                stream=isinstance(response, StreamingResponse),
+            )
         return response
 
     return run
@@ -67,7 +74,8 @@ def _route_errors(component: str, events: bool):
 
 
 def create_app(component: str, routes: Sequence[BaseRoute], lifespan: Any = None, events: bool = True) -> Starlette:
-    app = Starlette(routes=list(routes), lifespan=lifespan,
-                    exception_handlers={HTTPException: _route_errors(component, events)})
+    app = Starlette(
+        routes=list(routes), lifespan=lifespan, exception_handlers={HTTPException: _route_errors(component, events)}
+    )
     app.router.redirect_slashes = False
     return app

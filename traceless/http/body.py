@@ -1,5 +1,6 @@
 """Reading what a client sent, at the boundary: bodies under a cap (413), whole or streamed on to
 an upstream, JSON (400), media types (415)."""
+
 from __future__ import annotations
 
 import json
@@ -126,6 +127,7 @@ def require_media_type(request: Request, allowed: tuple[str, ...]) -> str:
     """The request's media type if it is one of `allowed`; 415 otherwise."""
     found = media_type(request)
     if found not in allowed:
-        raise ApiError(415, f"content-type must be {' or '.join(allowed)}", param="content-type",
-                       code="unsupported_media_type")
+        raise ApiError(
+            415, f"content-type must be {' or '.join(allowed)}", param="content-type", code="unsupported_media_type"
+        )
     return found

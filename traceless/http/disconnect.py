@@ -1,5 +1,6 @@
 """Racing a request's work against its client's disconnect: work for a client that left is
 cancelled (which aborts every engine request it started), not run to its end."""
+
 from __future__ import annotations
 
 import asyncio

@@ -3,6 +3,7 @@
 Messages name fields and limits, never echo the values a client sent (a value may be user
 content, and error bodies can end up in logs of intermediaries).
 """
+
 from __future__ import annotations
 
 from starlette.responses import JSONResponse
@@ -19,20 +20,41 @@ from traceless.errors import (
 
 # Event error kinds (events.ERROR_KIND) for codes whose status alone would be ambiguous.
 _KIND_BY_CODE = {
-    "token_required": "token_invalid", "token_invalid": "token_invalid",
-    "token_replayed": "token_replayed", "spent_set_full": "unavailable",
-    "upstream_unreachable": "upstream", "upstream_timeout": "timeout",
-    "unsupported_media_type": "invalid_request", "method_not_allowed": "invalid_request",
-    "decapsulation_failed": "decrypt_failed", "queue_full": "queue_full",
+    "token_required": "token_invalid",
+    "token_invalid": "token_invalid",
+    "token_replayed": "token_replayed",
+    "spent_set_full": "unavailable",
+    "upstream_unreachable": "upstream",
+    "upstream_timeout": "timeout",
+    "unsupported_media_type": "invalid_request",
+    "method_not_allowed": "invalid_request",
+    "decapsulation_failed": "decrypt_failed",
+    "queue_full": "queue_full",
     "unsupported_endpoint": "not_found",
 }
-_KIND_BY_STATUS = {400: "invalid_request", 401: "unauthorized", 403: "unauthorized", 404: "not_found",
-                   413: "too_large", 415: "invalid_request", 429: "rate_limited", 503: "unavailable"}
+_KIND_BY_STATUS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "unauthorized",
+    404: "not_found",
+    413: "too_large",
+    415: "invalid_request",
+    429: "rate_limited",
+    503: "unavailable",
+}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -69,13 +91,17 @@ def from_traceless_error(exc: TracelessError) -> ApiError:
     if isinstance(exc, InvalidRequestError):
         return ApiError(400, str(exc))
     if isinstance(exc, QueueFullError):
-        return ApiError(503, "the server is at capacity; retry later", type="server_error", code="queue_full",
-                        headers={"Retry-After": "1"})
+        return ApiError(
+            503,
+            "the server is at capacity; retry later",
+            type="server_error",
+            code="queue_full",
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, ModelNotFoundError):
         return ApiError(404, str(exc), type="invalid_request_error", code="model_not_found")
     if isinstance(exc, EngineDeadError):
         return ApiError(503, "the engine has stopped", type="server_error", code="engine_dead")
     if isinstance(exc, ShuttingDownError):
-        return ApiError(503, "the server is shutting down; retry on another", type="server_error",
-                        code="shutting_down")
+        return ApiError(503, "the server is shutting down; retry on another", type="server_error", code="shutting_down")
     return internal_error()

@@ -25,6 +25,7 @@ app never read is drained to its end, however large. `GuardedHttpToolsProtocol` 
 Memory per connection stays bounded: a head over `max_head_bytes` gets a 431 before it is parsed,
 and uvicorn stops reading a body the app has not consumed beyond 64 KiB.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,16 +61,33 @@ class ConnectionLimits:
 
 def _raw_error(status: str, message: str, code: str, extra: bytes = b"") -> bytes:
     """A whole JSON error response, written on the transport before (or instead of) parsing."""
-    body = json.dumps({"error": {"message": message, "type": "server_error" if status.startswith("5")
-                                 else "invalid_request_error", "param": None, "code": code}}).encode()
-    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n".encode() + extra
-            + b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "server_error" if status.startswith("5") else "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+    ).encode()
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n".encode()
+        + extra
+        + b"connection: close\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
-_BUSY = _raw_error("503 Service Unavailable", "the server has too many open connections; retry later",
-                   "too_many_connections", b"retry-after: 1\r\n")
-_HEAD_TOO_LARGE = _raw_error("431 Request Header Fields Too Large", "the request head is too large",
-                             "head_too_large")
+_BUSY = _raw_error(
+    "503 Service Unavailable",
+    "the server has too many open connections; retry later",
+    "too_many_connections",
+    b"retry-after: 1\r\n",
+)
+_HEAD_TOO_LARGE = _raw_error("431 Request Header Fields Too Large", "the request head is too large", "head_too_large")
 
 
 class _Guard:
@@ -234,8 +252,15 @@ def _close_if_body_unread(app: Any) -> Any:
 class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
     """uvicorn's httptools protocol (its default where httptools is installed) with the limits."""
 
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: ConnectionLimits) -> None:
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: ConnectionLimits,
+    ) -> None:
         HttpToolsProtocol.__init__(self, config, server_state, app_state, _loop)
         self._guard_init(limits)
 
@@ -277,8 +302,15 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
 class GuardedH11Protocol(_Guard, H11Protocol):
     """uvicorn's h11 protocol (where httptools is not installed) with the limits."""
 
-    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: ConnectionLimits) -> None:
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: ConnectionLimits,
+    ) -> None:
         H11Protocol.__init__(self, config, server_state, app_state, _loop)
         self._guard_init(limits)
 
@@ -324,10 +356,12 @@ def protocol_class(limits: ConnectionLimits, parser: str = "httptools") -> Any:
     httptools (uvicorn's own choice where it is installed, as here) or on h11."""
     if parser not in ("httptools", "h11"):
         raise ValueError("parser must be httptools or h11")
-    return functools.partial(GuardedHttpToolsProtocol if parser == "httptools" else GuardedH11Protocol,
-                             limits=limits)
+    return functools.partial(GuardedHttpToolsProtocol if parser == "httptools" else GuardedH11Protocol, limits=limits)
 
 
 def uvicorn_options(limits: ConnectionLimits, parser: str = "httptools") -> dict[str, Any]:
-    return {"http": protocol_class(limits, parser), "timeout_keep_alive": limits.keep_alive_s,
-            "h11_max_incomplete_event_size": limits.max_head_bytes}
+    return {
+        "http": protocol_class(limits, parser),
+        "timeout_keep_alive": limits.keep_alive_s,
+        "h11_max_incomplete_event_size": limits.max_head_bytes,
+    }

@@ -4,6 +4,7 @@ client's local proxy all serve exactly these.
 Plain data, no handlers: each front binds a route's `name` to its own work (the server's and the
 node's to `OpenAIService.handlers()`, the proxy's to a call over the private path).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

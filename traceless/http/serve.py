@@ -1,6 +1,7 @@
 """Running an app under uvicorn: as a service (`run_uvicorn`, the commands) or on a free loopback
 port in a thread (`serve_in_thread`: audits, benchmarks, tests). Access logs, the server header and
 the date header are off everywhere: only schema events are logged."""
+
 from __future__ import annotations
 
 import errno
@@ -23,8 +24,15 @@ def uvicorn_config(app: Any, limits: ConnectionLimits | None = None, **options: 
     import uvicorn
 
     options.setdefault("lifespan", "on")
-    return uvicorn.Config(app, access_log=False, log_config=None, server_header=False, date_header=False,
-                          **uvicorn_options(limits or ConnectionLimits()), **options)
+    return uvicorn.Config(
+        app,
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        date_header=False,
+        **uvicorn_options(limits or ConnectionLimits()),
+        **options,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +54,25 @@ def reserve(host: str, port: int, component: str, option: str = "--port") -> soc
         return _listen(host, port)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"cannot listen on {host}:{port}: the port is already in use (is another server "
-                              f"running there?); choose another {option}") from None
-        raise ConfigError(f"cannot listen on {host}:{port} ({option}): {exc.strerror or type(exc).__name__}") \
-            from None
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: the port is already in use (is another server "
+                f"running there?); choose another {option}"
+            ) from None
+        raise ConfigError(f"cannot listen on {host}:{port} ({option}): {exc.strerror or type(exc).__name__}") from None
 
 
-def run_uvicorn(app: Any, host: str, port: int, component: str, loop: str = "auto",
-                operator: OperatorListener | None = None, extra_ports: tuple[int, ...] = (),
-                limits: ConnectionLimits | None = None, sock: socket.socket | None = None,
-                shutdown: Shutdown = Shutdown()) -> None:
+def run_uvicorn(
+    app: Any,
+    host: str,
+    port: int,
+    component: str,
+    loop: str = "auto",
+    operator: OperatorListener | None = None,
+    extra_ports: tuple[int, ...] = (),
+    limits: ConnectionLimits | None = None,
+    sock: socket.socket | None = None,
+    shutdown: Shutdown = Shutdown(),
+) -> None:
     """`loop`: uvicorn's event loop ("auto": uvloop where installed; "asyncio": the standard one,
     which reads every packet into a fresh buffer instead of uvloop's long-lived receive buffer).
     `operator`: served from a thread of its own, started first; the public app runs here.
@@ -69,8 +86,9 @@ def run_uvicorn(app: Any, host: str, port: int, component: str, loop: str = "aut
     try:
         if operator is not None:
             _start_operator(operator, component)
-        config = uvicorn_config(app, limits, host=host, port=port, loop=loop,
-                                timeout_graceful_shutdown=shutdown.uvicorn_timeout_s)
+        config = uvicorn_config(
+            app, limits, host=host, port=port, loop=loop, timeout_graceful_shutdown=shutdown.uvicorn_timeout_s
+        )
         server = GracefulServer(config, component, shutdown)
         emit("service.started", component=component, port=sockets[0].getsockname()[1], listener="public")
         interrupted = False
@@ -90,15 +108,17 @@ def _start_operator(listener: OperatorListener, component: str) -> None:
     import uvicorn
 
     sock = listener.sock or reserve(listener.host, listener.port, component, "--metrics-port")
-    server = uvicorn.Server(uvicorn_config(listener.app, host=listener.host, port=listener.port, lifespan="off",
-                                           loop="asyncio"))
+    server = uvicorn.Server(
+        uvicorn_config(listener.app, host=listener.host, port=listener.port, lifespan="off", loop="asyncio")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="traceless-operator", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise SystemExit(f"traceless {component}: the operator listener could not listen on "
-                             f"{listener.host}:{listener.port}")
+            raise SystemExit(
+                f"traceless {component}: the operator listener could not listen on {listener.host}:{listener.port}"
+            )
         time.sleep(0.01)
     emit("service.started", component=component, port=sock.getsockname()[1], listener="operator")
 
@@ -112,8 +132,9 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 @contextmanager
-def serve_in_thread(app: Any = None, *, server: Any = None, what: str = "the loopback service",
-                    limits: ConnectionLimits | None = None) -> Iterator[str]:
+def serve_in_thread(
+    app: Any = None, *, server: Any = None, what: str = "the loopback service", limits: ConnectionLimits | None = None
+) -> Iterator[str]:
     """Serve `app` (or run a prepared uvicorn `server`) on a free loopback port in a daemon thread,
     lifespan on, under `limits` (with `app`); yields its base URL and stops the server on exit."""
     import uvicorn

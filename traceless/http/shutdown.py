@@ -14,6 +14,7 @@
 A service without `end_requests` (the hops) has its open requests cancelled when the drain times
 out, or at once on a second Ctrl-C. A third Ctrl-C always stops at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -78,7 +79,10 @@ class GracefulServer(uvicorn.Server):
         while loop.time() < end and not self._end_now:
             await asyncio.sleep(0.05)
         if self.server_state.tasks:
-            emit("service.ending_requests", component=self.component,
-                 reason="second_signal" if self._end_now else "drain_timed_out")
+            emit(
+                "service.ending_requests",
+                component=self.component,
+                reason="second_signal" if self._end_now else "drain_timed_out",
+            )
         if self.policy.end_requests is not None:
             self.policy.end_requests()  # else uvicorn cancels what is still open, at its own timeout (now)

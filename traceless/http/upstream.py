@@ -11,6 +11,7 @@ whoever learns that the upstream is gone (the gateway's health checks) cut every
 flight to it at once: the downstream connection is then cut too, so the client sees a truncated
 response (which OHTTP decryption refuses) within the detection time, not a hang.
 """
+
 from __future__ import annotations
 
 import http.cookiejar
@@ -39,8 +40,9 @@ def upstream_client(read_timeout_s: float, connect_timeout_s: float = 5.0) -> ht
     # most one, and the downstream connections are capped (http/limits.py); a pool cap would let
     # 100 slow uploads or long streams make every other request wait for a free connection.
     pool = httpx.Limits(max_connections=None, max_keepalive_connections=100)
-    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
-                               cookies=no_cookies, limits=pool)
+    client = httpx.AsyncClient(
+        timeout=timeout, follow_redirects=False, trust_env=False, cookies=no_cookies, limits=pool
+    )
     for name in _HTTPX_DEFAULT_HEADERS:
         del client.headers[name]
     return client
@@ -93,8 +95,9 @@ class UpstreamStream(StreamingResponse):
     connection is cut as well: UpstreamCutError, the server drops it without a proper end).
     """
 
-    def __init__(self, upstream: httpx.Response, headers: dict[str, str], component: str,
-                 cuts: Cuts | None = None, key: str = "") -> None:
+    def __init__(
+        self, upstream: httpx.Response, headers: dict[str, str], component: str, cuts: Cuts | None = None, key: str = ""
+    ) -> None:
         super().__init__(self._body(upstream, component), status_code=upstream.status_code, headers=headers)
         self._upstream = upstream
         self._component = component
@@ -129,7 +132,7 @@ def upstream_error(exc: httpx.HTTPError) -> ApiError:
     """502 for an upstream that cannot be reached or fails before its response starts; 504
     when it was reached but sent no response in time."""
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
-        return ApiError(504, "the upstream service did not answer in time", type="server_error",
-                        code="upstream_timeout")
-    return ApiError(502, "the upstream service could not be reached", type="server_error",
-                    code="upstream_unreachable")
+        return ApiError(
+            504, "the upstream service did not answer in time", type="server_error", code="upstream_timeout"
+        )
+    return ApiError(502, "the upstream service could not be reached", type="server_error", code="upstream_unreachable")

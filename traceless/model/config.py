@@ -18,6 +18,7 @@ ModelConfig; model/llama.py runs any ModelConfig. What differs between the famil
 Mixture-of-experts families (mixtral, qwen3_moe, gpt_oss) carry `moe`: the experts' hyper-parameters and
 which layers have them (model/moe_checkpoint.py); the other layers keep the dense gated MLP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,7 +107,8 @@ class ModelConfig:
             raise UnsupportedModelError(f"head_dim {self.head_dim} is odd; RoPE needs an even head_dim")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise UnsupportedModelError(
-                f"{len(self.layer_windows)} layer types given for {self.num_layers} layers (layer_types)")
+                f"{len(self.layer_windows)} layer types given for {self.num_layers} layers (layer_types)"
+            )
         if any(w < 0 for w in self.layer_windows):
             raise UnsupportedModelError("sliding_window must be positive")
         if self.long_context_from is not None and self.local_rope_theta is not None:
@@ -116,12 +118,14 @@ class ModelConfig:
             for name, factors in (("short_factor", s.short_factor), ("long_factor", s.long_factor)):
                 if len(factors) != self.rotary_dims // 2:
                     raise UnsupportedModelError(
-                        f"longrope {name} has {len(factors)} entries; the rotary dims need {self.rotary_dims // 2}")
+                        f"longrope {name} has {len(factors)} entries; the rotary dims need {self.rotary_dims // 2}"
+                    )
         rot = self.rotary_dim
         if rot is not None and (rot % 2 or not 0 < rot <= self.head_dim):
             raise UnsupportedModelError(
                 f"partial_rotary_factor gives {rot} rotary dims of a {self.head_dim}-dim head; need an even number "
-                "in (0, head_dim]")
+                "in (0, head_dim]"
+            )
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -16,6 +16,7 @@ makes every logit nearly equal, which hides wrong indexing in a parity check).
 The tokenizer is synthetic (see `synthetic_tokenizer`): byte-level for encoding, every id
 decodes, so detokenization and stop checks run their real code paths.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,10 @@ from traceless.model.tokenizer import Tokenizer
 DUMMY_SEED = 0
 _SEED_STRIDE = 1 << 20  # tensor i of seed s is drawn from seed s * stride + i
 # A plain "role: content" template, so chat requests work against a dummy model too.
-_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                  "{% if add_generation_prompt %}assistant:{% endif %}")
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 _EOS_TEXT = "<|endoftext|>"
 
 
@@ -61,15 +64,24 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"embed": (c.vocab_size, H)}
     for i in range(c.num_layers):
         p = f"layers.{i}."
-        shapes |= {p + "attn_norm": (H,), p + "q": (c.num_heads * D, H), p + "k": (c.num_kv_heads * D, H),
-                   p + "v": (c.num_kv_heads * D, H), p + "o": (H, c.num_heads * D), p + "mlp_norm": (H,)}
+        shapes |= {
+            p + "attn_norm": (H,),
+            p + "q": (c.num_heads * D, H),
+            p + "k": (c.num_kv_heads * D, H),
+            p + "v": (c.num_kv_heads * D, H),
+            p + "o": (H, c.num_heads * D),
+            p + "mlp_norm": (H,),
+        }
         if c.moe is not None and c.sparse(i):
             shapes |= {p + name: shape for name, shape in c.moe.weight_shapes().items()}
         else:
             shapes |= {p + "gate": (F, H), p + "up": (F, H), p + "down": (H, F)}
         if c.qkv_bias:
-            shapes |= {p + "q_bias": (c.num_heads * D,), p + "k_bias": (c.num_kv_heads * D,),
-                       p + "v_bias": (c.num_kv_heads * D,)}
+            shapes |= {
+                p + "q_bias": (c.num_heads * D,),
+                p + "k_bias": (c.num_kv_heads * D,),
+                p + "v_bias": (c.num_kv_heads * D,),
+            }
         if c.o_bias:
             shapes[p + "o_bias"] = (H,)
         if c.attn_sinks:
@@ -84,22 +96,23 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
-                  seed: int = DUMMY_SEED) -> dict[str, torch.Tensor]:
+def dummy_weights(
+    c: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = DUMMY_SEED
+) -> dict[str, torch.Tensor]:
     """Random weights of the model's shapes on `device`; deterministic for (seed, device, dtype)."""
     return dict(iter_dummy_weights(c, dtype, device, seed))
 
 
-def iter_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
-                       seed: int = DUMMY_SEED) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_dummy_weights(
+    c: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = DUMMY_SEED
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The same weights one tensor at a time (a peer engine copies each into its own model, so
     two full copies never share the device)."""
     for index, (name, shape) in enumerate(weight_shapes(c).items()):
         yield name, _draw(c, name, shape, dtype, device, seed, index)
 
 
-def lazy_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
-                       seed: int = DUMMY_SEED) -> LazyWeights:
+def lazy_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = DUMMY_SEED) -> LazyWeights:
     """The same weights, each drawn when the decoder takes it."""
     weights = LazyWeights()
     for index, (name, shape) in enumerate(weight_shapes(c).items()):
@@ -107,8 +120,9 @@ def lazy_dummy_weights(c: ModelConfig, dtype: torch.dtype, device: torch.device,
     return weights
 
 
-def _draw(c: ModelConfig, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-          seed: int, index: int) -> torch.Tensor:
+def _draw(
+    c: ModelConfig, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int, index: int
+) -> torch.Tensor:
     gen = torch.Generator(device=device)
     gen.manual_seed(seed * _SEED_STRIDE + index)
     t = torch.empty(shape, dtype=dtype, device=device)

@@ -10,6 +10,7 @@ them; we do the same where it does:
           factors as the tensors rope_factors_short/long; `attention.sliding_window` 0 = none.
   qwen3   per-head q/k norms (`attn_q_norm`, `attn_k_norm`).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ class _Meta:
         return self.meta.get(f"{self.arch}.{name}", default)
 
 
-def from_gguf_metadata(meta: dict, has_output_weight: bool, has_qkv_bias: bool,
-                       rope_factors: dict[str, np.ndarray] | None = None) -> ModelConfig:
+def from_gguf_metadata(
+    meta: dict, has_output_weight: bool, has_qkv_bias: bool, rope_factors: dict[str, np.ndarray] | None = None
+) -> ModelConfig:
     """rope_factors: the file's rope_factors_short/long tensors by those names (phi3 LongRoPE)."""
     raw_arch = meta.get("general.architecture")
     arch = GGUF_ARCHITECTURES.get(raw_arch) if isinstance(raw_arch, str) else None
@@ -106,9 +108,14 @@ def _gemma3(key: _Meta, c: ModelConfig) -> ModelConfig:
         sliding = [bool((i + 1) % int(pattern)) for i in range(c.num_layers)]
     scalar = c.hidden_size / c.num_heads if c.num_layers == 62 else c.head_dim
     return _replace(
-        c, layer_windows=tuple(window if s else 0 for s in sliding),
-        local_rope_theta=float(key.get("rope.freq_base_swa", GEMMA3_LOCAL_BASE)), activation=Activation.GELU_TANH,
-        qk_norm=True, sandwich_norms=True, embed_scale=math.sqrt(c.hidden_size), query_pre_attn_scalar=float(scalar),
+        c,
+        layer_windows=tuple(window if s else 0 for s in sliding),
+        local_rope_theta=float(key.get("rope.freq_base_swa", GEMMA3_LOCAL_BASE)),
+        activation=Activation.GELU_TANH,
+        qk_norm=True,
+        sandwich_norms=True,
+        embed_scale=math.sqrt(c.hidden_size),
+        query_pre_attn_scalar=float(scalar),
     )
 
 
@@ -135,6 +142,11 @@ def _longrope(key: _Meta, factors: dict[str, np.ndarray]) -> RopeScaling:
     attention = key.get("rope.scaling.attn_factor")
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    return RopeScaling("longrope", factor, original_max_position_embeddings=original,
-                       short_factor=tuple(float(x) for x in short), long_factor=tuple(float(x) for x in long),
-                       attention_factor=float(attention))
+    return RopeScaling(
+        "longrope",
+        factor,
+        original_max_position_embeddings=original,
+        short_factor=tuple(float(x) for x in short),
+        long_factor=tuple(float(x) for x in long),
+        attention_factor=float(attention),
+    )

@@ -5,6 +5,7 @@ llama.cpp's converter permutes the rows of the Q and K projections of `llama` mo
 interleaved RoPE); we undo that so GGUF and Hugging Face weights share one model implementation
 (rotate-half RoPE).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,20 +23,30 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16") + tuple(FORMATS)
 
 _LAYER_NAMES = {
     "attn_norm.weight": "attn_norm",
-    "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v",
-    "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias",
+    "attn_q.weight": "q",
+    "attn_k.weight": "k",
+    "attn_v.weight": "v",
+    "attn_q.bias": "q_bias",
+    "attn_k.bias": "k_bias",
+    "attn_v.bias": "v_bias",
     "attn_output.weight": "o",
     "ffn_norm.weight": "mlp_norm",
-    "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
-    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",  # qwen3, gemma3
-    "post_attention_norm.weight": "post_attn_norm", "post_ffw_norm.weight": "post_mlp_norm",  # gemma3
+    "ffn_gate.weight": "gate",
+    "ffn_up.weight": "up",
+    "ffn_down.weight": "down",
+    "attn_q_norm.weight": "q_norm",
+    "attn_k_norm.weight": "k_norm",  # qwen3, gemma3
+    "post_attention_norm.weight": "post_attn_norm",
+    "post_ffw_norm.weight": "post_mlp_norm",  # gemma3
     "attn_qkv.weight": "qkv",  # phi3: fused, rows [q | k | v]
 }
 # phi3 keeps gate and up fused in ffn_up (rows [gate | up])
 _ARCH_LAYER_NAMES = {"phi3": _LAYER_NAMES | {"ffn_up.weight": "gate_up"}}
 _ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")  # phi3 LongRoPE: read into the config
 _GLOBAL_NAMES = {
-    "token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
+    "token_embd.weight": "embed",
+    "output_norm.weight": "norm",
+    "output.weight": "lm_head",
     "rope_freqs.weight": "rope_freqs",
 }
 
@@ -139,8 +150,11 @@ def load_gguf(path: Path, dtype: torch.dtype, keep_quantized: bool = False) -> t
     reader = _reader(path)
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
-    factors = {t.name.removesuffix(".weight"): np.asarray(_dequantize(t), dtype=np.float32)
-               for t in reader.tensors if t.name in _ROPE_FACTORS}
+    factors = {
+        t.name.removesuffix(".weight"): np.asarray(_dequantize(t), dtype=np.float32)
+        for t in reader.tensors
+        if t.name in _ROPE_FACTORS
+    }
     config = from_gguf_metadata(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, factors)
     weights: dict = {}
     for tensor in reader.tensors:

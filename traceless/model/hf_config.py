@@ -4,6 +4,7 @@ Defaults follow transformers' config classes for the fields a published config.j
 out (Gemma 3's text_config, for one, gives only what differs from Gemma3TextConfig). Anything
 the decoder cannot run is refused with an error that names the architecture or the field.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,20 +27,48 @@ HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GptOssForCausalLM": "gpt_oss",
 }
-_GEMMA = {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 256, "query_pre_attn_scalar": 256,
-          "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4096}
+_GEMMA = {
+    "hidden_activation": "gelu_pytorch_tanh",
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "sliding_window": 4096,
+}
 # transformers' defaults for fields a config.json may omit
 _DEFAULTS: dict[str, dict] = {
-    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {"head_dim": 128},
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {"head_dim": 128},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
     "qwen3_moe": {"num_experts_per_tok": 8, "norm_topk_prob": False, "decoder_sparse_step": 1},
-    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "attention_bias": True, "rms_norm_eps": 1e-5,
-                "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0},
+    "gpt_oss": {
+        "head_dim": 64,
+        "sliding_window": 128,
+        "attention_bias": True,
+        "rms_norm_eps": 1e-5,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+        "swiglu_limit": 7.0,
+    },
     "phi3": {"original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5},
-    "gemma2": _GEMMA | {"vocab_size": 256000, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
-                        "attn_logit_softcapping": 50.0, "rope_theta": 10000.0},
-    "gemma3": _GEMMA | {"vocab_size": 262208, "max_position_embeddings": 131072, "rope_theta": 1_000_000.0,
-                        "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6},
+    "gemma2": _GEMMA
+    | {
+        "vocab_size": 256000,
+        "max_position_embeddings": 8192,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+        "rope_theta": 10000.0,
+    },
+    "gemma3": _GEMMA
+    | {
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window_pattern": 6,
+    },
 }
 _ACTIVATIONS = {"silu": Activation.SILU, "gelu_pytorch_tanh": Activation.GELU_TANH}
 _LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -126,7 +155,8 @@ def _quantization(arch: str, cfg: dict) -> Fp8Config | None:
         # gpt-oss publishes its experts in MXFP4 (<proj>_blocks / _scales), dequantized at load
         if arch != "gpt_oss":
             raise UnsupportedModelError(
-                f"quantization_config.quant_method 'mxfp4' is read for gpt-oss only, not {arch}")
+                f"quantization_config.quant_method 'mxfp4' is read for gpt-oss only, not {arch}"
+            )
         unknown = sorted(set(raw) - {"quant_method", "modules_to_not_convert"})
         if unknown:
             raise UnsupportedModelError(f"quantization_config has unsupported key(s): {', '.join(unknown)}")
@@ -166,7 +196,8 @@ def _layer_windows(arch: str, cfg: dict) -> tuple[int, ...]:
         bad = sorted({str(t) for t in types} - set(_LAYER_TYPES))
         if bad:
             raise UnsupportedModelError(
-                f"unsupported layer_types {', '.join(bad)} (supported: {', '.join(_LAYER_TYPES)})")
+                f"unsupported layer_types {', '.join(bad)} (supported: {', '.join(_LAYER_TYPES)})"
+            )
         if len(types) != n:
             raise UnsupportedModelError(f"layer_types lists {len(types)} layers for num_hidden_layers={n}")
         sliding = [t == "sliding_attention" for t in types]
@@ -233,16 +264,25 @@ def _yarn(raw: dict, cfg: dict) -> RopeScaling:
     if attention is None:
         m, m_all = raw.get("mscale"), raw.get("mscale_all_dim")
         attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-    return RopeScaling("yarn", factor, original_max_position_embeddings=original, attention_factor=float(attention),
-                       beta_fast=float(raw.get("beta_fast") or 32), beta_slow=float(raw.get("beta_slow") or 1),
-                       truncate=bool(raw.get("truncate", True)))
+    return RopeScaling(
+        "yarn",
+        factor,
+        original_max_position_embeddings=original,
+        attention_factor=float(attention),
+        beta_fast=float(raw.get("beta_fast") or 32),
+        beta_slow=float(raw.get("beta_slow") or 1),
+        truncate=bool(raw.get("truncate", True)),
+    )
 
 
 def _longrope(raw: dict, cfg: dict) -> RopeScaling:
     """transformers' _compute_longrope_parameters: the factor defaults to the context's growth,
     the attention factor to sqrt(1 + ln(factor) / ln(original context))."""
-    original = int(cfg.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings")
-                   or cfg["max_position_embeddings"])
+    original = int(
+        cfg.get("original_max_position_embeddings")
+        or raw.get("original_max_position_embeddings")
+        or cfg["max_position_embeddings"]
+    )
     factor = raw.get("factor")
     factor = float(factor) if factor is not None else int(cfg["max_position_embeddings"]) / original
     attention = raw.get("attention_factor")
@@ -253,6 +293,11 @@ def _longrope(raw: dict, cfg: dict) -> RopeScaling:
         long = tuple(float(x) for x in raw["long_factor"])
     except (KeyError, TypeError, ValueError):
         raise UnsupportedModelError("longrope rope_scaling needs short_factor and long_factor lists") from None
-    return RopeScaling("longrope", factor, original_max_position_embeddings=original, short_factor=short,
-                       long_factor=long, attention_factor=float(attention))
-
+    return RopeScaling(
+        "longrope",
+        factor,
+        original_max_position_embeddings=original,
+        short_factor=short,
+        long_factor=long,
+        attention_factor=float(attention),
+    )

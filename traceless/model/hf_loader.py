@@ -6,6 +6,7 @@ memory-mapped files when the decoder takes it, under its canonical name (`layers
 A mixture-of-experts layer's router and experts are read together and handed out stacked
 (`layers.{i}.router`, `layers.{i}.experts.gate_up` [E, 2I, H], `layers.{i}.experts.down` [E, H, I]:
 model/moe_checkpoint.py)."""
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,22 @@ from traceless.model.moe_checkpoint import MOE_FIELDS, MoESpec, Take, read_moe_w
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm",
-    "self_attn.q_proj.weight": "q", "self_attn.k_proj.weight": "k", "self_attn.v_proj.weight": "v",
-    "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias", "self_attn.v_proj.bias": "v_bias",
+    "self_attn.q_proj.weight": "q",
+    "self_attn.k_proj.weight": "k",
+    "self_attn.v_proj.weight": "v",
+    "self_attn.q_proj.bias": "q_bias",
+    "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias",
     "self_attn.qkv_proj.weight": "qkv",  # Phi-3: fused, rows [q | k | v]
-    "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm",
-    "self_attn.o_proj.weight": "o", "self_attn.o_proj.bias": "o_bias",  # gpt-oss: biased
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
+    "self_attn.o_proj.weight": "o",
+    "self_attn.o_proj.bias": "o_bias",  # gpt-oss: biased
     "self_attn.sinks": "sinks",  # gpt-oss: a logit per head in each softmax
     "post_attention_layernorm.weight": "mlp_norm",
-    "mlp.gate_proj.weight": "gate", "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
+    "mlp.gate_proj.weight": "gate",
+    "mlp.up_proj.weight": "up",
+    "mlp.down_proj.weight": "down",
     "mlp.gate_up_proj.weight": "gate_up",  # Phi-3: fused, rows [gate | up]
 }
 # Gemma 2/3 name their norms after where they sit: post_attention_layernorm is on the attention's
@@ -51,8 +60,11 @@ _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "nor
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # Gemma3ForConditionalGeneration: the text model's tensors under these prefixes (transformers >= 4.52
 # and older checkpoints); the vision tower and projector are not part of a text model.
-_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                  ("language_model.lm_head.", "lm_head."))
+_TEXT_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
@@ -81,7 +93,7 @@ def _text_name(hf_name: str, multimodal: bool) -> str | None:
         return None
     for prefix, replacement in _TEXT_PREFIXES:
         if hf_name.startswith(prefix):
-            return replacement + hf_name[len(prefix):]
+            return replacement + hf_name[len(prefix) :]
     return hf_name
 
 
@@ -97,8 +109,9 @@ def weight_files(path: Path) -> list[Path]:
         files = [path / n for n in names]
         missing = [n for n, f in zip(names, files) if "/" in n or not f.is_file()]
         if missing:
-            raise ModelLoadError(f"{len(missing)} shard(s) named by model.safetensors.index.json are missing, "
-                                 f"e.g. {missing[0]}")
+            raise ModelLoadError(
+                f"{len(missing)} shard(s) named by model.safetensors.index.json are missing, e.g. {missing[0]}"
+            )
         return files
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -133,8 +146,12 @@ def _lazy_weights(files: SafetensorsFiles, config: ModelConfig, dtype: torch.dty
     sparse: set[int] = set()
     for name in files.names():
         m = _LAYER.match(name)
-        if m and config.moe is not None and config.sparse(int(m.group(1))) \
-                and m.group(2).startswith(config.moe.checkpoint_prefix):
+        if (
+            m
+            and config.moe is not None
+            and config.sparse(int(m.group(1)))
+            and m.group(2).startswith(config.moe.checkpoint_prefix)
+        ):
             sparse.add(int(m.group(1)))  # read by the layer's MoE reader
             continue
         if fp8 is not None and name.endswith(_FP8_SCALES):
@@ -160,6 +177,7 @@ def _reader(take: Take, name: str, dtype: torch.dtype) -> Read:
         if t is None:
             raise ModelLoadError(f"tensor {name!r} was read twice")
         return t.to(dtype)
+
     return read
 
 
@@ -187,4 +205,5 @@ class _MoELayerReader:
                 w = read_moe_weights(self.take, self.prefix, self.spec, self.dtype)
                 self.fields = {f: getattr(w, attr) for f, attr in MOE_FIELDS.items() if getattr(w, attr) is not None}
             return self.fields.pop(name)
+
         return read

@@ -18,6 +18,7 @@ S layer *slots*, not one per layer:
 A model whose layers are all of one kind has one group of every layer (S = L): the plain cache.
 Global groups come first, so group 0 holds every block of a request whenever any layer is global.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -54,7 +55,7 @@ def kv_groups(layer_windows: Sequence[int], num_layers: int) -> KVGroups:
     for w in kinds:
         layers = by_kind[w]
         for start in range(0, len(layers), size):
-            for slot, layer in enumerate(layers[start:start + size]):
+            for slot, layer in enumerate(layers[start : start + size]):
                 layer_group[layer], layer_slot[layer] = len(group_windows), slot
             group_windows.append(w)
     return KVGroups(tuple(group_windows), tuple(layer_group), tuple(layer_slot), size)

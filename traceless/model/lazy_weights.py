@@ -16,6 +16,7 @@ the device and drops the host copy before taking the next. What the model leaves
 canonical names it never took and, once those are all taken, the checkpoint tensors no reader
 asked for (a scale beside an unquantized weight, a stray expert), both refused as unused.
 """
+
 from __future__ import annotations
 
 import functools
@@ -103,8 +104,9 @@ class LazyWeights(MutableMapping[str, torch.Tensor]):
     def convert(self, convert: Callable[[str, torch.Tensor], Any]) -> None:
         """Each tensor not read yet becomes convert(name, tensor) when it is read (a quantizer at
         load: the dense copy lives only while it is converted)."""
-        self._readers = {name: functools.partial(_converted, convert, name, read)
-                         for name, read in self._readers.items()}
+        self._readers = {
+            name: functools.partial(_converted, convert, name, read) for name, read in self._readers.items()
+        }
 
     def has_fp8(self, name: str) -> bool:
         return name in self._fp8

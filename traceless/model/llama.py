@@ -16,6 +16,7 @@ One layer, with the residual add fused into the next norm (norm(x) = rms_norm(x)
                                                       ExpertsMLP (mixture of experts)
     x += post_mlp_norm(m)  (or m);   h = next layer's attn_norm(x), or the final norm
 """
+
 from __future__ import annotations
 
 from collections.abc import MutableMapping
@@ -97,8 +98,7 @@ def _take(weights: Weights, name: str, shape: tuple[int, ...]) -> torch.Tensor:
 Weights = MutableMapping[str, torch.Tensor]  # a dict, or model/lazy_weights.py's LazyWeights
 
 
-def _fused(weights: Weights, name: str, parts: list[tuple[str, int]],
-           cols: int) -> torch.Tensor | QuantTensor | tuple:
+def _fused(weights: Weights, name: str, parts: list[tuple[str, int]], cols: int) -> torch.Tensor | QuantTensor | tuple:
     """The fused matrix `name` as stored (Phi-3), or its parts concatenated by rows."""
     rows = sum(n for _, n in parts)
     if name in weights:
@@ -127,9 +127,16 @@ def _fp8_parts(weights: Weights, name: str, parts: list[tuple[str, int]], cols: 
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: Weights, attention: AttentionLayer,
-                 ops: DecoderOps, device: torch.device, pack: bool,
-                 quantization: Quantization = Quantization.NONE):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: Weights,
+        attention: AttentionLayer,
+        ops: DecoderOps,
+        device: torch.device,
+        pack: bool,
+        quantization: Quantization = Quantization.NONE,
+    ):
         """Consumes `weights` (the dict is emptied); raises ModelLoadError on missing/extra/mis-shaped tensors.
         `ops` is a DecoderOps implementation (native fused kernels or torch). quantization: FP8: the
         layers' dense matrices quantized to FP8 per output channel (`--quantization fp8`); Q8_0,
@@ -145,8 +152,9 @@ class LlamaModel:
         # Gemma: embeddings times sqrt(hidden), the factor rounded to the model's dtype as transformers does
         # (a quantized table's rows come out in float32, the activations' dtype then)
         self.dtype = self.embed.dtype if isinstance(self.embed, torch.Tensor) else torch.float32
-        self.embed_scale = (None if c.embed_scale is None
-                            else torch.tensor(c.embed_scale, dtype=self.dtype, device=device))
+        self.embed_scale = (
+            None if c.embed_scale is None else torch.tensor(c.embed_scale, dtype=self.dtype, device=device)
+        )
         self.act = ops.silu_mul if c.activation is Activation.SILU else ops.gelu_tanh_mul
         self.layers = [self._layer(weights, i) for i in range(c.num_layers)]
         self.kv_group = c.kv_groups.layer_group  # per layer: whose block tables it reads (model/kv_groups.py)
@@ -173,16 +181,29 @@ class LlamaModel:
         H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads
         bias = None
         if c.qkv_bias:
-            bias = self._dev(torch.cat([_take(weights, p + "q_bias", (nh * D,)),
-                                        _take(weights, p + "k_bias", (nkv * D,)),
-                                        _take(weights, p + "v_bias", (nkv * D,))]))
+            bias = self._dev(
+                torch.cat(
+                    [
+                        _take(weights, p + "q_bias", (nh * D,)),
+                        _take(weights, p + "k_bias", (nkv * D,)),
+                        _take(weights, p + "v_bias", (nkv * D,)),
+                    ]
+                )
+            )
         mlp = self._experts(weights, i) if c.sparse(i) else self._dense_mlp(weights, i)
-        layer = Layer(attn_norm=self._norm(_take(weights, p + "attn_norm", (H,))),
-                      qkv=self._linear(weights, p + "qkv", [(p + "q", nh * D), (p + "k", nkv * D),
-                                                            (p + "v", nkv * D)], H, bias),
-                      o=self._linear(weights, p + "o", [(p + "o", H)], nh * D,
-                                     self._dev(_take(weights, p + "o_bias", (H,))) if c.o_bias else None),
-                      mlp_norm=self._norm(_take(weights, p + "mlp_norm", (H,))), mlp=mlp)
+        layer = Layer(
+            attn_norm=self._norm(_take(weights, p + "attn_norm", (H,))),
+            qkv=self._linear(weights, p + "qkv", [(p + "q", nh * D), (p + "k", nkv * D), (p + "v", nkv * D)], H, bias),
+            o=self._linear(
+                weights,
+                p + "o",
+                [(p + "o", H)],
+                nh * D,
+                self._dev(_take(weights, p + "o_bias", (H,))) if c.o_bias else None,
+            ),
+            mlp_norm=self._norm(_take(weights, p + "mlp_norm", (H,))),
+            mlp=mlp,
+        )
         if c.attn_sinks:
             layer.sinks = self._dev(_take(weights, p + "sinks", (nh,)).float())
         if c.qk_norm:
@@ -195,11 +216,15 @@ class LlamaModel:
 
     def _dense_mlp(self, weights: Weights, i: int) -> GatedMLP:
         H, inter, p = self.config.hidden_size, self.config.intermediate_size, f"layers.{i}."
-        return GatedMLP(self._linear(weights, p + "gate_up", [(p + "gate", inter), (p + "up", inter)], H),
-                        self._linear(weights, p + "down", [(p + "down", H)], inter), self.act)
+        return GatedMLP(
+            self._linear(weights, p + "gate_up", [(p + "gate", inter), (p + "up", inter)], H),
+            self._linear(weights, p + "down", [(p + "down", H)], inter),
+            self.act,
+        )
 
-    def _linear(self, weights: Weights, name: str, parts: list[tuple[str, int]], cols: int,
-                bias: torch.Tensor | None = None) -> Linear | Fp8Linear:
+    def _linear(
+        self, weights: Weights, name: str, parts: list[tuple[str, int]], cols: int, bias: torch.Tensor | None = None
+    ) -> Linear | Fp8Linear:
         """One matmul of a layer: the matrix `name` as stored, or its parts (name, rows) stacked by
         rows. What an FP8 checkpoint keeps in FP8 (the loader's keep_fp8, on CUDA) runs as
         Fp8Linear; under Quantization.FP8 a dense matrix is quantized per output channel; every other
@@ -221,9 +246,14 @@ class LlamaModel:
             raise ModelLoadError("a sparse layer without an experts config")
         p = f"layers.{i}."
         t = {name: self._dev(_take(weights, p + name, shape)) for name, shape in spec.weight_shapes().items()}
-        moe = MoEWeights(router=t["router"], router_bias=t.get("router_bias"), gate_up=t["experts.gate_up"],
-                         down=t["experts.down"], gate_up_bias=t.get("experts.gate_up_bias"),
-                         down_bias=t.get("experts.down_bias"))
+        moe = MoEWeights(
+            router=t["router"],
+            router_bias=t.get("router_bias"),
+            gate_up=t["experts.gate_up"],
+            down=t["experts.down"],
+            gate_up_bias=t.get("experts.gate_up_bias"),
+            down_bias=t.get("experts.down_bias"),
+        )
         if self.device.type == "cuda":
             from traceless.model.layers.moe_triton import TritonMoE
 
@@ -237,8 +267,9 @@ class LlamaModel:
             return Linear(quantize_matrix(w, self.quantization, "an expert matrix"), b, self.pack)
         return Linear(w.contiguous(), b, self.pack)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                num_layers: int | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, num_layers: int | None = None
+    ) -> torch.Tensor:
         """input_ids, positions: [T] -> final normed hidden states [T, hidden]. `positions` index
         the RoPE tables (the sequence's position plus its Rope.shift).
 

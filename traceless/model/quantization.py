@@ -19,6 +19,7 @@ Quantized weights run on the CPU with float32 activations; combinations that con
 is fp8 anywhere but CUDA and on a GGUF file. An FP8 checkpoint asked to be re-quantized to q8_0 or
 q4_0 is refused by the loader, which reads its config.
 """
+
 from __future__ import annotations
 
 from enum import Enum
@@ -46,48 +47,70 @@ class Quantization(Enum):
         return self in (Quantization.GGUF, Quantization.Q8_0, Quantization.Q4_0)
 
 
-def resolve_quantization(requested: QuantizationMode, dtype: DType, device_type: str, is_gguf: bool,
-                         load_format: LoadFormat, kernels_available: bool) -> Quantization:
+def resolve_quantization(
+    requested: QuantizationMode,
+    dtype: DType,
+    device_type: str,
+    is_gguf: bool,
+    load_format: LoadFormat,
+    kernels_available: bool,
+) -> Quantization:
     """The weight format for an engine; ValueError (with the reason) for combinations that make no sense."""
     if requested is QuantizationMode.NONE:
         return Quantization.NONE
     if requested is QuantizationMode.AUTO:
-        keep = (is_gguf and device_type == "cpu" and dtype is DType.AUTO and load_format is LoadFormat.AUTO
-                and kernels_available)
+        keep = (
+            is_gguf
+            and device_type == "cpu"
+            and dtype is DType.AUTO
+            and load_format is LoadFormat.AUTO
+            and kernels_available
+        )
         return Quantization.GGUF if keep else Quantization.NONE
     if requested is QuantizationMode.FP8:
         return _fp8(device_type, is_gguf)
     word = requested.value
     if device_type != "cpu":
-        raise ValueError(f"quantization={word} keeps weights quantized for the CPU kernels; "
-                         "on a GPU use quantization none (or auto)")
+        raise ValueError(
+            f"quantization={word} keeps weights quantized for the CPU kernels; on a GPU use quantization none (or auto)"
+        )
     if load_format is not LoadFormat.AUTO:
-        raise ValueError(f"quantization={word} needs real weights; load_format {load_format.value} makes dense "
-                         "ones")
+        raise ValueError(f"quantization={word} needs real weights; load_format {load_format.value} makes dense ones")
     if dtype not in (DType.AUTO, DType.FLOAT32):
-        raise ValueError(f"quantized weights run with float32 activations; dtype {dtype.value} contradicts "
-                         f"quantization={word} (use dtype auto or float32)")
+        raise ValueError(
+            f"quantized weights run with float32 activations; dtype {dtype.value} contradicts "
+            f"quantization={word} (use dtype auto or float32)"
+        )
     if not kernels_available:
-        raise ValueError(f"quantization={word} needs the native kernels, which are not built "
-                         "(pip install -e . with a C compiler)")
+        raise ValueError(
+            f"quantization={word} needs the native kernels, which are not built (pip install -e . with a C compiler)"
+        )
     if requested is QuantizationMode.GGUF and not is_gguf:
-        raise ValueError("quantization=gguf keeps a GGUF file's blocks; this model is a Hugging Face "
-                         "checkpoint: use q8_0 or q4_0 to quantize it at load")
+        raise ValueError(
+            "quantization=gguf keeps a GGUF file's blocks; this model is a Hugging Face "
+            "checkpoint: use q8_0 or q4_0 to quantize it at load"
+        )
     if requested is not QuantizationMode.GGUF and is_gguf:
-        raise ValueError(f"the GGUF file is quantized already; quantization={word} would quantize it "
-                         "twice: use gguf (its own blocks) or none")
+        raise ValueError(
+            f"the GGUF file is quantized already; quantization={word} would quantize it "
+            "twice: use gguf (its own blocks) or none"
+        )
     return Quantization(word)
 
 
 def _fp8(device_type: str, is_gguf: bool) -> Quantization:
     if is_gguf:
-        raise ValueError("quantization=fp8 quantizes a Hugging Face checkpoint (or dummy weights); this model "
-                         "is a GGUF file: use gguf (its own blocks) or none")
+        raise ValueError(
+            "quantization=fp8 quantizes a Hugging Face checkpoint (or dummy weights); this model "
+            "is a GGUF file: use gguf (its own blocks) or none"
+        )
     if device_type != "cuda":
         # no FP8 arithmetic on the CPU: an emulated FP8 matmul widens every weight on each call,
         # slower than the dense model it would replace
-        raise ValueError("quantization=fp8 runs FP8 matmuls on CUDA only; on the CPU an FP8 checkpoint is "
-                         "dequantized at load (auto or none), and q8_0 or q4_0 quantize for the CPU's kernels")
+        raise ValueError(
+            "quantization=fp8 runs FP8 matmuls on CUDA only; on the CPU an FP8 checkpoint is "
+            "dequantized at load (auto or none), and q8_0 or q4_0 quantize for the CPU's kernels"
+        )
     return Quantization.FP8
 
 
@@ -97,6 +120,7 @@ def quantize_matrix(w: torch.Tensor, quantization: Quantization, what: str) -> Q
     from traceless.model.layers.quant import QUANTIZERS, to_kernel_layout
 
     if w.dim() != 2 or w.shape[1] % 32:
-        raise ModelLoadError(f"{what} has shape {tuple(w.shape)}; {quantization.value} needs rows of a "
-                             "multiple of 32 columns")
+        raise ModelLoadError(
+            f"{what} has shape {tuple(w.shape)}; {quantization.value} needs rows of a multiple of 32 columns"
+        )
     return to_kernel_layout(QUANTIZERS[quantization.value](w.contiguous()))

@@ -18,6 +18,7 @@ We reproduce that per sequence, whatever the chunking or the batch: the schedule
 sequence when its length passes L (and keeps its drafts below L until then), and the table holds
 2P rows, [0, P) short and [P, 2P) long; a long sequence reads row P + p (`Rope.shift`).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,9 @@ import torch
 from traceless.model.config import LayerRope, ModelConfig, RopeScaling
 
 
-def inv_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None,
-                    layer: LayerRope | None = None, long: bool = False) -> torch.Tensor:
+def inv_frequencies(
+    config: ModelConfig, freq_factors: torch.Tensor | None = None, layer: LayerRope | None = None, long: bool = False
+) -> torch.Tensor:
     """[rotary_dims / 2] float32. `layer`: the rope of a kind of layer (default: the global one);
     `long`: LongRoPE's long factors instead of the short ones."""
     layer = layer or LayerRope(config.rope_theta, config.rope_scaling)
@@ -37,8 +39,8 @@ def inv_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = Non
     scaling = layer.scaling
     if scaling is not None and scaling.kind == "longrope":
         factors = torch.tensor(scaling.long_factor if long else scaling.short_factor, dtype=torch.float32)
-        return 1.0 / (factors * layer.theta ** exponents)
-    inv_freq = 1.0 / (layer.theta ** exponents)
+        return 1.0 / (factors * layer.theta**exponents)
+    inv_freq = 1.0 / (layer.theta**exponents)
     if freq_factors is not None:  # GGUF llama3 models carry precomputed per-frequency factors
         return inv_freq / freq_factors.float()
     if scaling is None:
@@ -46,7 +48,7 @@ def inv_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = Non
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
     if scaling.kind == "yarn":
-        return _yarn(layer.theta ** exponents, scaling, layer.theta, dim)
+        return _yarn(layer.theta**exponents, scaling, layer.theta, dim)
     return _llama3(inv_freq, scaling)
 
 
@@ -54,6 +56,7 @@ def _yarn(pos_freqs: torch.Tensor, s: RopeScaling, theta: float, dim: int) -> to
     """YaRN (gpt-oss), as transformers computes it: frequencies that turn fewer than beta_slow
     times over the original context are interpolated (divided by the factor), those turning more
     than beta_fast times kept, a linear ramp over the dimensions between."""
+
     def correction_dim(rotations: float) -> float:
         return dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
@@ -73,16 +76,24 @@ def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-              / (s.high_freq_factor - s.low_freq_factor))
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
 
 
 class Rope:
-    def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device,
-                 freq_factors: torch.Tensor | None = None, layer: LayerRope | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_positions: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        freq_factors: torch.Tensor | None = None,
+        layer: LayerRope | None = None,
+    ):
         layer = layer or LayerRope(config.rope_theta, config.rope_scaling)
         s = layer.scaling
         self.rotary_dims = config.rotary_dims

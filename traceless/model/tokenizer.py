@@ -9,6 +9,7 @@ up to 10,000 pre-tokenized words with their merges, never evicted (since 0.23 in
 own map, for the life of the thread): on a server, words of prompts, system prompts, tool
 descriptions and forced outputs would stay in memory long after their requests.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,10 @@ def _byte_level_pre(pre: str):
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), False
     if pre == "smollm":
         return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
         ), False
     if pre in ("llama-bpe", "llama3"):
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level]), True
@@ -81,8 +84,16 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
     elif kind == "llama":
         scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
         unk = tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))]
-        tok = HFTokenizer(models.BPE(vocab=vocab, merges=_spm_merges(tokens, scores), unk_token=unk,
-                                     byte_fallback=True, fuse_unk=True, cache_capacity=0))
+        tok = HFTokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=_spm_merges(tokens, scores),
+                unk_token=unk,
+                byte_fallback=True,
+                fuse_unk=True,
+                cache_capacity=0,
+            )
+        )
         prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
         tok.normalizer = normalizers.Sequence(
             ([normalizers.Prepend("\u2581")] if prefix else []) + [normalizers.Replace(" ", "\u2581")]
@@ -94,10 +105,12 @@ def _gguf_backend(meta: dict) -> HFTokenizer:
     else:
         raise UnsupportedModelError(f"unsupported GGUF tokenizer model {kind!r} (supported: gpt2, llama)")
     types = list(meta.get("tokenizer.ggml.token_type") or [])
-    specials = [AddedToken(tokens[i], special=True, normalized=False)
-                for i, t in enumerate(types) if t == _TOKEN_CONTROL]
-    user = [AddedToken(tokens[i], special=False, normalized=False)
-            for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
+    specials = [
+        AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _TOKEN_CONTROL
+    ]
+    user = [
+        AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED
+    ]
     tok.add_special_tokens(specials)
     if user:
         tok.add_tokens(user)
@@ -125,8 +138,15 @@ class Message:
 
 
 class Tokenizer:
-    def __init__(self, backend: HFTokenizer, *, bos_id: int | None, eos_ids: frozenset[int], add_bos: bool,
-                 chat_template: str | None):
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        *,
+        bos_id: int | None,
+        eos_ids: frozenset[int],
+        add_bos: bool,
+        chat_template: str | None,
+    ):
         disable_word_cache(backend)
         self.backend = backend
         self.bos_id = bos_id
@@ -144,9 +164,13 @@ class Tokenizer:
         eos_ids = frozenset(int(x) for x in (eos, eot) if x is not None)
         # As llama.cpp: SentencePiece vocabularies and llama-bpe add BOS unless the file says otherwise.
         default_bos = meta.get("tokenizer.ggml.model") == "llama" or meta.get("tokenizer.ggml.pre") == "llama-bpe"
-        return cls(_gguf_backend(meta), bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
-                   chat_template=meta.get("tokenizer.chat_template"))
+        return cls(
+            _gguf_backend(meta),
+            bos_id=None if bos is None else int(bos),
+            eos_ids=eos_ids,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
+            chat_template=meta.get("tokenizer.chat_template"),
+        )
 
     @classmethod
     def from_hf_dir(cls, path: Path) -> Tokenizer:
@@ -167,8 +191,13 @@ class Tokenizer:
         if template is None and (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text()
         # BOS, when the model wants it, is added by tokenizer.json's post-processor.
-        return cls(backend, bos_id=bos, eos_ids=frozenset(int(e) for e in eos_list), add_bos=False,
-                   chat_template=template if isinstance(template, str) else None)
+        return cls(
+            backend,
+            bos_id=bos,
+            eos_ids=frozenset(int(e) for e in eos_list),
+            add_bos=False,
+            chat_template=template if isinstance(template, str) else None,
+        )
 
     def set_chat_template(self, template: str) -> None:
         """Use this template instead of the model's own; an invalid one fails here, not on a request."""
@@ -193,8 +222,9 @@ class Tokenizer:
     def decode_stream(self, skip_special_tokens: bool = True) -> decoders.DecodeStream:
         return decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         """The conversation as the model's template writes it; `tools` (OpenAI tool objects) is the
         template's `tools` variable."""
         if self.chat_template is None:
@@ -212,13 +242,15 @@ class Tokenizer:
             "eos_token": self.token_text(min(self.eos_ids)) if self.eos_ids else "",
         }
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                         **special)
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **special
+            )
         except InvalidRequestError:
             raise
         except Exception as exc:
             raise InvalidRequestError(
-                f"the chat template cannot render these messages ({type(exc).__name__})") from None
+                f"the chat template cannot render these messages ({type(exc).__name__})"
+            ) from None
 
 
 def _json_or_empty(path: Path) -> dict:

@@ -2,6 +2,7 @@
 GET /health. Nothing else: no plaintext API, no debug or admin route, no metrics (threat T11,
 docs/threat-model.md); the windowed metrics are served on the operator's own listener
 (server/operator_app.py, from the Telemetry given here)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,9 @@ from traceless.server.telemetry import Telemetry
 COMPONENT = "node"
 
 
-def create_node_app(engine: AsyncEngine, identity: NodeIdentity, settings: NodeSettings,
-                    telemetry: Telemetry | None = None) -> Starlette:
+def create_node_app(
+    engine: AsyncEngine, identity: NodeIdentity, settings: NodeSettings, telemetry: Telemetry | None = None
+) -> Starlette:
     telemetry = telemetry or Telemetry(engine=engine)
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
     framer = framer_for(settings.shape, settings.stream_shape.padding, api.max_model_len, api.engine.defer_idle)

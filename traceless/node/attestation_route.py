@@ -5,6 +5,7 @@ collected for it, which vouch for the key that signed the fresh document (eviden
 Served by the node's app (app.py) and, without an engine, by audits and tests that need a node's
 attestation behaviour only.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,9 @@ def _nonce(request: Request) -> bytes | None:
     return nonce
 
 
-def attestation_handler(identity: NodeIdentity, ttl_s: int, engine: EngineState | None = None
-                        ) -> Callable[[Request], Awaitable[Response]]:
+def attestation_handler(
+    identity: NodeIdentity, ttl_s: int, engine: EngineState | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """The route's handler: documents valid for `ttl_s` seconds. With `engine`, a node whose engine
     cannot serve attests nothing: it is not offered to clients, and the gateway's health check drops it
     at once when the engine has stopped for good."""
@@ -57,24 +59,42 @@ def attestation_handler(identity: NodeIdentity, ttl_s: int, engine: EngineState 
         if engine is not None and engine.dead:
             raise ApiError(503, "the node's engine has stopped", type="server_error", code="engine_dead")
         if engine is not None and engine.restarting:
-            raise ApiError(503, "the node's engine is restarting; retry later", type="server_error",
-                           code="engine_restarting", headers={"Retry-After": "1"})
+            raise ApiError(
+                503,
+                "the node's engine is restarting; retry later",
+                type="server_error",
+                code="engine_restarting",
+                headers={"Retry-After": "1"},
+            )
         nonce = _nonce(request)
         try:
             # A hardware node may have to collect evidence (blocking): off the event loop.
             hardware = identity.attestation_kind == HardwareAttester.attester_type
-            made = await asyncio.to_thread(identity.attest_now, nonce, ttl_s) if hardware \
+            made = (
+                await asyncio.to_thread(identity.attest_now, nonce, ttl_s)
+                if hardware
                 else identity.attest_now(nonce, ttl_s)
+            )
         except CollectorError:
             # No document without the evidence that vouches for it; the reason stays in the node.
             emit("node.evidence_unavailable", route="attestation")
-            raise ApiError(503, "the node could not collect hardware evidence now; retry later", type="server_error",
-                           code="evidence_unavailable", headers={"Retry-After": "5"}) from None
+            raise ApiError(
+                503,
+                "the node could not collect hardware evidence now; retry later",
+                type="server_error",
+                code="evidence_unavailable",
+                headers={"Retry-After": "5"},
+            ) from None
         except EvidenceRateLimitedError as exc:
             emit("node.evidence_capped", route="attestation")
-            raise ApiError(503, "the node's hardware evidence is due for renewal and collected at most once per "
-                           f"{identity.evidence_cache.limits.min_interval_s:g} s; retry later", type="server_error",
-                           code="evidence_rate_limited", headers={"Retry-After": str(exc.retry_after_s)}) from None
+            raise ApiError(
+                503,
+                "the node's hardware evidence is due for renewal and collected at most once per "
+                f"{identity.evidence_cache.limits.min_interval_s:g} s; retry later",
+                type="server_error",
+                code="evidence_rate_limited",
+                headers={"Retry-After": str(exc.retry_after_s)},
+            ) from None
         return JSONResponse(made.to_json())
 
     return attestation
@@ -82,6 +102,7 @@ def attestation_handler(identity: NodeIdentity, ttl_s: int, engine: EngineState 
 
 def attestation_app(identity: NodeIdentity, ttl_s: int = 300) -> Starlette:
     """An app serving only the attestation route, as the node does (no engine behind it)."""
-    route = Route("/pcc/v1/attestation", endpoint("node", "attestation", attestation_handler(identity, ttl_s)),
-                  methods=["GET"])
+    route = Route(
+        "/pcc/v1/attestation", endpoint("node", "attestation", attestation_handler(identity, ttl_s)), methods=["GET"]
+    )
     return create_app("node", [route])

@@ -9,6 +9,7 @@ cryptographic erase of every request key); whoever reads this file can sign docu
 which for the software attester the operator always could (docs/attestation.md). A hardware
 attester's key is born in the confidential VM and is never kept.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ def load_or_create(path: str | Path) -> Ed25519PrivateKey:
     if not target.is_file():
         raise AttesterKeyFileError("the attester key file is not a regular file")
     if info.st_mode & 0o077:
-        raise AttesterKeyFileError("the attester key file is readable or writable by others than its owner "
-                                   "(chmod 600 it)")
+        raise AttesterKeyFileError(
+            "the attester key file is readable or writable by others than its owner (chmod 600 it)"
+        )
     if info.st_uid != os.getuid():
         raise AttesterKeyFileError("the attester key file belongs to another user")
     raw = bytearray(target.read_bytes())

@@ -17,6 +17,7 @@ Every nonce is answered with a fresh document by the key the base's evidence vou
 and registration (on another), so it holds a lock while it collects: concurrent askers at a rotation
 wait for the one collection rather than start their own.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,9 @@ class EvidenceCache:
         self._last_attempt = -math.inf
         self.collections = 0  # attempts so far (tests and audits read it)
 
-    def base(self, statement: NodeStatement, min_valid_s: float,
-             collect: Callable[[NodeStatement], Vouched]) -> Vouched:
+    def base(
+        self, statement: NodeStatement, min_valid_s: float, collect: Callable[[NodeStatement], Vouched]
+    ) -> Vouched:
         """The base to answer with now (blocking while a collection runs; `collect` may raise
         CollectorError, which the attempt still counts against the cap)."""
         with self._lock:

@@ -1,4 +1,5 @@
 """What a node proves and the keys it proves it with."""
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,11 @@ class NodeAttestation:
 
     def to_json(self) -> dict:
         """As the attestation route serves it and a registration carries it."""
-        out: dict = {"attestation": self.document, "ohttp_keys": base64.b64encode(self.ohttp_keys).decode(),
-                     "evidence": list(self.evidence)}
+        out: dict = {
+            "attestation": self.document,
+            "ohttp_keys": base64.b64encode(self.ohttp_keys).decode(),
+            "evidence": list(self.evidence),
+        }
         if self.base is not None:
             out["base_attestation"] = self.base
         return out
@@ -41,9 +45,17 @@ class NodeIdentity:
     key set, over a base document, at most once per `evidence_limits.min_interval_s`
     (evidence_cache.py); each nonce gets a fresh document by the key it vouches for."""
 
-    def __init__(self, attester: Attester, measurement: Measurement, *, capacity: int = 1,
-                 node_url: str = "", keys: KeyRing | None = None,
-                 evidence_limits: EvidenceLimits = EvidenceLimits(), clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        attester: Attester,
+        measurement: Measurement,
+        *,
+        capacity: int = 1,
+        node_url: str = "",
+        keys: KeyRing | None = None,
+        evidence_limits: EvidenceLimits = EvidenceLimits(),
+        clock: Callable[[], float] = time.time,
+    ):
         self.keys = keys if keys is not None else KeyRing()
         self.attester = attester
         self.measurement = measurement
@@ -62,8 +74,9 @@ class NodeIdentity:
         """(document, the application/ohttp-keys body it binds), read together so a rotation in
         between cannot split them."""
         ohttp_keys = self.keys.ohttp_keys()
-        claims = new_claims(self._statement(ohttp_keys), nonce or os.urandom(16), int(self._clock()),
-                            self.attester.attester_type, ttl_s)
+        claims = new_claims(
+            self._statement(ohttp_keys), nonce or os.urandom(16), int(self._clock()), self.attester.attester_type, ttl_s
+        )
         return self.attester.attest(claims), ohttp_keys
 
     def attest_now(self, nonce: bytes | None, ttl_s: int) -> NodeAttestation:
@@ -76,20 +89,26 @@ class NodeIdentity:
         min_valid = min(ttl_s, self.evidence_cache.limits.ttl_s // 2)
         base = self.evidence_cache.base(self._statement(self.keys.ohttp_keys()), min_valid, self._collect)
         now = int(self._clock())
-        claims = new_claims(base.statement, nonce or os.urandom(16), now, self.attester.attester_type,
-                            max(1, min(ttl_s, base.exp - now)))
+        claims = new_claims(
+            base.statement,
+            nonce or os.urandom(16),
+            now,
+            self.attester.attester_type,
+            max(1, min(ttl_s, base.exp - now)),
+        )
         return NodeAttestation(self.attester.attest(claims), base.statement.ohttp_keys, base.document, base.evidence)
 
     def _collect(self, statement: NodeStatement) -> Vouched:
         """A base document stating `statement` under the node's own random nonce, and its evidence."""
-        claims = new_claims(statement, os.urandom(16), int(self._clock()), self.attester.attester_type,
-                            self.evidence_cache.limits.ttl_s)
+        claims = new_claims(
+            statement, os.urandom(16), int(self._clock()), self.attester.attester_type, self.evidence_cache.limits.ttl_s
+        )
         document = self.attester.attest(claims)
         return Vouched(statement, document, tuple(self.evidence(document)), claims.exp)
 
     @property
     def attestation_kind(self) -> str:
-        """"hardware" or "software": the attester type every document of this node names."""
+        """ "hardware" or "software": the attester type every document of this node names."""
         return self.attester.attester_type
 
     def evidence(self, document: str) -> list[dict[str, str]]:

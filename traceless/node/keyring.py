@@ -15,6 +15,7 @@ entry, which would let that request be replayed. Entries are added only after de
 succeeded, so unauthenticated garbage cannot fill it. Rotation is lazy, on the next use after it
 is due, with an injectable clock; the ring lives on the node's event loop (no awaits inside).
 """
+
 from __future__ import annotations
 
 import time
@@ -45,8 +46,14 @@ class _LiveKey:
 
 
 class KeyRing:
-    def __init__(self, rotation_s: float = 3600.0, overlap_s: float = 600.0, *,
-                 clock: Callable[[], float] = time.time, max_replay_entries: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        rotation_s: float = 3600.0,
+        overlap_s: float = 600.0,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_replay_entries: int = 1_000_000,
+    ) -> None:
         if not (rotation_s > 0 and 0 <= overlap_s <= rotation_s) or max_replay_entries < 1:
             raise ValueError("need rotation_s > 0, 0 <= overlap_s <= rotation_s and a positive cache size")
         self._rotation_s, self._overlap_s, self._clock = rotation_s, overlap_s, clock
@@ -104,4 +111,4 @@ class KeyRing:
 
 def _enc(enc_request: bytes, server: OhttpServer) -> bytes:
     n_enc = KEM_PARAMS[kem_id_from_int(server.key_config.kem_id)].n_enc
-    return bytes(enc_request[HEADER_LEN:HEADER_LEN + n_enc])
+    return bytes(enc_request[HEADER_LEN : HEADER_LEN + n_enc])

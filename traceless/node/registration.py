@@ -5,6 +5,7 @@ and every live OHTTP key), and admits the node only if a logged release allows i
 failed registration is tried again after a short pause (the gateway may start after the node);
 a refusal for a reason that will not change (4xx) is reported once per attempt as an event.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,12 @@ def registration_body(identity: NodeIdentity, settings: NodeSettings) -> dict:
     """The registration: a fresh document, the keys it binds, the attester key and, for a hardware
     attester, the base document and its evidence (blocking when the evidence is due)."""
     made = identity.attest_now(None, settings.attestation_ttl_s)
-    return {"url": identity.node_url, "model": settings.model_name, **made.to_json(),
-            "attester_key": base64.b64encode(identity.attester.public_key.public_bytes_raw()).decode()}
+    return {
+        "url": identity.node_url,
+        "model": settings.model_name,
+        **made.to_json(),
+        "attester_key": base64.b64encode(identity.attester.public_key.public_bytes_raw()).decode(),
+    }
 
 
 async def register_loop(identity: NodeIdentity, settings: NodeSettings) -> None:

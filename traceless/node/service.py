@@ -9,6 +9,7 @@ shape settings): by default a whole response padded to its size bucket and a chu
 timer that starts when the request arrives, beside the inner work (the framer is handed the inner
 response as a task, and sends on its grid whether or not that task has finished).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,8 +59,14 @@ def _inner_error(exc: ApiError) -> tuple[int, bytes]:
 class NodeService:
     """Decapsulate, run the OpenAI call, encapsulate."""
 
-    def __init__(self, identity: NodeIdentity, api: OpenAIService, telemetry: Telemetry, framer: Framer,
-                 request_events: bool = False):
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        api: OpenAIService,
+        telemetry: Telemetry,
+        framer: Framer,
+        request_events: bool = False,
+    ):
         self.identity, self.api, self.telemetry, self.framer = identity, api, telemetry, framer
         self.request_events = request_events  # an inner error's line only with --request-events
 
@@ -111,12 +118,21 @@ class NodeService:
         except ReplayedRequestError:
             _wipe(buf)
             emit("node.replay_refused", replay_entries=keys.replay_entries())
-            raise ApiError(409, "this encapsulated request was already received; it is not run again",
-                           type="invalid_request_error", code="request_replayed") from None
+            raise ApiError(
+                409,
+                "this encapsulated request was already received; it is not run again",
+                type="invalid_request_error",
+                code="request_replayed",
+            ) from None
         except ReplayCacheFullError:
             _wipe(buf)
-            raise ApiError(503, "the node cannot take new requests now; retry later", type="server_error",
-                           code="replay_cache_full", headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                503,
+                "the node cannot take new requests now; retry later",
+                type="server_error",
+                code="replay_cache_full",
+                headers={"Retry-After": "1"},
+            ) from None
         return buf, ctx
 
     async def _run_inner(self, buf: bytearray, chunked: bool, req: Arrival):
@@ -170,8 +186,7 @@ class NodeService:
             _wipe(content)
         req.max_tokens = _max_tokens(parsed)
         if isinstance(parsed, dict) and parsed.get("stream") is True and not chunked:
-            raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)",
-                           param="stream")
+            raise ApiError(400, "streaming needs a chunked OHTTP request (message/ohttp-chunked-req)", param="stream")
         return await self.api.handlers()[route](parsed)
 
 

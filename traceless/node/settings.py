@@ -1,4 +1,5 @@
 """A node's settings (what `traceless node` is given)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

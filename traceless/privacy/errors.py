@@ -10,6 +10,7 @@ Two rules shape them:
 * Messages describe the *shape* of a problem (a field name, a length, a limit), never content:
   these errors reach logs and HTTP replies, which must carry no plaintext or key material.
 """
+
 from __future__ import annotations
 
 from traceless.errors import InvalidRequestError, TracelessError

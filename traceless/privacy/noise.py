@@ -12,6 +12,7 @@ shapes the noise (the flaw Mironov found in textbook Laplace samplers), and its 
 from the caller's generator: `secrets.SystemRandom()` (the operating system's CSPRNG) in a node,
 a seeded `random.Random` in tests that must repeat.
 """
+
 from __future__ import annotations
 
 import random

@@ -25,6 +25,7 @@ What stays visible: the bucket (a length to within a factor of two); max_tokens,
 stream's length; the answer's length to within a factor of two when there is no max_tokens or
 generation ran past its budget; a first tick later than the budget when prefill took longer.
 """
+
 from __future__ import annotations
 
 import math
@@ -106,12 +107,16 @@ class ShapePolicy:
     def measured(self) -> dict:
         """What enters the node's measured configuration (so a client's policy can require it)."""
         paced = self.on and self.tick_ms > 0
-        return {"shape_padding": self.padding.value, "shape_buckets": BUCKET_TABLE if self.on else None,
-                "stream_chunk": STREAM_CHUNK if self.on else None, "stream_tick_ms": self.tick_ms if self.on else None,
-                "prefill_ms_per_kib": self.prefill_ms_per_kib if paced else None,
-                "decode_ms_per_token": self.decode_ms_per_token if paced else None,
-                "stream_ticks": STREAM_TICKS if paced else None,
-                "stream_ballast": self.ballast if paced else None}
+        return {
+            "shape_padding": self.padding.value,
+            "shape_buckets": BUCKET_TABLE if self.on else None,
+            "stream_chunk": STREAM_CHUNK if self.on else None,
+            "stream_tick_ms": self.tick_ms if self.on else None,
+            "prefill_ms_per_kib": self.prefill_ms_per_kib if paced else None,
+            "decode_ms_per_token": self.decode_ms_per_token if paced else None,
+            "stream_ticks": STREAM_TICKS if paced else None,
+            "stream_ballast": self.ballast if paced else None,
+        }
 
     @property
     def paced(self) -> bool:
@@ -122,7 +127,6 @@ class ShapePolicy:
         bucket taken at most as large as `max_bytes` (no longer prompt can be prefilled)."""
         kib = bucket_for(min(request_bytes, max_bytes)) / MIN_BUCKET
         return self.prefill_ms_per_kib * kib / 1000
-
 
     def decode_budget_ticks(self, max_tokens: int | None) -> int | None:
         """A stream's length in ticks when its answer ends within max_tokens x the per-token budget;

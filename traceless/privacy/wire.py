@@ -5,6 +5,7 @@ number. `ByteReader` is the only way the parsers here touch input: each read che
 first and raises the caller's typed error, so truncated input can never surface as IndexError
 or as a silently short slice.
 """
+
 from __future__ import annotations
 
 from traceless.privacy.errors import MalformedMessageError
@@ -58,9 +59,7 @@ class ByteReader:
 
     __slots__ = ("_data", "_pos", "_error")
 
-    def __init__(
-        self, data: bytes | bytearray, error: type[MalformedMessageError] = MalformedMessageError
-    ) -> None:
+    def __init__(self, data: bytes | bytearray, error: type[MalformedMessageError] = MalformedMessageError) -> None:
         self._data = memoryview(data if isinstance(data, bytearray) else bytes(data))
         self._pos = 0
         self._error = error

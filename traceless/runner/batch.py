@@ -5,6 +5,7 @@ Rows are packed short-first (see attention.py): sequences with at most SHORT_MAX
 (decode, speculative verification, small chunks) go to the native kernel, the rest to SDPA.
 Logit rows come in packed order: `order` lists the sequences (indices into the input) that way.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -42,8 +43,15 @@ class PackedBatch:
 
 
 class BatchBuilder:
-    def __init__(self, block_size: int, device: torch.device, use_native: bool, scale: float, paged: bool = False,
-                 window: int = 0):
+    def __init__(
+        self,
+        block_size: int,
+        device: torch.device,
+        use_native: bool,
+        scale: float,
+        paged: bool = False,
+        window: int = 0,
+    ):
         """paged: the Triton attention path (CUDA): every sequence in one PagedBatch, the step's
         metadata in one pinned buffer and one host-to-device copy. window: the model's sliding
         window (0: none), for the masks of its windowed layers."""
@@ -86,10 +94,20 @@ class BatchBuilder:
             scale=self.scale,
         )
         if seqs[0].group_tables:
-            meta = replace(meta, groups=tuple(self._group_meta(meta, [seqs[i] for i in order], g, n_short)
-                                              for g in range(len(seqs[0].group_tables))))
-        return PackedBatch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), meta,
-                           torch.tensor(logit_rows, dtype=torch.long, device=dev), order)
+            meta = replace(
+                meta,
+                groups=tuple(
+                    self._group_meta(meta, [seqs[i] for i in order], g, n_short)
+                    for g in range(len(seqs[0].group_tables))
+                ),
+            )
+        return PackedBatch(
+            torch.tensor(ids, device=dev),
+            torch.tensor(positions, device=dev),
+            meta,
+            torch.tensor(logit_rows, dtype=torch.long, device=dev),
+            order,
+        )
 
     def _group_meta(self, meta: AttentionMetadata, packed: list[SeqInput], g: int, n_short: int) -> AttentionMetadata:
         """Group g + 1's metadata: meta's, with that group's cache slots and block tables."""
@@ -109,8 +127,13 @@ class BatchBuilder:
         """Rows in input order; one upload of ids, positions, slots, logit rows and tables."""
         bs = self.block_size
         width = max(-(-(s.start + len(s.token_ids)) // bs) for s in seqs)
-        layout = Layout(rows=sum(len(s.token_ids) for s in seqs), logits=sum(s.num_logits for s in seqs),
-                        seqs=len(seqs), width=width, groups=1 + len(seqs[0].group_tables))
+        layout = Layout(
+            rows=sum(len(s.token_ids) for s in seqs),
+            logits=sum(s.num_logits for s in seqs),
+            seqs=len(seqs),
+            width=width,
+            groups=1 + len(seqs[0].group_tables),
+        )
         v = layout.views(staging.upload(layout, seqs, bs, self.device))
         meta = paged_meta(v, layout.groups, len(seqs), max(len(s.token_ids) for s in seqs), self.scale)
         return PackedBatch(v["ids"], v["positions"], meta, v["logit_rows"], list(range(len(seqs))))
@@ -127,8 +150,9 @@ class BatchBuilder:
         ctx = [s.start + len(s.token_ids) for s in seqs]
         return ShortBatch(
             num_tokens=cu[-1],
-            block_tables=_pad_tables([s.table for s in seqs], [-(-x // self.block_size) for x in ctx], torch.int32,
-                                     self.device),
+            block_tables=_pad_tables(
+                [s.table for s in seqs], [-(-x // self.block_size) for x in ctx], torch.int32, self.device
+            ),
             cu_q=torch.tensor(cu, dtype=torch.int32, device=self.device),
             context_lens=torch.tensor(ctx, dtype=torch.int32, device=self.device),
         )
@@ -170,8 +194,9 @@ class BatchBuilder:
         return LongBatch(B, max_q, fresh, block_tables, row_seq, row_pos, mask[:, None], window_mask)
 
 
-def paged_meta(v: dict[str, torch.Tensor], groups: int, num_seqs: int, max_q: int, scale: float,
-               rows: int | None = None) -> AttentionMetadata:
+def paged_meta(
+    v: dict[str, torch.Tensor], groups: int, num_seqs: int, max_q: int, scale: float, rows: int | None = None
+) -> AttentionMetadata:
     """The Triton path's metadata over a packed buffer's views (step_meta.py), every KV group's;
     rows: only the first rows (a captured decode batch of that size), else every row."""
     n = num_seqs
@@ -179,8 +204,9 @@ def paged_meta(v: dict[str, torch.Tensor], groups: int, num_seqs: int, max_q: in
     def group(g: int) -> AttentionMetadata:
         blocks, tables = v["blocks" if g == 0 else f"blocks{g}"], v["tables" if g == 0 else f"tables{g}"]
         paged = PagedBatch(tables[:n], v["cu_q"][: n + 1], v["ctx"][:n], max_q)
-        return AttentionMetadata(slots=(blocks[:rows], v["offsets"][:rows]), short=None, long=None, scale=scale,
-                                 paged=paged)
+        return AttentionMetadata(
+            slots=(blocks[:rows], v["offsets"][:rows]), short=None, long=None, scale=scale, paged=paged
+        )
 
     return replace(group(0), groups=tuple(group(g) for g in range(1, groups)))
 

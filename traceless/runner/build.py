@@ -1,5 +1,6 @@
 """Assemble the torch side of an engine from an EngineConfig: device, dtype, weights, KV cache,
 attention backend, model runner, KV offload store; handed to the engine as `EngineParts`."""
+
 from __future__ import annotations
 
 import torch
@@ -97,24 +98,32 @@ def _draft_layers(cfg: EngineConfig, mc: ModelConfig) -> int | None:
     return n
 
 
-def _layers(backend: AttentionBackend, cache: KVCache, ropes: list[Rope],
-            mc: ModelConfig) -> tuple[AttentionLayer, DecoderOps]:
+def _layers(
+    backend: AttentionBackend, cache: KVCache, ropes: list[Rope], mc: ModelConfig
+) -> tuple[AttentionLayer, DecoderOps]:
     heads = (mc.num_heads, mc.num_kv_heads, mc.head_dim)
     if backend is AttentionBackend.TRITON:
         from traceless.model.layers.triton_ops import TritonAttention, TritonOps
 
-        return (TritonAttention(cache, heads, mc.layer_windows, mc.attn_softcap),
-                TritonOps(cache, ropes, heads, mc.rms_norm_eps))
+        return (
+            TritonAttention(cache, heads, mc.layer_windows, mc.attn_softcap),
+            TritonOps(cache, ropes, heads, mc.rms_norm_eps),
+        )
     if backend is AttentionBackend.NATIVE:
         kernels = NativeKernels.load()
-        return (PagedAttention(cache, kernels, heads, mc.layer_windows, mc.attn_softcap),
-                NativeOps(kernels, cache, ropes, heads, mc.rms_norm_eps))
-    return (PagedAttention(cache, None, heads, mc.layer_windows, mc.attn_softcap),
-            TorchOps(cache, ropes, heads, mc.rms_norm_eps))
+        return (
+            PagedAttention(cache, kernels, heads, mc.layer_windows, mc.attn_softcap),
+            NativeOps(kernels, cache, ropes, heads, mc.rms_norm_eps),
+        )
+    return (
+        PagedAttention(cache, None, heads, mc.layer_windows, mc.attn_softcap),
+        TorchOps(cache, ropes, heads, mc.rms_norm_eps),
+    )
 
 
-def _ropes(mc: ModelConfig, max_model_len: int, dtype: torch.dtype, device: torch.device,
-           freq_factors: torch.Tensor | None) -> list[Rope]:
+def _ropes(
+    mc: ModelConfig, max_model_len: int, dtype: torch.dtype, device: torch.device, freq_factors: torch.Tensor | None
+) -> list[Rope]:
     """Each layer's Rope; layers of one kind (global, or Gemma 3's local ones) share theirs."""
     built: dict[LayerRope, Rope] = {}
     for i in range(mc.num_layers):
@@ -182,14 +191,20 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
     ropes = _ropes(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
     attention, ops = _layers(backend, cache, ropes, mc)
-    pack = (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and cpu_runs_bf16())
+    pack = device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() and cpu_runs_bf16()
     try:
         model = LlamaModel(mc, loaded.weights, attention, ops, device, pack, decoder_quantization)
     except RuntimeError as exc:  # e.g. out of memory while moving weights
         raise ModelLoadError(f"cannot place the model on {device} ({type(exc).__name__})") from None
-    runner = ModelRunner(model, cfg.block_size, device, backend is AttentionBackend.NATIVE, cfg.seed, draft_layers,
-                         paged=backend is AttentionBackend.TRITON)
+    runner = ModelRunner(
+        model,
+        cfg.block_size,
+        device,
+        backend is AttentionBackend.NATIVE,
+        cfg.seed,
+        draft_layers,
+        paged=backend is AttentionBackend.TRITON,
+    )
     if profile:
         from traceless.runner.gpu_memory import kv_blocks_after_profile
 
@@ -200,8 +215,15 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     if device.type == "cuda" and backend is AttentionBackend.TRITON and not cfg.enforce_eager:
         from traceless.runner.cuda_graphs import DecodeGraphs, capture_sizes
 
-        graphs = DecodeGraphs(model, capture_sizes(cfg.max_num_seqs), cfg.block_size, max_model_len, device,
-                              mc.attention_scale, groups.num_groups)
+        graphs = DecodeGraphs(
+            model,
+            capture_sizes(cfg.max_num_seqs),
+            cfg.block_size,
+            max_model_len,
+            device,
+            mc.attention_scale,
+            groups.num_groups,
+        )
         capture_s, num_graphs = graphs.capture(), len(graphs.sizes)
         runner.graphs = graphs
     if device.type == "cuda":
@@ -219,13 +241,24 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         from traceless.runner.offload import KVOffloader
 
         offload = KVOffloader(cache, cfg.kv_offload, cfg.kv_offload_dir or _default_offload_dir())
-    info = ModelInfo(name=loaded.name, path=str(loaded.path), vocab_size=mc.vocab_size, max_model_len=max_model_len,
-                     num_layers=mc.num_layers, device=device.type, dtype=str(dtype).removeprefix("torch."),
-                     attention=backend.value, load_format=cfg.load_format.value, cuda_graphs=num_graphs,
-                     capture_s=capture_s,
-                     kv_cache_bytes=num_blocks * bb, kv_sizing=sizing.value, kv_windows=mc.kv_groups.windows,
-                     long_context_from=mc.long_context_from,
-                     quantization=Quantization.FP8.value if fp8_checkpoint else quantization.value)
+    info = ModelInfo(
+        name=loaded.name,
+        path=str(loaded.path),
+        vocab_size=mc.vocab_size,
+        max_model_len=max_model_len,
+        num_layers=mc.num_layers,
+        device=device.type,
+        dtype=str(dtype).removeprefix("torch."),
+        attention=backend.value,
+        load_format=cfg.load_format.value,
+        cuda_graphs=num_graphs,
+        capture_s=capture_s,
+        kv_cache_bytes=num_blocks * bb,
+        kv_sizing=sizing.value,
+        kv_windows=mc.kv_groups.windows,
+        long_context_from=mc.long_context_from,
+        quantization=Quantization.FP8.value if fp8_checkpoint else quantization.value,
+    )
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format is LoadFormat.AUTO:
         template = builtin_chat_template("smollm2-tools")

@@ -14,6 +14,7 @@ tables) and the graphs' output hidden states are zeroed; the logits the sampler 
 the runner as on every path. (Intermediate activations inside the graphs' memory pool are
 overwritten by the next replay; `audit residue --device cuda` measures what is left.)
 """
+
 from __future__ import annotations
 
 import bisect
@@ -52,15 +53,22 @@ def is_plain_decode(seqs: Sequence[SeqInput]) -> bool:
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaModel, sizes: list[int], block_size: int, max_model_len: int,
-                 device: torch.device, scale: float, kv_groups: int = 1):
+    def __init__(
+        self,
+        model: LlamaModel,
+        sizes: list[int],
+        block_size: int,
+        max_model_len: int,
+        device: torch.device,
+        scale: float,
+        kv_groups: int = 1,
+    ):
         """kv_groups: the model's KV groups (model/kv_groups.py), each with its own block tables."""
         self.model = model
         self.sizes = sizes
         self.block_size = block_size
         width = -(-min(max_model_len, MAX_CAPTURED_CONTEXT) // block_size)
-        self.layout = Layout(rows=sizes[-1], logits=sizes[-1], seqs=sizes[-1], width=width,
-                             groups=kv_groups)
+        self.layout = Layout(rows=sizes[-1], logits=sizes[-1], seqs=sizes[-1], width=width, groups=kv_groups)
         self.host = PinnedPair(self.layout, pinned=device.type == "cuda")
         idle = torch.zeros(self.layout.size, dtype=torch.int32)
         fill_idle(idle.numpy(), self.layout)

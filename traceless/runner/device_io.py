@@ -5,6 +5,7 @@ memory synchronizes the stream: every such call in a step makes the host wait fo
 queued before it. Here the values go through pinned memory with a non-blocking copy (PyTorch's
 pinned-memory cache keeps the host buffer until the copy is done). On a CPU it is a plain tensor.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -13,6 +13,7 @@ device: the ranges are zeroed in stream order after the steps that used them and
 step that reuses them. Zeroing the graphs' pool in place is safe because a replay writes every
 intermediate before it reads it (the captured kernels compute from the metadata buffers only).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -59,8 +60,9 @@ def kv_block_ranges(cache: KVCache, block_ids: list[int]) -> np.ndarray:
 
 
 class DeviceScrubber:
-    def __init__(self, cache: KVCache, device: torch.device,
-                 snapshot: Callable[[], list[dict]] = torch.cuda.memory_snapshot):
+    def __init__(
+        self, cache: KVCache, device: torch.device, snapshot: Callable[[], list[dict]] = torch.cuda.memory_snapshot
+    ):
         self.cache = cache
         self.device = device
         if device.index is not None:

@@ -15,6 +15,7 @@ All speculating requests run each draft step together (one forward per step, no 
 in the layers). A greedy request drafts the argmax; a sampled one draws from q (its own sampling
 processing applied to the draft logits) with its own generator, and q is kept for the rejection rule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -57,8 +58,17 @@ class DraftProposer:
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
         for j in range(max(s.num_drafts for s in seqs)):
             active = [i for i, s in enumerate(seqs) if s.num_drafts > j]
-            inputs = [SeqInput(seqs[i].table, seqs[i].start + j, [tokens[i][-1] if j else seqs[i].last_token], 1,
-                               seqs[i].rope_shift, seqs[i].group_tables) for i in active]
+            inputs = [
+                SeqInput(
+                    seqs[i].table,
+                    seqs[i].start + j,
+                    [tokens[i][-1] if j else seqs[i].last_token],
+                    1,
+                    seqs[i].rope_shift,
+                    seqs[i].group_tables,
+                )
+                for i in active
+            ]
             batch = self.batcher.build(inputs)
             hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta, num_layers=self.num_layers)
             active = [active[k] for k in batch.order]

@@ -1,6 +1,7 @@
 """Size the CUDA KV cache as vLLM does: run the largest step the engine may schedule on a small
 cache, measure the peak memory it took (weights + activations), and give the KV cache what
 gpu_memory_utilization leaves of the device after that."""
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ its mask is the grammar's state after drafts 1..j. The matcher consumes the draf
 the tokens it actually accepts. Rows past a draft the grammar refuses keep their logits: that
 draft is rejected (its masked probability is 0), so nothing reads them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ def apply_grammar_masks(logits: torch.Tensor, seqs: list[GuidedSeq]) -> None:
     allowed = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :V]
     blocked = torch.from_numpy(allowed == 0).to(logits.device)
     if rows == list(range(rows[0], rows[0] + len(rows))):  # the usual case: in place on a view, no copies
-        logits[rows[0]: rows[0] + len(rows)].masked_fill_(blocked, float("-inf"))
+        logits[rows[0] : rows[0] + len(rows)].masked_fill_(blocked, float("-inf"))
         wipe = [blocked, bitmask]
     else:
         index = torch.tensor(rows, dtype=torch.long, device=logits.device)

@@ -11,6 +11,7 @@ group holds a sequence's every token, a windowed group at most its window and on
 `gpu_memory_utilization` is a CUDA setting (a fraction of the device's memory, after a profiling
 pass): on the CPU it is refused rather than read as a fraction of system memory.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -49,16 +50,19 @@ def kv_budget(cfg: EngineConfig, max_model_len: int, block_bytes: int, windows: 
     if cfg.kv_cache_memory is not None:
         return KVBudget(cfg.kv_cache_memory // block_bytes, KVSizing.CONFIGURED)
     if cfg.gpu_memory_utilization is not None:
-        raise ValueError("gpu_memory_utilization sizes the KV cache on CUDA devices only; on the CPU the cache is "
-                         "sized from max_model_len and max_num_seqs, or give kv_cache_memory (--kv-cache-memory)")
+        raise ValueError(
+            "gpu_memory_utilization sizes the KV cache on CUDA devices only; on the CPU the cache is "
+            "sized from max_model_len and max_num_seqs, or give kv_cache_memory (--kv-cache-memory)"
+        )
     tokens = max(max_model_len, cfg.max_num_seqs * -(-max_model_len // MODEL_LEN_SHARE))
     # + the null block
     blocks = group_blocks(tokens, cfg.max_num_seqs, cfg.block_size, windows, cfg.max_num_batched_tokens) + 1
     return KVBudget(min(blocks, MAX_DEFAULT_CPU_BYTES // block_bytes), KVSizing.WORKLOAD)
 
 
-def check_blocks(num_blocks: int, max_model_len: int, block_size: int, windows: Sequence[int] = (0,),
-                 chunk: int = 0) -> None:
+def check_blocks(
+    num_blocks: int, max_model_len: int, block_size: int, windows: Sequence[int] = (0,), chunk: int = 0
+) -> None:
     """Refuse a cache in which one sequence of max_model_len tokens does not fit (chunk: the most
     new tokens of a step, what a windowed group holds beyond its window)."""
     need = group_blocks(max_model_len, 1, block_size, windows, chunk) + 1  # + the null block

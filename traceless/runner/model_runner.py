@@ -11,6 +11,7 @@ logits; a speculating sequence gets them at all of its 1 + d positions. Drafts a
 request's own (prompt lookup, proposed by the engine) or, with a DraftProposer, made here by the
 model's first layers just before the verifying forward.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,8 +35,16 @@ from traceless.runner.sampler import Sampler, SampleRow
 class ModelRunner:
     """The engine's ModelExecutor (engine/step_io.py) for one model."""
 
-    def __init__(self, model: LlamaModel, block_size: int, device: torch.device, use_native: bool,
-                 seed: int | None = None, draft_layers: int | None = None, paged: bool = False):
+    def __init__(
+        self,
+        model: LlamaModel,
+        block_size: int,
+        device: torch.device,
+        use_native: bool,
+        seed: int | None = None,
+        draft_layers: int | None = None,
+        paged: bool = False,
+    ):
         """draft_layers: self-speculation depth when the engine runs speculative='draft'.
         paged: the Triton attention path (CUDA)."""
         self.model = model
@@ -43,8 +52,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.use_native = use_native
-        self.batcher = BatchBuilder(block_size, device, use_native, model.config.attention_scale, paged,
-                                    model.config.sliding_window or 0)
+        self.batcher = BatchBuilder(
+            block_size, device, use_native, model.config.attention_scale, paged, model.config.sliding_window or 0
+        )
         self.sampler = Sampler(device, seed)
         self.rejection = RejectionSampler(self.sampler)
         self.drafter = DraftProposer(model, draft_layers, self.batcher, self.sampler) if draft_layers else None
@@ -79,8 +89,9 @@ class ModelRunner:
                 logits = self.graphs.run(inputs, lambda ids: self._device_tokens.patch(ids, seqs, rows))
             else:
                 batch = self.batcher.build(inputs)
-                self._device_tokens.patch(batch.input_ids, seqs, last_rows([len(x.token_ids) for x in inputs],
-                                                                            batch.order))
+                self._device_tokens.patch(
+                    batch.input_ids, seqs, last_rows([len(x.token_ids) for x in inputs], batch.order)
+                )
                 hidden = self.model.forward(batch.input_ids, batch.positions, batch.meta)
                 order = [i for i in batch.order if inputs[i].num_logits]
                 logits = self.model.logits(hidden[batch.logit_rows])  # [R, V]
@@ -125,8 +136,9 @@ class ModelRunner:
         by_id = {seqs[i].request_id: s for i, s in zip(order, results)}
         return _with_prompt_logprobs(by_id, seqs, prompt_lps)
 
-    def _sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq], order: list[int],
-                drafts: list[Drafted | None]) -> list[SampledTokens]:
+    def _sample(
+        self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq], order: list[int], drafts: list[Drafted | None]
+    ) -> list[SampledTokens]:
         """The tokens of the logit rows [R, V], one row group per sequence in `order`: drafts verified
         (their distributions zeroed after) when any sequence speculates, else one token each."""
         rows = [self._sample_row(seqs[i]) for i in order]
@@ -143,8 +155,14 @@ class ModelRunner:
                 d.probs.zero_()
         return results
 
-    def _score_prompts(self, seqs: Sequence[ScheduledSeq], inputs: list[SeqInput], packed: list[int],
-                       hidden: torch.Tensor, scoring: list[int]) -> dict[int, list[TokenLogprobs]]:
+    def _score_prompts(
+        self,
+        seqs: Sequence[ScheduledSeq],
+        inputs: list[SeqInput],
+        packed: list[int],
+        hidden: torch.Tensor,
+        scoring: list[int],
+    ) -> dict[int, list[TokenLogprobs]]:
         """Prompt logprobs of the sequences in `scoring` (indices into seqs), from the pass's
         hidden states [T, H]; `packed` is the order the batch packed the sequences' rows in."""
         first_row, row = {}, 0
@@ -156,8 +174,9 @@ class ModelRunner:
             s = seqs[i]
             targets = s.prompt_targets or []
             lo = first_row[i] + s.prompt_logprobs_start - s.start
-            out[i] = score_prompt(self.model.logits, hidden[lo:lo + len(targets)], targets,
-                                  s.params.prompt_logprobs or 0)
+            out[i] = score_prompt(
+                self.model.logits, hidden[lo : lo + len(targets)], targets, s.params.prompt_logprobs or 0
+            )
         return out
 
     def release(self, request_id: str) -> None:
@@ -188,10 +207,18 @@ class ModelRunner:
         if spec:
             if self.drafter is None:
                 raise ValueError("the plan asks for model drafts but this runner has no draft model")
-            jobs = [DraftSeq(list(seqs[i].block_table), seqs[i].start, seqs[i].token_ids[-1], seqs[i].model_drafts,
-                             self._sample_row(seqs[i]), self.model.rope_shift(seqs[i].long_context),
-                             tuple(list(t) for t in seqs[i].group_tables))
-                    for i in spec]
+            jobs = [
+                DraftSeq(
+                    list(seqs[i].block_table),
+                    seqs[i].start,
+                    seqs[i].token_ids[-1],
+                    seqs[i].model_drafts,
+                    self._sample_row(seqs[i]),
+                    self.model.rope_shift(seqs[i].long_context),
+                    tuple(list(t) for t in seqs[i].group_tables),
+                )
+                for i in spec
+            ]
             for i, d in zip(spec, self.drafter.propose(jobs)):
                 out[i] = d
         return out
@@ -208,8 +235,9 @@ class ModelRunner:
         return SampleRow(params=p, generator=gen, prompt_ids=seq.prompt_ids, output_ids=seq.output_ids)
 
 
-def _with_prompt_logprobs(by_id: dict[str, SampledTokens], seqs: Sequence[ScheduledSeq],
-                          prompt_lps: dict[int, list[TokenLogprobs]]) -> dict[str, SampledTokens]:
+def _with_prompt_logprobs(
+    by_id: dict[str, SampledTokens], seqs: Sequence[ScheduledSeq], prompt_lps: dict[int, list[TokenLogprobs]]
+) -> dict[str, SampledTokens]:
     """The step's results with each scored sequence's prompt logprobs attached (a sequence that
     sampled nothing this step gets them alone)."""
     for i, lps in prompt_lps.items():
@@ -217,6 +245,7 @@ def _with_prompt_logprobs(by_id: dict[str, SampledTokens], seqs: Sequence[Schedu
         got = by_id.get(rid)
         by_id[rid] = SampledTokens(got.token_ids, got.logprobs, lps) if got else SampledTokens([], None, lps)
     return by_id
+
 
 def _mask_guided(logits: torch.Tensor, seqs: list[ScheduledSeq], drafts: list[Drafted | None]) -> None:
     """Structured outputs: mask the logit rows of sequences with a grammar (rows in `seqs` order,
@@ -235,5 +264,11 @@ def _seq_input(seq: ScheduledSeq, drafts: Drafted | None, rope_shift: int) -> Se
     ids = list(seq.token_ids)
     if drafts is not None:
         ids += drafts.token_ids
-    return SeqInput(list(seq.block_table), seq.start, ids, 1 + seq.num_drafts if seq.sample else 0, rope_shift,
-                    tuple(list(t) for t in seq.group_tables))
+    return SeqInput(
+        list(seq.block_table),
+        seq.start,
+        ids,
+        1 + seq.num_drafts if seq.sample else 0,
+        rope_shift,
+        tuple(list(t) for t in seq.group_tables),
+    )

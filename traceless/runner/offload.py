@@ -10,6 +10,7 @@ file unlinked: without the key the ciphertext is noise (crypto-shredding).
 Plaintext KV never passes through an immutable bytes object: encryption reads the staging
 tensor's buffer, decryption writes into one.
 """
+
 from __future__ import annotations
 
 import os
@@ -128,8 +129,9 @@ class KVOffloader:
                 data = entry.path.read_bytes()
             else:
                 raise OffloadError("swapped-out KV has neither a blob nor a spill file")
-            AESGCM(entry.key).decrypt_into(data[:NONCE_LEN], data[NONCE_LEN:],
-                                           self._aad(entry.num_blocks, entry.nbytes), staged.numpy().data)
+            AESGCM(entry.key).decrypt_into(
+                data[:NONCE_LEN], data[NONCE_LEN:], self._aad(entry.num_blocks, entry.nbytes), staged.numpy().data
+            )
         except Exception:
             # decrypt_into writes the unauthenticated plaintext before it checks the tag and raises
             # InvalidTag: none of it may outlive the failure.

@@ -6,6 +6,7 @@ every such row are needed, not only the last one: they are computed in slices of
 so that a long chunk never holds [chunk, vocab] floats at once, and every slice is zeroed before
 it is dropped (the logits are derived from user content).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -17,8 +18,9 @@ from traceless.engine.step_io import TokenLogprobs
 SLICE_ROWS = 256
 
 
-def score_prompt(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: list[int],
-                 top_n: int) -> list[TokenLogprobs]:
+def score_prompt(
+    logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: list[int], top_n: int
+) -> list[TokenLogprobs]:
     """hidden [T, H]: the rows whose next tokens are `targets` (len T); top_n alternatives per row.
     logits_of: [S, H] -> [S, V] float32."""
     out: list[TokenLogprobs] = []

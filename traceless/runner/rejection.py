@@ -16,6 +16,7 @@ p is the *processed* target distribution (penalties, temperature, min-p/top-k/to
 penalties count x_1 .. x_j as generated, so the output matches plain decoding. A seeded request
 draws everything from its own generator: d uniforms, then one Exp(1) row for the final token.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -50,8 +51,9 @@ def verify_greedy(target_argmax: torch.Tensor, drafts: Drafts) -> tuple[torch.Te
     return n_acc, target_argmax.gather(1, n_acc[:, None])[:, 0]
 
 
-def verify(target: torch.Tensor, target_argmax: torch.Tensor, greedy: torch.Tensor, drafts: Drafts,
-           noise: Noise) -> tuple[torch.Tensor, torch.Tensor]:
+def verify(
+    target: torch.Tensor, target_argmax: torch.Tensor, greedy: torch.Tensor, drafts: Drafts, noise: Noise
+) -> tuple[torch.Tensor, torch.Tensor]:
     """target [S, K+1, V] normalized p (rows of greedy sequences unused), target_argmax [S, K+1],
     greedy [S] bool -> (accepted drafts [S], final token [S])."""
     S, K1, V = target.shape
@@ -114,8 +116,9 @@ class RejectionSampler:
             n_acc, final = self._verify_sampled(logits, expanded, rows, argmax.view(S, K + 1), drafts)
         return self._outputs(rows, n_acc.tolist(), final.tolist(), lp)
 
-    def _verify_sampled(self, logits: torch.Tensor, expanded: list[SampleRow], rows: list[SpecRow],
-                        argmax: torch.Tensor, drafts: Drafts) -> tuple[torch.Tensor, torch.Tensor]:
+    def _verify_sampled(
+        self, logits: torch.Tensor, expanded: list[SampleRow], rows: list[SpecRow], argmax: torch.Tensor, drafts: Drafts
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [R, V] penalized, argmax [S, K+1] padded."""
         S, K1 = argmax.shape
         probs = self.sampler.distribution(logits, expanded)  # [R, V], filtered, not renormalized
@@ -161,8 +164,9 @@ class RejectionSampler:
                 exponential[s].exponential_(generator=gen)
         return Noise(uniform, exponential)
 
-    def _outputs(self, rows: list[SpecRow], n_acc: list[int], final: list[int],
-                 lp: torch.Tensor | None) -> list[Verified]:
+    def _outputs(
+        self, rows: list[SpecRow], n_acc: list[int], final: list[int], lp: torch.Tensor | None
+    ) -> list[Verified]:
         out, first = [], 0
         for r, a, t in zip(rows, n_acc, final):
             ids = r.draft_ids[:a] + [t]

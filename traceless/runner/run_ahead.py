@@ -11,6 +11,7 @@ Only plain steps run ahead (the engine decides, engine/llm_engine.py): every row
 one token with no drafts, logprobs, prompt logprobs, penalties, logit bias or grammar; everything
 else needs tokens on the host and runs synchronously.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -5,6 +5,7 @@ Order (as vLLM): penalties and logit bias on the raw logits -> logprobs of the m
 argmax(p / E) with E ~ Exp(1), which draws exactly from p. Each seeded request has its own
 generator and draws its own noise row, so its tokens do not depend on what shares the batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ class Sampler:
                 logits[i] = torch.where(seen, penalized, row)
             if p.presence_penalty or p.frequency_penalty:
                 counts = torch.zeros(V, dtype=logits.dtype, device=logits.device).index_add_(
-                    0, out, torch.ones_like(out, dtype=logits.dtype))
+                    0, out, torch.ones_like(out, dtype=logits.dtype)
+                )
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
     @staticmethod
@@ -123,7 +125,8 @@ class Sampler:
             noise.exponential_(generator=self.generator)
         elif unseeded:
             noise[upload(unseeded, torch.int64, probs.device)] = torch.empty(
-                len(unseeded), probs.shape[1], device=probs.device).exponential_(generator=self.generator)
+                len(unseeded), probs.shape[1], device=probs.device
+            ).exponential_(generator=self.generator)
         for i, r in enumerate(rows):
             if r.generator is not None:
                 noise[i].exponential_(generator=r.generator)
@@ -163,6 +166,7 @@ class Sampler:
             if n is None:
                 out.append(None)
                 continue
-            out.append(TokenLogprobs(float(chosen[i, 0]), int(ranks[i]), top_idx[i, :n].tolist(),
-                                     top_vals[i, :n].tolist()))
+            out.append(
+                TokenLogprobs(float(chosen[i, 0]), int(ranks[i]), top_idx[i, :n].tolist(), top_vals[i, :n].tolist())
+            )
         return out

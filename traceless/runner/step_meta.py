@@ -14,6 +14,7 @@ Padding rows (a captured batch of more rows than sequences) get slot block -1: t
 skips them; each padding sequence owns one padding row (while rows last) and has no keys, so the
 attention kernel writes zeros there.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,9 +48,15 @@ class Layout:
         aligned whatever the batch, and Triton, which specializes a kernel on its pointers'
         alignment, compiles one variant, not one per batch composition."""
         parts: tuple[tuple[str, int], ...] = (
-            ("ids", self.rows), ("positions", self.rows), ("blocks", self.rows), ("offsets", self.rows),
-            ("logit_rows", self.logits), ("ctx", self.seqs), ("cu_q", self.seqs + 1),
-            ("tables", self.seqs * self.width))
+            ("ids", self.rows),
+            ("positions", self.rows),
+            ("blocks", self.rows),
+            ("offsets", self.rows),
+            ("logit_rows", self.logits),
+            ("ctx", self.seqs),
+            ("cu_q", self.seqs + 1),
+            ("tables", self.seqs * self.width),
+        )
         for g in range(1, self.groups):
             parts += ((f"blocks{g}", self.rows), (f"tables{g}", self.seqs * self.width))
         out, at = {}, 0
@@ -100,8 +107,14 @@ def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size:
         ctx.append(s.start + len(s.token_ids))
         cu.append(len(ids))
     n = len(ids)
-    for name, values, pad in (("ids", ids, 0), ("positions", positions, 0), ("blocks", blocks, -1),
-                              ("offsets", offsets, 0), ("logit_rows", logit_rows, 0), ("ctx", ctx, 0)):
+    for name, values, pad in (
+        ("ids", ids, 0),
+        ("positions", positions, 0),
+        ("blocks", blocks, -1),
+        ("offsets", offsets, 0),
+        ("logit_rows", logit_rows, 0),
+        ("ctx", ctx, 0),
+    ):
         a, b = off[name]
         host[a : a + len(values)] = values
         host[a + len(values) : b] = pad
@@ -120,8 +133,9 @@ def fill(host: np.ndarray, layout: Layout, seqs: Sequence[SeqInput], block_size:
     return off[_tables(layout.groups - 1)][0] + len(seqs) * layout.width
 
 
-def _fill_tables(host: np.ndarray, layout: Layout, group: int, tables: Sequence[list[int]],
-                 seqs: Sequence[SeqInput], block_size: int) -> None:
+def _fill_tables(
+    host: np.ndarray, layout: Layout, group: int, tables: Sequence[list[int]], seqs: Sequence[SeqInput], block_size: int
+) -> None:
     """One group's block-table rows of the real sequences (the rest keep the idle image's zeros)."""
     a, _ = layout.offsets[_tables(group)]
     w = layout.width
@@ -208,8 +222,9 @@ class PinnedStaging:
         if self._copied is not None:
             self._copied.synchronize()
         if self._host.numel() < layout.size:
-            self._host = torch.zeros(max(layout.size, 2 * self._host.numel()), dtype=torch.int32,
-                                     pin_memory=self._pinned)
+            self._host = torch.zeros(
+                max(layout.size, 2 * self._host.numel()), dtype=torch.int32, pin_memory=self._pinned
+            )
         fill(self._host.numpy(), layout, seqs, block_size)
         dev = self._host[: layout.size].to(device, non_blocking=True)
         if device.type == "cpu":

@@ -10,6 +10,7 @@ device buffer allocated *before* the caller looks at the allocator's free blocks
 never among the ranges it zeroes. Under TRITON_INTERPRET=1 the kernel runs on host addresses,
 which is how the suite checks it on a CPU.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -93,4 +94,3 @@ class RangeZeroer:
         _zero_ranges_kernel[(len(p),)](self._dev, BLOCK=_BLOCK)
         self.launches += 1
         return int(p[:, 1].sum()) * WORD
-

@@ -8,6 +8,7 @@
 
 Error messages echo none of the header values.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -39,8 +40,12 @@ def protect(app: Starlette, policy: AccessPolicy, component: str) -> None:
     if policy.api_key is not None:
         app.add_middleware(_KeyCheck, key=policy.api_key, component=component)
     if policy.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(policy.allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["authorization", "content-type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(policy.allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
     app.add_middleware(_OriginCheck, allowed=policy.allowed_origins, component=component)
 
 
@@ -52,9 +57,13 @@ class _OriginCheck:
         if scope["type"] == "http":
             origin = _header(scope, b"origin")
             if origin is not None and origin not in self.allowed:  # "null" included
-                error = ApiError(403, "requests from a browser origin are refused unless the server allows it "
-                                 "(--allowed-origins)", type="permission_error", param="origin",
-                                 code="origin_not_allowed")
+                error = ApiError(
+                    403,
+                    "requests from a browser origin are refused unless the server allows it (--allowed-origins)",
+                    type="permission_error",
+                    param="origin",
+                    code="origin_not_allowed",
+                )
                 await error_response(self.component, error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -69,8 +78,12 @@ class _KeyCheck:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             given = _header(scope, b"authorization") or ""
             if not hmac.compare_digest(given.encode(), self.expected):
-                error = ApiError(401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
-                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                error = ApiError(
+                    401,
+                    "a valid API key is required: send it as 'Authorization: Bearer KEY'",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await error_response(self.component, error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -8,6 +8,7 @@ Bodies are read through a size cap (413 beyond it). A client that disconnects ab
 request: streaming responses are cancelled by Starlette; non-streaming handlers race the
 generation against the connection and abort when the connection closes first.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,13 +84,14 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, telemetry: Telemet
     routes = [
         *(route(r) for r in OPENAI_ROUTES),
         *engine_routes(engine),
-        *(Route(path, endpoint(settings.component, "other", _unsupported(path)), methods=["POST"])
-          for path in UNSUPPORTED_ROUTES),
+        *(
+            Route(path, endpoint(settings.component, "other", _unsupported(path)), methods=["POST"])
+            for path in UNSUPPORTED_ROUTES
+        ),
     ]
     app = create_http_app(settings.component, routes, lifespan)
     protect(app, AccessPolicy(settings.api_key, settings.allowed_origins), settings.component)
     return app
-
 
 
 def _generation(work: Work, name: str, settings: ServerSettings, telemetry: Telemetry):
@@ -114,22 +116,27 @@ def _generation(work: Work, name: str, settings: ServerSettings, telemetry: Tele
             telemetry.e2e(time.monotonic() - t0)
             telemetry.request(name, "ok")
             return JSONResponse(result)
-        return StreamingResponse(_timed(result, telemetry, name, t0), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            _timed(result, telemetry, name, t0), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     return endpoint(settings.component, name, handle)
 
 
 def _unsupported(path: str):
     async def handle(request: Request) -> Response:
-        raise ApiError(501, f"{path} is not supported by this server: it serves /v1/chat/completions and "
-                       "/v1/completions (docs/api.md)", code="unsupported_endpoint")
+        raise ApiError(
+            501,
+            f"{path} is not supported by this server: it serves /v1/chat/completions and /v1/completions (docs/api.md)",
+            code="unsupported_endpoint",
+        )
 
     return handle
 
 
-async def _timed(body: AsyncGenerator[bytes, None], telemetry: Telemetry, name: str,
-                 t0: float) -> AsyncGenerator[bytes, None]:
+async def _timed(
+    body: AsyncGenerator[bytes, None], telemetry: Telemetry, name: str, t0: float
+) -> AsyncGenerator[bytes, None]:
     """The stream, with the request counted in the telemetry window when it ends."""
     status = "aborted"
     try:

@@ -16,6 +16,7 @@ failures within RESTART_WINDOW_S, or when the old engine cannot be released clea
 dead: every caller gets EngineDeadError and the `on_dead` hooks run (the commands exit non-zero
 then, for their supervisor to start a fresh process).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -105,8 +106,14 @@ class AsyncEngine:
         """The engine's grammar compiler (thread-safe: the server compiles on its own threads)."""
         return self._engine.grammar
 
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
-                       cache_salt: str | None = None, guide: Guide | None = None) -> AsyncIterator[StepOutput]:
+    async def generate(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+        guide: Guide | None = None,
+    ) -> AsyncIterator[StepOutput]:
         """Stream a request's StepOutputs. Validation errors raise before the first output;
         closing or cancelling the iterator aborts the request."""
         if self.dead:

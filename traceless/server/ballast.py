@@ -15,6 +15,7 @@ CPU (or GPU) time, not throughput.
 It holds no user content: its prompt is a constant, its KV blocks are released and zeroed like any
 request's, and its outputs are dropped on the engine thread.
 """
+
 from __future__ import annotations
 
 from traceless.engine.llm_engine import LLMEngine, StepOutput
@@ -41,8 +42,11 @@ class Ballast:
             engine.abort(BALLAST_ID)
         elif not mine and held and not others and self.enabled:
             limit = max(1, min(MAX_BALLAST_TOKENS, engine.max_model_len - len(BALLAST_PROMPT) - 1))
-            engine.add_request(BALLAST_ID, list(BALLAST_PROMPT),
-                               SamplingParams(max_tokens=limit, temperature=1.0, seed=0, ignore_eos=True))
+            engine.add_request(
+                BALLAST_ID,
+                list(BALLAST_PROMPT),
+                SamplingParams(max_tokens=limit, temperature=1.0, seed=0, ignore_eos=True),
+            )
 
     @staticmethod
     def running(engine: LLMEngine) -> int:

@@ -11,6 +11,7 @@ The library is built by setup.py (`build_ext --inplace`, as the node image does)
 `traceless/server/_dead_stack*.so`; it is not a Python extension module, so its file is found with
 `find_spec` and opened with ctypes.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -31,8 +32,10 @@ def _load() -> ctypes.CDLL:
         if _lib is None:
             spec = importlib.util.find_spec("traceless.server._dead_stack")
             if spec is None or spec.origin is None:
-                raise DeadStackUnavailable("the dead-stack scrubber is not built: run `python setup.py build_ext "
-                                           "--inplace` (or `pip install -e .`; needs a C compiler)")
+                raise DeadStackUnavailable(
+                    "the dead-stack scrubber is not built: run `python setup.py build_ext "
+                    "--inplace` (or `pip install -e .`; needs a C compiler)"
+                )
             lib = ctypes.CDLL(spec.origin)
             lib.tl_scrub_dead_stack.argtypes, lib.tl_scrub_dead_stack.restype = [], ctypes.c_int
             lib.tl_stack_bounds.argtypes = [ctypes.POINTER(ctypes.c_size_t)] * 2

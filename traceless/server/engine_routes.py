@@ -1,5 +1,6 @@
 """GET /health for an app that serves an engine (plaintext server, node). Metrics are not here:
 they are served only on the operator's listener (server/operator_app.py)."""
+
 from __future__ import annotations
 
 from starlette.requests import Request

@@ -7,6 +7,7 @@ of a window of many requests, published when the window closes (docs/telemetry.m
 histogram a scrape before and after one request could difference, and none of these metrics is
 served on the public port (server/operator_app.py: the operator's own listener).
 """
+
 from __future__ import annotations
 
 import threading
@@ -39,51 +40,92 @@ class Spec:
 
 _WINDOW = " (published when a telemetry window closes)"
 SPECS = (
-    Spec("traceless_requests_total", "counter", "Requests by endpoint and outcome" + _WINDOW + ".",
-         {"endpoint": ENDPOINT, "status": STATUS}),
-    Spec("traceless_finished_total", "counter", "Finished generations by finish reason" + _WINDOW + ".",
-         {"finish_reason": FINISH}),
-    Spec("traceless_requests_by_prompt_tokens_total", "counter",
-         "Requests by their prompt's size class, in tokens" + _WINDOW + ".", {"tokens_le": PROMPT_CLASSES}),
-    Spec("traceless_requests_by_generation_tokens_total", "counter",
-         "Requests by their output's size class, in tokens" + _WINDOW + ".", {"tokens_le": OUTPUT_CLASSES}),
+    Spec(
+        "traceless_requests_total",
+        "counter",
+        "Requests by endpoint and outcome" + _WINDOW + ".",
+        {"endpoint": ENDPOINT, "status": STATUS},
+    ),
+    Spec(
+        "traceless_finished_total",
+        "counter",
+        "Finished generations by finish reason" + _WINDOW + ".",
+        {"finish_reason": FINISH},
+    ),
+    Spec(
+        "traceless_requests_by_prompt_tokens_total",
+        "counter",
+        "Requests by their prompt's size class, in tokens" + _WINDOW + ".",
+        {"tokens_le": PROMPT_CLASSES},
+    ),
+    Spec(
+        "traceless_requests_by_generation_tokens_total",
+        "counter",
+        "Requests by their output's size class, in tokens" + _WINDOW + ".",
+        {"tokens_le": OUTPUT_CLASSES},
+    ),
     Spec("traceless_prompt_tokens_total", "counter", "Prompt tokens, rounded up to 1024s" + _WINDOW + "."),
     Spec("traceless_generation_tokens_total", "counter", "Generated tokens, rounded up to 1024s" + _WINDOW + "."),
     Spec("traceless_telemetry_windows_total", "counter", "Telemetry windows published."),
     Spec("traceless_window_requests", "gauge", "Requests in the last published window."),
-    Spec("traceless_window_time_to_first_token_seconds", "gauge",
-         "Time to first token in the last window: the bucket bound at or above the quantile.",
-         {"quantile": QUANTILE}),
-    Spec("traceless_window_inter_token_latency_seconds", "gauge",
-         "Time between successive token-producing steps in the last window (bucket bound at or above the quantile).",
-         {"quantile": QUANTILE}),
-    Spec("traceless_window_e2e_request_latency_seconds", "gauge",
-         "End-to-end latency in the last window (bucket bound at or above the quantile).", {"quantile": QUANTILE}),
+    Spec(
+        "traceless_window_time_to_first_token_seconds",
+        "gauge",
+        "Time to first token in the last window: the bucket bound at or above the quantile.",
+        {"quantile": QUANTILE},
+    ),
+    Spec(
+        "traceless_window_inter_token_latency_seconds",
+        "gauge",
+        "Time between successive token-producing steps in the last window (bucket bound at or above the quantile).",
+        {"quantile": QUANTILE},
+    ),
+    Spec(
+        "traceless_window_e2e_request_latency_seconds",
+        "gauge",
+        "End-to-end latency in the last window (bucket bound at or above the quantile).",
+        {"quantile": QUANTILE},
+    ),
     Spec("traceless_window_peak_requests_running", "gauge", "Most requests in the running batch during the window."),
     Spec("traceless_window_peak_requests_waiting", "gauge", "Most requests waiting during the window."),
-    Spec("traceless_window_peak_kv_cache_usage_ratio", "gauge",
-         "Largest fraction of KV blocks in use during the window, rounded up to 0.05."),
+    Spec(
+        "traceless_window_peak_kv_cache_usage_ratio",
+        "gauge",
+        "Largest fraction of KV blocks in use during the window, rounded up to 0.05.",
+    ),
     Spec("traceless_kv_blocks_nonzero", "gauge", "KV blocks holding non-zero values at the last idle scan" + _WINDOW),
     Spec("traceless_prefix_cache_blocks", "gauge", "Blocks in the prefix cache at the last idle scan" + _WINDOW),
-    Spec("traceless_kv_offload_swapped_requests", "gauge",
-         "Requests with sealed offloaded KV at the last idle scan" + _WINDOW),
+    Spec(
+        "traceless_kv_offload_swapped_requests",
+        "gauge",
+        "Requests with sealed offloaded KV at the last idle scan" + _WINDOW,
+    ),
     Spec("traceless_spec_decode_num_draft_tokens_total", "counter", "Speculative draft tokens verified" + _WINDOW),
     Spec("traceless_spec_decode_num_accepted_tokens_total", "counter", "Speculative draft tokens accepted" + _WINDOW),
-    Spec("traceless_spec_decode_num_verify_steps_total", "counter",
-         "(request, step) pairs that verified at least one draft token" + _WINDOW),
+    Spec(
+        "traceless_spec_decode_num_verify_steps_total",
+        "counter",
+        "(request, step) pairs that verified at least one draft token" + _WINDOW,
+    ),
 )
 
 
 # What one request could change by more than a count of one, or through when it ended rather than
 # what it was: published only by a telemetry without noise (an audit's or a benchmark's, never a
 # node's default), never with noise (server/telemetry.py).
-EXACT_ONLY = frozenset({
-    "traceless_prompt_tokens_total", "traceless_generation_tokens_total",
-    "traceless_window_inter_token_latency_seconds", "traceless_window_peak_requests_running",
-    "traceless_window_peak_requests_waiting", "traceless_window_peak_kv_cache_usage_ratio",
-    "traceless_spec_decode_num_draft_tokens_total", "traceless_spec_decode_num_accepted_tokens_total",
-    "traceless_spec_decode_num_verify_steps_total",
-})
+EXACT_ONLY = frozenset(
+    {
+        "traceless_prompt_tokens_total",
+        "traceless_generation_tokens_total",
+        "traceless_window_inter_token_latency_seconds",
+        "traceless_window_peak_requests_running",
+        "traceless_window_peak_requests_waiting",
+        "traceless_window_peak_kv_cache_usage_ratio",
+        "traceless_spec_decode_num_draft_tokens_total",
+        "traceless_spec_decode_num_accepted_tokens_total",
+        "traceless_spec_decode_num_verify_steps_total",
+    }
+)
 NOISY_SPECS = tuple(s for s in SPECS if s.name not in EXACT_ONLY)
 
 
@@ -105,8 +147,9 @@ class Metrics:
         self._gauges: dict[str, Any] = {}
         for spec in specs:
             if spec.kind == "gauge":
-                self._gauges[spec.name] = prometheus_client.Gauge(spec.name, spec.help, sorted(spec.labels),
-                                                                  registry=self.registry)
+                self._gauges[spec.name] = prometheus_client.Gauge(
+                    spec.name, spec.help, sorted(spec.labels), registry=self.registry
+                )
             else:
                 self._counters.declare(spec)
         self.registry.register(self._counters)

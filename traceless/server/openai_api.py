@@ -9,6 +9,7 @@ Preparing a request (validation, chat templating, tokenization) costs CPU in pro
 prompt, so it runs on a small thread pool, never on the event loop: one large prompt does not
 stall every other connection.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,7 @@ class Job:
 
 
 class OpenAIService:
-    def __init__(self, engine: AsyncEngine, model_name: str, telemetry: Telemetry,
-                 shape: StreamShape = StreamShape()):
+    def __init__(self, engine: AsyncEngine, model_name: str, telemetry: Telemetry, shape: StreamShape = StreamShape()):
         self.engine = engine
         self.shape = shape
         self.model_name = model_name
@@ -78,22 +78,41 @@ class OpenAIService:
     def handlers(self) -> dict[str, Callable]:
         """The work of each route in http/openai_routes.py, by its name: a GET's takes nothing and
         returns JSON; a POST's takes the parsed body and is awaited."""
-        return {"models": self.models, "tokenizer_info": self.tokenizer_info, "tokenize": self.tokenize,
-                "detokenize": self.detokenize, "completions": self.completions, "chat_completions": self.chat}
+        return {
+            "models": self.models,
+            "tokenizer_info": self.tokenizer_info,
+            "tokenize": self.tokenize,
+            "detokenize": self.detokenize,
+            "completions": self.completions,
+            "chat_completions": self.chat,
+        }
 
     def models(self) -> dict:
-        return {"object": "list",
-                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "traceless",
-                          "max_model_len": self.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "traceless",
+                    "max_model_len": self.max_model_len,
+                }
+            ],
+        }
 
     def tokenizer_info(self) -> dict:
         """vLLM's /tokenizer_info (what lm-evaluation-harness's remote tokenizer reads): the model's
         special tokens and chat template; operator data, no request content."""
         tok = self.tokenizer
-        return {"tokenizer_class": "traceless", "model_max_length": self.max_model_len,
-                "bos_token": tok.token_text(tok.bos_id) if tok.bos_id is not None else None,
-                "eos_token": tok.token_text(min(tok.eos_ids)) if tok.eos_ids else None,
-                "pad_token": None, "chat_template": tok.chat_template}
+        return {
+            "tokenizer_class": "traceless",
+            "model_max_length": self.max_model_len,
+            "bos_token": tok.token_text(tok.bos_id) if tok.bos_id is not None else None,
+            "eos_token": tok.token_text(min(tok.eos_ids)) if tok.eos_ids else None,
+            "pad_token": None,
+            "chat_template": tok.chat_template,
+        }
 
     async def tokenize(self, body) -> dict:
         """vLLM's /tokenize: {count, max_model_len, tokens, token_strs}."""
@@ -143,8 +162,7 @@ class OpenAIService:
     def _completion_job(self, body) -> Job:
         req = parse_completion(body)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
-        return Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time()),
-                   self._guides(req, len(ids)))
+        return Job("completions", req, ids, f"cmpl-{uuid.uuid4().hex}", int(time.time()), self._guides(req, len(ids)))
 
     def _guides(self, req: ParsedRequest, num_prompts: int) -> list[Guide] | None:
         """Compile the request's grammar (bounded; a refusal is a 400) and make each choice's matcher."""
@@ -183,11 +201,16 @@ class OpenAIService:
         for ids in job.prompt_ids:
             if not ids:
                 raise ApiError(400, "the prompt is empty", param="prompt")
-            if (len(ids) >= self.max_model_len
-                    or (max_tokens is not None and len(ids) + max_tokens > self.max_model_len)):
-                raise ApiError(400, f"this model's maximum context length is {self.max_model_len} tokens; the request "
-                               f"has {len(ids)} prompt tokens and asks for {max_tokens or 1} more",
-                               param="max_tokens" if max_tokens else "prompt", code="context_length_exceeded")
+            if len(ids) >= self.max_model_len or (
+                max_tokens is not None and len(ids) + max_tokens > self.max_model_len
+            ):
+                raise ApiError(
+                    400,
+                    f"this model's maximum context length is {self.max_model_len} tokens; the request "
+                    f"has {len(ids)} prompt tokens and asks for {max_tokens or 1} more",
+                    param="max_tokens" if max_tokens else "prompt",
+                    code="context_length_exceeded",
+                )
 
     async def _run(self, job: Job):
         self._check(job)
@@ -243,8 +266,11 @@ class OpenAIService:
 
     def _record(self, job: Job, states: list[ChoiceState]) -> None:
         """The job's figures, into the telemetry window (never published on their own)."""
-        self.telemetry.finished([s.finish_reason for s in states if s.finish_reason is not None],
-                                sum(len(i) for i in job.prompt_ids), sum(len(s.token_ids) for s in states))
+        self.telemetry.finished(
+            [s.finish_reason for s in states if s.finish_reason is not None],
+            sum(len(i) for i in job.prompt_ids),
+            sum(len(s.token_ids) for s in states),
+        )
 
     def _observe(self, job: Job):
         """Per-stream telemetry hooks for the SSE formatter."""

@@ -3,6 +3,7 @@
 It is served on its own host and port (`--metrics-host/--metrics-port`, loopback by default),
 never on the public port that clients, the relay or the gateway reach; what it serves is the
 windowed telemetry of server/telemetry.py (docs/telemetry.md says what an operator can learn)."""
+
 from __future__ import annotations
 
 from starlette.applications import Starlette

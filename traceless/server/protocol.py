@@ -10,6 +10,7 @@ structured_request.py, tools in tools.py. `user` is validated and dropped: it is
 One request buys at most MAX_CHOICES engine requests: n completions of each of its prompts,
 n * len(prompts) <= MAX_CHOICES (so n <= 8 with one prompt, 8 prompts with n = 1).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -88,26 +89,50 @@ def only(value_ok: Callable[[Any], bool], what: str) -> Validator:
 
 
 SAMPLING_FIELDS: dict[str, Validator] = {
-    "max_tokens": integer, "temperature": number, "top_p": number, "n": integer, "stream": boolean,
-    "stream_options": stream_options, "stop": stop, "presence_penalty": number, "frequency_penalty": number,
-    "seed": integer, "user": string,
+    "max_tokens": integer,
+    "temperature": number,
+    "top_p": number,
+    "n": integer,
+    "stream": boolean,
+    "stream_options": stream_options,
+    "stop": stop,
+    "presence_penalty": number,
+    "frequency_penalty": number,
+    "seed": integer,
+    "user": string,
     "logit_bias": lambda name, v: _logit_bias(name, v),
     # vLLM extensions
     "cache_salt": lambda name, v: _salt(name, v),
-    "top_k": integer, "min_p": number, "repetition_penalty": number, "ignore_eos": boolean, "stop_token_ids": int_list,
+    "top_k": integer,
+    "min_p": number,
+    "repetition_penalty": number,
+    "ignore_eos": boolean,
+    "stop_token_ids": int_list,
 }
 COMPLETION_FIELDS: dict[str, Validator] = {
-    **SAMPLING_FIELDS, "model": string, "prompt": lambda n, v: v, "logprobs": integer,
-    "echo": boolean, "prompt_logprobs": integer,  # prompt_logprobs: a vLLM extension
+    **SAMPLING_FIELDS,
+    "model": string,
+    "prompt": lambda n, v: v,
+    "logprobs": integer,
+    "echo": boolean,
+    "prompt_logprobs": integer,  # prompt_logprobs: a vLLM extension
     "best_of": only(lambda v: v in (1,), "best_of must be 1"),
     "suffix": only(lambda v: v in ("",), "suffix must be empty"),
-    "response_format": response_format, "structured_outputs": structured_outputs,
+    "response_format": response_format,
+    "structured_outputs": structured_outputs,
 }
 CHAT_FIELDS: dict[str, Validator] = {
-    **SAMPLING_FIELDS, "model": string, "messages": lambda n, v: v, "max_completion_tokens": integer,
-    "logprobs": boolean, "top_logprobs": integer,
-    "response_format": response_format, "structured_outputs": structured_outputs,
-    "tools": lambda n, v: v, "tool_choice": lambda n, v: v, "parallel_tool_calls": lambda n, v: v,  # tools.py
+    **SAMPLING_FIELDS,
+    "model": string,
+    "messages": lambda n, v: v,
+    "max_completion_tokens": integer,
+    "logprobs": boolean,
+    "top_logprobs": integer,
+    "response_format": response_format,
+    "structured_outputs": structured_outputs,
+    "tools": lambda n, v: v,
+    "tool_choice": lambda n, v: v,
+    "parallel_tool_calls": lambda n, v: v,  # tools.py
 }
 _CHAT_ONLY = {name: "a /v1/chat/completions field" for name in set(CHAT_FIELDS) - set(COMPLETION_FIELDS)}
 _COMPLETION_ONLY = {name: "a /v1/completions field" for name in set(COMPLETION_FIELDS) - set(CHAT_FIELDS)}
@@ -149,8 +174,9 @@ class ParsedRequest:
     tools: ToolRequest | None = None  # chat: the tools offered and how a call is chosen
 
 
-def _fields(body: Any, spec: dict[str, Validator], required: tuple[str, ...],
-            elsewhere: dict[str, str] | None = None) -> dict[str, Any]:
+def _fields(
+    body: Any, spec: dict[str, Validator], required: tuple[str, ...], elsewhere: dict[str, str] | None = None
+) -> dict[str, Any]:
     """`elsewhere`: fields of another endpoint, named (with where they belong) when sent here."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -169,16 +195,43 @@ def _structured(f: dict[str, Any]) -> StructuredOutput | None:
     return f.get("response_format") or f.get("structured_outputs")
 
 
-def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None,
-              prompt_logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
+def _sampling(
+    f: dict[str, Any],
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    structured: StructuredOutput | None = None,
+) -> SamplingParams:
     if f.get("stream_options") is not None and not f.get("stream", False):
         raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
-    kw = {k: f[k] for k in ("temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "seed",
-                            "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "logit_bias")
-          if k in f}
+    kw = {
+        k: f[k]
+        for k in (
+            "temperature",
+            "top_p",
+            "n",
+            "stop",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "ignore_eos",
+            "stop_token_ids",
+            "logit_bias",
+        )
+        if k in f
+    }
     try:
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                              output_kind=OutputKind.DELTA, structured=structured, **kw)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            output_kind=OutputKind.DELTA,
+            structured=structured,
+            **kw,
+        )
     except InvalidRequestError as exc:
         raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from None
 
@@ -186,11 +239,11 @@ def _sampling(f: dict[str, Any], max_tokens: int | None, logprobs: int | None,
 def _check_choices(num_prompts: int, n: int) -> None:
     """One request buys at most MAX_CHOICES engine requests (checked before any work is done)."""
     if num_prompts > MAX_CHOICES:
-        raise ApiError(400, f"'prompt' may list at most {MAX_CHOICES} prompts", param="prompt",
-                       code="too_many_choices")
+        raise ApiError(400, f"'prompt' may list at most {MAX_CHOICES} prompts", param="prompt", code="too_many_choices")
     if n * num_prompts > MAX_CHOICES:
-        raise ApiError(400, f"'n' times the number of prompts may be at most {MAX_CHOICES}", param="n",
-                       code="too_many_choices")
+        raise ApiError(
+            400, f"'n' times the number of prompts may be at most {MAX_CHOICES}", param="n", code="too_many_choices"
+        )
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -203,12 +256,14 @@ def parse_completion(body: Any) -> ParsedRequest:
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         prompts = list(prompt)
-    elif (isinstance(prompt, list) and prompt
-          and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt)):
+    elif (
+        isinstance(prompt, list) and prompt and all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt)
+    ):
         prompts = list(prompt)
     else:
-        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids "
-                          "or a list of such lists", "prompt")
+        raise bad_request(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of such lists", "prompt"
+        )
     logprobs = f.get("logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
         raise bad_request(f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}", "logprobs")
@@ -222,31 +277,49 @@ def parse_completion(body: Any) -> ParsedRequest:
         engine_prompt_lps = max(logprobs, prompt_logprobs or 0)
     params = _sampling(f, f.get("max_tokens", 16), logprobs, engine_prompt_lps, _structured(f))
     _check_choices(len(prompts), params.n)
-    return ParsedRequest(f["model"], prompts, params, f.get("stream", False), f.get("stream_options", False), logprobs,
-                         f.get("cache_salt"), echo, prompt_logprobs)
+    return ParsedRequest(
+        f["model"],
+        prompts,
+        params,
+        f.get("stream", False),
+        f.get("stream_options", False),
+        logprobs,
+        f.get("cache_salt"),
+        echo,
+        prompt_logprobs,
+    )
 
 
-def parse_chat(body: Any, render: Callable[[list[dict], list[dict] | None], str],
-               tool_format: ToolFormat = ToolFormat.HERMES) -> ParsedRequest:
+def parse_chat(
+    body: Any, render: Callable[[list[dict], list[dict] | None], str], tool_format: ToolFormat = ToolFormat.HERMES
+) -> ParsedRequest:
     f = _fields(body, CHAT_FIELDS, ("model", "messages"), _COMPLETION_ONLY)
     tools = parse_tools(f.get("tools"), f.get("tool_choice"), f.get("parallel_tool_calls"), tool_format)
     structured = _structured(f)
     forced = forced_call_grammar(tools) if tools is not None else None
     if forced is not None and structured is not None:
-        raise bad_request("a required or named 'tool_choice' cannot be combined with 'response_format'",
-                          "tool_choice")
+        raise bad_request("a required or named 'tool_choice' cannot be combined with 'response_format'", "tool_choice")
     if "max_tokens" in f and "max_completion_tokens" in f:
         raise bad_request("give 'max_tokens' or 'max_completion_tokens', not both", "max_completion_tokens")
     top = f.get("top_logprobs")
     if top is not None and not f.get("logprobs"):
         raise bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if f.get("logprobs") else None
-    params = _sampling(f, f.get("max_completion_tokens", f.get("max_tokens")), logprobs,
-                       structured=forced or structured)
+    params = _sampling(
+        f, f.get("max_completion_tokens", f.get("max_tokens")), logprobs, structured=forced or structured
+    )
     _check_choices(1, params.n)
     prompt = render(messages(f["messages"]), tools.tools if tools is not None else None)
-    return ParsedRequest(f["model"], [prompt], params, f.get("stream", False), f.get("stream_options", False), logprobs,
-                         f.get("cache_salt"), tools=tools)
+    return ParsedRequest(
+        f["model"],
+        [prompt],
+        params,
+        f.get("stream", False),
+        f.get("stream_options", False),
+        logprobs,
+        f.get("cache_salt"),
+        tools=tools,
+    )
 
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -286,8 +359,9 @@ def _checked_role(m: Any, where: str) -> str:
         raise bad_request(f"'{where}.role' must be one of {', '.join(_ROLES)}", where)
     if m.get("tool_calls") is not None and role != "assistant":
         raise bad_request(f"'{where}.tool_calls' is only allowed on assistant messages", where)
-    if (m.get("tool_call_id") is not None) != (role == "tool") or (role == "tool" and not isinstance(
-            m["tool_call_id"], str)):
+    if (m.get("tool_call_id") is not None) != (role == "tool") or (
+        role == "tool" and not isinstance(m["tool_call_id"], str)
+    ):
         raise bad_request(f"'{where}.tool_call_id' (a string) is required on tool messages, and only there", where)
     return role
 
@@ -299,11 +373,21 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
     out = []
     for c in calls:
         f = c.get("function") if isinstance(c, dict) else None
-        if (not isinstance(c, dict) or set(c) - {"id", "type", "function"} or c.get("type") != "function"
-                or not isinstance(f, dict) or set(f) != {"name", "arguments"} or not isinstance(f["name"], str)
-                or not isinstance(f["arguments"], str) or not isinstance(c.get("id"), str)):
-            raise bad_request(f"'{where}.tool_calls' entries must be {{\"id\", \"type\": \"function\", "
-                              "\"function\": {\"name\", \"arguments\"}}", where)
+        if (
+            not isinstance(c, dict)
+            or set(c) - {"id", "type", "function"}
+            or c.get("type") != "function"
+            or not isinstance(f, dict)
+            or set(f) != {"name", "arguments"}
+            or not isinstance(f["name"], str)
+            or not isinstance(f["arguments"], str)
+            or not isinstance(c.get("id"), str)
+        ):
+            raise bad_request(
+                f'\'{where}.tool_calls\' entries must be {{"id", "type": "function", '
+                '"function": {"name", "arguments"}}',
+                where,
+            )
         try:
             args = decode_json(f["arguments"])
         except ValueError:
@@ -327,8 +411,12 @@ def _content(content: Any, where: str) -> str:
 
 # --- /tokenize and /detokenize (vLLM's shape) --------------------------------------------------
 TOKENIZE_FIELDS: dict[str, Validator] = {
-    "model": string, "prompt": string, "add_special_tokens": boolean, "return_token_strs": boolean,
-    "messages": lambda n, v: v, "add_generation_prompt": boolean,
+    "model": string,
+    "prompt": string,
+    "add_special_tokens": boolean,
+    "return_token_strs": boolean,
+    "messages": lambda n, v: v,
+    "add_generation_prompt": boolean,
 }
 DETOKENIZE_FIELDS: dict[str, Validator] = {"model": string, "tokens": int_list}
 
@@ -352,9 +440,14 @@ def parse_tokenize(body: Any) -> TokenizeRequest:
     chat = "messages" in f
     if not chat and "add_generation_prompt" in f:
         raise bad_request("'add_generation_prompt' applies to 'messages' only", "add_generation_prompt")
-    return TokenizeRequest(f.get("model"), f.get("prompt"), messages(f["messages"]) if chat else None,
-                           f.get("add_special_tokens", not chat), f.get("add_generation_prompt", True),
-                           f.get("return_token_strs", False))
+    return TokenizeRequest(
+        f.get("model"),
+        f.get("prompt"),
+        messages(f["messages"]) if chat else None,
+        f.get("add_special_tokens", not chat),
+        f.get("add_generation_prompt", True),
+        f.get("return_token_strs", False),
+    )
 
 
 def parse_detokenize(body: Any, vocab_size: int) -> tuple[str | None, list[int]]:

@@ -5,6 +5,7 @@ model's call format (tools.py): calls become `message.tool_calls` (streamed: one
 per call, with its id, name and whole arguments, once the call is complete), the rest stays content, and a choice that
 called a tool and stopped reports finish_reason "tool_calls".
 """
+
 from __future__ import annotations
 
 import json
@@ -54,9 +55,17 @@ def merge(outs: list[StepOutput]) -> StepOutput:
     last = outs[-1]
     lps = [lp for o in outs for lp in (o.new_logprobs or [])]
     prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
-    return StepOutput(last.request_id, [t for o in outs for t in o.new_token_ids], "".join(o.new_text for o in outs),
-                      lps or None, last.finish_reason, last.stop_reason, last.num_prompt_tokens, last.num_output_tokens,
-                      prompt_lps)
+    return StepOutput(
+        last.request_id,
+        [t for o in outs for t in o.new_token_ids],
+        "".join(o.new_text for o in outs),
+        lps or None,
+        last.finish_reason,
+        last.stop_reason,
+        last.num_prompt_tokens,
+        last.num_output_tokens,
+        prompt_lps,
+    )
 
 
 class Formatter:
@@ -84,10 +93,13 @@ class Formatter:
             content = []
             for t, lp in zip(token_ids, lps):
                 s = self._tok(t)
-                top = [{"token": self._tok(i), "logprob": v, "bytes": list(self._tok(i).encode())}
-                       for i, v in zip(lp.top_ids, lp.top_logprobs)]
-                content.append({"token": s, "logprob": lp.token_logprob, "bytes": list(s.encode()),
-                                "top_logprobs": top})
+                top = [
+                    {"token": self._tok(i), "logprob": v, "bytes": list(self._tok(i).encode())}
+                    for i, v in zip(lp.top_ids, lp.top_logprobs)
+                ]
+                content.append(
+                    {"token": s, "logprob": lp.token_logprob, "bytes": list(s.encode()), "top_logprobs": top}
+                )
             return {"content": content}
         tokens, offsets, offset = [], [], text_offset
         for t in token_ids:
@@ -121,10 +133,12 @@ class Formatter:
         for t in tokens:
             offsets.append(offset)
             offset += len(t)
-        lp = {"tokens": tokens, "token_logprobs": [None] + [x.token_logprob for x in prompt_lps],
-              "top_logprobs": [None] + [{self._tok(i): v for i, v in zip(x.top_ids, x.top_logprobs)}
-                                        for x in prompt_lps],
-              "text_offset": offsets}
+        lp = {
+            "tokens": tokens,
+            "token_logprobs": [None] + [x.token_logprob for x in prompt_lps],
+            "top_logprobs": [None] + [{self._tok(i): v for i, v in zip(x.top_ids, x.top_logprobs)} for x in prompt_lps],
+            "text_offset": offsets,
+        }
         if out_lp is not None:
             for key in ("tokens", "token_logprobs", "top_logprobs"):
                 lp[key] += out_lp[key]
@@ -144,14 +158,17 @@ class Formatter:
         n = self.job.request.prompt_logprobs or 0
         out: list = [None]
         for t, x in zip(ids[1:], prompt_lps):
-            entry = {str(i): {"logprob": v, "rank": r, "decoded_token": self._tok(i)}
-                     for r, (i, v) in enumerate(zip(x.top_ids[:n], x.top_logprobs[:n]), start=1)}
+            entry = {
+                str(i): {"logprob": v, "rank": r, "decoded_token": self._tok(i)}
+                for r, (i, v) in enumerate(zip(x.top_ids[:n], x.top_logprobs[:n]), start=1)
+            }
             entry[str(t)] = {"logprob": x.token_logprob, "rank": x.token_rank, "decoded_token": self._tok(t)}
             out.append(entry)
         return out
 
-    def _completion_choice(self, c: int, text: str, lp: dict | None, finish: str | None, prompt_lps: list | None,
-                           first: bool) -> dict:
+    def _completion_choice(
+        self, c: int, text: str, lp: dict | None, finish: str | None, prompt_lps: list | None, first: bool
+    ) -> dict:
         if self.job.request.echo and first:
             prefix, lp = self._echo(c, prompt_lps, lp)
             text = prefix + text
@@ -166,8 +183,13 @@ class Formatter:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
-        return {"id": self.job.response_id, "object": obj, "created": self.job.created, "model": self.model,
-                "choices": choices}
+        return {
+            "id": self.job.response_id,
+            "object": obj,
+            "created": self.job.created,
+            "model": self.model,
+            "choices": choices,
+        }
 
     # --- whole response -----------------------------------------------------------------------
     def response(self, states: list[ChoiceState]) -> dict:
@@ -178,8 +200,9 @@ class Formatter:
                 message, finish = self._message("".join(s.text), s.finish_reason)
                 choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
             else:
-                choices.append(self._completion_choice(i, "".join(s.text), lp, s.finish_reason, s.prompt_logprobs,
-                                                       True))
+                choices.append(
+                    self._completion_choice(i, "".join(s.text), lp, s.finish_reason, s.prompt_logprobs, True)
+                )
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         body["usage"] = self._usage(states)
         return body
@@ -190,8 +213,11 @@ class Formatter:
         content, calls = parse_all(text, self.tool_format)
         if not calls:
             return {"role": "assistant", "content": content}, finish
-        message = {"role": "assistant", "content": content if content.strip() else None,
-                   "tool_calls": [call.as_dict() for call in calls]}
+        message = {
+            "role": "assistant",
+            "content": content if content.strip() else None,
+            "tool_calls": [call.as_dict() for call in calls],
+        }
         return message, _call_finish(finish)
 
     # --- streaming ----------------------------------------------------------------------------
@@ -246,8 +272,9 @@ class Formatter:
             observer.done(states)
         yield pad_event(DONE, self.shape.padding)
 
-    async def _events(self, first, stream: AsyncGenerator, states: list[ChoiceState],
-                      observer) -> AsyncGenerator[bytes, None]:
+    async def _events(
+        self, first, stream: AsyncGenerator, states: list[ChoiceState], observer
+    ) -> AsyncGenerator[bytes, None]:
         """The stream's events before [DONE]: a chat's role chunks, a chunk per group of tokens (the
         stream interval), the usage chunk when asked for."""
         pending: dict[int, list[StepOutput]] = {}
@@ -291,4 +318,3 @@ class Formatter:
 def _call_finish(finish: str | None) -> str | None:
     """A choice that called a tool and stopped finishes with "tool_calls" (cut by length: "length")."""
     return "tool_calls" if finish == "stop" else finish
-

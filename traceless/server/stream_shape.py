@@ -13,6 +13,7 @@ fingerprint queries from them. Two knobs:
                 : ..........\\n
                 \\n
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

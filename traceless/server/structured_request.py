@@ -9,6 +9,7 @@
 The output always follows the schema (strict or not): decoding is constrained, not prompted.
 Messages name the fields, never the values (a schema is content).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,13 @@ from traceless.http.errors import bad_request
 from traceless.structured.spec import StructuredKind, StructuredOutput
 
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict"}
-_STRUCTURED_KEYS = {"json": StructuredKind.JSON_SCHEMA, "json_object": StructuredKind.JSON_OBJECT,
-                    "regex": StructuredKind.REGEX, "choice": StructuredKind.CHOICE, "grammar": StructuredKind.GRAMMAR}
+_STRUCTURED_KEYS = {
+    "json": StructuredKind.JSON_SCHEMA,
+    "json_object": StructuredKind.JSON_OBJECT,
+    "regex": StructuredKind.REGEX,
+    "choice": StructuredKind.CHOICE,
+    "grammar": StructuredKind.GRAMMAR,
+}
 
 
 def _spec(name: str, kind: StructuredKind, source: str = "") -> StructuredOutput:
@@ -57,14 +63,19 @@ def response_format(name: str, v: Any) -> StructuredOutput | None:
         if "schema" not in js:
             raise bad_request(f"'{where}.schema' is required", where, "missing_required_parameter")
         return _spec(name, StructuredKind.JSON_SCHEMA, _schema_text(f"{where}.schema", js["schema"]))
-    raise bad_request("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                      "{\"type\": \"json_schema\", \"json_schema\": {...}}", name, "unsupported_parameter")
+    raise bad_request(
+        '\'response_format\' must be {"type": "text"}, {"type": "json_object"} or '
+        '{"type": "json_schema", "json_schema": {...}}',
+        name,
+        "unsupported_parameter",
+    )
 
 
 def structured_outputs(name: str, v: Any) -> StructuredOutput:
     if not isinstance(v, dict) or len(v) != 1 or next(iter(v)) not in _STRUCTURED_KEYS:
-        raise bad_request("'structured_outputs' must have exactly one of 'json', 'json_object', 'regex', "
-                          "'choice' or 'grammar'", name)
+        raise bad_request(
+            "'structured_outputs' must have exactly one of 'json', 'json_object', 'regex', 'choice' or 'grammar'", name
+        )
     key, value = next(iter(v.items()))
     where = f"{name}.{key}"
     kind = _STRUCTURED_KEYS[key]
@@ -86,4 +97,3 @@ def structured_outputs(name: str, v: Any) -> StructuredOutput:
     if not isinstance(value, str) or not value:
         raise bad_request(f"'{where}' must be a non-empty string", where)
     return _spec(name, kind, value)
-

@@ -21,6 +21,7 @@ by more than one (token sums, peaks, engine counters) are published only without
 `epsilon = None` publishes exact figures, and `min_requests = 0` every window however few requests
 it holds: the explicit "off" switches, for audits and benchmarks only (docs/telemetry.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -137,8 +138,13 @@ class Telemetry:
     `rng` draws the noise: the operating system's CSPRNG unless a test passes a seeded generator.
     Observations come from the event loop, scrapes from the operator listener: one lock."""
 
-    def __init__(self, policy: WindowPolicy = WindowPolicy(), engine=None,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None):
+    def __init__(
+        self,
+        policy: WindowPolicy = WindowPolicy(),
+        engine=None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ):
         self.policy = policy
         self.exact = policy.epsilon is None
         self.metrics = Metrics(SPECS if self.exact else NOISY_SPECS)
@@ -229,14 +235,16 @@ class Telemetry:
         self._windows += 1
         statuses = dict.fromkeys(STATUS, 0)
         for endpoint, status in ((e, s) for e in ENDPOINT for s in STATUS):
-            n = self._advance("traceless_requests_total", w.requests.get((endpoint, status), 0),
-                              endpoint=endpoint, status=status)
+            n = self._advance(
+                "traceless_requests_total", w.requests.get((endpoint, status), 0), endpoint=endpoint, status=status
+            )
             statuses[status] += max(0, n)
         for reason in FINISH:
             self._advance("traceless_finished_total", w.finished.get(reason, 0), finish_reason=reason)
-        for name, classes, counts in (("traceless_requests_by_prompt_tokens_total", PROMPT_CLASSES, w.prompt_class),
-                                      ("traceless_requests_by_generation_tokens_total", OUTPUT_CLASSES,
-                                       w.output_class)):
+        for name, classes, counts in (
+            ("traceless_requests_by_prompt_tokens_total", PROMPT_CLASSES, w.prompt_class),
+            ("traceless_requests_by_generation_tokens_total", OUTPUT_CLASSES, w.output_class),
+        ):
             for bound, n in zip(classes, counts):
                 self._advance(name, n, tokens_le=bound)
         m.set_total("traceless_telemetry_windows_total", self._windows)
@@ -250,8 +258,13 @@ class Telemetry:
         if self.exact:
             self._publish_exact(w)
         self._publish_residue()
-        emit("metrics.window", requests=w.num_requests, ttft_p50_s=quantile_bound(ttft, 0.5),
-             e2e_p50_s=quantile_bound(e2e, 0.5), **statuses)
+        emit(
+            "metrics.window",
+            requests=w.num_requests,
+            ttft_p50_s=quantile_bound(ttft, 0.5),
+            e2e_p50_s=quantile_bound(e2e, 0.5),
+            **statuses,
+        )
 
     def _publish_exact(self, w: _Window) -> None:
         """What only a telemetry without noise publishes: token sums, peaks, engine counters."""
@@ -264,8 +277,9 @@ class Telemetry:
             m.set("traceless_window_inter_token_latency_seconds", w.itl.bound(float(q)), quantile=q)
         m.set("traceless_window_peak_requests_running", w.peak_running)
         m.set("traceless_window_peak_requests_waiting", w.peak_waiting)
-        m.set("traceless_window_peak_kv_cache_usage_ratio", min(1.0, math.ceil(w.peak_kv / KV_USAGE_STEP)
-                                                                   * KV_USAGE_STEP))
+        m.set(
+            "traceless_window_peak_kv_cache_usage_ratio", min(1.0, math.ceil(w.peak_kv / KV_USAGE_STEP) * KV_USAGE_STEP)
+        )
         if self._engine is not None:
             s = self._engine.stats()
             m.set_total("traceless_spec_decode_num_draft_tokens_total", s.spec["proposed"])

@@ -14,6 +14,7 @@ calling thread's stack, below the frames now live; `scrub_thread` clears that to
 OpenMP workers, whose stacks keep what they computed (tiles of results, spilled registers): the
 engine thread clears those when idle (LLMEngine.scrub_compute_workers, model/layers/csrc/pool_stacks.c).
 """
+
 from __future__ import annotations
 
 import threading

@@ -15,6 +15,7 @@ or Llama 3.1's (a bare JSON object, several joined by "; ").
 the tools and the arguments validate against its `parameters` schema. Messages name fields, never
 values: a tool's name, description and schema are content.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,11 @@ def tool_format(template: str | None) -> ToolFormat:
     or Llama 3's)."""
     if template is not None and "<tool_call>[" in template:
         return ToolFormat.SMOLLM2
-    if template is not None and "<tool_call>" not in template and (
-            "<|python_tag|>" in template or "ipython" in template):
+    if (
+        template is not None
+        and "<tool_call>" not in template
+        and ("<|python_tag|>" in template or "ipython" in template)
+    ):
         return ToolFormat.LLAMA3_JSON
     return ToolFormat.HERMES
 
@@ -82,20 +86,27 @@ def parse_tools(tools: Any, choice: Any, parallel: Any, fmt: ToolFormat = ToolFo
         return ToolRequest(tools, "auto", None, par, fmt)
     if choice in ("none", "auto", "required"):
         return ToolRequest(tools, choice, None, par, fmt)
-    if (isinstance(choice, dict) and set(choice) == {"type", "function"} and choice["type"] == "function"
-            and isinstance(choice["function"], dict) and set(choice["function"]) == {"name"}):
+    if (
+        isinstance(choice, dict)
+        and set(choice) == {"type", "function"}
+        and choice["type"] == "function"
+        and isinstance(choice["function"], dict)
+        and set(choice["function"]) == {"name"}
+    ):
         name = choice["function"]["name"]
         if name not in names:
             raise bad_request("'tool_choice' names a function that is not in 'tools'", "tool_choice")
         return ToolRequest(tools, "named", name, par, fmt)
-    raise bad_request("'tool_choice' must be 'none', 'auto', 'required' or "
-                      "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    raise bad_request(
+        "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        "tool_choice",
+    )
 
 
 def _tool(i: int, t: Any) -> str:
     where = f"tools[{i}]"
     if not isinstance(t, dict) or t.get("type") != "function" or set(t) != {"type", "function"}:
-        raise bad_request(f"'{where}' must be {{\"type\": \"function\", \"function\": {{...}}}}", where)
+        raise bad_request(f'\'{where}\' must be {{"type": "function", "function": {{...}}}}', where)
     f = t["function"]
     if not isinstance(f, dict) or set(f) - {"name", "description", "parameters", "strict"}:
         raise bad_request(f"'{where}.function' takes 'name', 'description', 'parameters' and 'strict'", where)
@@ -112,8 +123,12 @@ def _tool(i: int, t: Any) -> str:
 
 def _call_schema(function: dict, args_key: str) -> dict:
     params = function.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {"name": {"const": function["name"]}, args_key: params},
-            "required": ["name", args_key], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, args_key: params},
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
 
 
 def forced_call_grammar(req: ToolRequest) -> StructuredOutput | None:
@@ -130,11 +145,11 @@ def forced_call_grammar(req: ToolRequest) -> StructuredOutput | None:
     if llama:
         lark = "start: call" + (' ("; " call)*' if many else "") + f"\ncall: %json {body}\n"
     elif req.format is ToolFormat.SMOLLM2:
-        lark = (f'start: "{START}[\\n" call' + (' (",\\n" call)*' if many else "")
-                + f' "\\n]{END}"\ncall: %json {body}\n')
+        lark = (
+            f'start: "{START}[\\n" call' + (' (",\\n" call)*' if many else "") + f' "\\n]{END}"\ncall: %json {body}\n'
+        )
     else:
-        lark = ("start: call" + (' ("\\n" call)*' if many else "")
-                + f'\ncall: "{START}\\n" %json {body} "\\n{END}"\n')
+        lark = "start: call" + (' ("\\n" call)*' if many else "") + f'\ncall: "{START}\\n" %json {body} "\\n{END}"\n'
     return StructuredOutput(StructuredKind.GRAMMAR, lark)
 
 
@@ -169,8 +184,9 @@ def _one(obj: Any) -> ToolCall | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if not isinstance(args, dict):
         return None
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"],
-                    json.dumps(args, separators=(",", ":"), ensure_ascii=False))
+    return ToolCall(
+        f"call_{uuid.uuid4().hex[:24]}", obj["name"], json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+    )
 
 
 @dataclass(slots=True)
@@ -190,16 +206,16 @@ class HermesParser:
             if start < 0:
                 keep = _partial_suffix(self.buffer, START)
                 content.append(self.buffer[: len(self.buffer) - keep])
-                self.buffer = self.buffer[len(self.buffer) - keep:]
+                self.buffer = self.buffer[len(self.buffer) - keep :]
                 break
             content.append(self.buffer[:start])
             end = self.buffer.find(END, start)
             if end < 0:
                 self.buffer = self.buffer[start:]
                 break
-            block = self.buffer[start: end + len(END)]
-            self.buffer = self.buffer[end + len(END):]
-            calls = _calls(block[len(START): -len(END)])
+            block = self.buffer[start : end + len(END)]
+            self.buffer = self.buffer[end + len(END) :]
+            calls = _calls(block[len(START) : -len(END)])
             if calls is None:
                 content.append(block)
             else:
@@ -319,8 +335,14 @@ def for_template(messages: list[dict], template: str | None) -> list[dict]:
     out = []
     for m in messages:
         if m.get("tool_calls"):
-            blocks = "".join(f"{START}\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"][
-                "arguments"]}, ensure_ascii=False) + f"\n{END}" for c in m["tool_calls"])
+            blocks = "".join(
+                f"{START}\n"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False
+                )
+                + f"\n{END}"
+                for c in m["tool_calls"]
+            )
             m = {"role": m["role"], "content": m["content"] + blocks}
         out.append(m)
     return out
@@ -330,5 +352,8 @@ def check_template(req: ToolRequest, template: str | None) -> None:
     """`auto` needs a template that shows the model its tools (required and named choices are
     enforced by a grammar, whatever the template shows)."""
     if req.choice == "auto" and (template is None or "tools" not in template):
-        raise bad_request("this model's chat template does not render tools: use tool_choice 'required' or a "
-                          "named function (enforced by a grammar), or 'none'", "tool_choice")
+        raise bad_request(
+            "this model's chat template does not render tools: use tool_choice 'required' or a "
+            "named function (enforced by a grammar), or 'none'",
+            "tool_choice",
+        )

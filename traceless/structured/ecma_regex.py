@@ -7,6 +7,7 @@ Unicode classes (a `\\d{3}` admitted three Arabic-Indic or segmented digits). `e
 rewrites the six class escapes into explicit sets before the regex is compiled, so both kinds of
 request mean the same thing by them. Everything else passes through unchanged.
 """
+
 from __future__ import annotations
 
 from traceless.errors import InvalidRequestError
@@ -14,8 +15,10 @@ from traceless.errors import InvalidRequestError
 DIGIT = "0-9"
 WORD = "A-Za-z0-9_"
 # ECMA-262 WhiteSpace and LineTerminator: tab, LF, VT, FF, CR, space, NBSP, the Zs spaces, LS, PS, BOM
-SPACE = (r"\t\n\x0B\x0C\r \xA0\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}"
-         r"\x{FEFF}")
+SPACE = (
+    r"\t\n\x0B\x0C\r \xA0\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}"
+    r"\x{FEFF}"
+)
 _CLASSES = {"d": DIGIT, "w": WORD, "s": SPACE}
 
 
@@ -53,7 +56,8 @@ def _escape(esc: str, in_set: bool) -> str:
         return "\\" + esc
     if in_set:
         if esc.isupper():
-            raise InvalidRequestError("the regex uses a negated class (\\D, \\W or \\S) inside [...]; write the "
-                                      "set out instead")
+            raise InvalidRequestError(
+                "the regex uses a negated class (\\D, \\W or \\S) inside [...]; write the set out instead"
+            )
         return cls
     return f"[^{cls}]" if esc.isupper() else f"[{cls}]"

@@ -15,6 +15,7 @@ A compiled grammar and a matcher are request content: nothing here caches them; 
 the Guide when its request ends (`release`). llguidance tokenizes through the model's own
 tokenizer, whose word cache is off (structured/ll_tokenizer.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,24 +39,75 @@ MAX_SCHEMA_DEPTH = 32
 MAX_CHOICES = 256
 # JSON output is compact and strict: a schema's own "x-guidance" options cannot loosen it.
 _JSON_OVERRIDES: JsonCompileOptions = {"whitespace_flexible": False, "lenient": False}
-_SCHEMA_WORDS = frozenset({
-    "$ref", "$defs", "definitions", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
-    "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependentRequired",
-    "dependencies", "properties", "patternProperties", "additionalProperties", "unevaluatedProperties",
-    "propertyNames", "required", "minProperties", "maxProperties", "items", "prefixItems", "additionalItems",
-    "unevaluatedItems", "contains", "minContains", "maxContains", "minItems", "maxItems", "uniqueItems",
-    "type", "enum", "const", "minLength", "maxLength", "pattern", "format", "contentEncoding",
-    "contentMediaType", "contentSchema", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf",
-})
+_SCHEMA_WORDS = frozenset(
+    {
+        "$ref",
+        "$defs",
+        "definitions",
+        "$id",
+        "$anchor",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$recursiveRef",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentSchemas",
+        "dependentRequired",
+        "dependencies",
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+        "required",
+        "minProperties",
+        "maxProperties",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "unevaluatedItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "type",
+        "enum",
+        "const",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+    }
+)
 
 
 def _limits():
     from llguidance import LLParserLimits
 
-    return LLParserLimits(max_items_in_row=2000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
-                          step_max_items=50_000, max_lexer_states=50_000, max_grammar_size=200_000,
-                          verbose_errors=False)
+    return LLParserLimits(
+        max_items_in_row=2000,
+        initial_lexer_fuel=1_000_000,
+        step_lexer_fuel=200_000,
+        step_max_items=50_000,
+        max_lexer_states=50_000,
+        max_grammar_size=200_000,
+        verbose_errors=False,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,15 +223,20 @@ def _grammar(spec: StructuredOutput) -> str:
         if schema is False:
             raise InvalidRequestError("the JSON schema false admits no output")
         _check_depth(schema)
-        return LLMatcher.grammar_from_json_schema(schema if isinstance(schema, dict) else {"type": "object"},
-                                                  overrides=_JSON_OVERRIDES)
+        return LLMatcher.grammar_from_json_schema(
+            schema if isinstance(schema, dict) else {"type": "object"}, overrides=_JSON_OVERRIDES
+        )
     if kind is StructuredKind.REGEX:
         # ECMA-262's \d \w \s, as in JSON Schema patterns (llguidance's regex syntax reads them as Unicode)
         return LLMatcher.grammar_from_regex(ecma_to_ascii(spec.source))
     if kind is StructuredKind.CHOICE:
         choices = _json(spec.source, "the choice list")
-        if (not isinstance(choices, list) or not choices or len(choices) > MAX_CHOICES
-                or not all(isinstance(c, str) and c for c in choices)):
+        if (
+            not isinstance(choices, list)
+            or not choices
+            or len(choices) > MAX_CHOICES
+            or not all(isinstance(c, str) and c for c in choices)
+        ):
             raise InvalidRequestError(f"a choice must be a list of 1 to {MAX_CHOICES} non-empty strings")
         return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
     return _lark(spec.source)
@@ -220,8 +277,12 @@ _UNIMPLEMENTED = re.compile(r'"([A-Za-z$]+)"')
 
 def _refusal(kind: StructuredKind, message: str) -> InvalidRequestError:
     """A 400 for a grammar llguidance refused, without its message (which quotes the source)."""
-    what = {StructuredKind.JSON_SCHEMA: "JSON schema", StructuredKind.JSON_OBJECT: "JSON schema",
-            StructuredKind.REGEX: "regex", StructuredKind.CHOICE: "choice list"}.get(kind, "grammar")
+    what = {
+        StructuredKind.JSON_SCHEMA: "JSON schema",
+        StructuredKind.JSON_OBJECT: "JSON schema",
+        StructuredKind.REGEX: "regex",
+        StructuredKind.CHOICE: "choice list",
+    }.get(kind, "grammar")
     if message.startswith("Unimplemented keys"):
         known = sorted({k for k in _UNIMPLEMENTED.findall(message) if k in _SCHEMA_WORDS})
         if known:

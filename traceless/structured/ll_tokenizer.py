@@ -10,6 +10,7 @@ The token table (each id's bytes, which ids are special) comes from a throwaway 
 tokenizer built from tokenizer.json, which decodes byte-level and SentencePiece pieces exactly as
 llguidance expects; it never sees request text and is dropped once the table is read.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
@@ -29,8 +30,7 @@ class _Encoder:
 
     is_tokenizer_wrapper = True
 
-    def __init__(self, backend: HFTokenizer, tokens: list[bytes], special: list[int], eos: int,
-                 bos: int | None):
+    def __init__(self, backend: HFTokenizer, tokens: list[bytes], special: list[int], eos: int, bos: int | None):
         self._backend = backend
         self.tokens = tokens
         self.special_token_ids = special

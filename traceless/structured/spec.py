@@ -8,6 +8,7 @@
 
 The source is request content: it is never logged, echoed in an error, or cached across requests.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ class StructuredOutput:
         if not isinstance(self.source, str):
             raise InvalidRequestError("a structured output's source must be a string")
         if len(self.source) > MAX_SOURCE_CHARS:
-            raise InvalidRequestError(f"a structured output's schema or grammar may have at most "
-                                      f"{MAX_SOURCE_CHARS} characters")
+            raise InvalidRequestError(
+                f"a structured output's schema or grammar may have at most {MAX_SOURCE_CHARS} characters"
+            )
         if self.kind is not StructuredKind.JSON_OBJECT and not self.source:
             raise InvalidRequestError(f"a {self.kind.value} structured output needs a non-empty source")
 

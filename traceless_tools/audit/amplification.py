@@ -21,6 +21,7 @@ A row passes when anonymous listings cost nodes nothing, honest ones one signatu
 collection each, and the weakened design shows one collection per node per
 anonymous request (so the audit can see the attack).
 """
+
 from __future__ import annotations
 
 import base64
@@ -91,8 +92,13 @@ def _weakened_app(identity: NodeIdentity):
 
     async def attestation(request: Request) -> JSONResponse:
         document, keys = identity.attestation(bytes.fromhex(request.query_params["nonce"]), 300)
-        return JSONResponse({"attestation": document, "ohttp_keys": base64.b64encode(keys).decode(),
-                             "evidence": identity.evidence(document)})
+        return JSONResponse(
+            {
+                "attestation": document,
+                "ohttp_keys": base64.b64encode(keys).decode(),
+                "evidence": identity.evidence(document),
+            }
+        )
 
     return create_app("node", [Route("/pcc/v1/attestation", endpoint("node", "attestation", attestation))])
 
@@ -120,9 +126,15 @@ class AmplificationRow:
         return (self.signed_per_request_node, self.collections_per_request_node) == want[self.strategy]
 
     def to_json(self) -> dict:
-        return {"strategy": self.strategy, "requests": self.requests, "nodes": self.nodes,
-                "statuses": list(self.statuses), "signed_per_request_node": self.signed_per_request_node,
-                "collections_per_request_node": self.collections_per_request_node, "passed": self.passed}
+        return {
+            "strategy": self.strategy,
+            "requests": self.requests,
+            "nodes": self.nodes,
+            "statuses": list(self.statuses),
+            "signed_per_request_node": self.signed_per_request_node,
+            "collections_per_request_node": self.collections_per_request_node,
+            "passed": self.passed,
+        }
 
 
 def _tokens(issuer: privacypass.Issuer, www_authenticate: str, count: int) -> list[str]:
@@ -140,8 +152,9 @@ def measure_row(strategy: str, nodes: int = NODES, listings: int = LISTINGS) -> 
         raise ValueError(f"unknown amplification row {strategy!r}")
     weakened = strategy == "weakened"
     issuer = privacypass.Issuer.generate()
-    config = GatewayConfig(issuer_url="http://issuer.invalid", privacy=not weakened, health_interval_s=3600,
-                           issuer_refresh_s=3600)
+    config = GatewayConfig(
+        issuer_url="http://issuer.invalid", privacy=not weakened, health_interval_s=3600, issuer_refresh_s=3600
+    )
     app = create_gateway_app(config, [issuer.public_key], releases=_NoReleases())
     attesters = [_CountingAttester(_StandInCpu()) for _ in range(nodes)]
     with ExitStack() as stack:
@@ -160,8 +173,9 @@ def measure_row(strategy: str, nodes: int = NODES, listings: int = LISTINGS) -> 
         statuses = set()
         for i in range(listings):
             headers = {"authorization": tokens[i]} if paid else {}
-            r = http.get("/pcc/v1/nodes", params={"model": MODEL, "k": nodes, "nonce": os.urandom(16).hex()},
-                         headers=headers)
+            r = http.get(
+                "/pcc/v1/nodes", params={"model": MODEL, "k": nodes, "nonce": os.urandom(16).hex()}, headers=headers
+            )
             statuses.add(r.status_code)
     signed = sum(a.signed - s for a, (s, _) in zip(attesters, before))
     collections = sum(a.cpu.collections - c for a, (_, c) in zip(attesters, before))
@@ -173,14 +187,20 @@ def measure_amplification(nodes: int = NODES, listings: int = LISTINGS) -> list[
 
 
 def print_amplification(rows: list[dict]) -> None:
-    print(f"\n{'listing requests':<18}{'requests':>9}{'nodes':>7}{'statuses':>12}{'signed/req/node':>17}"
-          f"{'evidence/req/node':>19}  verdict")
+    print(
+        f"\n{'listing requests':<18}{'requests':>9}{'nodes':>7}{'statuses':>12}{'signed/req/node':>17}"
+        f"{'evidence/req/node':>19}  verdict"
+    )
     for r in rows:
         statuses = ",".join(str(s) for s in r["statuses"])
-        print(f"{r['strategy']:<18}{r['requests']:>9}{r['nodes']:>7}{statuses:>12}"
-              f"{r['signed_per_request_node']:>17.2f}{r['collections_per_request_node']:>19.2f}  "
-              f"{'ok' if r['passed'] else 'FAILED'}")
-    print("Per nonce-bound listing request and node: documents signed and hardware evidence collections (the "
-          "stand-in\nevidence verifies under no policy: the gateway lists nothing, 404). ok: an anonymous listing "
-          "costs nodes\nnothing, a paid one one signature and no collection, and the weakened design (no token, "
-          "evidence per\ndocument) one collection per node per anonymous request.")
+        print(
+            f"{r['strategy']:<18}{r['requests']:>9}{r['nodes']:>7}{statuses:>12}"
+            f"{r['signed_per_request_node']:>17.2f}{r['collections_per_request_node']:>19.2f}  "
+            f"{'ok' if r['passed'] else 'FAILED'}"
+        )
+    print(
+        "Per nonce-bound listing request and node: documents signed and hardware evidence collections (the "
+        "stand-in\nevidence verifies under no policy: the gateway lists nothing, 404). ok: an anonymous listing "
+        "costs nodes\nnothing, a paid one one signature and no collection, and the weakened design (no token, "
+        "evidence per\ndocument) one collection per node per anonymous request."
+    )

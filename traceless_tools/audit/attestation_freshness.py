@@ -10,6 +10,7 @@ keys, release). With a nonce per request every request pays a round before it is
 maximum age A, a client sending r requests per second pays one round per A seconds, i.e.
 round / (A * r) per request. The rounds are measured; the amortized figures follow from them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,17 +37,29 @@ RATE_PER_S = 1.0  # one request a second: a chatty interactive client
 
 def _round_ms(n_nodes: int, rounds: int) -> list[float]:
     farm = NodeFarm(0.0)
-    app = create_gateway_app(GatewayConfig(privacy=False, health_interval_s=3600,
-                                           attester_policy=AttesterPolicy.DEVELOPMENT), releases=AuditReleases())
-    with serve_in_thread(farm.app) as farm_url, serve_in_thread(app) as gateway_url, \
-            httpx.Client(base_url=gateway_url, timeout=30) as http:
+    app = create_gateway_app(
+        GatewayConfig(privacy=False, health_interval_s=3600, attester_policy=AttesterPolicy.DEVELOPMENT),
+        releases=AuditReleases(),
+    )
+    with (
+        serve_in_thread(farm.app) as farm_url,
+        serve_in_thread(app) as gateway_url,
+        httpx.Client(base_url=gateway_url, timeout=30) as http,
+    ):
         farm.url = farm_url
         nodes = [farm.add(f"n{i}", 1 + i % 4, False) for i in range(n_nodes)]
         for node in nodes:
             http.post("/pcc/v1/register", json=node.registration(MODEL)).raise_for_status()
-        cfg = ClientConfig("http://unused", "unused", "http://unused", "http://127.0.0.1:9", bytes(32),
-                           tuple(node.attester_key for node in nodes), MODEL,
-                           attester_policy=AttesterPolicy.DEVELOPMENT)
+        cfg = ClientConfig(
+            "http://unused",
+            "unused",
+            "http://unused",
+            "http://127.0.0.1:9",
+            bytes(32),
+            tuple(node.attester_key for node in nodes),
+            MODEL,
+            attester_policy=AttesterPolicy.DEVELOPMENT,
+        )
         verifier = NodeVerifier(cfg, releases=AuditReleases())
         times = []
         try:
@@ -69,15 +82,23 @@ def measure(node_counts=NODE_COUNTS, rounds: int = ROUNDS) -> dict:
         times = _round_ms(n, rounds)
         median = statistics.median(times)
         amortized = {str(a): (median if a == 0 else median / (a * RATE_PER_S)) for a in MAX_AGES_S}
-        rows.append({"nodes": n, "round_ms_median": median, "round_ms_p90": sorted(times)[int(0.9 * len(times))],
-                     "per_request_ms_by_max_age_s": amortized})
+        rows.append(
+            {
+                "nodes": n,
+                "round_ms_median": median,
+                "round_ms_p90": sorted(times)[int(0.9 * len(times))],
+                "per_request_ms_by_max_age_s": amortized,
+            }
+        )
     return {"benchmark": "attestation_freshness", "rounds": rounds, "rate_per_s": RATE_PER_S, "rows": rows}
 
 
 def print_report(report: dict) -> None:
     ages = "".join(f"{f'max_age {a:g}s':>16}" for a in MAX_AGES_S)
-    print(f"\nattestation freshness: added latency per request (ms) at {report['rate_per_s']:g} request/s "
-          "(max_age 0 = a nonce per request)")
+    print(
+        f"\nattestation freshness: added latency per request (ms) at {report['rate_per_s']:g} request/s "
+        "(max_age 0 = a nonce per request)"
+    )
     print(f"{'nodes':>6}{'round p50':>11}{'round p90':>11}{ages}")
     for r in report["rows"]:
         cells = "".join(f"{r['per_request_ms_by_max_age_s'][str(a)]:>16.3f}" for a in MAX_AGES_S)

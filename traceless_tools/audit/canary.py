@@ -11,6 +11,7 @@ Every word starts with a fixed anchor of its script, so the memory scan looks fo
 in each encoding and checks the needles only where one occurs (memscan.py), not every needle
 over all of memory.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -64,8 +65,12 @@ def byte_level(text: str) -> str:
 
 def text_needles(canary: Canary) -> dict[str, list[bytes]]:
     """form -> needles: the whole canary and each word alone, in every text encoding."""
-    forms: dict[str, list[bytes]] = {"whole canary": [canary.text.encode()], "word (utf-8)": [],
-                                     "word, byte-level BPE (Ġ)": [], "word, SentencePiece (▁)": []}
+    forms: dict[str, list[bytes]] = {
+        "whole canary": [canary.text.encode()],
+        "word (utf-8)": [],
+        "word, byte-level BPE (Ġ)": [],
+        "word, SentencePiece (▁)": [],
+    }
     for enc in _WIDE:
         forms[f"whole canary ({enc})"] = [canary.text.encode(enc)]
         forms[f"word ({enc})"] = [w.encode(enc) for w in canary.words]
@@ -82,8 +87,10 @@ def token_needles(canary: Canary, encode: Callable[[str], list[int]]) -> dict[st
     after a space), as little-endian int32 and int64 arrays."""
     runs = {tuple(encode(t)) for w in canary.words for t in (w, " " + w)} | {tuple(encode(canary.text))}
     runs = {r for r in runs if len(r) >= MIN_ID_RUN and len(set(r)) >= MIN_DISTINCT_IDS}
-    return {f"token ids (int{bits})": sorted(b"".join(i.to_bytes(bits // 8, "little") for i in r) for r in runs)
-            for bits in (32, 64)}
+    return {
+        f"token ids (int{bits})": sorted(b"".join(i.to_bytes(bits // 8, "little") for i in r) for r in runs)
+        for bits in (32, 64)
+    }
 
 
 def anchors(forms: dict[str, list[bytes]]) -> list[bytes]:

@@ -2,6 +2,7 @@
 proxy with the official `openai` client, every other worker streaming. Each request's outcome is
 recorded with its start and end (monotonic seconds) and a failure kind from a fixed set, so the
 audit can say which requests failed, when, and how. Prompts are fixed, harmless text."""
+
 from __future__ import annotations
 
 import threading
@@ -25,8 +26,9 @@ class Outcome:
 class Load:
     """Workers that run until `stop()`; `outcomes` grows as requests end."""
 
-    def __init__(self, base_url: str, model: str, workers: int = 8, max_tokens: int | None = 12,
-                 timeout_s: float = 90.0):
+    def __init__(
+        self, base_url: str, model: str, workers: int = 8, max_tokens: int | None = 12, timeout_s: float = 90.0
+    ):
         """`max_tokens` None: every answer runs to the end of the context (EOS ignored), so that
         requests stay at a node long enough to overlap there."""
         try:
@@ -38,8 +40,9 @@ class Load:
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True, name=f"fault-load-{i}")
-                         for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), daemon=True, name=f"fault-load-{i}") for i in range(workers)
+        ]
 
     def start(self) -> None:
         for t in self._threads:
@@ -56,8 +59,9 @@ class Load:
 
     def _work(self, worker: int) -> None:
         # max_retries=0: the SDK would otherwise resend a failed request, hiding the failure.
-        client = self._openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0,
-                                     timeout=self.timeout_s)
+        client = self._openai.OpenAI(
+            base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=self.timeout_s
+        )
         stream = worker % 2 == 1
         while not self._stopping.is_set():
             start = time.monotonic()
@@ -74,8 +78,9 @@ class Load:
         limit = {"max_tokens": self.max_tokens} if self.max_tokens else {"extra_body": {"ignore_eos": True}}
         try:
             if stream:
-                chunks = client.chat.completions.create(model=self.model, messages=messages, stream=True,
-                                                        temperature=0, **limit)
+                chunks = client.chat.completions.create(
+                    model=self.model, messages=messages, stream=True, temperature=0, **limit
+                )
                 finish = None
                 for chunk in chunks:
                     if chunk.choices and chunk.choices[0].finish_reason:

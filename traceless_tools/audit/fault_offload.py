@@ -9,6 +9,7 @@ from the `engine.preempted` events (`spilled`: how many of the preempted request
 `engine.kv_spill_failed` events of every node's event log: aggregates of a step, no request's own
 figure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,15 @@ def offload_sizing(model: str | None, node_args: tuple[str, ...]) -> OffloadSizi
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
     opts, _ = parser.parse_known_args(list(node_args))
-    dtype = compute_dtype(EngineConfig(model=model, dtype=opts.dtype, device=opts.device,
-                                       quantization=opts.quantization, load_format=opts.load_format))
+    dtype = compute_dtype(
+        EngineConfig(
+            model=model,
+            dtype=opts.dtype,
+            device=opts.device,
+            quantization=opts.quantization,
+            load_format=opts.load_format,
+        )
+    )
     per_token = read_model_config(model).kv_bytes_per_token * dtype.itemsize
     blocks = -(-CONTEXT_TOKENS // opts.block_size) + 1  # + the null block
     cache = blocks * opts.block_size * per_token

@@ -1,5 +1,6 @@
 """A `traceless up` started for the fault audit, and the faults it can be dealt: its services found
 by their command lines, killed or stalled, waited for until they serve again."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ class UpUnderTest:
 
     @classmethod
     @contextmanager
-    def started(cls, workdir: Path, model: str | None, node_args: tuple[str, ...],
-                offload: bool) -> Iterator[UpUnderTest]:
+    def started(
+        cls, workdir: Path, model: str | None, node_args: tuple[str, ...], offload: bool
+    ) -> Iterator[UpUnderTest]:
         """`traceless up --nodes 2` in `workdir`; with `offload` (and root) the nodes have a KV cache
         small enough that the load preempts, and spill KV to a tmpfs of their own (fault_offload.py).
         Stopped (SIGKILL of its group, tmpfs unmounted) when the block ends."""
@@ -37,15 +39,34 @@ class UpUnderTest:
         if offload_dir is not None:
             sizing = offload_sizing(model, node_args)
             offload_dir.mkdir(mode=0o700)
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={sizing.tmpfs_bytes},mode=0700", "tmpfs",
-                            str(offload_dir)], check=True)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={sizing.tmpfs_bytes},mode=0700", "tmpfs", str(offload_dir)],
+                check=True,
+            )
             args += [*sizing.node_args, "--kv-offload", "disk", "--kv-offload-dir", str(offload_dir)]
         state = workdir / "state"
         with open(workdir / "up.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", "up", "--nodes", "2", "--port",
-                                     str(free_port()), "--state-dir", str(state), "--node-args", " ".join(args),
-                                     "--gateway-args", GATEWAY_ARGS], stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "traceless_tools.cli",
+                    "up",
+                    "--nodes",
+                    "2",
+                    "--port",
+                    str(free_port()),
+                    "--state-dir",
+                    str(state),
+                    "--node-args",
+                    " ".join(args),
+                    "--gateway-args",
+                    GATEWAY_ARGS,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             up = cls(proc, state, _wait_endpoints(proc, state, workdir / "up.log"), offload_dir)
             up.wait_serving(START_TIMEOUT_S)
@@ -81,8 +102,11 @@ class UpUnderTest:
 
     def serving(self, name: str) -> bool:
         e = self.endpoints
-        checks = {"gateway": e["gateway"] + "/pcc/v1/challenge", "relay": e["relay"] + "/pcc/v1/challenge",
-                  "issuer": e["issuer"] + "/token-issuer-directory"}
+        checks = {
+            "gateway": e["gateway"] + "/pcc/v1/challenge",
+            "relay": e["relay"] + "/pcc/v1/challenge",
+            "issuer": e["issuer"] + "/token-issuer-directory",
+        }
         try:
             if name in checks and httpx.get(checks[name], timeout=2).status_code != 200:
                 return False
@@ -195,9 +219,9 @@ def _command(argv: list[str]) -> list[str] | None:
     restarted itself isolated from its environment (traceless/cli/isolation.py)."""
     for module in ("traceless.cli", "traceless_tools.cli"):
         if module in argv:
-            return argv[argv.index(module) + 1:]
+            return argv[argv.index(module) + 1 :]
     if "-c" in argv:
         at = argv.index("-c")
         if at + 1 < len(argv) and "traceless.cli.parser" in argv[at + 1]:
-            return argv[at + 2:]
+            return argv[at + 2 :]
     return None

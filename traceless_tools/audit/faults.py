@@ -18,6 +18,7 @@ started before the fault (most of a worker's time may be spent waiting for a tok
 node). At the end of each deployment `up` itself is killed with SIGKILL: every service must stop
 (parent-death signal), and no file of the deployment holds the prompt or a spill file.
 """
+
 from __future__ import annotations
 
 import os
@@ -81,18 +82,42 @@ class FaultRow:
     spill_failures: int | None = None  # offload_full: those that could not be spilled (the directory full)
 
 
-def _row(fault: str, seen: list[Outcome], t0: float, back_s: float | None, window_end: float,
-         cfg: FaultConfig, note: str = "") -> FaultRow:
+def _row(
+    fault: str,
+    seen: list[Outcome],
+    t0: float,
+    back_s: float | None,
+    window_end: float,
+    cfg: FaultConfig,
+    note: str = "",
+) -> FaultRow:
     failed = [o for o in seen if not o.ok]
     statuses = sorted({o.status for o in failed if o.status is not None})
     settle = [o for o in failed if o.start >= window_end - cfg.settle_s]
     recovered = max((o.end - t0 for o in failed), default=0.0)
     timeouts = sum(o.kind == "timeout" for o in failed)
-    passed = (back_s is not None and timeouts == 0 and not settle and recovered <= cfg.recover_bound_s
-              and set(statuses) <= DOCUMENTED_STATUSES
-              and all(o.kind in ("status", "stream_error") for o in failed))
-    return FaultRow(fault, len(seen), len(failed), sum(o.start < t0 for o in failed), statuses,
-                    sorted({o.kind for o in failed}), timeouts, len(settle), back_s, round(recovered, 1), passed, note)
+    passed = (
+        back_s is not None
+        and timeouts == 0
+        and not settle
+        and recovered <= cfg.recover_bound_s
+        and set(statuses) <= DOCUMENTED_STATUSES
+        and all(o.kind in ("status", "stream_error") for o in failed)
+    )
+    return FaultRow(
+        fault,
+        len(seen),
+        len(failed),
+        sum(o.start < t0 for o in failed),
+        statuses,
+        sorted({o.kind for o in failed}),
+        timeouts,
+        len(settle),
+        back_s,
+        round(recovered, 1),
+        passed,
+        note,
+    )
 
 
 def run_fault(fault: str, up: UpUnderTest, load: Load, cfg: FaultConfig) -> FaultRow:
@@ -124,8 +149,13 @@ def run_fault(fault: str, up: UpUnderTest, load: Load, cfg: FaultConfig) -> Faul
         return row
     spills = up.spill_counts() - spills_before
     # Without a spill the fault proved nothing: the nodes never wrote to the directory it filled.
-    return replace(row, spilled=spills.spilled, spill_failures=spills.failed, passed=row.passed and spills.spilled > 0,
-                   note="" if spills.spilled else "the nodes did not spill: the fault proved nothing")
+    return replace(
+        row,
+        spilled=spills.spilled,
+        spill_failures=spills.failed,
+        passed=row.passed and spills.spilled > 0,
+        note="" if spills.spilled else "the nodes did not spill: the fault proved nothing",
+    )
 
 
 def run(cfg: FaultConfig, json_path: str | None = None) -> dict:
@@ -141,8 +171,9 @@ def run(cfg: FaultConfig, json_path: str | None = None) -> dict:
     try:
         for faults, offload in deployments:
             if offload and os.geteuid() != 0:
-                rows.append(FaultRow("offload_full", 0, 0, 0, [], [], 0, 0, None, 0.0, True,
-                                     "skipped: a tiny tmpfs needs root"))
+                rows.append(
+                    FaultRow("offload_full", 0, 0, 0, [], [], 0, 0, None, 0.0, True, "skipped: a tiny tmpfs needs root")
+                )
                 continue
             (workdir / faults[0]).mkdir()
             found = _deployment(workdir / faults[0], faults, offload, cfg)
@@ -151,19 +182,25 @@ def run(cfg: FaultConfig, json_path: str | None = None) -> dict:
             leftovers += found[2]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report = {"config": {**asdict(cfg), "faults": list(cfg.faults), "node_args": list(cfg.node_args)},
-              "rows": [asdict(r) for r in rows], "orphans_after_kill_9": orphans, "leftovers": leftovers,
-              "passed": all(r.passed for r in rows) and orphans == 0 and not leftovers}
+    report = {
+        "config": {**asdict(cfg), "faults": list(cfg.faults), "node_args": list(cfg.node_args)},
+        "rows": [asdict(r) for r in rows],
+        "orphans_after_kill_9": orphans,
+        "leftovers": leftovers,
+        "passed": all(r.passed for r in rows) and orphans == 0 and not leftovers,
+    }
     return finish(report, print_report, json_path)
 
 
-def _deployment(workdir: Path, faults: tuple[str, ...], offload: bool,
-                cfg: FaultConfig) -> tuple[list[FaultRow], int, list[str]]:
+def _deployment(
+    workdir: Path, faults: tuple[str, ...], offload: bool, cfg: FaultConfig
+) -> tuple[list[FaultRow], int, list[str]]:
     """(rows, services left after `up` was killed with SIGKILL, files left holding the prompt or a spill)."""
     rows: list[FaultRow] = []
     with UpUnderTest.started(workdir, cfg.model, cfg.node_args, offload) as up:
-        load = Load(up.endpoints["proxy"], up.endpoints["model"], cfg.workers,
-                    LOAD_MAX_TOKENS if offload else cfg.max_tokens)
+        load = Load(
+            up.endpoints["proxy"], up.endpoints["model"], cfg.workers, LOAD_MAX_TOKENS if offload else cfg.max_tokens
+        )
         load.start()
         try:
             for fault in faults:
@@ -174,15 +211,21 @@ def _deployment(workdir: Path, faults: tuple[str, ...], offload: bool,
 
 
 def print_report(report: dict) -> None:
-    print(f"{'fault':<16} {'requests':>8} {'failed':>6} {'in flight':>9} {'statuses':<14} {'back s':>7} "
-          f"{'recover s':>9}  verdict")
+    print(
+        f"{'fault':<16} {'requests':>8} {'failed':>6} {'in flight':>9} {'statuses':<14} {'back s':>7} "
+        f"{'recover s':>9}  verdict"
+    )
     for r in report["rows"]:
         back = "-" if r["back_s"] is None else f"{r['back_s']:.1f}"
         statuses = ",".join(str(s) for s in r["statuses"]) + ("+events" if "stream_error" in r["kinds"] else "")
         verdict = "PASS" if r["passed"] else "FAIL"
         spills = "" if r["spilled"] is None else f" (spilled {r['spilled']}, {r['spill_failures']} could not)"
-        print(f"{r['fault']:<16} {r['requests']:>8} {r['failures']:>6} {r['in_flight_failures']:>9} "
-              f"{statuses or '-':<14} {back:>7} {r['recovered_s']:>9.1f}  {verdict} {r['note']}{spills}")
-    print(f"services left after kill -9 of up: {report['orphans_after_kill_9']}; "
-          f"files left holding the prompt or a spill: {len(report['leftovers'])}")
+        print(
+            f"{r['fault']:<16} {r['requests']:>8} {r['failures']:>6} {r['in_flight_failures']:>9} "
+            f"{statuses or '-':<14} {back:>7} {r['recovered_s']:>9.1f}  {verdict} {r['note']}{spills}"
+        )
+    print(
+        f"services left after kill -9 of up: {report['orphans_after_kill_9']}; "
+        f"files left holding the prompt or a spill: {len(report['leftovers'])}"
+    )
     print("PASS" if report["passed"] else "FAIL", flush=True)

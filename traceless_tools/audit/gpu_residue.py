@@ -17,6 +17,7 @@ KV offload and an abort. When the engine is idle, two places are searched for ev
 The CPU twin (--device cpu) runs the same search over the CPU KV pool and fresh host allocations;
 the suite runs it. A search is aligned: token ids at 4 or 8 bytes, K/V rows at their element size.
 """
+
 from __future__ import annotations
 
 import random
@@ -86,8 +87,10 @@ def search(pool: torch.Tensor, needles: list[Needle], slice_bytes: int = SLICE_B
 
 def _ids_needles(ids: list[int]) -> list[Needle]:
     head = ids[:8]
-    return [Needle("token_ids", torch.tensor(head, dtype=t).numpy().tobytes(), w)
-            for t, w in ((torch.int32, 4), (torch.int64, 8))]
+    return [
+        Needle("token_ids", torch.tensor(head, dtype=t).numpy().tobytes(), w)
+        for t, w in ((torch.int32, 4), (torch.int64, 8))
+    ]
 
 
 def kv_needles(cache, blocks: list[int], rows: int = 4) -> list[Needle]:
@@ -102,8 +105,10 @@ def kv_needles(cache, blocks: list[int], rows: int = 4) -> list[Needle]:
                 k = cache.k[layer, b, 0, :, off].contiguous().cpu()
                 v = cache.v[layer, b, 0, off].contiguous().cpu()
                 if taken < rows and k[0] != 0 and v[0] != 0:
-                    out += [Needle("k_row", k.view(torch.uint8).numpy().tobytes(), elem),
-                            Needle("v_row", v.view(torch.uint8).numpy().tobytes(), elem)]
+                    out += [
+                        Needle("k_row", k.view(torch.uint8).numpy().tobytes(), elem),
+                        Needle("v_row", v.view(torch.uint8).numpy().tobytes(), elem),
+                    ]
                     taken += 1
     return out
 
@@ -147,10 +152,17 @@ def _engine(cfg: GpuResidueConfig):
     from traceless.engine.llm_engine import LLMEngine
     from traceless.runner.build import build_engine_parts
 
-    ec = EngineConfig(model=cfg.model, load_format=as_mode("load_format", LoadFormat, cfg.load_format),
-                      device=cfg.device, dtype=as_mode("dtype", DType, cfg.dtype),
-                      max_model_len=cfg.prompt_len + cfg.output_len, prefix_cache=CacheMode.OFF,
-                      max_num_batched_tokens=CHUNK_TOKENS, kv_offload=KVOffload.MEMORY, max_num_seqs=8)
+    ec = EngineConfig(
+        model=cfg.model,
+        load_format=as_mode("load_format", LoadFormat, cfg.load_format),
+        device=cfg.device,
+        dtype=as_mode("dtype", DType, cfg.dtype),
+        max_model_len=cfg.prompt_len + cfg.output_len,
+        prefix_cache=CacheMode.OFF,
+        max_num_batched_tokens=CHUNK_TOKENS,
+        kv_offload=KVOffload.MEMORY,
+        max_num_seqs=8,
+    )
     ec = replace(ec, kv_cache_memory=_kv_budget(cfg, ec))
     parts = build_engine_parts(ec)
     graphs = getattr(parts.executor, "graphs", None)
@@ -170,9 +182,11 @@ def graph_pool_views(device: torch.device, pool: tuple[int, int] | None) -> list
     if pool is None:
         return []
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return [torch.as_tensor(_DeviceBytes(seg["address"], seg["total_size"]), device=device)
-            for seg in torch.cuda.memory_snapshot()
-            if seg.get("device") == index and tuple(seg.get("segment_pool_id", (0, 0))) == tuple(pool)]
+    return [
+        torch.as_tensor(_DeviceBytes(seg["address"], seg["total_size"]), device=device)
+        for seg in torch.cuda.memory_snapshot()
+        if seg.get("device") == index and tuple(seg.get("segment_pool_id", (0, 0))) == tuple(pool)
+    ]
 
 
 def _canary_prompts(cfg: GpuResidueConfig, vocab: int) -> list[list[int]]:
@@ -213,8 +227,10 @@ def run(cfg: GpuResidueConfig, json_path: str | None = None) -> dict:
     needles = [n for p in prompts for n in _needles_of(engine, cache, p, params)]
     _run_paths(engine, prompts, params)
     engine.check_integrity()
-    pool_hits = search(torch.cat([cache.k.reshape(-1).view(torch.uint8), cache.v.reshape(-1).view(torch.uint8)]),
-                       [n for n in needles if n.kind == "v_row"])
+    pool_hits = search(
+        torch.cat([cache.k.reshape(-1).view(torch.uint8), cache.v.reshape(-1).view(torch.uint8)]),
+        [n for n in needles if n.kind == "v_row"],
+    )
     graph_hits = {n.kind: 0 for n in needles}
     views = graph_pool_views(device, graph_pool)
     for view in views:
@@ -232,22 +248,32 @@ def run(cfg: GpuResidueConfig, json_path: str | None = None) -> dict:
             free_hits[kind] += n
     del chunks
     report = {
-        "audit": "residue", "device": cfg.device, "model": engine.model_name, "load_format": cfg.load_format,
-        "canaries": cfg.canaries, "needles": {k: sum(1 for n in needles if n.kind == k) for k in free_hits},
+        "audit": "residue",
+        "device": cfg.device,
+        "model": engine.model_name,
+        "load_format": cfg.load_format,
+        "canaries": cfg.canaries,
+        "needles": {k: sum(1 for n in needles if n.kind == k) for k in free_hits},
         "kv_pool": {"nonzero_blocks": len(cache.nonzero_blocks()), "v_row_hits": pool_hits.get("v_row", 0)},
         "free_memory": {"bytes_searched": taken, "hits": free_hits},
         "graph_pool": {"bytes_searched": graph_bytes, "hits": graph_hits},
     }
     if device.type == "cuda":
         report["device_name"] = torch.cuda.get_device_name(device)
-    report["clean"] = report["kv_pool"]["nonzero_blocks"] == 0 and not any(free_hits.values()) \
-        and not report["kv_pool"]["v_row_hits"] and not any(graph_hits.values())
+    report["clean"] = (
+        report["kv_pool"]["nonzero_blocks"] == 0
+        and not any(free_hits.values())
+        and not report["kv_pool"]["v_row_hits"]
+        and not any(graph_hits.values())
+    )
     return finish(report, print_report, json_path)
 
 
 def print_report(r: dict) -> None:
-    print(f"\ntraceless audit residue  device={r['device']}  model={r['model']}  load_format={r['load_format']}  "
-          f"canaries={r['canaries']}")
+    print(
+        f"\ntraceless audit residue  device={r['device']}  model={r['model']}  load_format={r['load_format']}  "
+        f"canaries={r['canaries']}"
+    )
     print(f"  needles: {r['needles']}")
     print(f"  KV pool: {r['kv_pool']['nonzero_blocks']} non-zero blocks, {r['kv_pool']['v_row_hits']} V-row hits")
     gib = r["free_memory"]["bytes_searched"] / 2**30

@@ -1,4 +1,5 @@
 """Search a process's readable memory (/proc/PID/maps + /proc/PID/mem) for byte strings."""
+
 from __future__ import annotations
 
 import re

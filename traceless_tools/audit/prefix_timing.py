@@ -10,6 +10,7 @@ positives are faster. The attacker's score is -TTFT; the report gives ROC AUC an
 cache the attacker's salt differs from the victim's, so it can never hit the victim's blocks: the
 AUC must be at chance (0.5).
 """
+
 from __future__ import annotations
 
 import random
@@ -50,13 +51,22 @@ class ModeResult:
         acc, threshold = best_threshold_accuracy(pos, neg)
         auc = roc_auc(pos, neg)
         p = auc_p_value(auc, len(pos), len(neg))
-        return {"mode": self.mode, "trials": len(self.positives) + len(self.negatives), "auc": auc,
-                "auc_95ci": auc_interval(auc, len(pos), len(neg)), "p_value_auc_is_chance": p,
-                "distinguishable": p < 0.01, "accuracy": held_out_accuracy(pos, neg), "accuracy_in_sample": acc,
-                "chance_accuracy": max(len(pos), len(neg)) / max(1, len(pos) + len(neg)),
-                "threshold_ttft_s": -threshold if threshold != float("inf") else None,
-                "ttft_positive_median_s": _median(self.positives), "ttft_negative_median_s": _median(self.negatives),
-                "ttft_positives_s": list(self.positives), "ttft_negatives_s": list(self.negatives)}
+        return {
+            "mode": self.mode,
+            "trials": len(self.positives) + len(self.negatives),
+            "auc": auc,
+            "auc_95ci": auc_interval(auc, len(pos), len(neg)),
+            "p_value_auc_is_chance": p,
+            "distinguishable": p < 0.01,
+            "accuracy": held_out_accuracy(pos, neg),
+            "accuracy_in_sample": acc,
+            "chance_accuracy": max(len(pos), len(neg)) / max(1, len(pos) + len(neg)),
+            "threshold_ttft_s": -threshold if threshold != float("inf") else None,
+            "ttft_positive_median_s": _median(self.positives),
+            "ttft_negative_median_s": _median(self.negatives),
+            "ttft_positives_s": list(self.positives),
+            "ttft_negatives_s": list(self.negatives),
+        }
 
 
 def _median(xs: list[float]) -> float:
@@ -109,25 +119,37 @@ def run(cfg: AttackConfig, json_path: str | None, plot_path: str | None) -> dict
         for mode in ("global", "isolated"):
             with spawn_serve(*model_args, "--prefix-cache", mode, "--kv-cache-memory", "1GiB", name=mode) as svc:
                 results.append(run_mode(svc.url, mode, cfg, rng, bar))
-    report = {"attack": "prefix-timing", "trials_per_mode": cfg.trials, "prefix_tokens": cfg.prefix_tokens,
-              "results": [r.summary() for r in results]}
+    report = {
+        "attack": "prefix-timing",
+        "trials_per_mode": cfg.trials,
+        "prefix_tokens": cfg.prefix_tokens,
+        "results": [r.summary() for r in results],
+    }
     return finish(report, print_report, json_path, lambda _, path: plot(results, path), plot_path)
 
 
 def print_report(report: dict) -> None:
-    print(f"\ntraceless attack prefix-timing  ({report['trials_per_mode']} trials per mode, "
-          f"{report['prefix_tokens']}-token secret prefixes)")
-    print(f"{'cache':<10}{'ROC AUC':>9}{'95% CI':>16}{'p(AUC=.5)':>11}{'accuracy':>10}{'chance':>8}"
-          f"{'TTFT probe=secret':>19}{'TTFT probe=other':>18}  verdict")
+    print(
+        f"\ntraceless attack prefix-timing  ({report['trials_per_mode']} trials per mode, "
+        f"{report['prefix_tokens']}-token secret prefixes)"
+    )
+    print(
+        f"{'cache':<10}{'ROC AUC':>9}{'95% CI':>16}{'p(AUC=.5)':>11}{'accuracy':>10}{'chance':>8}"
+        f"{'TTFT probe=secret':>19}{'TTFT probe=other':>18}  verdict"
+    )
     for r in report["results"]:
         lo, hi = r["auc_95ci"]
         verdict = "LEAKS: attacker tells cached prefixes apart" if r["distinguishable"] else "at chance"
-        print(f"{r['mode']:<10}{r['auc']:>9.3f}{f'[{lo:.2f}, {hi:.2f}]':>16}{r['p_value_auc_is_chance']:>11.3g}"
-              f"{r['accuracy']:>10.3f}{r['chance_accuracy']:>8.3f}"
-              f"{r['ttft_positive_median_s']:>19.4f}{r['ttft_negative_median_s']:>18.4f}  {verdict}")
-    print("(TTFT medians in seconds; AUC 0.5 is chance: the attacker learns nothing from timing. "
-          "accuracy: leave-one-out,\n"
-          " a threshold tuned on the other probes; chance: always guessing the more frequent answer.)")
+        print(
+            f"{r['mode']:<10}{r['auc']:>9.3f}{f'[{lo:.2f}, {hi:.2f}]':>16}{r['p_value_auc_is_chance']:>11.3g}"
+            f"{r['accuracy']:>10.3f}{r['chance_accuracy']:>8.3f}"
+            f"{r['ttft_positive_median_s']:>19.4f}{r['ttft_negative_median_s']:>18.4f}  {verdict}"
+        )
+    print(
+        "(TTFT medians in seconds; AUC 0.5 is chance: the attacker learns nothing from timing. "
+        "accuracy: leave-one-out,\n"
+        " a threshold tuned on the other probes; chance: always guessing the more frequent answer.)"
+    )
 
 
 def plot(results: list[ModeResult], path: str) -> None:

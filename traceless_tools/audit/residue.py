@@ -17,6 +17,7 @@ overwritten when freed, and no tokenizer keeps a word cache. The audited process
 telemetry window at every scrape, exactly (`--metrics-min-requests 0 --metrics-epsilon off`: the
 audit's switches), so the gauges read the state of the moment.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,17 +60,37 @@ class ProcessUnderAudit:
         port, metrics_port = free_port(), free_port()
         self.url, self.metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
         env = {**os.environ, "HOME": str(workdir / "home"), "TMPDIR": str(workdir / "tmp"), "PYTHONUNBUFFERED": "1"}
-        args = [command, "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory", "--port", str(port),
-                "--metrics-port", str(metrics_port), "--metrics-min-requests", "0", "--metrics-epsilon", "off",
-                "--metrics-window", "0.2",
-                "--kv-offload", "disk", "--kv-offload-dir", str(self.offload),
-                "--prefix-cache-ttl", str(cfg.ttl_s), "--kv-cache-memory", _kv_budget(cfg.model),
-                "--max-model-len", "512",
-                "--max-num-seqs", "8"] + (["--model", cfg.model] if cfg.model else [])
+        args = [
+            command,
+            "--scrub-freed-memory" if cfg.scrub else "--no-scrub-freed-memory",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--metrics-min-requests",
+            "0",
+            "--metrics-epsilon",
+            "off",
+            "--metrics-window",
+            "0.2",
+            "--kv-offload",
+            "disk",
+            "--kv-offload-dir",
+            str(self.offload),
+            "--prefix-cache-ttl",
+            str(cfg.ttl_s),
+            "--kv-cache-memory",
+            _kv_budget(cfg.model),
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "8",
+        ] + (["--model", cfg.model] if cfg.model else [])
         with open(self.log_path, "wb") as log:
             cli = [sys.executable, "-m", "traceless_tools.cli", *args]
-            self.proc = subprocess.Popen(cli, cwd=workdir / "cwd", env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cli, cwd=workdir / "cwd", env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         wait_ready(self.proc, self.url + "/health")
 
     def client(self) -> OhttpTestClient | PlainTestClient:
@@ -104,8 +125,14 @@ def needles_of(canaries: dict[str, Canary], model: str | None) -> Needles:
 def run(cfg: ResidueConfig, json_path: str | None) -> dict:
     node = audit_process(cfg, "node", new_canaries())
     serve = audit_process(cfg, "serve", new_canaries())  # fresh canaries: a hit there is the server's own
-    report = {"audit": "residue", "scrub": cfg.scrub, "paths": list(PATHS), **node, "serve": serve,
-              "failed": _failed(node) or _failed(serve)}
+    report = {
+        "audit": "residue",
+        "scrub": cfg.scrub,
+        "paths": list(PATHS),
+        **node,
+        "serve": serve,
+        "failed": _failed(node) or _failed(serve),
+    }
     return finish(report, print_report, json_path)
 
 
@@ -122,8 +149,9 @@ def audit_process(cfg: ResidueConfig, command: str, canaries: dict[str, Canary])
     spill_hits: list[int] = []
     try:
         client = proc.client()
-        send_workload(client, canaries, client.model_name(), spill_hits,
-                      [n for ns in needles["preempt"].values() for n in ns])
+        send_workload(
+            client, canaries, client.model_name(), spill_hits, [n for ns in needles["preempt"].values() for n in ns]
+        )
         gauges = _wait_quiet(proc, cfg.ttl_s)
         places = {
             "kv pool: non-zero blocks": gauges.get("traceless_kv_blocks_nonzero", -1),
@@ -134,27 +162,38 @@ def audit_process(cfg: ResidueConfig, command: str, canaries: dict[str, Canary])
             "offload dir: canaries in spill files": sum(spill_hits),
             "metrics output": _count(httpx.get(proc.metrics_url + "/metrics").content, flat),
         }
-        memory = scan_process(proc.proc.pid, flat, anchors({f: ns for forms in needles.values()
-                                                             for f, ns in forms.items()}))
+        memory = scan_process(
+            proc.proc.pid, flat, anchors({f: ns for forms in needles.values() for f, ns in forms.items()})
+        )
     except BaseException:
         stop(proc.proc)
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     stop(proc.proc)
     places["log streams"] = _count(proc.log_path.read_bytes(), flat)
-    places["files it wrote"] = sum(_count(p.read_bytes(), flat) for p in workdir.rglob("*")
-                                   if p.is_file() and p != proc.log_path)
-    preempted = sum(json.loads(line).get("num_requests", 0) for line in proc.log_path.read_text().splitlines()
-                    if line.startswith('{"ts"') and '"engine.preempted"' in line)
+    places["files it wrote"] = sum(
+        _count(p.read_bytes(), flat) for p in workdir.rglob("*") if p.is_file() and p != proc.log_path
+    )
+    preempted = sum(
+        json.loads(line).get("num_requests", 0)
+        for line in proc.log_path.read_text().splitlines()
+        if line.startswith('{"ts"') and '"engine.preempted"' in line
+    )
     shutil.rmtree(workdir, ignore_errors=True)  # searched above; the audit leaves nothing of its own
     by_path = {p: sum(memory[n] for ns in forms.values() for n in ns) for p, forms in needles.items()}
     by_form: dict[str, int] = {}
     for forms in needles.values():
         for form, ns in forms.items():
             by_form[form] = by_form.get(form, 0) + sum(memory[n] for n in ns)
-    return {"command": command, "spill_files_seen": len(client.spill_files_seen), "preemptions": preempted,
-            "places": places, "process_memory": by_path, "process_memory_forms": by_form,
-            "process_memory_total": sum(by_path.values())}
+    return {
+        "command": command,
+        "spill_files_seen": len(client.spill_files_seen),
+        "preemptions": preempted,
+        "places": places,
+        "process_memory": by_path,
+        "process_memory_forms": by_form,
+        "process_memory_total": sum(by_path.values()),
+    }
 
 
 def _count(data: bytes, needles: list[bytes]) -> int:
@@ -178,13 +217,17 @@ def _wait_quiet(proc: ProcessUnderAudit, ttl_s: float, timeout: float = 90.0) ->
 
 def print_report(rep: dict) -> None:
     for name, r in (("node", rep), ("plaintext server", rep["serve"])):
-        print(f"\ntraceless audit residue: {name}  (paths: {', '.join(rep['paths'])}; preemptions "
-              f"{r['preemptions']}, spill files seen during the run: {r['spill_files_seen']})")
+        print(
+            f"\ntraceless audit residue: {name}  (paths: {', '.join(rep['paths'])}; preemptions "
+            f"{r['preemptions']}, spill files seen during the run: {r['spill_files_seen']})"
+        )
         print(f"{'place':<40}{'hits':>8}")
         for place, hits in r["places"].items():
             print(f"{place:<40}{hits:>8g}")
-        print(f"{'process memory (canary occurrences)':<40}{r['process_memory_total']:>8}"
-              f"{'   (freed memory scrubbed)' if rep['scrub'] else ''}")
+        print(
+            f"{'process memory (canary occurrences)':<40}{r['process_memory_total']:>8}"
+            f"{'   (freed memory scrubbed)' if rep['scrub'] else ''}"
+        )
         for path, n in r["process_memory"].items():
             print(f"    {path:<36}{n:>8}")
         print("  by form:")

@@ -1,5 +1,6 @@
 """Bare clients for audits: OHTTP straight to a node (no gateway, no tokens), and plain HTTP to
 `traceless serve`, with the same calls so one workload drives both."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ class OhttpTestClient:
 
     def completion(self, body: dict, path: bytes = b"/v1/completions") -> int:
         call = self._call(path, body, stream=False)
-        r = httpx.post(self.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type},
-                       timeout=600)
+        r = httpx.post(
+            self.url + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type}, timeout=600
+        )
         return open_response(call, r.content).status
 
     def chat(self, body: dict) -> int:
@@ -33,8 +35,13 @@ class OhttpTestClient:
 
     def stream(self, body: dict, abort_after: int | None = None) -> None:
         call = self._call(b"/v1/completions", {**body, "stream": True}, stream=True)
-        with httpx.stream("POST", self.url + "/pcc/v1/ohttp", content=call.body,
-                          headers={"content-type": call.media_type}, timeout=600) as r:
+        with httpx.stream(
+            "POST",
+            self.url + "/pcc/v1/ohttp",
+            content=call.body,
+            headers={"content-type": call.media_type},
+            timeout=600,
+        ) as r:
             for i, _ in enumerate(r.iter_raw()):
                 if abort_after is not None and i + 1 >= abort_after:
                     return  # leaving the block closes the connection: the node must abort

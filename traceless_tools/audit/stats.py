@@ -1,4 +1,5 @@
 """Small statistics for the audit tools (no SciPy dependency)."""
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ The relay reads the request's encrypted length, when the outer HTTP response hea
 length and arrival time of every encrypted chunk (the OHTTP chunk framing is in the clear). The
 victim, apart, decrypts as chunks arrive: when its first token and its last content came.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,9 @@ def observe(client: httpx.Client, url: str, config: KeyConfig, path: bytes, body
     assert isinstance(call.context, ChunkedClientResponse)
     relay, victim = _RelayView(), _VictimView(call.context.decryptor())
     t0 = time.perf_counter()
-    with client.stream("POST", url.rstrip("/") + "/pcc/v1/ohttp", content=call.body,
-                       headers={"content-type": call.media_type}) as r:
+    with client.stream(
+        "POST", url.rstrip("/") + "/pcc/v1/ohttp", content=call.body, headers={"content-type": call.media_type}
+    ) as r:
         head = time.perf_counter() - t0
         if r.status_code != 200:
             raise RuntimeError(f"the node answered HTTP {r.status_code}")
@@ -67,8 +69,16 @@ def observe(client: httpx.Client, url: str, config: KeyConfig, path: bytes, body
     ok = victim.finish()
     if not ok:
         raise RuntimeError("the node refused the victim's request")
-    return Trace(len(call.body), tuple(relay.sizes), tuple(relay.times), head, victim.first_token, victim.content_end,
-                 victim.tokens, tuple(victim.carried))
+    return Trace(
+        len(call.body),
+        tuple(relay.sizes),
+        tuple(relay.times),
+        head,
+        victim.first_token,
+        victim.content_end,
+        victim.tokens,
+        tuple(victim.carried),
+    )
 
 
 class _RelayView:
@@ -128,8 +138,8 @@ class _VictimView:
                 content = content or _carries(item)
             self.carried.append(content)
         while (end := self._text.find(b"\n\n")) != -1:
-            event = sse_event(bytes(self._text[:end + 2]))
-            del self._text[:end + 2]
+            event = sse_event(bytes(self._text[: end + 2]))
+            del self._text[: end + 2]
             if event is None:
                 continue
             if event.startswith(b"data: ") and event != b"data: [DONE]\n\n":

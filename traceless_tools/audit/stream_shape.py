@@ -28,6 +28,7 @@ them): how long an answer runs is what a stream's duration would show. `load` CP
 run beside the node for the whole run (a loaded machine shows prefill and decode times more). The
 victim's own view (time to first token, tokens per second) gives the defense's cost.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,17 +95,25 @@ class ModeResult:
         correct, n = int((predicted == y).sum()), len(y)
         lo, hi = chance_interval(n, 1 / n_topics)
         sizes = sorted({s for t in self.traces for s in t.sizes})
-        return {"mode": self.mode, "length": self.length, "traces": n, "accuracy": correct / n,
-                "accuracy_95ci": wilson_interval(correct, n),
-                "chance": 1 / n_topics, "chance_95_range": [lo, hi],
-                "p_value_at_chance": binomial_tail(correct, n, 1 / n_topics), "above_chance": correct / n > hi,
-                "distinct_chunk_sizes": len(sizes), "chunk_sizes": sizes[:20],
-                "request_sizes": sorted({t.request_bytes for t in self.traces}),
-                "chunks_per_response": [min(len(t.sizes) for t in self.traces),
-                                        max(len(t.sizes) for t in self.traces)],
-                "by_features": by_feature_group(x, y, n_topics, folds, seed),
-                **timing_readings(self.traces, self.mode, folds, seed),
-                "confusion": confusion(y, predicted, n_topics), "cost": cost(self.traces)}
+        return {
+            "mode": self.mode,
+            "length": self.length,
+            "traces": n,
+            "accuracy": correct / n,
+            "accuracy_95ci": wilson_interval(correct, n),
+            "chance": 1 / n_topics,
+            "chance_95_range": [lo, hi],
+            "p_value_at_chance": binomial_tail(correct, n, 1 / n_topics),
+            "above_chance": correct / n > hi,
+            "distinct_chunk_sizes": len(sizes),
+            "chunk_sizes": sizes[:20],
+            "request_sizes": sorted({t.request_bytes for t in self.traces}),
+            "chunks_per_response": [min(len(t.sizes) for t in self.traces), max(len(t.sizes) for t in self.traces)],
+            "by_features": by_feature_group(x, y, n_topics, folds, seed),
+            **timing_readings(self.traces, self.mode, folds, seed),
+            "confusion": confusion(y, predicted, n_topics),
+            "cost": cost(self.traces),
+        }
 
 
 def timing_readings(traces: list[Trace], mode: str, folds: int, seed: int) -> dict:
@@ -115,23 +124,29 @@ def timing_readings(traces: list[Trace], mode: str, folds: int, seed: int) -> di
     policy, tick = ShapePolicy(), DEFAULT_TICK_MS / 1000
     # the request's plaintext bucket from its encrypted length (56-58 bytes of OHTTP above it)
     budget = lambda t: policy.prefill_budget_s(t.request_bytes - 64, 8 * MAX_MODEL_LEN)  # noqa: E731
-    return {"gap_jitter": gap_jitter(traces, tick, folds, seed),
-            "late_first_tick": late_first_ticks(traces, tick, budget)}
+    return {
+        "gap_jitter": gap_jitter(traces, tick, folds, seed),
+        "late_first_tick": late_first_ticks(traces, tick, budget),
+    }
 
 
 def cost(traces: list[Trace]) -> dict:
     """The victim's view, medians over the traces: time to the first token, decode tokens per second
     (tokens after the first over the time they took), when the response head and the stream's end came."""
-    rates = [(t.tokens - 1) / (t.content_end - t.first_token) for t in traces
-             if t.tokens > 1 and t.content_end > t.first_token]
-    return {"ttft_s": float(np.median([t.first_token for t in traces])),
-            "tokens_per_s": float(np.median(rates)) if rates else 0.0,
-            "head_s": float(np.median([t.head for t in traces])),
-            "stream_s": float(np.median([t.times[-1] if t.times else 0.0 for t in traces]))}
+    rates = [
+        (t.tokens - 1) / (t.content_end - t.first_token)
+        for t in traces
+        if t.tokens > 1 and t.content_end > t.first_token
+    ]
+    return {
+        "ttft_s": float(np.median([t.first_token for t in traces])),
+        "tokens_per_s": float(np.median(rates)) if rates else 0.0,
+        "head_s": float(np.median([t.head for t in traces])),
+        "stream_s": float(np.median([t.times[-1] if t.times else 0.0 for t in traces])),
+    }
 
 
-def collect(url: str, model: str, mode: str, cfg: StreamAttackConfig, rng: random.Random,
-            progress=None) -> ModeResult:
+def collect(url: str, model: str, mode: str, cfg: StreamAttackConfig, rng: random.Random, progress=None) -> ModeResult:
     """cfg.trials traces per topic from the node at `url`, topics in a shuffled order."""
     config, result = key_config(url), ModeResult(mode, length="natural" if cfg.natural_length else "fixed")
     order = [i for i in range(len(cfg.topics)) for _ in range(cfg.trials)]
@@ -139,8 +154,9 @@ def collect(url: str, model: str, mode: str, cfg: StreamAttackConfig, rng: rando
     with httpx.Client(timeout=300) as client:
         observe(client, url, config, b"/v1/completions", _body(cfg, model, "warm-up", rng), mode != "off")
         for i in order:
-            result.traces.append(observe(client, url, config, b"/v1/completions", _body(cfg, model, cfg.topics[i], rng),
-                                         mode != "off"))
+            result.traces.append(
+                observe(client, url, config, b"/v1/completions", _body(cfg, model, cfg.topics[i], rng), mode != "off")
+            )
             result.labels.append(i)
             if progress is not None:
                 progress.update(1)
@@ -148,8 +164,15 @@ def collect(url: str, model: str, mode: str, cfg: StreamAttackConfig, rng: rando
 
 
 def _body(cfg: StreamAttackConfig, model: str, prompt: str, rng: random.Random) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
-            "seed": rng.randrange(2**31), "ignore_eos": not cfg.natural_length, "stream": True}
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature,
+        "seed": rng.randrange(2**31),
+        "ignore_eos": not cfg.natural_length,
+        "stream": True,
+    }
 
 
 # ---- the classifier -----------------------------------------------------------------------------------
@@ -170,8 +193,18 @@ def features(t: Trace) -> list[float]:
     sizes, gaps = list(t.sizes), t.gaps
     head_sizes = (sizes + [0] * FIRST_K)[:FIRST_K]
     head_gaps = (gaps + [0.0] * FIRST_K)[:FIRST_K]
-    return [float(t.request_bytes), t.head, float(len(sizes)), t.times[-1] if t.times else 0.0, float(np.mean(sizes)),
-            float(np.std(sizes)), float(np.mean(gaps)), float(np.std(gaps)), *map(float, head_sizes), *head_gaps]
+    return [
+        float(t.request_bytes),
+        t.head,
+        float(len(sizes)),
+        t.times[-1] if t.times else 0.0,
+        float(np.mean(sizes)),
+        float(np.std(sizes)),
+        float(np.mean(gaps)),
+        float(np.std(gaps)),
+        *map(float, head_sizes),
+        *head_gaps,
+    ]
 
 
 def fit_softmax(x: np.ndarray, y: np.ndarray, classes: int, l2: float = 1e-2, steps: int = 400) -> tuple:
@@ -212,8 +245,10 @@ def cross_validate(x: np.ndarray, y: np.ndarray, classes: int, folds: int, seed:
 
 def by_feature_group(x: np.ndarray, y: np.ndarray, classes: int, folds: int, seed: int) -> dict[str, float]:
     """The cross-validated accuracy of the classifier given one part of the view alone."""
-    return {name: float((cross_validate(x[:, list(cols)], y, classes, folds, seed) == y).mean())
-            for name, cols in FEATURE_GROUPS.items()}
+    return {
+        name: float((cross_validate(x[:, list(cols)], y, classes, folds, seed) == y).mean())
+        for name, cols in FEATURE_GROUPS.items()
+    }
 
 
 def confusion(y: np.ndarray, predicted: np.ndarray, classes: int) -> list[list[int]]:
@@ -244,14 +279,26 @@ def chance_interval(n: int, p: float) -> tuple[float, float]:
 
 
 def report_for(results: list[ModeResult], cfg: StreamAttackConfig) -> dict:
-    return {"attack": "stream-shape", "topics": len(cfg.topics), "trials_per_topic": cfg.trials,
-            "max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "lengths": list(cfg.lengths),
-            "load_processes": cfg.load,
-            "folds": cfg.folds, "classifier": "multinomial logistic regression, stratified k-fold",
-            "results": [r.summary(len(cfg.topics), cfg.folds, cfg.seed) for r in results],
-            "examples": {r.mode: [{"topic": r.labels[i], "sizes": list(r.traces[i].sizes),
-                                   "times": list(r.traces[i].times)} for i in _first_per_topic(r.labels)]
-                         for r in results if r.length == results[0].length}}
+    return {
+        "attack": "stream-shape",
+        "topics": len(cfg.topics),
+        "trials_per_topic": cfg.trials,
+        "max_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature,
+        "lengths": list(cfg.lengths),
+        "load_processes": cfg.load,
+        "folds": cfg.folds,
+        "classifier": "multinomial logistic regression, stratified k-fold",
+        "results": [r.summary(len(cfg.topics), cfg.folds, cfg.seed) for r in results],
+        "examples": {
+            r.mode: [
+                {"topic": r.labels[i], "sizes": list(r.traces[i].sizes), "times": list(r.traces[i].times)}
+                for i in _first_per_topic(r.labels)
+            ]
+            for r in results
+            if r.length == results[0].length
+        },
+    }
 
 
 def _first_per_topic(labels: list[int]) -> list[int]:
@@ -269,12 +316,25 @@ def run(cfg: StreamAttackConfig, json_path: str | None, plot_path: str | None) -
     rng = random.Random(cfg.seed)
     model_args = ["--model", cfg.model] if cfg.model else []
     results = []
-    with cpu_load(cfg.load), tqdm(total=len(MODES) * len(cfg.lengths) * len(cfg.topics) * cfg.trials,
-                                  desc="requests", unit="req") as bar:
+    with (
+        cpu_load(cfg.load),
+        tqdm(total=len(MODES) * len(cfg.lengths) * len(cfg.topics) * cfg.trials, desc="requests", unit="req") as bar,
+    ):
         for mode in MODES:
             shape = ["--shape", "off"] if mode == "off" else []
-            with spawn_node(*model_args, *shape, "--served-model-name", SERVED_NAME, "--kv-cache-memory", "256MiB",
-                            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", name=f"node-{mode}") as svc:
+            with spawn_node(
+                *model_args,
+                *shape,
+                "--served-model-name",
+                SERVED_NAME,
+                "--kv-cache-memory",
+                "256MiB",
+                "--max-model-len",
+                str(MAX_MODEL_LEN),
+                "--dtype",
+                "float32",
+                name=f"node-{mode}",
+            ) as svc:
                 for length in cfg.lengths:
                     reading = replace(cfg, natural_length=length == "natural")
                     results.append(collect(svc.url, SERVED_NAME, mode, reading, rng, bar))
@@ -294,30 +354,45 @@ def cpu_load(processes: int):
 
 
 def print_report(report: dict) -> None:
-    print(f"\ntraceless attack stream-shape  ({report['topics']} topics x {report['trials_per_topic']} traces per "
-          f"reading, {report['max_tokens']} output tokens, {report['classifier']}; "
-          f"{report['load_processes']} CPU-bound processes beside the node)")
-    print(f"{'node':<10}{'length':<9}{'accuracy':>9}{'95% CI':>15}{'chance range':>15}{'p(chance)':>10}"
-          f"{'chunks':>8}{'req sizes':>10}{'TTFT s':>8}{'tok/s':>7}  verdict")
+    print(
+        f"\ntraceless attack stream-shape  ({report['topics']} topics x {report['trials_per_topic']} traces per "
+        f"reading, {report['max_tokens']} output tokens, {report['classifier']}; "
+        f"{report['load_processes']} CPU-bound processes beside the node)"
+    )
+    print(
+        f"{'node':<10}{'length':<9}{'accuracy':>9}{'95% CI':>15}{'chance range':>15}{'p(chance)':>10}"
+        f"{'chunks':>8}{'req sizes':>10}{'TTFT s':>8}{'tok/s':>7}  verdict"
+    )
     for r in report["results"]:
         lo, hi = r["accuracy_95ci"]
         clo, chi = r["chance_95_range"]
         verdict = "LEAKS: the topic shows through" if r["above_chance"] else "at chance"
-        print(f"{r['mode']:<10}{r['length']:<9}{r['accuracy']:>9.3f}{f'[{lo:.2f}, {hi:.2f}]':>15}"
-              f"{f'[{clo:.2f}, {chi:.2f}]':>15}{r['p_value_at_chance']:>10.3g}{r['distinct_chunk_sizes']:>8}"
-              f"{len(r['request_sizes']):>10}{r['cost']['ttft_s']:>8.2f}{r['cost']['tokens_per_s']:>7.1f}  {verdict}")
-    print("read alone: " + "; ".join(f"{r['mode']} {r['length']}: " + ", ".join(
-        f"{k} {v:.2f}" for k, v in r["by_features"].items()) for r in report["results"]))
+        print(
+            f"{r['mode']:<10}{r['length']:<9}{r['accuracy']:>9.3f}{f'[{lo:.2f}, {hi:.2f}]':>15}"
+            f"{f'[{clo:.2f}, {chi:.2f}]':>15}{r['p_value_at_chance']:>10.3g}{r['distinct_chunk_sizes']:>8}"
+            f"{len(r['request_sizes']):>10}{r['cost']['ttft_s']:>8.2f}{r['cost']['tokens_per_s']:>7.1f}  {verdict}"
+        )
+    print(
+        "read alone: "
+        + "; ".join(
+            f"{r['mode']} {r['length']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["by_features"].items())
+            for r in report["results"]
+        )
+    )
     for r in report["results"]:
         if r.get("late_first_tick") is not None:
             print(f"timing, {r['mode']} {r['length']}: " + _timing_line(r["gap_jitter"], r["late_first_tick"]))
-    print("(accuracy: each trace classified by a model trained on the other folds; chance range: where a "
-          "classifier\n without information lands 95% of the time; sizes: distinct values the relay saw)")
+    print(
+        "(accuracy: each trace classified by a model trained on the other folds; chance range: where a "
+        "classifier\n without information lands 95% of the time; sizes: distinct values the relay saw)"
+    )
 
 
 def _timing_line(jitter: dict | None, late: dict) -> str:
-    text = (f"first tick late in {late['first_tick_late']:.0%} of streams (first token past the budget in "
-            f"{late['first_token_past_budget']:.0%}), {late['ticks_behind_grid']:.1%} of ticks behind the grid")
+    text = (
+        f"first tick late in {late['first_tick_late']:.0%} of streams (first token past the budget in "
+        f"{late['first_token_past_budget']:.0%}), {late['ticks_behind_grid']:.1%} of ticks behind the grid"
+    )
     if jitter is None:
         return text
     sd = jitter["gap_sd_ms"]
@@ -326,8 +401,9 @@ def _timing_line(jitter: dict | None, late: dict) -> str:
         return text + f"; too few windows of each kind ({jitter['windows']}) for the real-vs-padding classifier"
     lo, hi = jitter["chance_95_range"]
     verdict = "LEAKS" if jitter["above_chance"] else "at chance"
-    return text + (f"; real vs padding ticks told apart {jitter['accuracy']:.2f} "
-                   f"(chance [{lo:.2f}, {hi:.2f}]: {verdict})")
+    return text + (
+        f"; real vs padding ticks told apart {jitter['accuracy']:.2f} (chance [{lo:.2f}, {hi:.2f}]: {verdict})"
+    )
 
 
 def plot(report: dict, path: str) -> None:
@@ -336,8 +412,14 @@ def plot(report: dict, path: str) -> None:
         res = report["results"]
         for i, r in enumerate(res):
             lo, hi = r["accuracy_95ci"]
-            ax.bar(i, r["accuracy"], yerr=[[r["accuracy"] - lo], [hi - r["accuracy"]]], capsize=6, zorder=2,
-                   color="tab:red" if r["above_chance"] else "tab:green")
+            ax.bar(
+                i,
+                r["accuracy"],
+                yerr=[[r["accuracy"] - lo], [hi - r["accuracy"]]],
+                capsize=6,
+                zorder=2,
+                color="tab:red" if r["above_chance"] else "tab:green",
+            )
         clo, chi = res[0]["chance_95_range"]
         ax.axhspan(clo, chi, color="0.85", label="chance (95% range)", zorder=0)
         ax.axhline(res[0]["chance"], color="k", ls=":")

@@ -16,6 +16,7 @@ published tick and prefill budget.
                     streams that put the defense to the test), and the share of ticks more than
                     half a tick behind their stream's grid.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,10 +51,10 @@ def _windows(t: Trace, tick_s: float) -> list[tuple[list[float], bool]]:
     out = []
     k = 1
     while k + WINDOW <= len(times):
-        kinds = set(phase[k:k + WINDOW])
+        kinds = set(phase[k : k + WINDOW])
         if len(kinds) == 1:
-            gaps = np.diff(times[k - 1:k + WINDOW])
-            out.append(([float(np.std(gaps)), float(np.mean(late[k:k + WINDOW]))], kinds.pop()))
+            gaps = np.diff(times[k - 1 : k + WINDOW])
+            out.append(([float(np.std(gaps)), float(np.mean(late[k : k + WINDOW]))], kinds.pop()))
             k += WINDOW
         else:
             k += 1
@@ -75,8 +76,11 @@ def gap_jitter(traces: list[Trace], tick_s: float, folds: int = 4, seed: int = 0
         for kind, mask in (("real", kinds), ("padding", ~kinds)):
             if mask.sum() > 2:
                 spread[kind].append(float(np.std(gaps[mask])))
-    out = {"window_ticks": WINDOW, "windows": [len(real), len(padding)],
-           "gap_sd_ms": {k: _ms_summary(v) for k, v in spread.items()}}
+    out = {
+        "window_ticks": WINDOW,
+        "windows": [len(real), len(padding)],
+        "gap_sd_ms": {k: _ms_summary(v) for k, v in spread.items()},
+    }
     n = min(len(real), len(padding))
     if n < folds:
         return {**out, "accuracy": None}
@@ -85,8 +89,13 @@ def gap_jitter(traces: list[Trace], tick_s: float, folds: int = 4, seed: int = 0
     y = np.repeat([1, 0], n)
     correct = int((cross_validate(x, y, 2, folds, seed) == y).sum())
     lo, hi = chance_interval(2 * n, 0.5)
-    return {**out, "accuracy": correct / (2 * n), "accuracy_95ci": wilson_interval(correct, 2 * n),
-            "chance_95_range": [lo, hi], "above_chance": correct / (2 * n) > hi}
+    return {
+        **out,
+        "accuracy": correct / (2 * n),
+        "accuracy_95ci": wilson_interval(correct, 2 * n),
+        "chance_95_range": [lo, hi],
+        "above_chance": correct / (2 * n) > hi,
+    }
 
 
 def _ms_summary(values: list[float]) -> dict:
@@ -103,10 +112,15 @@ def late_first_ticks(traces: list[Trace], tick_s: float, budget_s) -> dict:
     late = [t.times[0] - budget_s(t) > slack for t in traces]
     slow = [bool(t.carried) and not t.carried[0] for t in traces]  # the first chunk left without a token
     behind = [x > slack for t in traces for x in lateness(list(t.times[:-1]), tick_s)]
-    return {"streams": len(traces), "first_tick_late": sum(late) / len(traces),
-            "first_tick_after_budget_ms": 1000 * max(t.times[0] - budget_s(t) for t in traces),
-            "first_token_past_budget": sum(slow) / len(traces),
-            "first_tick_s": [float(np.min([t.times[0] for t in traces])),
-                             float(np.median([t.times[0] for t in traces])),
-                             float(np.max([t.times[0] for t in traces]))],
-            "ticks_behind_grid": sum(behind) / max(1, len(behind))}
+    return {
+        "streams": len(traces),
+        "first_tick_late": sum(late) / len(traces),
+        "first_tick_after_budget_ms": 1000 * max(t.times[0] - budget_s(t) for t in traces),
+        "first_token_past_budget": sum(slow) / len(traces),
+        "first_tick_s": [
+            float(np.min([t.times[0] for t in traces])),
+            float(np.median([t.times[0] for t in traces])),
+            float(np.max([t.times[0] for t in traces])),
+        ],
+        "ticks_behind_grid": sum(behind) / max(1, len(behind)),
+    }

@@ -21,6 +21,7 @@ The production-style routers (least-loaded, user affinity, prefix-aware, priorit
 SIMULATIONS (targeting_policies.py, targeting_sim.py), each under no attack and under the
 strategy that fits it, to show the harness detects targeting where it exists.
 """
+
 from __future__ import annotations
 
 from traceless_tools.audit.amplification import AmplificationRow, measure_amplification, print_amplification
@@ -33,8 +34,12 @@ from traceless_tools.audit.targeting_sim import SIM_PLAN, Workload, simulate
 from traceless_tools.report.output import figure, finish
 
 
-def measure_all(scenario: Scenario, gateway_cfg: GatewayAttackConfig = GatewayAttackConfig(),
-                workload: Workload = Workload(), progress=None) -> list[Estimate]:
+def measure_all(
+    scenario: Scenario,
+    gateway_cfg: GatewayAttackConfig = GatewayAttackConfig(),
+    workload: Workload = Workload(),
+    progress=None,
+) -> list[Estimate]:
     """Ours on the real gateway under every strategy, then every simulated (policy, strategy)."""
     results = []
     for strategy in GATEWAY_STRATEGIES:
@@ -48,29 +53,46 @@ def measure_all(scenario: Scenario, gateway_cfg: GatewayAttackConfig = GatewayAt
     return results
 
 
-def build_report(scenario: Scenario, results: list[Estimate], linking: list[LinkingEstimate] | None = None,
-                 collusion: list[CollusionRow] | None = None,
-                 amplification: list[AmplificationRow] | None = None) -> dict:
+def build_report(
+    scenario: Scenario,
+    results: list[Estimate],
+    linking: list[LinkingEstimate] | None = None,
+    collusion: list[CollusionRow] | None = None,
+    amplification: list[AmplificationRow] | None = None,
+) -> dict:
     ours = [r for r in results if not r.simulated]
     sims = [r for r in results if r.simulated]
     beaten = sorted({r.policy for r in sims if r.strategy != "none" and r.verdict == BEATS})
     biased = sorted({r.policy for r in sims if r.strategy == "none" and r.verdict != AT})
-    return {"audit": "targeting", "capacities": list(scenario.capacities),
-            "attacker_nodes": sorted(scenario.attacker_nodes), "requests_per_row": scenario.requests,
-            "seed": scenario.seed, "confidence": 0.95, "results": [r.to_json() for r in results],
-            "summary": {"ours_beaten": any(r.verdict == BEATS for r in ours),
-                        "simulated_policies_beaten": beaten,
-                        "simulated_policies_off_share_without_attack": biased,
-                        "linking_attacks_succeeded": sorted(r.strategy for r in linking or () if not r.detected),
-                        "collusion_rows_failed": sorted(r.strategy for r in collusion or () if not r.passed),
-                        "amplification_rows_failed": sorted(r.strategy for r in amplification or () if not r.passed)},
-            "linking": [r.to_json() for r in linking or ()],
-            "collusion": [r.to_json() for r in collusion or ()],
-            "amplification": [r.to_json() for r in amplification or ()]}
+    return {
+        "audit": "targeting",
+        "capacities": list(scenario.capacities),
+        "attacker_nodes": sorted(scenario.attacker_nodes),
+        "requests_per_row": scenario.requests,
+        "seed": scenario.seed,
+        "confidence": 0.95,
+        "results": [r.to_json() for r in results],
+        "summary": {
+            "ours_beaten": any(r.verdict == BEATS for r in ours),
+            "simulated_policies_beaten": beaten,
+            "simulated_policies_off_share_without_attack": biased,
+            "linking_attacks_succeeded": sorted(r.strategy for r in linking or () if not r.detected),
+            "collusion_rows_failed": sorted(r.strategy for r in collusion or () if not r.passed),
+            "amplification_rows_failed": sorted(r.strategy for r in amplification or () if not r.passed),
+        },
+        "linking": [r.to_json() for r in linking or ()],
+        "collusion": [r.to_json() for r in collusion or ()],
+        "amplification": [r.to_json() for r in amplification or ()],
+    }
 
 
-def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None = None,
-        gateway_cfg: GatewayAttackConfig = GatewayAttackConfig(), linking_trials: int = 30) -> dict:
+def run(
+    scenario: Scenario,
+    json_path: str | None = None,
+    plot_path: str | None = None,
+    gateway_cfg: GatewayAttackConfig = GatewayAttackConfig(),
+    linking_trials: int = 30,
+) -> dict:
     from tqdm.auto import tqdm
 
     with tqdm(total=len(GATEWAY_STRATEGIES) + len(SIM_PLAN), desc="policy x strategy", unit="row") as bar:
@@ -86,34 +108,47 @@ def run(scenario: Scenario, json_path: str | None = None, plot_path: str | None 
 def print_report(report: dict) -> None:
     caps = ":".join(f"{c:g}" for c in report["capacities"])
     attacker = ",".join(str(i) for i in report["attacker_nodes"])
-    print(f"\ntraceless audit targeting  (capacities {caps}; attacker holds nodes {attacker}; "
-          f"{report['requests_per_row']} target requests per row; "
-          + (f"seed {report['seed']})" if report["seed"] is not None else "unseeded: the gateway uses its CSPRNG)"))
-    print(f"{'policy':<17}{'router':<14}{'strategy':<14}{'T share':>8}{'P(target in T)':>16}{'95% CI':>17}"
-          f"{'advantage':>11}{'chi2 p':>10}  verdict")
+    print(
+        f"\ntraceless audit targeting  (capacities {caps}; attacker holds nodes {attacker}; "
+        f"{report['requests_per_row']} target requests per row; "
+        + (f"seed {report['seed']})" if report["seed"] is not None else "unseeded: the gateway uses its CSPRNG)")
+    )
+    print(
+        f"{'policy':<17}{'router':<14}{'strategy':<14}{'T share':>8}{'P(target in T)':>16}{'95% CI':>17}"
+        f"{'advantage':>11}{'chi2 p':>10}  verdict"
+    )
     for r in report["results"]:
         lo, hi = r["p_95ci"]
         router = "simulated" if r["simulated"] else "REAL gateway"
-        print(f"{r['policy']:<17}{router:<14}{r['strategy']:<14}{r['attacker_capacity_share']:>8.3f}"
-              f"{r['p_target_in_T']:>16.3f}{f'[{lo:.3f}, {hi:.3f}]':>17}{r['advantage']:>10.2f}x"
-              f"{r['chi_square_p_capacity_fit']:>10.2g}  {r['verdict']}")
+        print(
+            f"{r['policy']:<17}{router:<14}{r['strategy']:<14}{r['attacker_capacity_share']:>8.3f}"
+            f"{r['p_target_in_T']:>16.3f}{f'[{lo:.3f}, {hi:.3f}]':>17}{r['advantage']:>10.2f}x"
+            f"{r['chi_square_p_capacity_fit']:>10.2g}  {r['verdict']}"
+        )
     summary = report["summary"]
-    print("T share: the attacker's capacity share, nodes it registered included. BEATS: the 95% interval lies "
-          "above it (at 95%,\nabout one row in 40 that is truly at its share reads otherwise by chance). chi2 p: "
-          "per-node counts vs capacity\nshares. Strategy 'none': the attacker does nothing; a simulated router "
-          "off its share there is biased by itself.")
-    print(f"ours beaten: {'YES' if summary['ours_beaten'] else 'no'}; simulated routers an attack beats: "
-          f"{', '.join(summary['simulated_policies_beaten']) or 'none'}; off share without an attack: "
-          f"{', '.join(summary['simulated_policies_off_share_without_attack']) or 'none'}")
+    print(
+        "T share: the attacker's capacity share, nodes it registered included. BEATS: the 95% interval lies "
+        "above it (at 95%,\nabout one row in 40 that is truly at its share reads otherwise by chance). chi2 p: "
+        "per-node counts vs capacity\nshares. Strategy 'none': the attacker does nothing; a simulated router "
+        "off its share there is biased by itself."
+    )
+    print(
+        f"ours beaten: {'YES' if summary['ours_beaten'] else 'no'}; simulated routers an attack beats: "
+        f"{', '.join(summary['simulated_policies_beaten']) or 'none'}; off share without an attack: "
+        f"{', '.join(summary['simulated_policies_off_share_without_attack']) or 'none'}"
+    )
     if report.get("linking"):
-        print(f"\n{'linking/log attack':<20}{'trials':>7}{'attack success':>16}{'95% CI':>17}"
-              f"{'honest accepted':>17}{'95% CI':>17}  verdict")
+        print(
+            f"\n{'linking/log attack':<20}{'trials':>7}{'attack success':>16}{'95% CI':>17}"
+            f"{'honest accepted':>17}{'95% CI':>17}  verdict"
+        )
         for r in report["linking"]:
             (alo, ahi), (hlo, hhi) = r["attack_95ci"], r["honest_95ci"]
-            print(f"{r['strategy']:<20}{r['trials']:>7}{r['attack_success_rate']:>16.3f}{f'[{alo:.3f}, {ahi:.3f}]':>17}"
-                  f"{r['honest_accept_rate']:>17.3f}{f'[{hlo:.3f}, {hhi:.3f}]':>17}  "
-                  f"{'detected / failed' if r['detected'] else 'ATTACK SUCCEEDED or honest refused'}")
-
+            print(
+                f"{r['strategy']:<20}{r['trials']:>7}{r['attack_success_rate']:>16.3f}{f'[{alo:.3f}, {ahi:.3f}]':>17}"
+                f"{r['honest_accept_rate']:>17.3f}{f'[{hlo:.3f}, {hhi:.3f}]':>17}  "
+                f"{'detected / failed' if r['detected'] else 'ATTACK SUCCEEDED or honest refused'}"
+            )
 
     if report.get("collusion"):
         print_collusion(report["collusion"])
@@ -122,14 +157,18 @@ def print_report(report: dict) -> None:
 
 
 def print_collusion(rows: list[dict]) -> None:
-    print(f"\n{'colluding hops':<16}{'fair':>7}{'honest baseline':>24}{'attack on ours':>24}"
-          f"{'attack on weakened':>24}  verdict")
+    print(
+        f"\n{'colluding hops':<16}{'fair':>7}{'honest baseline':>24}{'attack on ours':>24}"
+        f"{'attack on weakened':>24}  verdict"
+    )
     for r in rows:
         cells = "".join(_cell(r[k]) for k in ("honest", "attacked", "weakened"))
         print(f"{r['strategy']:<16}{r['fair']:>7.3f}{cells}  {'ok' if r['passed'] else 'FAILED'}")
-    print("Each cell: success rate, verdict against the fair level (99.99% Wilson interval). A row is ok when the "
-          "honest\nbaseline is AT the fair level, the attack does not BEAT it on our client, and BEATS it on the "
-          "weakened client.")
+    print(
+        "Each cell: success rate, verdict against the fair level (99.99% Wilson interval). A row is ok when the "
+        "honest\nbaseline is AT the fair level, the attack does not BEAT it on our client, and BEATS it on the "
+        "weakened client."
+    )
 
 
 def _cell(c: dict) -> str:
@@ -153,14 +192,19 @@ def _draw_targeting(ax, rows: list[dict], Line2D, Patch) -> None:
         ax.bar(x, p, color=colour, alpha=0.8)
         ax.errorbar(x, p, yerr=[[p - lo], [hi - p]], color="black", capsize=4)
         ax.hlines(r["attacker_capacity_share"], x - 0.45, x + 0.45, colors="tab:blue", linestyles="--")
-    ax.legend(handles=[
-        Line2D([], [], color="tab:blue", linestyle="--", label="attacker's capacity share (incl. registered)"),
-        Patch(color="tab:green", label="ours: real gateway"),
-        Patch(color="tab:red", label="simulated router: attacker beats its share"),
-        Patch(color="tab:gray", label="simulated router: no attack / not beaten"),
-    ], loc="upper left", fontsize=8)
-    ax.set_xticks(range(len(rows)), [f"{r['policy']}\n{r['strategy']}" for r in rows], rotation=35,
-                  ha="right", fontsize=8)
+    ax.legend(
+        handles=[
+            Line2D([], [], color="tab:blue", linestyle="--", label="attacker's capacity share (incl. registered)"),
+            Patch(color="tab:green", label="ours: real gateway"),
+            Patch(color="tab:red", label="simulated router: attacker beats its share"),
+            Patch(color="tab:gray", label="simulated router: no attack / not beaten"),
+        ],
+        loc="upper left",
+        fontsize=8,
+    )
+    ax.set_xticks(
+        range(len(rows)), [f"{r['policy']}\n{r['strategy']}" for r in rows], rotation=35, ha="right", fontsize=8
+    )
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("P(target's request lands on the attacker's nodes)")
     ax.set_title("Non-targetability: P(target in T) with 95% CI vs capacity share")

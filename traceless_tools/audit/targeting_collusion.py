@@ -21,6 +21,7 @@ Every cell has a 99.99% Wilson interval (VERDICT_Z, as the routing rows): BEATS 
 is above the fair level. The audit passes a row when the honest baseline is AT the fair level, the
 attack on our client does not BEAT it, and the attack on the weakened client does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,9 +52,13 @@ class Cell:
         return BEATS if lo > fair else BELOW if hi < fair else AT
 
     def to_json(self, fair: float) -> dict:
-        return {"successes": self.successes, "trials": self.trials,
-                "rate": self.successes / self.trials if self.trials else float("nan"),
-                "interval_99_99": list(self.interval()), "verdict": self.verdict(fair)}
+        return {
+            "successes": self.successes,
+            "trials": self.trials,
+            "rate": self.successes / self.trials if self.trials else float("nan"),
+            "interval_99_99": list(self.interval()),
+            "verdict": self.verdict(fair),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +73,23 @@ class CollusionRow:
 
     @property
     def passed(self) -> bool:
-        return (self.honest.verdict(self.fair) == AT and self.attacked.verdict(self.fair) != BEATS
-                and self.weakened.verdict(self.fair) == BEATS)
+        return (
+            self.honest.verdict(self.fair) == AT
+            and self.attacked.verdict(self.fair) != BEATS
+            and self.weakened.verdict(self.fair) == BEATS
+        )
 
     def to_json(self) -> dict:
-        return {"strategy": self.strategy, "metric": self.metric, "fair": self.fair,
-                "honest": self.honest.to_json(self.fair), "attacked": self.attacked.to_json(self.fair),
-                "weakened": self.weakened.to_json(self.fair), "passed": self.passed, "notes": self.notes}
+        return {
+            "strategy": self.strategy,
+            "metric": self.metric,
+            "fair": self.fair,
+            "honest": self.honest.to_json(self.fair),
+            "attacked": self.attacked.to_json(self.fair),
+            "weakened": self.weakened.to_json(self.fair),
+            "passed": self.passed,
+            "notes": self.notes,
+        }
 
 
 def _guess(rng: random.Random, user: int) -> bool:
@@ -181,8 +196,9 @@ class _DirectCheckingWallet(TokenWallet):
     accepts it when the two agree (the wallet before the public challenge)."""
 
     async def _checked_challenge(self, key):
-        relayed, direct = await asyncio.gather(self._challenge_from(self._config.relay_url, key),
-                                               self._challenge_from(self._config.gateway_url, key))
+        relayed, direct = await asyncio.gather(
+            self._challenge_from(self._config.relay_url, key), self._challenge_from(self._config.gateway_url, key)
+        )
         if relayed.encode() != direct.encode():
             raise TokenError("the two copies differ", "challenge_mismatch")
         return relayed
@@ -190,6 +206,7 @@ class _DirectCheckingWallet(TokenWallet):
 
 def _cells(trials: int, trial: Callable) -> tuple[Cell, Cell, Cell]:
     """(honest, attacked, weakened): `trial(weakened, attack)` -> whether the attacker named the user."""
+
     async def count(weakened: bool, attack: bool) -> Cell:
         return Cell(sum([await trial(weakened, attack) for _ in range(trials)]), trials)
 
@@ -231,8 +248,9 @@ def key_partition(w, trials: int, rng: random.Random) -> tuple[Cell, Cell, Cell]
 
     older, newer = w.issuer_key_spki, encode_token_key(rsa.generate_private_key(65537, 2048).public_key())
     now = int(time.time())
-    TransparencyLog.open(w.dir / "log").append(IssuerKeyEntry(issuer_name(w.issuer_url), newer, now - 30,
-                                                              now + 86400).encode())
+    TransparencyLog.open(w.dir / "log").append(
+        IssuerKeyEntry(issuer_name(w.issuer_url), newer, now - 30, now + 86400).encode()
+    )
     witness_round(w)
 
     async def trial(weakened: bool, attack: bool) -> bool:
@@ -264,7 +282,9 @@ def measure_collusion_linking(trials: int, seed: int | None = None) -> list[Coll
     rng = random.Random(seed) if seed is not None else random.Random(secrets.randbits(64))
     metric = f"attacker names the user behind a spend (of {USERS})"
     with world() as w:
-        rows = [CollusionRow("pairing_tagger", metric, 1 / USERS, *pairing_tagger(w, trials, rng)),
-                CollusionRow("key_partition", metric, 1 / USERS, *key_partition(w, trials, rng))]
+        rows = [
+            CollusionRow("pairing_tagger", metric, 1 / USERS, *pairing_tagger(w, trials, rng)),
+            CollusionRow("key_partition", metric, 1 / USERS, *key_partition(w, trials, rng)),
+        ]
     rows.append(CollusionRow("forced_refill", metric, 1 / USERS, *forced_refill(trials, rng)))
     return rows

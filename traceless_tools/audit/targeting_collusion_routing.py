@@ -10,6 +10,7 @@ draw (node_choice) and kept draws; the gateway's side is what the attack changes
     retry_steering  the gateway fails (502) every request not bound for T; the caller (the openai
                     SDK's default) tries each request 3 times. Weakened: every attempt a fresh draw.
 """
+
 from __future__ import annotations
 
 import base64
@@ -32,12 +33,21 @@ ROUND_EVERY = 25  # target requests per fresh candidate round (the client's maxi
 
 class _Cluster:
     def __init__(self, scenario: Scenario) -> None:
-        self.nodes = [AuditNode(f"node{i}", int(c), i in scenario.attacker_nodes, url=f"http://audit.farm/node{i}")
-                      for i, c in enumerate(scenario.capacities)]
+        self.nodes = [
+            AuditNode(f"node{i}", int(c), i in scenario.attacker_nodes, url=f"http://audit.farm/node{i}")
+            for i, c in enumerate(scenario.capacities)
+        ]
         self.share = sum(n.capacity for n in self.nodes if n.attacker) / sum(n.capacity for n in self.nodes)
-        config = ClientConfig("http://unused", "unused", "http://unused", "http://127.0.0.1:9", bytes(32),
-                              tuple(n.attester_key for n in self.nodes), "m",
-                              attester_policy=AttesterPolicy.DEVELOPMENT)
+        config = ClientConfig(
+            "http://unused",
+            "unused",
+            "http://unused",
+            "http://127.0.0.1:9",
+            bytes(32),
+            tuple(n.attester_key for n in self.nodes),
+            "m",
+            attester_policy=AttesterPolicy.DEVELOPMENT,
+        )
         self.verifier = NodeVerifier(config, releases=AuditReleases())
         self.attacker_urls = {n.url for n in self.nodes if n.attacker}  # the URL each document attests
 
@@ -69,8 +79,9 @@ class _Cluster:
         self.verifier.close()
 
 
-def _requests(cluster: _Cluster, n: int, send: Callable[[list[VerifiedNode]], VerifiedNode | None],
-              aliases: int, weakened: bool) -> Cell:
+def _requests(
+    cluster: _Cluster, n: int, send: Callable[[list[VerifiedNode]], VerifiedNode | None], aliases: int, weakened: bool
+) -> Cell:
     """n target requests, a fresh round every ROUND_EVERY; success: answered by T."""
     hits, nodes = 0, []
     for k in range(n):
@@ -88,8 +99,11 @@ def node_aliases(cluster: _Cluster, n: int, rng: random.Random) -> tuple[Cell, C
     def once(nodes: list[VerifiedNode]) -> VerifiedNode:
         return draw_node(nodes, rng)
 
-    return (_requests(cluster, n, once, 0, False), _requests(cluster, n, once, ALIASES, False),
-            _requests(cluster, n, once, ALIASES, True))
+    return (
+        _requests(cluster, n, once, 0, False),
+        _requests(cluster, n, once, ALIASES, False),
+        _requests(cluster, n, once, ALIASES, True),
+    )
 
 
 def retry_steering(cluster: _Cluster, n: int, rng: random.Random) -> tuple[Cell, Cell, Cell]:
@@ -105,9 +119,11 @@ def retry_steering(cluster: _Cluster, n: int, rng: random.Random) -> tuple[Cell,
 
         return send
 
-    return (_requests(cluster, n, steering_sender(Draws(rng), False), 0, False),
-            _requests(cluster, n, steering_sender(Draws(rng), True), 0, False),
-            _requests(cluster, n, steering_sender(None, True), 0, True))
+    return (
+        _requests(cluster, n, steering_sender(Draws(rng), False), 0, False),
+        _requests(cluster, n, steering_sender(Draws(rng), True), 0, False),
+        _requests(cluster, n, steering_sender(None, True), 0, True),
+    )
 
 
 def measure_collusion_routing(scenario: Scenario, requests: int) -> list[CollusionRow]:
@@ -116,9 +132,21 @@ def measure_collusion_routing(scenario: Scenario, requests: int) -> list[Collusi
     cluster = _Cluster(scenario)
     try:
         metric = "P(target request answered by T)"
-        return [CollusionRow("node_aliases", metric, cluster.share, *node_aliases(cluster, requests, rng),
-                             {"aliases_per_attacker_node": ALIASES}),
-                CollusionRow("retry_steering", metric, cluster.share, *retry_steering(cluster, requests, rng),
-                             {"attempts_per_request": ATTEMPTS})]
+        return [
+            CollusionRow(
+                "node_aliases",
+                metric,
+                cluster.share,
+                *node_aliases(cluster, requests, rng),
+                {"aliases_per_attacker_node": ALIASES},
+            ),
+            CollusionRow(
+                "retry_steering",
+                metric,
+                cluster.share,
+                *retry_steering(cluster, requests, rng),
+                {"attempts_per_request": ATTEMPTS},
+            ),
+        ]
     finally:
         cluster.close()

@@ -1,5 +1,6 @@
 """One measurement of `traceless audit targeting`: where N target requests landed, against the
 attacker's capacity share (threat T13, docs/threat-model.md: P(u in R(T)) must equal sum C(T) / sum C(S))."""
+
 from __future__ import annotations
 
 import math
@@ -88,15 +89,27 @@ class Estimate:
         """Goodness of fit of the per-node landing counts to the capacity shares."""
         names = sorted(self.capacity)
         total = math.fsum(self.capacity.values())
-        return chi_square_p([self.landed.get(name, 0) for name in names],
-                            [self.capacity[name] / total for name in names])
+        return chi_square_p(
+            [self.landed.get(name, 0) for name in names], [self.capacity[name] / total for name in names]
+        )
 
     def to_json(self) -> dict:
         lo, hi = self.ci
-        return {"policy": self.policy, "strategy": self.strategy, "simulated": self.simulated,
-                "requests": self.n, "hits": self.hits, "attacker_capacity_share": self.share,
-                "p_target_in_T": self.p_hat, "p_95ci": [lo, hi], "p_verdict_ci": list(self.verdict_ci),
-                "advantage": self.advantage,
-                "verdict": self.verdict, "chi_square_p_capacity_fit": self.chi_square_p,
-                "landed": dict(sorted(self.landed.items())), "capacity": dict(sorted(self.capacity.items())),
-                "attacker_nodes": sorted(self.attacker), "notes": self.notes}
+        return {
+            "policy": self.policy,
+            "strategy": self.strategy,
+            "simulated": self.simulated,
+            "requests": self.n,
+            "hits": self.hits,
+            "attacker_capacity_share": self.share,
+            "p_target_in_T": self.p_hat,
+            "p_95ci": [lo, hi],
+            "p_verdict_ci": list(self.verdict_ci),
+            "advantage": self.advantage,
+            "verdict": self.verdict,
+            "chi_square_p_capacity_fit": self.chi_square_p,
+            "landed": dict(sorted(self.landed.items())),
+            "capacity": dict(sorted(self.capacity.items())),
+            "attacker_nodes": sorted(self.attacker),
+            "notes": self.notes,
+        }

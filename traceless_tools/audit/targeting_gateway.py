@@ -31,6 +31,7 @@ Strategies, applied through the gateway's own interfaces:
   stale_attestation  a gateway that replays, in place of each attacker node's fresh document, one
                 captured earlier (another nonce): the row's success rate is replays accepted.
 """
+
 from __future__ import annotations
 
 import base64
@@ -60,8 +61,18 @@ from traceless_tools.client.private_client import ClientConfig
 from traceless_tools.cluster.gateway import GatewayConfig, create_gateway_app
 
 MODEL = "traceless-audit-model"
-GATEWAY_STRATEGIES = ("none", "flood", "sybil", "seed_prefix", "premium_pool", "capacity_inflation",
-                      "sybil_urls", "reregistration_hijack", "health_manipulation", "stale_attestation")
+GATEWAY_STRATEGIES = (
+    "none",
+    "flood",
+    "sybil",
+    "seed_prefix",
+    "premium_pool",
+    "capacity_inflation",
+    "sybil_urls",
+    "reregistration_hijack",
+    "health_manipulation",
+    "stale_attestation",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +97,16 @@ class GatewayRouting(RoutingPolicy):
         self._refresh_every = refresh_every
         self._verified: list[VerifiedNode] = []
         self._since_refresh = refresh_every
-        cfg = ClientConfig("http://unused", "unused", "http://unused", "http://127.0.0.1:9", bytes(32),
-                           tuple(node.attester_key for node in run.farm.nodes.values()), MODEL,
-                           attester_policy=AttesterPolicy.DEVELOPMENT)
+        cfg = ClientConfig(
+            "http://unused",
+            "unused",
+            "http://unused",
+            "http://127.0.0.1:9",
+            bytes(32),
+            tuple(node.attester_key for node in run.farm.nodes.values()),
+            MODEL,
+            attester_policy=AttesterPolicy.DEVELOPMENT,
+        )
         self._verifier = NodeVerifier(cfg, releases=AuditReleases())
         self.refused = 0
 
@@ -133,8 +151,10 @@ class GatewayRun:
 
     def tamper(self, offered: list[dict]) -> list[dict]:
         """What a replaying gateway hands the client: captured documents in place of fresh ones."""
-        return [{**entry, "attestation": self.stale[entry["node_id"]]} if entry["node_id"] in self.stale else entry
-                for entry in offered]
+        return [
+            {**entry, "attestation": self.stale[entry["node_id"]]} if entry["node_id"] in self.stale else entry
+            for entry in offered
+        ]
 
     def count(self, key: str, status: int) -> None:
         statuses = self.notes.setdefault(key, {})
@@ -144,8 +164,11 @@ class GatewayRun:
     def listing(self, attacker: bool) -> list[dict]:
         """The gateway's public node list (k = all), split by who the attacker knows it owns."""
         nodes = self.http.get("/pcc/v1/nodes", params={"model": MODEL, "k": "1000"}).json()["nodes"]
-        return [n for n in nodes if n["node_id"] in self.index_of
-                and self.state.nodes[self.index_of[n["node_id"]]].attacker == attacker]
+        return [
+            n
+            for n in nodes
+            if n["node_id"] in self.index_of and self.state.nodes[self.index_of[n["node_id"]]].attacker == attacker
+        ]
 
 
 def send_ohttp(http: httpx.Client, entry: dict, messages: list[dict], max_tokens: int) -> int:
@@ -153,8 +176,9 @@ def send_ohttp(http: httpx.Client, entry: dict, messages: list[dict], max_tokens
     (config, *_) = decode_ohttp_keys(base64.b64decode(entry["ohttp_keys"]))
     body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens}).encode()
     call = encapsulate_call(config, b"/v1/chat/completions", body, stream=False)
-    response = http.post(f"/pcc/v1/ohttp/{entry['node_id']}", content=call.body,
-                         headers={"content-type": call.media_type})
+    response = http.post(
+        f"/pcc/v1/ohttp/{entry['node_id']}", content=call.body, headers={"content-type": call.media_type}
+    )
     return response.status_code
 
 
@@ -197,15 +221,18 @@ class Flood(GatewayAttack):
             try:
                 with httpx.Client(base_url=base_url, timeout=30) as http:
                     while not stop.is_set():
-                        status = send_ohttp(http, rng.choice(honest),
-                                            [{"role": "user", "content": "write a very long story"}], 4096)
+                        status = send_ohttp(
+                            http, rng.choice(honest), [{"role": "user", "content": "write a very long story"}], 4096
+                        )
                         with lock:
                             statuses[status] += 1
             except BaseException as exc:  # re-raised in the measuring thread below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=worker, args=(run.rng.getrandbits(64),), daemon=True)
-                   for _ in range(self.cfg.flood_workers)]
+        threads = [
+            threading.Thread(target=worker, args=(run.rng.getrandbits(64),), daemon=True)
+            for _ in range(self.cfg.flood_workers)
+        ]
         for t in threads:
             t.start()
         try:
@@ -216,10 +243,12 @@ class Flood(GatewayAttack):
                 t.join(30)
         if errors:
             raise RuntimeError("a flood worker failed") from errors[0]
-        run.notes.update(flood_status_counts={str(k): v for k, v in statuses.items()},
-                         flood_forwarded_to_honest=run.farm.served(attacker=False),
-                         honest_inflight_mean_at_target=sum(self._samples) / max(1, len(self._samples)),
-                         attacker_served=run.farm.served(attacker=True))
+        run.notes.update(
+            flood_status_counts={str(k): v for k, v in statuses.items()},
+            flood_forwarded_to_honest=run.farm.served(attacker=False),
+            honest_inflight_mean_at_target=sum(self._samples) / max(1, len(self._samples)),
+            attacker_served=run.farm.served(attacker=True),
+        )
 
     def before_target(self, run, k):
         self._samples.append(run.farm.inflight(attacker=False))
@@ -292,11 +321,12 @@ class ReregistrationHijack(GatewayAttack):
         for honest in [n for n in list(run.farm.nodes.values()) if not n.attacker]:
             earlier = honest.registration(MODEL)  # a document the attacker captured on the wire
             earlier["attestation"] = honest.document(secrets.token_bytes(16), now=time.time() - 60)
-            run.count("replayed_registration_statuses",
-                      run.http.post("/pcc/v1/register", json=earlier).status_code)
+            run.count("replayed_registration_statuses", run.http.post("/pcc/v1/register", json=earlier).status_code)
             squatter = attackers[0]
-            run.count("squat_registration_statuses",
-                      run.http.post("/pcc/v1/register", json=squatter.registration(MODEL, url=honest.url)).status_code)
+            run.count(
+                "squat_registration_statuses",
+                run.http.post("/pcc/v1/register", json=squatter.registration(MODEL, url=honest.url)).status_code,
+            )
             run.http.post("/pcc/v1/register", json=squatter.registration(MODEL))
 
 
@@ -323,8 +353,18 @@ class StaleAttestation(GatewayAttack):
 
 
 def make_gateway_attack(name: str, cfg: GatewayAttackConfig) -> GatewayAttack:
-    for cls in (GatewayAttack, Flood, Sybil, SeedPrefix, PremiumPool, CapacityInflation, SybilUrls,
-                ReregistrationHijack, HealthManipulation, StaleAttestation):
+    for cls in (
+        GatewayAttack,
+        Flood,
+        Sybil,
+        SeedPrefix,
+        PremiumPool,
+        CapacityInflation,
+        SybilUrls,
+        ReregistrationHijack,
+        HealthManipulation,
+        StaleAttestation,
+    ):
         if cls.name == name:
             return cls(cfg)
     raise ValueError(f"unknown strategy {name!r}")
@@ -338,11 +378,18 @@ def measure_gateway(strategy: str, scenario: Scenario, cfg: GatewayAttackConfig 
     attack = make_gateway_attack(strategy, cfg)
     farm = NodeFarm(cfg.hold_s)
     health_s = 0.2 if strategy == "health_manipulation" else 3600
-    app = create_gateway_app(GatewayConfig(privacy=False, health_interval_s=health_s, health_timeout_s=2.0,
-                                           attester_policy=AttesterPolicy.DEVELOPMENT),
-                             rng=gateway_rng, releases=AuditReleases())
-    with serve_in_thread(farm.app) as farm_url, serve_in_thread(app) as gateway_url, \
-            httpx.Client(base_url=gateway_url, timeout=30) as http:
+    app = create_gateway_app(
+        GatewayConfig(
+            privacy=False, health_interval_s=health_s, health_timeout_s=2.0, attester_policy=AttesterPolicy.DEVELOPMENT
+        ),
+        rng=gateway_rng,
+        releases=AuditReleases(),
+    )
+    with (
+        serve_in_thread(farm.app) as farm_url,
+        serve_in_thread(app) as gateway_url,
+        httpx.Client(base_url=gateway_url, timeout=30) as http,
+    ):
         farm.url = farm_url
         run = GatewayRun(http, farm, farm_url, rng)
         for i, capacity in enumerate(scenario.capacities):
@@ -360,8 +407,18 @@ def measure_gateway(strategy: str, scenario: Scenario, cfg: GatewayAttackConfig 
             policy.close()
         registry = app.state.gateway.registry
         registry.check_integrity()
-        run.notes.update(registered_nodes=len(registry), gateway_rng="seeded" if seeded else "SystemRandom",
-                         client_refused_candidates=policy.refused)
+        run.notes.update(
+            registered_nodes=len(registry),
+            gateway_rng="seeded" if seeded else "SystemRandom",
+            client_refused_candidates=policy.refused,
+        )
     nodes = run.state.nodes
-    return Estimate(GatewayRouting.name, strategy, False, dict(landed), {n.name: n.capacity for n in nodes},
-                    frozenset(n.name for n in nodes if n.attacker), run.notes)
+    return Estimate(
+        GatewayRouting.name,
+        strategy,
+        False,
+        dict(landed),
+        {n.name: n.capacity for n in nodes},
+        frozenset(n.name for n in nodes if n.attacker),
+        run.notes,
+    )

@@ -15,6 +15,7 @@ same components behaving honestly) and how many were accepted, both with 95% Wil
 The attacks must succeed 0/N times while the honest baseline is accepted N/N: a check that refused
 everything would fail the second half.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,12 +51,16 @@ class LinkingEstimate:
         return self.attack_successes == 0 and self.honest_accepted == self.trials
 
     def to_json(self) -> dict:
-        return {"strategy": self.strategy, "trials": self.trials,
-                "attack_success_rate": self.attack_successes / self.trials,
-                "attack_95ci": list(wilson_interval(self.attack_successes, self.trials)),
-                "honest_accept_rate": self.honest_accepted / self.trials,
-                "honest_95ci": list(wilson_interval(self.honest_accepted, self.trials)),
-                "detected": self.detected, "notes": self.notes}
+        return {
+            "strategy": self.strategy,
+            "trials": self.trials,
+            "attack_success_rate": self.attack_successes / self.trials,
+            "attack_95ci": list(wilson_interval(self.attack_successes, self.trials)),
+            "honest_accept_rate": self.honest_accepted / self.trials,
+            "honest_95ci": list(wilson_interval(self.honest_accepted, self.trials)),
+            "detected": self.detected,
+            "notes": self.notes,
+        }
 
 
 # --- the world: log + witness, issuer, gateway --------------------------------------------------
@@ -91,20 +96,24 @@ def world() -> Iterator[World]:
         d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="traceless-linking-")))
         api_key = secrets.token_urlsafe(16)
         issuer = Issuer.generate()
-        issuer_url = stack.enter_context(serve_in_thread(
-            create_issuer_app(IssuerConfig(tokens_per_window=10**6), ApiKeyStore({"user": api_key}), issuer=issuer),
-            what="issuer"))
+        issuer_url = stack.enter_context(
+            serve_in_thread(
+                create_issuer_app(IssuerConfig(tokens_per_window=10**6), ApiKeyStore({"user": api_key}), issuer=issuer),
+                what="issuer",
+            )
+        )
         log = TransparencyLog.create(d / "log")
         now = int(time.time())
         log.append(IssuerKeyEntry(issuer_name(issuer_url), issuer.public_key.spki, now - 60, now + 86400).encode())
         witness = Witness(d / "witness", log.public_key_bytes())
-        log_url = stack.enter_context(serve_in_thread(
-            server=build_server(d / "log", witness_keys=(witness.public_key,)), what="log"))
+        log_url = stack.enter_context(
+            serve_in_thread(server=build_server(d / "log", witness_keys=(witness.public_key,)), what="log")
+        )
         cfg = GatewayConfig(issuer_url=issuer_url, health_interval_s=3600, attester_policy=AttesterPolicy.DEVELOPMENT)
-        gateway_url = stack.enter_context(serve_in_thread(
-            create_gateway_app(cfg, [issuer.public_key], releases=AuditReleases()), what="gateway"))
-        w = World(d, log_url, log.public_key_bytes(), witness, issuer_url, gateway_url, issuer.public_key.spki,
-                  api_key)
+        gateway_url = stack.enter_context(
+            serve_in_thread(create_gateway_app(cfg, [issuer.public_key], releases=AuditReleases()), what="gateway")
+        )
+        w = World(d, log_url, log.public_key_bytes(), witness, issuer_url, gateway_url, issuer.public_key.spki, api_key)
         witness_round(w)
         yield w
 
@@ -122,15 +131,29 @@ def _log_client(w: World, state: Path | None):
     from traceless.privacy.translog.client import LogClient
     from traceless.privacy.translog.cosignature import WitnessPolicy
 
-    return LogClient(w.log_url, w.log_key, witness=WitnessPolicy((w.witness.public_key,)),  # type: ignore[attr-defined]
-                     state_path=state)
+    return LogClient(
+        w.log_url,
+        w.log_key,
+        witness=WitnessPolicy((w.witness.public_key,)),  # type: ignore[attr-defined]
+        state_path=state,
+    )
 
 
 def _wallet_config(w: World, relay_url: str, gateway_url: str, issuer_url: str) -> SimpleNamespace:
-    return SimpleNamespace(token_batch=4, token_low_water=2, token_refill_delay_s=(1.0, 1.0), token_wait_s=5.0,
-                           token_release_delay_s=(0.01, 0.02), challenge_epoch_s=3600.0, clock_leeway_s=60,
-                           issuer_url=issuer_url, relay_url=relay_url, gateway_url=gateway_url,
-                           origin_name="traceless", api_key=w.api_key)
+    return SimpleNamespace(
+        token_batch=4,
+        token_low_water=2,
+        token_refill_delay_s=(1.0, 1.0),
+        token_wait_s=5.0,
+        token_release_delay_s=(0.01, 0.02),
+        challenge_epoch_s=3600.0,
+        clock_leeway_s=60,
+        issuer_url=issuer_url,
+        relay_url=relay_url,
+        gateway_url=gateway_url,
+        origin_name="traceless",
+        api_key=w.api_key,
+    )
 
 
 def _logged_keys(w: World) -> Callable[[str, bool], list]:
@@ -179,10 +202,12 @@ def unique_challenge(w: World, trials: int) -> LinkingEstimate:
     with tagging_gateway(w) as tagger:
         # The relay forwards to the gateway, so both of the wallet's copies come from the tagging gateway.
         attacked = sum(_wallet_run(w, _wallet_config(w, tagger, tagger, w.issuer_url), refill) for _ in range(trials))
-    honest = sum(_wallet_run(w, _wallet_config(w, w.gateway_url, w.gateway_url, w.issuer_url), refill)
-                 for _ in range(trials))
-    return LinkingEstimate("unique_challenge", trials, attacked, honest,
-                           {"attack": "a fresh redemption context per challenge fetch"})
+    honest = sum(
+        _wallet_run(w, _wallet_config(w, w.gateway_url, w.gateway_url, w.issuer_url), refill) for _ in range(trials)
+    )
+    return LinkingEstimate(
+        "unique_challenge", trials, attacked, honest, {"attack": "a fresh redemption context per challenge fetch"}
+    )
 
 
 # --- issuer key tagging --------------------------------------------------------------------------
@@ -202,11 +227,14 @@ def tagging_directory(w: World) -> Iterator[str]:
     user_key = encode_token_key(rsa.generate_private_key(65537, 2048).public_key())
 
     async def directory(request: Request) -> JSONResponse:
-        return JSONResponse({"issuer-request-uri": "/token-request",
-                             "token-keys": [{"token-type": 2, "token-key": b64url_encode(user_key)}]})
+        return JSONResponse(
+            {
+                "issuer-request-uri": "/token-request",
+                "token-keys": [{"token-type": 2, "token-key": b64url_encode(user_key)}],
+            }
+        )
 
-    with serve_in_thread(Starlette(routes=[Route("/token-issuer-directory", directory)]),
-                         what="tagging issuer") as url:
+    with serve_in_thread(Starlette(routes=[Route("/token-issuer-directory", directory)]), what="tagging issuer") as url:
         yield url
 
 
@@ -220,10 +248,12 @@ def issuer_key_tagging(w: World, trials: int) -> LinkingEstimate:
         # The tagging issuer answers under the real issuer's name (the one its logged key is under).
         cfg = _wallet_config(w, w.gateway_url, w.gateway_url, tagger)
         attacked = sum(_wallet_run_named(w, cfg, take_key, issuer_name(w.issuer_url)) for _ in range(trials))
-    honest = sum(_wallet_run(w, _wallet_config(w, w.gateway_url, w.gateway_url, w.issuer_url), take_key)
-                 for _ in range(trials))
-    return LinkingEstimate("issuer_key_tagging", trials, attacked, honest,
-                           {"attack": "a per-user issuer key, not in the transparency log"})
+    honest = sum(
+        _wallet_run(w, _wallet_config(w, w.gateway_url, w.gateway_url, w.issuer_url), take_key) for _ in range(trials)
+    )
+    return LinkingEstimate(
+        "issuer_key_tagging", trials, attacked, honest, {"attack": "a per-user issuer key, not in the transparency log"}
+    )
 
 
 def _wallet_run_named(w: World, cfg: SimpleNamespace, attempt: Callable, name: str) -> bool:
@@ -321,5 +351,6 @@ def log_fork(w: World, trials: int) -> LinkingEstimate:
                         pass
         attacked += accepted
         witness_round(w)  # the fork is given up: the witness cosigns the honest head again
-    return LinkingEstimate("log_fork", trials, attacked, honest,
-                           {"attack": "a second head of the same size, signed with the log's key"})
+    return LinkingEstimate(
+        "log_fork", trials, attacked, honest, {"attack": "a second head of the same size, signed with the log's key"}
+    )

@@ -10,6 +10,7 @@ share one loopback server, each under its own path (`{url}/{name}`). Honest node
 request for `hold_s` (they do the work; that is the load an attacker's flood creates); the
 attacker's nodes answer at once. Counters are kept per node; no request content is kept.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,9 +33,20 @@ from traceless.privacy.translog.release_index import ReleaseNotLoggedError
 MAX_AUDIT_CAPACITY = 100
 # What the audit's nodes run: a release that allows capacities 1..MAX_AUDIT_CAPACITY, and no more, with
 # the settings the client's release policy requires.
-AUDIT_RELEASE = ReleaseManifest(b"\xa1" * 32, b"\xa2" * 32, {
-    "component": "audit-node", "prefix_cache": "isolated", "shape_padding": "buckets", "scrub_freed_memory": True,
-    "load_format": "auto", "request_events": False, "metrics_epsilon": 1.0}, tuple(range(1, MAX_AUDIT_CAPACITY + 1)))
+AUDIT_RELEASE = ReleaseManifest(
+    b"\xa1" * 32,
+    b"\xa2" * 32,
+    {
+        "component": "audit-node",
+        "prefix_cache": "isolated",
+        "shape_padding": "buckets",
+        "scrub_freed_memory": True,
+        "load_format": "auto",
+        "request_events": False,
+        "metrics_epsilon": 1.0,
+    },
+    tuple(range(1, MAX_AUDIT_CAPACITY + 1)),
+)
 
 
 class AuditReleases:
@@ -60,21 +72,35 @@ class AuditNode:
 
     url: str = ""  # where it serves: set by the farm
 
-    def document(self, nonce: bytes, capacity: int | None = None, url: str | None = None, ttl_s: int = 300,
-                 now: float | None = None) -> str:
+    def document(
+        self,
+        nonce: bytes,
+        capacity: int | None = None,
+        url: str | None = None,
+        ttl_s: int = 300,
+        now: float | None = None,
+    ) -> str:
         """A signed attestation of this node's key, URL and capacity (either may be overridden: a lie)."""
-        statement = NodeStatement(AUDIT_RELEASE.measurement, self.ohttp.ohttp_keys(),
-                                  self.capacity if capacity is None else capacity, self.url if url is None else url)
-        claims = new_claims(statement, nonce, int(time.time() if now is None else now), self.attester.attester_type,
-                            ttl_s)
+        statement = NodeStatement(
+            AUDIT_RELEASE.measurement,
+            self.ohttp.ohttp_keys(),
+            self.capacity if capacity is None else capacity,
+            self.url if url is None else url,
+        )
+        claims = new_claims(
+            statement, nonce, int(time.time() if now is None else now), self.attester.attester_type, ttl_s
+        )
         return self.attester.attest(claims)
 
     def registration(self, model: str, *, capacity: int | None = None, url: str | None = None) -> dict:
         """The body of POST /pcc/v1/register, with a fresh signed attestation."""
-        return {"url": self.url if url is None else url, "model": model,
-                "attestation": self.document(os.urandom(16), capacity, url),
-                "ohttp_keys": base64.b64encode(self.ohttp.ohttp_keys()).decode(),
-                "attester_key": base64.b64encode(self.attester.public_key.public_bytes_raw()).decode()}
+        return {
+            "url": self.url if url is None else url,
+            "model": model,
+            "attestation": self.document(os.urandom(16), capacity, url),
+            "ohttp_keys": base64.b64encode(self.ohttp.ohttp_keys()).decode(),
+            "attester_key": base64.b64encode(self.attester.public_key.public_bytes_raw()).decode(),
+        }
 
     @property
     def attester_key(self) -> bytes:
@@ -88,11 +114,13 @@ class NodeFarm:
         self.hold_s = hold_s
         self.url = ""  # the farm's base URL, set once it serves
         self.nodes: dict[str, AuditNode] = {}
-        self.app = Starlette(routes=[
-            Route("/{name}/health", self._health, methods=["GET"]),
-            Route("/{name}/pcc/v1/attestation", self._attestation, methods=["GET"]),
-            Route("/{name}/pcc/v1/ohttp", self._ohttp, methods=["POST"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/{name}/health", self._health, methods=["GET"]),
+                Route("/{name}/pcc/v1/attestation", self._attestation, methods=["GET"]),
+                Route("/{name}/pcc/v1/ohttp", self._ohttp, methods=["POST"]),
+            ]
+        )
 
     def add(self, name: str, capacity: int, attacker: bool) -> AuditNode:
         if name in self.nodes:

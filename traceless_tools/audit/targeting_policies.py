@@ -9,6 +9,7 @@ Every policy sees the same inputs: the request's observable features (user id, p
 user class: they exist for these policies; ours never receives them), the nodes (capacity,
 owner) and the state the harness keeps (in-flight requests, cached prefixes).
 """
+
 from __future__ import annotations
 
 import bisect

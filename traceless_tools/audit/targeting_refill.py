@@ -13,6 +13,7 @@ if a spend follows it within PAIR_S, names that refill's user; otherwise it gues
 WEAKENED: the client before this change: after a 401 it drops its tokens and resends, and a
 request waiting on an empty wallet leaves the instant a batch lands.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,13 @@ from traceless_tools.client.private_client import AsyncPrivateClient, ClientConf
 from traceless_tools.client.tokens import TokenWallet
 
 PAIR_S = 0.05
-_FAST = dict(token_batch=4, token_low_water=2, token_refill_delay_s=(0.02, 0.06), token_wait_s=2.0,
-             token_release_delay_s=(0.05, 0.2))
+_FAST = dict(
+    token_batch=4,
+    token_low_water=2,
+    token_refill_delay_s=(0.02, 0.06),
+    token_wait_s=2.0,
+    token_release_delay_s=(0.05, 0.2),
+)
 
 
 class _Hops:
@@ -92,8 +98,16 @@ class _LockStepWallet(_IssuerWallet):
 
 
 def _client(hops: _Hops, user: int, weakened: bool) -> AsyncPrivateClient:
-    config = ClientConfig("http://issuer.audit", "k", "http://relay.audit", "http://log.audit", bytes(32), (), "m",
-                          **_FAST)  # type: ignore[arg-type]
+    config = ClientConfig(
+        "http://issuer.audit",
+        "k",
+        "http://relay.audit",
+        "http://log.audit",
+        bytes(32),
+        (),
+        "m",
+        **_FAST,  # type: ignore[arg-type]
+    )
     client = AsyncPrivateClient(config, http=httpx.AsyncClient(transport=httpx.MockTransport(hops.gateway)))
     node = VerifiedNode("node", 1, hops.server.key_config, bytes(32), "kid", 0.0)
     client._verified_candidates = lambda: asyncio.sleep(0, [node])  # type: ignore[method-assign]

@@ -8,6 +8,7 @@ user (id known to the attacker) of a random app, so P(target in T) averages over
 app's prompt happens to be cached. Nothing here is the real gateway: that is
 targeting_gateway.py.
 """
+
 from __future__ import annotations
 
 import random
@@ -59,13 +60,17 @@ class Traffic:
         w, rng = self.workload, self.rng
         u = rng.randrange(w.users)
         user_class = PREMIUM if u % w.premium_user_every == 1 else STANDARD
-        return RequestFeatures(f"user-{u}", app_prefix(u % w.public_apps) + (f"private:{rng.getrandbits(48)}",),
-                               user_class)
+        return RequestFeatures(
+            f"user-{u}", app_prefix(u % w.public_apps) + (f"private:{rng.getrandbits(48)}",), user_class
+        )
 
     def target(self) -> RequestFeatures:
         app = self.rng.randrange(self.workload.public_apps)
-        return RequestFeatures(f"target-{self.rng.getrandbits(64):016x}",
-                               app_prefix(app) + (f"private:{self.rng.getrandbits(48)}",), PREMIUM)
+        return RequestFeatures(
+            f"target-{self.rng.getrandbits(64):016x}",
+            app_prefix(app) + (f"private:{self.rng.getrandbits(48)}",),
+            PREMIUM,
+        )
 
     def flood(self) -> RequestFeatures:
         return RequestFeatures(f"attacker-{self.rng.getrandbits(32)}", (f"flood:{self.rng.getrandbits(48)}",))
@@ -163,10 +168,16 @@ class PremiumPool(SimAttack):
 
 
 # The simulated (policy, strategy) pairs: each router without an attack, and with the one that fits.
-SIM_PLAN = (("least_loaded", "none"), ("least_loaded", "flood"),
-            ("user_affinity", "none"), ("user_affinity", "sybil"),
-            ("prefix_aware", "none"), ("prefix_aware", "seed_prefix"),
-            ("priority_class", "none"), ("priority_class", "premium_pool"))
+SIM_PLAN = (
+    ("least_loaded", "none"),
+    ("least_loaded", "flood"),
+    ("user_affinity", "none"),
+    ("user_affinity", "sybil"),
+    ("prefix_aware", "none"),
+    ("prefix_aware", "seed_prefix"),
+    ("priority_class", "none"),
+    ("priority_class", "premium_pool"),
+)
 
 
 def make_policy(name: str, rng: random.Random, nodes: list[NodeSpec]) -> RoutingPolicy:
@@ -217,7 +228,12 @@ def simulate(policy_name: str, strategy: str, scenario: Scenario, workload: Work
             d = a.attacker_duration if on_attacker else a.honest_duration
             state.admit(i, a.request, d if d is not None else traffic.duration())
     # Name by index: the sybil strategy renames the attacker's node during the run.
-    return Estimate(policy_name, strategy, True, {f"node{i}": c for i, c in enumerate(landed)},
-                    {f"node{i}": n.capacity for i, n in enumerate(nodes)},
-                    frozenset(f"node{i}" for i in scenario.attacker_nodes),
-                    {"workload": asdict(workload)})
+    return Estimate(
+        policy_name,
+        strategy,
+        True,
+        {f"node{i}": c for i, c in enumerate(landed)},
+        {f"node{i}": n.capacity for i, n in enumerate(nodes)},
+        frozenset(f"node{i}" for i in scenario.attacker_nodes),
+        {"workload": asdict(workload)},
+    )

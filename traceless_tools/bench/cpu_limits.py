@@ -14,6 +14,7 @@ Run as `python -m traceless_tools.bench.cpu_limits [--gguf FILE] [--resident]` f
 `--resident` loads the built-in engine (its default weights) and sums the bytes of the tensors its
 model holds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -132,11 +133,16 @@ def _tensors(obj, seen: set[int], depth: int = 0):
     else:
         children = [v for k, v in getattr(obj, "__dict__", {}).items() if k not in _NOT_WEIGHTS]
         for cls in type(obj).__mro__:
-            children += [getattr(obj, s) for s in getattr(cls, "__slots__", ())
-                         if s not in _NOT_WEIGHTS and hasattr(obj, s)]
+            children += [
+                getattr(obj, s) for s in getattr(cls, "__slots__", ()) if s not in _NOT_WEIGHTS and hasattr(obj, s)
+            ]
     for child in children:
-        if isinstance(child, (str, bytes, int, float, bool, type(None))) or callable(child) and \
-                not hasattr(child, "__dict__") and not hasattr(type(child), "__slots__"):
+        if (
+            isinstance(child, (str, bytes, int, float, bool, type(None)))
+            or callable(child)
+            and not hasattr(child, "__dict__")
+            and not hasattr(type(child), "__slots__")
+        ):
             continue
         yield from _tensors(child, seen, depth + 1)
 
@@ -175,9 +181,13 @@ def resident_weights() -> dict:
     model = getattr(llm.engine._executor, "model", None)
     if model is None:
         raise RuntimeError("the engine's executor holds no model to measure")
-    return {"model": llm.engine.model_name, "quantization": info.quantization, "dtype": info.dtype,
-            "weight_bytes": model_tensor_bytes(model),
-            "rss_growth_less_kv_bytes": after - before - info.kv_cache_bytes}
+    return {
+        "model": llm.engine.model_name,
+        "quantization": info.quantization,
+        "dtype": info.dtype,
+        "weight_bytes": model_tensor_bytes(model),
+        "rss_growth_less_kv_bytes": after - before - info.kv_cache_bytes,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ Limits of a workload (greedy, fixed output length, one batch when it fits):
     2 x parameters x prompt tokens / matmul rate).
 Attention and KV reads are left out, so the limits are a little generous.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -65,8 +66,9 @@ def step_read_shapes(shapes: dict[str, tuple[int, ...]], tie_word_embeddings: bo
     return {k: v for k, v in shapes.items() if k != "embed" or tie_word_embeddings}
 
 
-def workload_limits(limits: dict, weight_bytes: int, params: int, prompts: int, prompt_tokens: int,
-                    max_tokens: int) -> dict:
+def workload_limits(
+    limits: dict, weight_bytes: int, params: int, prompts: int, prompt_tokens: int, max_tokens: int
+) -> dict:
     """The best output tok/s (and, for one prompt, decode tok/s and TTFT) the ceilings allow."""
     bw, rate = limits["copy_bytes_per_s"], limits["bf16_flops_per_s"]
     output = prompts * max_tokens

@@ -16,6 +16,7 @@ through here; the file holds their token ids and nothing else.
 
     python -m traceless_tools.bench.greedy_set --json FILE [--model GGUF]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,16 +61,24 @@ def build(model: str | None) -> dict:
 
     ref = LLM(model, dtype="float32", kv_cache_memory=256 * 2**20, max_model_len=2048)
     tok = ref.get_tokenizer()
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-               for p in CHAT] + [tok.encode(p) for p in PLAIN]
+    prompts = [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False) for p in CHAT
+    ] + [tok.encode(p) for p in PLAIN]
     cont32 = _greedy(ref, prompts)
     seqs = [p + c for p, c in zip(prompts, cont32)]
     top1_float32 = _top1(ref, seqs)
     del ref
     quant = LLM(model, kv_cache_memory=256 * 2**20, max_model_len=2048)
-    return {"model": quant.engine.model_name, "quantization": quant.engine.model.quantization,
-            "new_tokens": NEW_TOKENS, "prompts": prompts, "continuation_float32": cont32,
-            "top1_float32": top1_float32, "top1": _top1(quant, seqs), "continuation": _greedy(quant, prompts)}
+    return {
+        "model": quant.engine.model_name,
+        "quantization": quant.engine.model.quantization,
+        "new_tokens": NEW_TOKENS,
+        "prompts": prompts,
+        "continuation_float32": cont32,
+        "top1_float32": top1_float32,
+        "top1": _top1(quant, seqs),
+        "continuation": _greedy(quant, prompts),
+    }
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
@@ -87,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     out["agreement_top1_float32"] = agreement(out["top1"], out["top1_float32"])
     out["agreement_free_float32"] = agreement(out["continuation"], out["continuation_float32"])
     args.json.write_text(json.dumps(out) + "\n")
-    print(f"default vs float32: teacher-forced top-1 {out['agreement_top1_float32']:.4f}, "
-          f"free-running {out['agreement_free_float32']:.4f}")
+    print(
+        f"default vs float32: teacher-forced top-1 {out['agreement_top1_float32']:.4f}, "
+        f"free-running {out['agreement_free_float32']:.4f}"
+    )
     return 0
 
 

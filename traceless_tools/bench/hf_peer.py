@@ -7,6 +7,7 @@ config.json, so both engines compute the same function. Greedy, fixed output len
 (min_new_tokens = max_new_tokens), each workload as one static batch (its prompts are all of one
 length, so no padding), SDPA attention, the dynamic KV cache: transformers' defaults.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,11 +26,23 @@ def _hf_names(num_layers: int) -> dict[str, str]:
     """Canonical weight name -> transformers parameter name."""
     candidates = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
     for i in range(num_layers):
-        candidates += [f"model.layers.{i}.{s}" for s in (
-            "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-            "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
-            "self_attn.v_proj.bias", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-            "mlp.down_proj.weight")]
+        candidates += [
+            f"model.layers.{i}.{s}"
+            for s in (
+                "input_layernorm.weight",
+                "post_attention_layernorm.weight",
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+                "self_attn.q_proj.bias",
+                "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias",
+                "self_attn.o_proj.weight",
+                "mlp.gate_proj.weight",
+                "mlp.up_proj.weight",
+                "mlp.down_proj.weight",
+            )
+        ]
     out = {}
     for hf in candidates:
         name = canonical_name(hf)
@@ -57,14 +70,21 @@ def _generate(model: Any, ids: torch.Tensor, new_tokens: int) -> float:
     torch.cuda.synchronize(ids.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
     torch.cuda.synchronize(ids.device)
     return time.perf_counter() - t0
 
 
-def run_peer(model_dir: Path, dtype: torch.dtype, device: torch.device, workloads: list[Workload],
-             repeats: int) -> dict:
+def run_peer(
+    model_dir: Path, dtype: torch.dtype, device: torch.device, workloads: list[Workload], repeats: int
+) -> dict:
     """Median figures per workload, keyed like the offline report's."""
     model = build_hf_model(model_dir, dtype, device)
     report: dict = {"engine": "transformers", "version": __import__("transformers").__version__}
@@ -74,8 +94,11 @@ def run_peer(model_dir: Path, dtype: torch.dtype, device: torch.device, workload
         totals = [_generate(model, ids, w.max_tokens) for _ in range(repeats)]
         total = statistics.median(totals)
         out = w.max_tokens * len(w.prompts)
-        row = {"output_tokens_per_s": out / total, "e2e_s": total,
-               "total_tokens_per_s": (out + w.prompt_tokens) / total}
+        row = {
+            "output_tokens_per_s": out / total,
+            "e2e_s": total,
+            "total_tokens_per_s": (out + w.prompt_tokens) / total,
+        }
         if len(w.prompts) == 1:
             ttft = statistics.median(_generate(model, ids, 1) for _ in range(repeats))
             row["ttft_s"] = ttft

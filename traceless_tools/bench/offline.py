@@ -5,6 +5,7 @@ workloads.py (the same ids the peer-engine scripts feed vLLM). Each workload run
 then `repeats` timed runs; the report holds medians. Times are taken around the engine's own
 step loop, so TTFT and decode rate come from the same run.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -56,8 +57,14 @@ def run_once(engine, workload: Workload, tag: str) -> RunTimes:
             generated[o.request_id].extend(o.new_token_ids)
     total = time.perf_counter() - t0
     produced = sum(len(g) for g in generated.values())
-    return RunTimes(first or total, total, workload.prompt_tokens, produced, len(workload.prompts),
-                    tuple(tuple(g) for g in generated.values()))
+    return RunTimes(
+        first or total,
+        total,
+        workload.prompt_tokens,
+        produced,
+        len(workload.prompts),
+        tuple(tuple(g) for g in generated.values()),
+    )
 
 
 def summarize(name: str, runs: list[RunTimes]) -> dict:
@@ -75,8 +82,15 @@ def summarize(name: str, runs: list[RunTimes]) -> dict:
     return out
 
 
-def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None,
-        engine_options: dict, peer: str | None = None) -> dict:
+def run(
+    model: str | None,
+    dtype: str,
+    repeats: int,
+    names: list[str],
+    json_path: str | None,
+    engine_options: dict,
+    peer: str | None = None,
+) -> dict:
     """peer "hf": transformers generate on the same (dummy) weights and prompts, after ours."""
     if engine_options.get("speculative", "off") != "off":
         from traceless_tools.bench.speculative import run as run_speculative
@@ -95,10 +109,16 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
     workloads = offline_workloads()
     m = engine.model
     report: dict[str, Any] = {
-        "engine": "traceless", "model": engine.model_name, "dtype": m.dtype, "quantization": m.quantization,
+        "engine": "traceless",
+        "model": engine.model_name,
+        "dtype": m.dtype,
+        "quantization": m.quantization,
         "device": m.device,
-        "attention": m.attention, "load_s": load_s, "load_format": m.load_format,
-        "cuda_graphs": m.cuda_graphs, "capture_s": m.capture_s,
+        "attention": m.attention,
+        "load_s": load_s,
+        "load_format": m.load_format,
+        "cuda_graphs": m.cuda_graphs,
+        "capture_s": m.capture_s,
     }
     for name in names:
         w = workloads[name]
@@ -165,29 +185,37 @@ def _run_peer(device: str, model: str | None, dtype: str, names: list[str], work
     gc.collect()  # the engine's tensors go with its last reference (cycles included)
     if device == "cuda":
         torch.cuda.empty_cache()
-    return run_peer(Path(model or "."), getattr(torch, dtype), torch.device(device), [workloads[n] for n in names],
-                    repeats=1)
+    return run_peer(
+        Path(model or "."), getattr(torch, dtype), torch.device(device), [workloads[n] for n in names], repeats=1
+    )
 
 
 def print_table(report: dict, names: list[str]) -> None:
-    print(f"\ntraceless bench offline  model={report['model']}  dtype={report['dtype']}  "
-          f"quantization={report.get('quantization', 'none')}  "
-          f"device={report['device']}  attention={report['attention']}  load={report['load_s']:.1f}s  "
-          f"load_format={report['load_format']}  cuda_graphs={report['cuda_graphs']} "
-          f"(captured in {report['capture_s']:.2f}s)")
+    print(
+        f"\ntraceless bench offline  model={report['model']}  dtype={report['dtype']}  "
+        f"quantization={report.get('quantization', 'none')}  "
+        f"device={report['device']}  attention={report['attention']}  load={report['load_s']:.1f}s  "
+        f"load_format={report['load_format']}  cuda_graphs={report['cuda_graphs']} "
+        f"(captured in {report['capture_s']:.2f}s)"
+    )
     cols = ("ttft_s", "decode_tokens_per_s", "output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
     print(f"{'workload':<9}" + "".join(f"{c:>22}" for c in cols))
     for name in names:
         row = report[name]
         cells = "".join(f"{row[c]:>22.3f}" if c in row else f"{'-':>22}" for c in cols)
         print(f"{name:<9}{cells}")
-        for label, other in (("  hf", report.get("peer", {}).get(name)), ("  limit", row.get("limit")),
-                             ("  ratio", row.get("ratio_to_limit"))):
+        for label, other in (
+            ("  hf", report.get("peer", {}).get(name)),
+            ("  limit", row.get("limit")),
+            ("  ratio", row.get("ratio_to_limit")),
+        ):
             if other:
                 print(f"{label:<9}" + "".join(f"{other[c]:>22.3f}" if c in other else f"{'-':>22}" for c in cols))
     if "limits" in report:
         lim = report["limits"]
-        print(f"limits: {lim['device_name']}  copy {lim['copy_bytes_per_s'] / 1e12:.2f} TB/s  "
-              f"bf16 matmul {lim['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s  (ratio: figure / limit; TTFT limit / figure)")
+        print(
+            f"limits: {lim['device_name']}  copy {lim['copy_bytes_per_s'] / 1e12:.2f} TB/s  "
+            f"bf16 matmul {lim['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s  (ratio: figure / limit; TTFT limit / figure)"
+        )
     if report.get("load_format") == "dummy":
         print("weights: dummy (random weights of the model's shapes; outputs are meaningless)")

@@ -8,6 +8,7 @@ prompt declared public (`--public-prefix`; every request from a different user/s
            turns' prompts and the model's answers)
 TTFT is measured from the client (streamed chat completions).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,15 +24,24 @@ import httpx
 from traceless_tools.local.services import spawn_serve
 from traceless_tools.report.output import finish
 
-SYSTEM = ("You are a meticulous assistant for a hospital pharmacy. Follow the dosage tables exactly, cite the "
-          "relevant section for every answer, and refuse to speculate about anything outside the formulary. ")
-QUESTIONS = ["What is the maximum daily dose of paracetamol for adults?", "Can ibuprofen be combined with warfarin?",
-             "How should insulin pens be stored?", "What is the pediatric dose of amoxicillin?",
-             "When is a loading dose of digoxin used?", "What are the signs of lithium toxicity?"]
-CONFIGS = (("off", ["--prefix-cache", "off"], "none"),
-           ("isolated", ["--prefix-cache", "isolated"], "same"),
-           ("isolated+public", ["--prefix-cache", "isolated"], "each"),
-           ("global", ["--prefix-cache", "global"], "none"))
+SYSTEM = (
+    "You are a meticulous assistant for a hospital pharmacy. Follow the dosage tables exactly, cite the "
+    "relevant section for every answer, and refuse to speculate about anything outside the formulary. "
+)
+QUESTIONS = [
+    "What is the maximum daily dose of paracetamol for adults?",
+    "Can ibuprofen be combined with warfarin?",
+    "How should insulin pens be stored?",
+    "What is the pediatric dose of amoxicillin?",
+    "When is a loading dose of digoxin used?",
+    "What are the signs of lithium toxicity?",
+]
+CONFIGS = (
+    ("off", ["--prefix-cache", "off"], "none"),
+    ("isolated", ["--prefix-cache", "isolated"], "same"),
+    ("isolated+public", ["--prefix-cache", "isolated"], "each"),
+    ("global", ["--prefix-cache", "global"], "none"),
+)
 
 
 def _ttft_chat(client: httpx.Client, model: str, messages: list[dict], salt: str | None) -> tuple[float, str]:
@@ -55,8 +65,12 @@ def _salt(policy: str, fixed: str) -> str | None:
 
 def system_workload(client, model, policy, system: str) -> list[float]:
     fixed = secrets.token_urlsafe(24)
-    return [_ttft_chat(client, model, [{"role": "system", "content": system}, {"role": "user", "content": q}],
-                       _salt(policy, fixed))[0] for q in QUESTIONS]
+    return [
+        _ttft_chat(
+            client, model, [{"role": "system", "content": system}, {"role": "user", "content": q}], _salt(policy, fixed)
+        )[0]
+        for q in QUESTIONS
+    ]
 
 
 def chat_workload(client, model, policy, system: str, turns: int = 4) -> list[float]:
@@ -80,15 +94,22 @@ def run(repeat_system: int, json_path: str | None, model: str | None = None) -> 
         for name, args, policy in CONFIGS:
             extra = ["--public-prefix", str(workdir / "system.txt")] if name == "isolated+public" else []
             model_args = ["--model", model] if model else []
-            with spawn_serve(*model_args, *args, *extra, "--kv-cache-memory", "1GiB",
-                             name=name, workdir=workdir) as svc:
+            with spawn_serve(
+                *model_args, *args, *extra, "--kv-cache-memory", "1GiB", name=name, workdir=workdir
+            ) as svc:
                 with httpx.Client(base_url=svc.url, timeout=300) as client:
                     m = client.get("/v1/models").json()["data"][0]["id"]
                     _ttft_chat(client, m, [{"role": "user", "content": "warm up"}], None)
                     sys_t = system_workload(client, m, policy, system)
                     chat_t = chat_workload(client, m, policy, system)
-            rows.append({"config": name, "system_first_s": sys_t[0],
-                         "system_rest_median_s": statistics.median(sys_t[1:]), "chat_turn_s": chat_t})
+            rows.append(
+                {
+                    "config": name,
+                    "system_first_s": sys_t[0],
+                    "system_rest_median_s": statistics.median(sys_t[1:]),
+                    "chat_turn_s": chat_t,
+                }
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {"benchmark": "prefix-cache", "system_prompt_chars": len(system), "rows": rows}
@@ -101,5 +122,7 @@ def print_report(rep: dict) -> None:
     for r in rep["rows"]:
         turns = " ".join(f"{t:.3f}" for t in r["chat_turn_s"])
         print(f"{r['config']:<17}{r['system_first_s']:>12.3f}{r['system_rest_median_s']:>14.3f}   {turns}")
-    print("isolated: one user's requests share their own cache (same cache_salt); isolated+public: a different user\n"
-          "per request, sharing only the declared public system prompt; global is the insecure shared baseline.")
+    print(
+        "isolated: one user's requests share their own cache (same cache_salt); isolated+public: a different user\n"
+        "per request, sharing only the declared public system prompt; global is the insecure shared baseline."
+    )

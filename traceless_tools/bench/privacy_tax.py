@@ -17,6 +17,7 @@ drift of a shared machine falls on both sides equally; each request is measured 
 `bench/serve.py`'s client. Where the extra time goes is measured separately
 (privacy_tax_breakdown.py); tables, JSON and the plot are in privacy_tax_report.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -49,8 +50,9 @@ class PromptClass:
     max_tokens: int
 
 
-CLASSES = {c.name: c for c in (PromptClass("short", 50, 100), PromptClass("medium", 300, 500),
-                               PromptClass("long", 501, 1500))}
+CLASSES = {
+    c.name: c for c in (PromptClass("short", 50, 100), PromptClass("medium", 300, 500), PromptClass("long", 501, 1500))
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +80,10 @@ class TaxConfig:
         if self.output_len <= WARMUP_TOKENS:
             raise ValueError(f"output-len must be more than {WARMUP_TOKENS} tokens")
         if self.private_requests() > ISSUER_QUOTA - TOKEN_BATCH:
-            raise ValueError(f"{self.private_requests()} private requests: more than the deployment's issuer "
-                             f"grants in one run ({ISSUER_QUOTA - TOKEN_BATCH}); lower requests, repeats or probes")
+            raise ValueError(
+                f"{self.private_requests()} private requests: more than the deployment's issuer "
+                f"grants in one run ({ISSUER_QUOTA - TOKEN_BATCH}); lower requests, repeats or probes"
+            )
 
     def private_requests(self) -> int:
         """Every request sent through the private path: warm-up, measured, probes."""
@@ -96,15 +100,26 @@ def engine_args(cfg: TaxConfig) -> list[str]:
     kv = "4GiB" if cfg.device.startswith("cuda") else "512MiB"
     # absolute: the services run in their own working directories
     model = ["--model", str(Path(cfg.model).resolve())] if cfg.model else []
-    return [*model, "--kv-cache-memory", kv, "--max-model-len", "2048",
-            "--device", cfg.device, "--load-format", cfg.load_format]
+    return [
+        *model,
+        "--kv-cache-memory",
+        kv,
+        "--max-model-len",
+        "2048",
+        "--device",
+        cfg.device,
+        "--load-format",
+        cfg.load_format,
+    ]
 
 
 def class_prompts(cls: PromptClass, count: int, seed: int, rep: int) -> list[list[int]]:
     """Deterministic token-id prompts, lengths uniform in the class's range; new ones each repetition."""
     rng = random.Random(f"privacy-tax/{cls.name}/{seed}/{rep}")
-    return [[rng.randrange(ID_LOW, ID_HIGH) for _ in range(rng.randint(cls.min_tokens, cls.max_tokens))]
-            for _ in range(count)]
+    return [
+        [rng.randrange(ID_LOW, ID_HIGH) for _ in range(rng.randint(cls.min_tokens, cls.max_tokens))]
+        for _ in range(count)
+    ]
 
 
 def order(rep: int) -> tuple[str, str]:
@@ -114,6 +129,7 @@ def order(rep: int) -> tuple[str, str]:
 
 # --- one measured segment ---------------------------------------------------------------------------
 _MODEL_NAMES: dict[str, str] = {}  # base URL -> the model it serves (the warm-up asks; segments reuse it)
+
 
 async def _closed_loop(url: str, prompts: list[list[int]], output_len: int, concurrency: int):
     import httpx
@@ -147,8 +163,19 @@ def summary(results: list, duration: float, model: str, prompts: int, output_len
 
     cfg = BenchConfig("", float("inf"), prompts, 0, output_len)
     s = summarize(cfg, model, results, duration)
-    return {k: s[k] for k in ("completed", "failed", "duration_s", "requests_per_s", "output_tokens_per_s",
-                              "ttft_s", "itl_s", "e2e_s")}
+    return {
+        k: s[k]
+        for k in (
+            "completed",
+            "failed",
+            "duration_s",
+            "requests_per_s",
+            "output_tokens_per_s",
+            "ttft_s",
+            "itl_s",
+            "e2e_s",
+        )
+    }
 
 
 # --- services ---------------------------------------------------------------------------------------
@@ -201,12 +228,16 @@ def measure_classes(urls: dict[str, str], cfg: TaxConfig, cpu) -> dict:
                 done, total = pooled[path]
                 pooled[path] = (done + results, total + duration)
             reps.append(row)
-            print(f"  {name} rep {rep + 1}/{cfg.repeats}: output tokens/s plain "
-                  f"{row['plain']['output_tokens_per_s']:.1f}, private {row['private']['output_tokens_per_s']:.1f}",
-                  flush=True)
-        out[name] = {"prompt_tokens": [CLASSES[name].min_tokens, CLASSES[name].max_tokens], "repetitions": reps,
-                     **{p: summary(r, d, "", cfg.requests * cfg.repeats, cfg.output_len)
-                        for p, (r, d) in pooled.items()}}
+            print(
+                f"  {name} rep {rep + 1}/{cfg.repeats}: output tokens/s plain "
+                f"{row['plain']['output_tokens_per_s']:.1f}, private {row['private']['output_tokens_per_s']:.1f}",
+                flush=True,
+            )
+        out[name] = {
+            "prompt_tokens": [CLASSES[name].min_tokens, CLASSES[name].max_tokens],
+            "repetitions": reps,
+            **{p: summary(r, d, "", cfg.requests * cfg.repeats, cfg.output_len) for p, (r, d) in pooled.items()},
+        }
     return out
 
 
@@ -229,14 +260,20 @@ def run(cfg: TaxConfig, json_path: str | None = None, plot_path: str | None = No
             window_start = time.time()
             classes = measure_classes(urls, cfg, cpu)
             window = (window_start, time.time())
-            print(f"  measured ({time.monotonic() - t0:.0f}s so far); timing the parts of the private path ...",
-                  flush=True)
+            print(
+                f"  measured ({time.monotonic() - t0:.0f}s so far); timing the parts of the private path ...",
+                flush=True,
+            )
             parts = breakdown.measure(urls, endpoints, cfg)
             parts["cpu_s_per_request"] = cpu.per_request()
         parts.update(breakdown.from_logs(workdir, deployment.logs, cfg, window))
         settings = {**asdict(cfg), "served_model": endpoints["model"], "engine_args": engine_args(cfg)}
-        rep = report.build(settings, classes, parts, {"cpus": os.cpu_count(), "loadavg_before": load_before,
-                                                      "loadavg_after": os.getloadavg()})
+        rep = report.build(
+            settings,
+            classes,
+            parts,
+            {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        )
     finally:
         if not cfg.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

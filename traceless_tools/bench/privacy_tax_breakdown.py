@@ -13,6 +13,7 @@ Cheap measurements, each isolating one part of the private path:
   cpu        CPU seconds each process spent per measured request (the benchmark's processes share
              the machine's cores with the engine)
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,7 @@ def _cpu_seconds(pid: int) -> float | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces: skip past it
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces: skip past it
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -67,8 +68,10 @@ class CpuMeter:
     def per_request(self) -> dict | None:
         if not self._available:
             return None
-        return {path: {name: s / max(1, self._requests[path]) for name, s in spent.items()}
-                for path, spent in self._spent.items()}
+        return {
+            path: {name: s / max(1, self._requests[path]) for name, s in spent.items()}
+            for path, spent in self._spent.items()
+        }
 
 
 # --- live measurements ----------------------------------------------------------------------------------
@@ -103,8 +106,9 @@ def _hops(urls: dict[str, str], endpoints: dict) -> dict:
             "plain_health_ms": _median_ms(lambda: c.get(urls["plain"] + "/health"), HOP_CALLS),
             "proxy_health_ms": _median_ms(lambda: c.get(urls["private"] + "/health"), HOP_CALLS),
             "relay_challenge_ms": _median_ms(lambda: c.get(relay + "/pcc/v1/challenge"), HOP_CALLS),
-            "relay_nodes_ms": _median_ms(lambda: c.get(relay + "/pcc/v1/nodes", params={"model": model, "k": 3}),
-                                         HOP_CALLS),
+            "relay_nodes_ms": _median_ms(
+                lambda: c.get(relay + "/pcc/v1/nodes", params={"model": model, "k": 3}), HOP_CALLS
+            ),
         }
 
 
@@ -129,17 +133,26 @@ def _crypto(endpoints: dict) -> dict:
     from traceless_tools.client.node_verifier import NodeVerifier
     from traceless_tools.client.private_client import ClientConfig
 
-    config = ClientConfig(issuer_url=endpoints["issuer"], api_key=endpoints["api_key"], relay_url=endpoints["relay"],
-                          log_url=endpoints["log"], log_public_key=base64.b64decode(endpoints["log_public_key"]),
-                          attester_keys=tuple(base64.b64decode(k) for k in endpoints["attester_keys"]),
-                          model=endpoints["model"], attester_policy=AttesterPolicy.DEVELOPMENT,  # as `up` runs
-                          witness_keys=(base64.b64decode(endpoints["witness_public_key"]),),
-                          release_policy=ReleasePolicy.from_waivers(endpoints["release_waivers"]))  # as `up` runs
+    config = ClientConfig(
+        issuer_url=endpoints["issuer"],
+        api_key=endpoints["api_key"],
+        relay_url=endpoints["relay"],
+        log_url=endpoints["log"],
+        log_public_key=base64.b64decode(endpoints["log_public_key"]),
+        attester_keys=tuple(base64.b64decode(k) for k in endpoints["attester_keys"]),
+        model=endpoints["model"],
+        attester_policy=AttesterPolicy.DEVELOPMENT,  # as `up` runs
+        witness_keys=(base64.b64decode(endpoints["witness_public_key"]),),
+        release_policy=ReleasePolicy.from_waivers(endpoints["release_waivers"]),
+    )  # as `up` runs
     nonce = os.urandom(32)
     token = asyncio.run(_listing_token(config))  # a nonce-bound listing costs a token, as the client pays it
-    offered = httpx.get(endpoints["relay"] + "/pcc/v1/nodes", params={"model": config.model, "k": 3,
-                                                                      "nonce": nonce.hex()},
-                        headers={"authorization": format_authorization(token)}, timeout=30).json()["nodes"]
+    offered = httpx.get(
+        endpoints["relay"] + "/pcc/v1/nodes",
+        params={"model": config.model, "k": 3, "nonce": nonce.hex()},
+        headers={"authorization": format_authorization(token)},
+        timeout=30,
+    ).json()["nodes"]
     verifier = NodeVerifier(config)
     try:
         t0 = time.perf_counter()
@@ -150,11 +163,13 @@ def _crypto(endpoints: dict) -> dict:
         cached_ms = _median_ms(lambda: verifier.verify_all(offered, nonce), HOP_CALLS)
     finally:
         verifier.close()
-    body = json.dumps({"model": config.model, "prompt": list(range(1_000, 2_500)), "max_tokens": 64,
-                       "stream": True}).encode()
+    body = json.dumps(
+        {"model": config.model, "prompt": list(range(1_000, 2_500)), "max_tokens": 64, "stream": True}
+    ).encode()
     # what the client does for each request: encode, pad and encapsulate (privacy/ohttp/call.py)
-    encap_ms = _median_ms(lambda: encapsulate_call(verified[0].key_config, b"/v1/completions", body, stream=True),
-                          HOP_CALLS)
+    encap_ms = _median_ms(
+        lambda: encapsulate_call(verified[0].key_config, b"/v1/completions", body, stream=True), HOP_CALLS
+    )
     return {"verify_first_ms": first_ms, "verify_cached_ms": cached_ms, "encapsulate_1500_tokens_ms": encap_ms}
 
 
@@ -198,20 +213,24 @@ def _engine_ttft(evs: list[dict], cfg) -> dict:
 def from_logs(workdir: Path, logs: Path, cfg, window: tuple[float, float]) -> dict:
     """Counts and engine timings from the services' event logs, for events inside `window`
     (wall-clock start and end of the measured segments: warm-up and breakdown calls fall outside)."""
+
     def read(path: Path) -> list[dict]:
         return [e for e in events(path) if window[0] <= e.get("ts", 0) <= window[1]]
 
     serve, node = read(workdir / "serve.log"), read(logs / "node0.log")
     relay, gateway, issuer = read(logs / "relay.log"), read(logs / "gateway.log"), read(logs / "issuer.log")
     batches = [e["duration_s"] for e in issuer if e.get("event") == "http.request" and e.get("route") == "token_batch"]
-    return {"evidence": {
-        "relay_ohttp_requests": _count(relay, "http.request", route="ohttp", status_code=200),
-        "relay_challenge_requests": _count(relay, "http.request", route="challenge"),
-        "relay_nodes_requests": _count(relay, "http.request", route="nodes"),
-        "gateway_ohttp_requests": _count(gateway, "http.request", route="ohttp", status_code=200),
-        "node_requests_finished": _count(node, "request.finished"),
-        "serve_requests_finished": _count(serve, "request.finished"),
-        "issuer_tokens_issued": sum(e.get("tokens", 0) for e in issuer if e.get("event") == "issuer.issued"),
-        "issuer_batch_calls": len(batches),
-        "issuer_batch_ms": statistics.median(batches) * 1e3 if batches else float("nan"),
-    }, "engine_ttft": {"plain": _engine_ttft(serve, cfg), "private": _engine_ttft(node, cfg)}}
+    return {
+        "evidence": {
+            "relay_ohttp_requests": _count(relay, "http.request", route="ohttp", status_code=200),
+            "relay_challenge_requests": _count(relay, "http.request", route="challenge"),
+            "relay_nodes_requests": _count(relay, "http.request", route="nodes"),
+            "gateway_ohttp_requests": _count(gateway, "http.request", route="ohttp", status_code=200),
+            "node_requests_finished": _count(node, "request.finished"),
+            "serve_requests_finished": _count(serve, "request.finished"),
+            "issuer_tokens_issued": sum(e.get("tokens", 0) for e in issuer if e.get("event") == "issuer.issued"),
+            "issuer_batch_calls": len(batches),
+            "issuer_batch_ms": statistics.median(batches) * 1e3 if batches else float("nan"),
+        },
+        "engine_ttft": {"plain": _engine_ttft(serve, cfg), "private": _engine_ttft(node, cfg)},
+    }

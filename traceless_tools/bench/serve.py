@@ -5,6 +5,7 @@ streamed /v1/completions call with a deterministic token-id prompt and a fixed o
 (`ignore_eos`, which vLLM and traceless both accept). Per request: time to first token,
 inter-token latencies (between streamed chunks that carry tokens), end-to-end latency.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,14 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def one_request(client, cfg: BenchConfig, model: str, prompt: list[int]) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": cfg.output_len, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": cfg.output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if cfg.ignore_eos:
         body["ignore_eos"] = True
     res = RequestResult(ok=False)
@@ -118,22 +125,38 @@ def summarize(cfg: BenchConfig, model: str, results: list[RequestResult], durati
     out_tokens = sum(r.output_tokens for r in ok)
 
     def dist(values):
-        return {"mean": statistics.fmean(values) if values else float("nan"),
-                **{f"p{p}": percentile(values, p) for p in (50, 90, 99)}}
+        return {
+            "mean": statistics.fmean(values) if values else float("nan"),
+            **{f"p{p}": percentile(values, p) for p in (50, 90, 99)},
+        }
 
     return {
-        "url": cfg.url, "model": model, "rate": cfg.rate, "num_prompts": cfg.num_prompts, "input_len": cfg.input_len,
-        "output_len": cfg.output_len, "completed": len(ok), "failed": len(results) - len(ok),
-        "duration_s": duration, "requests_per_s": len(ok) / duration, "output_tokens_per_s": out_tokens / duration,
-        "ttft_s": dist([r.ttft_s for r in ok]), "itl_s": dist(itl), "e2e_s": dist([r.e2e_s for r in ok]),
+        "url": cfg.url,
+        "model": model,
+        "rate": cfg.rate,
+        "num_prompts": cfg.num_prompts,
+        "input_len": cfg.input_len,
+        "output_len": cfg.output_len,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "requests_per_s": len(ok) / duration,
+        "output_tokens_per_s": out_tokens / duration,
+        "ttft_s": dist([r.ttft_s for r in ok]),
+        "itl_s": dist(itl),
+        "e2e_s": dist([r.e2e_s for r in ok]),
     }
 
 
 def print_report(rep: dict) -> None:
-    print(f"\ntraceless bench serve  {rep['url']}  model={rep['model']}  rate={rep['rate']}/s  "
-          f"{rep['num_prompts']} x ({rep['input_len']} in, {rep['output_len']} out)")
-    print(f"completed {rep['completed']}  failed {rep['failed']}  duration {rep['duration_s']:.2f}s  "
-          f"requests/s {rep['requests_per_s']:.3f}  output tokens/s {rep['output_tokens_per_s']:.1f}")
+    print(
+        f"\ntraceless bench serve  {rep['url']}  model={rep['model']}  rate={rep['rate']}/s  "
+        f"{rep['num_prompts']} x ({rep['input_len']} in, {rep['output_len']} out)"
+    )
+    print(
+        f"completed {rep['completed']}  failed {rep['failed']}  duration {rep['duration_s']:.2f}s  "
+        f"requests/s {rep['requests_per_s']:.3f}  output tokens/s {rep['output_tokens_per_s']:.1f}"
+    )
     print(f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
     for key, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "end-to-end")):
         d = rep[key]

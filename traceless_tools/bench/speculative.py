@@ -6,6 +6,7 @@ runs after one warm-up each), their ratio (speedup), the acceptance rate (accept
 tokens per verifying step (1 + accepted / steps that verified drafts, per request), and whether
 the greedy outputs of the two engines are identical.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,24 +35,39 @@ def measure(engines: dict, name: str, repeats: int) -> dict[str, dict]:
     out = {}
     for key, engine in engines.items():
         proposed, accepted, steps = (b - a for a, b in zip(before[key], _counters(engine)))
-        out[key] = dict(summarize(name, runs[key]), proposed=proposed, accepted=accepted, verify_steps=steps,
-                        outputs=runs[key][0].outputs)
+        out[key] = dict(
+            summarize(name, runs[key]),
+            proposed=proposed,
+            accepted=accepted,
+            verify_steps=steps,
+            outputs=runs[key][0].outputs,
+        )
     return out
 
 
-def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None,
-        engine_options: dict) -> dict:
+def run(
+    model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None, engine_options: dict
+) -> dict:
     from traceless.entrypoints.llm import LLM
 
     load_start = os.getloadavg()
-    engines = {"off": LLM(model, dtype=dtype, **dict(engine_options, speculative="off", draft_layers=None)).engine,
-               "spec": LLM(model, dtype=dtype, **engine_options).engine}
+    engines = {
+        "off": LLM(model, dtype=dtype, **dict(engine_options, speculative="off", draft_layers=None)).engine,
+        "spec": LLM(model, dtype=dtype, **engine_options).engine,
+    }
     e = engines["off"]
-    report = {"engine": "traceless", "model": e.model_name, "dtype": e.model.dtype,
-              "device": e.model.device, "attention": e.model.attention,
-              "speculative": engine_options["speculative"],
-              "num_speculative_tokens": engine_options.get("num_speculative_tokens", 4),
-              "draft_layers": engine_options.get("draft_layers"), "repeats": repeats, "loadavg_start": load_start}
+    report = {
+        "engine": "traceless",
+        "model": e.model_name,
+        "dtype": e.model.dtype,
+        "device": e.model.device,
+        "attention": e.model.attention,
+        "speculative": engine_options["speculative"],
+        "num_speculative_tokens": engine_options.get("num_speculative_tokens", 4),
+        "draft_layers": engine_options.get("draft_layers"),
+        "repeats": repeats,
+        "loadavg_start": load_start,
+    }
     for name in names:
         m = measure(engines, name, repeats)
         a, b = m["off"], m["spec"]
@@ -62,7 +78,9 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
             "speedup": b["output_tokens_per_s"] / a["output_tokens_per_s"],
             "acceptance_rate": b["accepted"] / b["proposed"] if b["proposed"] else 0.0,
             "tokens_per_verify_step": 1 + b["accepted"] / b["verify_steps"] if b["verify_steps"] else 1.0,
-            "proposed": b["proposed"], "accepted": b["accepted"], "verify_steps": b["verify_steps"],
+            "proposed": b["proposed"],
+            "accepted": b["accepted"],
+            "verify_steps": b["verify_steps"],
             "identical_outputs": a["outputs"] == b["outputs"],
         }
     for engine in engines.values():
@@ -72,13 +90,17 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
 
 
 def print_table(report: dict, names: list[str]) -> None:
-    print(f"\ntraceless bench offline --speculative {report['speculative']}  k={report['num_speculative_tokens']}  "
-          f"model={report['model']}  dtype={report['dtype']}  device={report['device']}  "
-          f"load={report['loadavg_start'][0]:.2f}->{report['loadavg_end'][0]:.2f}")
+    print(
+        f"\ntraceless bench offline --speculative {report['speculative']}  k={report['num_speculative_tokens']}  "
+        f"model={report['model']}  dtype={report['dtype']}  device={report['device']}  "
+        f"load={report['loadavg_start'][0]:.2f}->{report['loadavg_end'][0]:.2f}"
+    )
     cols = ("off tok/s", "spec tok/s", "speedup", "acceptance", "tokens/step", "identical")
     print(f"{'workload':<9}" + "".join(f"{c:>12}" for c in cols))
     for name in names:
         r = report[name]
-        print(f"{name:<9}{r['off_output_tokens_per_s']:>12.1f}{r['spec_output_tokens_per_s']:>12.1f}"
-              f"{r['speedup']:>12.2f}{r['acceptance_rate']:>12.2f}{r['tokens_per_verify_step']:>12.2f}"
-              f"{'yes' if r['identical_outputs'] else 'no':>12}")
+        print(
+            f"{name:<9}{r['off_output_tokens_per_s']:>12.1f}{r['spec_output_tokens_per_s']:>12.1f}"
+            f"{r['speedup']:>12.2f}{r['acceptance_rate']:>12.2f}{r['tokens_per_verify_step']:>12.2f}"
+            f"{'yes' if r['identical_outputs'] else 'no':>12}"
+        )

@@ -7,6 +7,7 @@ its own matcher, made inside the timed run, as the server does per choice. Repor
 output tokens/s of both, their ratio (structured / free), output tokens per structured request,
 and how many structured outputs that stopped parse as JSON (all of them, or the bench fails).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,16 +47,30 @@ def _run(engine, w: Workload, tag: str, spec: StructuredOutput | None) -> tuple[
     return runs, texts
 
 
-def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path: str | None,
-        engine_options: dict, schema_path: str) -> dict:
+def run(
+    model: str | None,
+    dtype: str,
+    repeats: int,
+    names: list[str],
+    json_path: str | None,
+    engine_options: dict,
+    schema_path: str,
+) -> dict:
     from traceless.entrypoints.llm import LLM
 
     schema = json.loads(Path(schema_path).read_text())
     spec = StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(schema))
     engine = LLM(model, dtype=dtype, **engine_options).engine
     m = engine.model
-    report: dict = {"engine": "traceless", "model": engine.model_name, "dtype": m.dtype, "device": m.device,
-                    "attention": m.attention, "load_format": m.load_format, "schema_chars": len(spec.source)}
+    report: dict = {
+        "engine": "traceless",
+        "model": engine.model_name,
+        "dtype": m.dtype,
+        "device": m.device,
+        "attention": m.attention,
+        "load_format": m.load_format,
+        "schema_chars": len(spec.source),
+    }
     workloads = offline_workloads()
     for name in names:
         w = workloads[name]
@@ -71,10 +86,13 @@ def run(model: str | None, dtype: str, repeats: int, names: list[str], json_path
         valid = sum(1 for t in done if _parses(t))
         f, s = summarize(name, free), summarize(name, constrained)
         report[name] = {
-            "description": w.description, "free": f, "structured": s,
+            "description": w.description,
+            "free": f,
+            "structured": s,
             "structured_over_free": s["output_tokens_per_s"] / f["output_tokens_per_s"],
             "structured_output_tokens_per_request": statistics.mean(r.output_tokens / r.requests for r in constrained),
-            "structured_outputs_stopped": len(done), "structured_outputs_valid_json": valid,
+            "structured_outputs_stopped": len(done),
+            "structured_outputs_valid_json": valid,
         }
         if valid != len(done):
             raise RuntimeError(f"{name}: {len(done) - valid} structured output(s) did not parse as JSON")
@@ -91,11 +109,15 @@ def _parses(text: str) -> bool:
 
 
 def print_table(report: dict, names: list[str]) -> None:
-    print(f"\ntraceless bench offline --json-schema  model={report['model']}  dtype={report['dtype']}  "
-          f"device={report['device']}  load_format={report['load_format']}")
+    print(
+        f"\ntraceless bench offline --json-schema  model={report['model']}  dtype={report['dtype']}  "
+        f"device={report['device']}  load_format={report['load_format']}"
+    )
     print(f"{'workload':<9}{'free tok/s':>14}{'json tok/s':>14}{'json/free':>11}{'tok/req':>9}{'valid':>12}")
     for name in names:
         r = report[name]
-        print(f"{name:<9}{r['free']['output_tokens_per_s']:>14.1f}{r['structured']['output_tokens_per_s']:>14.1f}"
-              f"{r['structured_over_free']:>11.3f}{r['structured_output_tokens_per_request']:>9.1f}"
-              f"{r['structured_outputs_valid_json']:>6}/{r['structured_outputs_stopped']:<5}")
+        print(
+            f"{name:<9}{r['free']['output_tokens_per_s']:>14.1f}{r['structured']['output_tokens_per_s']:>14.1f}"
+            f"{r['structured_over_free']:>11.3f}{r['structured_output_tokens_per_request']:>9.1f}"
+            f"{r['structured_outputs_valid_json']:>6}/{r['structured_outputs_stopped']:<5}"
+        )

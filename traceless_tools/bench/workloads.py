@@ -5,6 +5,7 @@ virtual environment can import this file and feed that engine exactly the same t
 Prompts are token-id lists drawn from a fixed seed over ordinary vocabulary ids (no special
 tokens); output length is fixed (ignore EOS), so every engine does the same work.
 """
+
 from __future__ import annotations
 
 import random
@@ -45,8 +46,13 @@ def offline_workloads() -> dict[str, Workload]:
         "W1": Workload("W1", "single stream: 1 x 128-token prompt, 128 output tokens", _prompts(1, 1, 128), 128),
         "W2": Workload("W2", "batch: 64 distinct 128-token prompts, 128 output tokens each", _prompts(2, 64, 128), 128),
         "W3": Workload("W3", "long prompts: 4 x 1024-token prompts, 64 output tokens each", _prompts(3, 4, 1024), 64),
-        "W4": Workload("W4", "repetitive: 4 x a 64-token passage repeated 3 times (192 tokens), 128 output tokens each",
-                       _repeated(4, 4, 64, 3), 128),
-        "W5": Workload("W5", "large batch: 256 x 512-token prompts, 128 output tokens each",
-                       _prompts(5, 256, 512), 128),
+        "W4": Workload(
+            "W4",
+            "repetitive: 4 x a 64-token passage repeated 3 times (192 tokens), 128 output tokens each",
+            _repeated(4, 4, 64, 3),
+            128,
+        ),
+        "W5": Workload(
+            "W5", "large batch: 256 x 512-token prompts, 128 output tokens each", _prompts(5, 256, 512), 128
+        ),
     }

@@ -1,6 +1,7 @@
 """The `traceless` console script: the core's commands (`serve`, `node`, `measure`) and the
 tools' (`up`, `proxy`, `chat`, `run`, `bench`, `audit`, `attack`, `report`, `eval`, `attest`,
 `log`, `gateway`, `relay`, `issuer`), one parser."""
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ Exit status: 0 when every check that ran passed, 1 when a check failed, 2 for a 
 option, unreadable file, kind not recognized). Nothing is printed but the report, so scripts can
 read stdout (`--json`) and the status. Imports stay light here; the handler imports the verifiers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,24 +22,46 @@ class UsageError(Exception):
 def register(subparsers: argparse._SubParsersAction) -> None:
     attest = subparsers.add_parser("attest", help="hardware attestation evidence (SEV-SNP, TDX, NVIDIA GPU)")
     actions = attest.add_subparsers(dest="attest_command", metavar="ACTION", required=True)
-    v = actions.add_parser("verify", help="verify a report or quote and print what was checked",
-                           description="Verify hardware evidence offline. Exit 0: all checks that ran passed; "
-                                       "1: a check failed; 2: usage error.")
+    v = actions.add_parser(
+        "verify",
+        help="verify a report or quote and print what was checked",
+        description="Verify hardware evidence offline. Exit 0: all checks that ran passed; "
+        "1: a check failed; 2: usage error.",
+    )
     v.add_argument("file", type=Path, metavar="FILE", help="the report or quote (binary or hex text)")
     v.add_argument("--kind", choices=("snp", "tdx", "nvidia"), help="evidence kind (default: from the bytes)")
     v.add_argument("--json", action="store_true", help="print the result as JSON")
-    v.add_argument("--root", type=Path, action="append", default=[], metavar="CERT",
-                   help="pinned root certificate, PEM or DER (repeatable): AMD ARK, Intel SGX Root CA, NVIDIA "
-                        "device identity root")
+    v.add_argument(
+        "--root",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CERT",
+        help="pinned root certificate, PEM or DER (repeatable): AMD ARK, Intel SGX Root CA, NVIDIA "
+        "device identity root",
+    )
     v.add_argument("--vcek", type=Path, metavar="CERT", help="SEV-SNP: the VCEK or VLEK certificate")
     v.add_argument("--ask", type=Path, metavar="CERT", help="SEV-SNP: the ASK (or ASVK) certificate")
     v.add_argument("--ark", type=Path, metavar="CERT", help="SEV-SNP: the presented ARK (must equal a --root)")
-    v.add_argument("--cert-table", type=Path, metavar="FILE",
-                   help="SEV-SNP: extended report certificate table (configfs-tsm auxblob)")
-    v.add_argument("--cert-chain", type=Path, metavar="PEM",
-                   help="SEV-SNP: ASK then ARK (AMD KDS cert_chain); NVIDIA: the GPU certificate chain")
-    v.add_argument("--collateral", type=Path, metavar="DIR", help="TDX: PCS collateral directory "
-                   "(tcb_info.json, qe_identity.json, tcb_signing_chain.pem, pck_crl.der, root_crl.der)")
+    v.add_argument(
+        "--cert-table",
+        type=Path,
+        metavar="FILE",
+        help="SEV-SNP: extended report certificate table (configfs-tsm auxblob)",
+    )
+    v.add_argument(
+        "--cert-chain",
+        type=Path,
+        metavar="PEM",
+        help="SEV-SNP: ASK then ARK (AMD KDS cert_chain); NVIDIA: the GPU certificate chain",
+    )
+    v.add_argument(
+        "--collateral",
+        type=Path,
+        metavar="DIR",
+        help="TDX: PCS collateral directory "
+        "(tcb_info.json, qe_identity.json, tcb_signing_chain.pem, pck_crl.der, root_crl.der)",
+    )
     v.add_argument("--expect-measurement", metavar="HEX", help="SEV-SNP MEASUREMENT or TDX MRTD")
     v.add_argument("--expect-report-data", metavar="HEX", help="SEV-SNP REPORT_DATA or TDX REPORTDATA (64 bytes)")
     v.add_argument("--nonce", metavar="HEX", help="NVIDIA: the expected 32-byte SPDM nonce")
@@ -107,10 +130,16 @@ def _snp(args: argparse.Namespace, data: bytes, roots: tuple[bytes, ...], at: da
     else:
         raise UsageError("SEV-SNP needs --vcek (or --cert-table)")
     measurement = _hex(args.expect_measurement, "--expect-measurement", 48)
-    policy = SnpPolicy(minimum_tcb=_tcb(args.min_tcb),
-                       measurements=None if measurement is None else frozenset({measurement}))
-    return verify_snp(evidence, SnpTrust(arks=roots), policy,
-                      report_data=_hex(args.expect_report_data, "--expect-report-data", 64), at=at)
+    policy = SnpPolicy(
+        minimum_tcb=_tcb(args.min_tcb), measurements=None if measurement is None else frozenset({measurement})
+    )
+    return verify_snp(
+        evidence,
+        SnpTrust(arks=roots),
+        policy,
+        report_data=_hex(args.expect_report_data, "--expect-report-data", 64),
+        at=at,
+    )
 
 
 def _tdx(args: argparse.Namespace, data: bytes, roots: tuple[bytes, ...], at: datetime):
@@ -125,8 +154,14 @@ def _tdx(args: argparse.Namespace, data: bytes, roots: tuple[bytes, ...], at: da
             raise UsageError(f"--collateral: {e}") from None
     mr_td = _hex(args.expect_measurement, "--expect-measurement", 48)
     policy = TdxPolicy(mr_td=None if mr_td is None else frozenset({mr_td}))
-    return verify_tdx(data, TdxTrust(roots=roots), policy, collateral=collateral, at=at,
-                      report_data=_hex(args.expect_report_data, "--expect-report-data", 64))
+    return verify_tdx(
+        data,
+        TdxTrust(roots=roots),
+        policy,
+        collateral=collateral,
+        at=at,
+        report_data=_hex(args.expect_report_data, "--expect-report-data", 64),
+    )
 
 
 def _nvidia(args: argparse.Namespace, data: bytes, roots: tuple[bytes, ...], at: datetime):

@@ -1,4 +1,5 @@
 """`traceless bench ...` commands (argument parsing only; work is imported in the handlers)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,23 +12,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
-    offline = bench_sub.add_parser("offline", help="W1 single stream, W2 batch, W3 long prompts, W4 repetitive on the "
-                                                   "offline engine; with --speculative, against plain decoding")
+    offline = bench_sub.add_parser(
+        "offline",
+        help="W1 single stream, W2 batch, W3 long prompts, W4 repetitive on the "
+        "offline engine; with --speculative, against plain decoding",
+    )
     add_engine_args(offline)
     offline.add_argument("--repeats", type=int, default=3, help="timed runs per workload (median reported)")
     offline.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset of W1,W2,W3,W4,W5")
-    offline.add_argument("--peer", choices=("hf",), default=None,
-                         help="also run transformers generate on the same dummy weights and prompts (needs "
-                              "--load-format dummy)")
-    offline.add_argument("--json-schema", metavar="FILE", default=None,
-                         help="structured decoding: each workload free and constrained by this JSON schema")
+    offline.add_argument(
+        "--peer",
+        choices=("hf",),
+        default=None,
+        help="also run transformers generate on the same dummy weights and prompts (needs --load-format dummy)",
+    )
+    offline.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        default=None,
+        help="structured decoding: each workload free and constrained by this JSON schema",
+    )
     offline.add_argument("--json", metavar="FILE", help="write the report as JSON")
     offline.set_defaults(handler=_offline)
 
     serve = bench_sub.add_parser("serve", help="online benchmark against any OpenAI-compatible server")
     serve.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    serve.add_argument("--rate", type=float, default=float("inf"),
-                       help="requests per second (Poisson); inf = all at once")
+    serve.add_argument(
+        "--rate", type=float, default=float("inf"), help="requests per second (Poisson); inf = all at once"
+    )
     serve.add_argument("--num-prompts", type=int, default=64, help="requests to send")
     serve.add_argument("--input-len", type=int, default=128, help="prompt length in tokens")
     serve.add_argument("--output-len", type=int, default=128, help="output tokens per request (EOS ignored)")
@@ -39,28 +51,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve)
 
     pc = bench_sub.add_parser("prefix-cache", help="TTFT with prefix caching off / isolated / isolated+public / global")
-    pc.add_argument("--repeat-system", type=int, default=12,
-                    help="length of the long system prompt, in repeats of a paragraph")
+    pc.add_argument(
+        "--repeat-system", type=int, default=12, help="length of the long system prompt, in repeats of a paragraph"
+    )
     pc.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: the built-in model)")
     pc.add_argument("--json", metavar="FILE", help="write the report as JSON")
     pc.set_defaults(handler=_prefix_cache)
 
-    tax = bench_sub.add_parser("privacy-tax", help="the private path (traceless up, one node) vs the plaintext server: "
-                                                   "tokens/s, requests/s, TTFT, ITL per prompt class")
+    tax = bench_sub.add_parser(
+        "privacy-tax",
+        help="the private path (traceless up, one node) vs the plaintext server: "
+        "tokens/s, requests/s, TTFT, ITL per prompt class",
+    )
     tax.add_argument("--classes", default=None, help="comma-separated subset of short,medium,long (default: all)")
     tax.add_argument("--requests", type=int, default=None, help="requests per class, path and repetition (default 10)")
     tax.add_argument("--output-len", type=int, default=None, help="output tokens per request, EOS ignored (default 64)")
     tax.add_argument("--concurrency", type=int, default=None, help="requests in flight (default 4)")
     tax.add_argument("--repeats", type=int, default=None, help="alternating plain/private repetitions (default 4)")
     tax.add_argument("--probes", type=int, default=None, help="sequential 1-token requests per path (default 10)")
-    tax.add_argument("--quick", action="store_true",
-                     help="a small run: 4 requests, 16 tokens, concurrency 2, 1 repetition")
+    tax.add_argument(
+        "--quick", action="store_true", help="a small run: 4 requests, 16 tokens, concurrency 2, 1 repetition"
+    )
     tax.add_argument("--model", default=None, help="GGUF file or HF directory (default: the built-in model)")
     tax.add_argument("--device", default=None, help="the engines' device: auto, cpu, cuda (default auto)")
-    tax.add_argument("--load-format", default=None, choices=choices(LoadFormat),
-                     help="dummy: random weights of --model's config.json shapes (both engines)")
-    tax.add_argument("--workdir", default=None,
-                     help="keep the services' event logs here (default: a temporary directory)")
+    tax.add_argument(
+        "--load-format",
+        default=None,
+        choices=choices(LoadFormat),
+        help="dummy: random weights of --model's config.json shapes (both engines)",
+    )
+    tax.add_argument(
+        "--workdir", default=None, help="keep the services' event logs here (default: a temporary directory)"
+    )
     tax.add_argument("--json", metavar="FILE", help="write the report as JSON")
     tax.add_argument("--plot", metavar="PNG", help="plot the overheads per class against the published figures")
     tax.set_defaults(handler=_privacy_tax)
@@ -88,8 +110,9 @@ def _offline(args: argparse.Namespace) -> int:
 
             if args.peer is not None or engine_options(args).get("speculative", "off") != "off":
                 raise ValueError("--json-schema runs alone (no --peer, no --speculative)")
-            structured.run(args.model, args.dtype, args.repeats, names, args.json, engine_options(args),
-                           args.json_schema)
+            structured.run(
+                args.model, args.dtype, args.repeats, names, args.json, engine_options(args), args.json_schema
+            )
             return 0
         offline.run(args.model, args.dtype, args.repeats, names, args.json, engine_options(args), args.peer)
     except ValueError as exc:
@@ -102,8 +125,17 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.num_prompts < 1 or args.rate <= 0 or args.input_len < 1 or args.output_len < 1:
         raise SystemExit("traceless bench serve: num-prompts, rate, input-len and output-len must be positive")
-    cfg = BenchConfig(args.url, args.rate, args.num_prompts, args.input_len, args.output_len, args.seed, args.model,
-                      args.api_key, not args.no_ignore_eos)
+    cfg = BenchConfig(
+        args.url,
+        args.rate,
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        args.seed,
+        args.model,
+        args.api_key,
+        not args.no_ignore_eos,
+    )
     rep = run(cfg, args.json)
     return 0 if rep["failed"] == 0 else 1
 
@@ -128,9 +160,19 @@ def _privacy_tax(args: argparse.Namespace) -> int:
 
     classes = tuple(c.strip() for c in args.classes.split(",") if c.strip()) if args.classes else None
     try:
-        cfg = config_from(args.quick, classes=classes, requests=args.requests, output_len=args.output_len,
-                          concurrency=args.concurrency, repeats=args.repeats, probes=args.probes, model=args.model,
-                          workdir=args.workdir, device=args.device, load_format=args.load_format)
+        cfg = config_from(
+            args.quick,
+            classes=classes,
+            requests=args.requests,
+            output_len=args.output_len,
+            concurrency=args.concurrency,
+            repeats=args.repeats,
+            probes=args.probes,
+            model=args.model,
+            workdir=args.workdir,
+            device=args.device,
+            load_format=args.load_format,
+        )
     except ValueError as exc:
         raise SystemExit(f"traceless bench privacy-tax: {exc}") from None
     try:

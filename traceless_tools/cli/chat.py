@@ -1,6 +1,7 @@
 """`traceless chat`'s conversation: answers stream token by token; Ctrl-C while the model answers
 ends that answer (its engine request is aborted: the KV blocks freed and zeroed) and returns to the
 prompt; Ctrl-C or end of input at the prompt ends the chat."""
+
 from __future__ import annotations
 
 import signal

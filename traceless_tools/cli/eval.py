@@ -1,4 +1,5 @@
 """`traceless eval`: lm-evaluation-harness on the project's task sets against a running server."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,16 @@ import sys
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a running server with lm-evaluation-harness on the bundled tasks")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000",
-                   help="the server's root URL (traceless serve, or the local proxy of the private path)")
-    p.add_argument("--tasks", default="traceless_mc,traceless_gen",
-                   help="comma-separated bundled tasks (traceless_mc: multiple choice; traceless_gen: generation)")
+    p.add_argument(
+        "--base-url",
+        default="http://127.0.0.1:8000",
+        help="the server's root URL (traceless serve, or the local proxy of the private path)",
+    )
+    p.add_argument(
+        "--tasks",
+        default="traceless_mc,traceless_gen",
+        help="comma-separated bundled tasks (traceless_mc: multiple choice; traceless_gen: generation)",
+    )
     p.add_argument("--model", default=None, help="model name (default: the server's)")
     p.add_argument("--limit", type=int, default=None, help="questions per task (default: all)")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight")

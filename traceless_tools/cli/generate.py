@@ -1,4 +1,5 @@
 """`traceless chat` and `traceless run` (argument parsing only)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,11 @@ DEMO_QUESTIONS = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    chat = sub.add_parser("chat", help="chat with a model in the terminal (offline engine; answers stream as they "
-                          "come; Ctrl-C ends an answer, Ctrl-C at the prompt ends the chat)")
+    chat = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal (offline engine; answers stream as they "
+        "come; Ctrl-C ends an answer, Ctrl-C at the prompt ends the chat)",
+    )
     add_engine_args(chat)
     chat.add_argument("--max-tokens", type=int, default=256, help="longest answer, in tokens")
     chat.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")

@@ -3,6 +3,7 @@
 Module-level imports stay light (the CLI imports every command module to build its parser);
 each handler imports what it needs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,32 +30,53 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_env_argument(serve, "--dir", "TRACELESS_LOG_DIR", type=Path, required=True)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8090, help="port to listen on")
-    serve.add_argument("--witness-key", action="append", default=[],
-                       help="Ed25519 public key (base64) of a witness whose cosignatures the log takes and "
-                            "serves; repeatable")
+    serve.add_argument(
+        "--witness-key",
+        action="append",
+        default=[],
+        help="Ed25519 public key (base64) of a witness whose cosignatures the log takes and serves; repeatable",
+    )
     serve.set_defaults(handler=_run(_serve))
     append = actions.add_parser("append", help="append one leaf to a log directory (created if absent)")
     add_env_argument(append, "--dir", "TRACELESS_LOG_DIR", type=Path, required=True)
-    append.add_argument("--if-absent", action="store_true",
-                        help="succeed without appending when the leaf is already in the log (a deployment "
-                             "publishes its release at every start)")
-    append.add_argument("leaf", metavar="HEX_OR_FILE",
-                        help="a hex measurement, or a file whose contents become one leaf")
+    append.add_argument(
+        "--if-absent",
+        action="store_true",
+        help="succeed without appending when the leaf is already in the log (a deployment "
+        "publishes its release at every start)",
+    )
+    append.add_argument(
+        "leaf", metavar="HEX_OR_FILE", help="a hex measurement, or a file whose contents become one leaf"
+    )
     append.set_defaults(handler=_run(_append))
     verify = actions.add_parser("verify", help="audit a log: all entries, root, consistency with --state")
     verify.add_argument("--url", required=True, help="base URL of the log service")
     verify.add_argument("--state", type=Path, help="JSON file with the last verified tree head (updated)")
     verify.add_argument("--public-key", help="the log's Ed25519 public key, raw, base64 (pinned)")
     verify.set_defaults(handler=_run(_verify))
-    witness = actions.add_parser("witness", help="run an independent witness: cosign the log's tree heads "
-                                 "that extend the last one it cosigned")
+    witness = actions.add_parser(
+        "witness", help="run an independent witness: cosign the log's tree heads that extend the last one it cosigned"
+    )
     add_env_argument(witness, "--log", "TRACELESS_LOG_URL", required=True, help="base URL of the log service")
-    add_env_argument(witness, "--log-public-key", "TRACELESS_LOG_PUBLIC_KEY", required=True,
-                     help="the log's Ed25519 public key (base64), pinned")
-    witness.add_argument("--dir", type=Path, required=True,
-                         help="the witness's directory: its key and the last head it cosigned (kept 0600)")
-    witness.add_argument("--interval", type=float, default=60.0,
-                         help="seconds between polls; each poll re-cosigns the current head (default 60)")
+    add_env_argument(
+        witness,
+        "--log-public-key",
+        "TRACELESS_LOG_PUBLIC_KEY",
+        required=True,
+        help="the log's Ed25519 public key (base64), pinned",
+    )
+    witness.add_argument(
+        "--dir",
+        type=Path,
+        required=True,
+        help="the witness's directory: its key and the last head it cosigned (kept 0600)",
+    )
+    witness.add_argument(
+        "--interval",
+        type=float,
+        default=60.0,
+        help="seconds between polls; each poll re-cosigns the current head (default 60)",
+    )
     witness.set_defaults(handler=_run(_witness))
 
 
@@ -163,13 +185,14 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"traceless: log verification FAILED: {e}", file=sys.stderr)
         return 1
     sth = result.sth
-    print(f"ok: tree_size {sth.tree_size} root_hash {sth.root_hash.hex()}"
-          " (signature, entries and root verified)")
+    print(f"ok: tree_size {sth.tree_size} root_hash {sth.root_hash.hex()} (signature, entries and root verified)")
     if result.previous_size is not None:
         print(f"consistent with the tree head seen before (tree_size {result.previous_size})")
     elif args.state is not None:
-        print(f"first use: saved state; pinned public_key {base64.b64encode(result.public_key).decode()}"
-              " (compare it out of band)")
+        print(
+            f"first use: saved state; pinned public_key {base64.b64encode(result.public_key).decode()}"
+            " (compare it out of band)"
+        )
     else:
         print("no --state given: consistency with earlier tree heads not checked")
     return 0

@@ -1,5 +1,6 @@
 """Command `traceless up`: the whole private path on loopback (nodes, gateway, relay, issuer,
 log, proxy), for trying it and for the audits; a tool, outside the trusted core."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,14 +11,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--nodes", type=int, default=2, help="how many nodes to start")
     up.add_argument("--capacities", default=None, help="comma-separated node capacities, e.g. 1,2")
     up.add_argument("--port", type=int, default=8000, help="port of the OpenAI-compatible proxy")
-    up.add_argument("--state-dir", default=None,
-                    help="where endpoints.json goes (default: a fresh temporary directory)")
-    up.add_argument("--node-args", default="", help="extra options for every node, e.g. \"--dtype float32\"")
-    up.add_argument("--gateway-args", default="",
-                    help="extra options for the gateway, e.g. \"--health-interval 1 --unhealthy-after 2\"")
-    up.add_argument("--netns", action="store_true",
-                    help="each component in its own Linux network namespace with its own address, so every hop "
-                         "crosses a real interface (needs root; docs/deploy.md)")
+    up.add_argument(
+        "--state-dir", default=None, help="where endpoints.json goes (default: a fresh temporary directory)"
+    )
+    up.add_argument("--node-args", default="", help='extra options for every node, e.g. "--dtype float32"')
+    up.add_argument(
+        "--gateway-args",
+        default="",
+        help='extra options for the gateway, e.g. "--health-interval 1 --unhealthy-after 2"',
+    )
+    up.add_argument(
+        "--netns",
+        action="store_true",
+        help="each component in its own Linux network namespace with its own address, so every hop "
+        "crosses a real interface (needs root; docs/deploy.md)",
+    )
     up.set_defaults(handler=_up)
 
 

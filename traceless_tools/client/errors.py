@@ -3,6 +3,7 @@
 Each cause names a class of failure the user can act on (the relay is down, the quota is used up,
 no node could be verified) without anything a hop could use: no node id, address or upstream text.
 """
+
 from __future__ import annotations
 
 from enum import Enum

@@ -12,6 +12,7 @@ a gateway that fails every request not bound for its own node (and a caller, suc
 SDK, that retries each failure) gets its capacity share and no more. A kept draw lapses when its
 node (by attester key) is no longer among the verified candidates.
 """
+
 from __future__ import annotations
 
 import math

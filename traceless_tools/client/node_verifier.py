@@ -20,6 +20,7 @@ A node passes when
      weights, no per-request events), and that release allows the capacity the document claims.
 The capacity the client then draws by is the attested one (node_choice.py).
 """
+
 from __future__ import annotations
 
 import base64
@@ -83,11 +84,17 @@ class NodeRefused(Exception):
         self.reason = reason
 
 
-_REASONS = ((UntrustedKeyError, "untrusted_key"), (BadSignatureError, "bad_signature"),
-            (AttestationExpiredError, "expired"), (AttestationNotYetValidError, "expired"),
-            (OhttpKeyMismatchError, "key_mismatch"), (NonceMismatchError, "stale"),
-            (AttesterTypeRefusedError, "attester_type"), (UnsupportedEvidenceError, "unsupported_evidence"),
-            (BaseMismatchError, "base_mismatch"))
+_REASONS = (
+    (UntrustedKeyError, "untrusted_key"),
+    (BadSignatureError, "bad_signature"),
+    (AttestationExpiredError, "expired"),
+    (AttestationNotYetValidError, "expired"),
+    (OhttpKeyMismatchError, "key_mismatch"),
+    (NonceMismatchError, "stale"),
+    (AttesterTypeRefusedError, "attester_type"),
+    (UnsupportedEvidenceError, "unsupported_evidence"),
+    (BaseMismatchError, "base_mismatch"),
+)
 
 
 _KINDS = Choice.of("snp", "tdx", "nvidia", "none")
@@ -112,8 +119,12 @@ class NodeVerifier:
         self._evidence_policy = config.evidence_policy
         self._release_policy = config.release_policy
         self._leeway_s = config.clock_leeway_s
-        self._log = LogClient(config.log_url, config.log_public_key, state_path=client_state_path(config),
-                              witness=WitnessPolicy(config.witness_keys, config.max_tree_head_age_s))
+        self._log = LogClient(
+            config.log_url,
+            config.log_public_key,
+            state_path=client_state_path(config),
+            witness=WitnessPolicy(config.witness_keys, config.max_tree_head_age_s),
+        )
         self._index = ReleaseIndex(self._log)
         self._releases = releases if releases is not None else self._index
         self.last_refused: dict[str, int] = {}  # reason -> nodes refused for it in the last round
@@ -152,8 +163,9 @@ class NodeVerifier:
             document, base = entry["attestation"], _base(entry)
             evidence = evidence_from_json(entry.get("evidence", []))
             keys, kind = self._trusted_keys(evidence_bound(document, base), evidence)
-            claims = verify_with_base(document, base, keys, now, expected_nonce, ohttp_keys=ohttp_keys,
-                                      leeway_s=self._leeway_s)
+            claims = verify_with_base(
+                document, base, keys, now, expected_nonce, ohttp_keys=ohttp_keys, leeway_s=self._leeway_s
+            )
             if self._evidence_policy is None:
                 check_attester_type(self._policy, claims.attester_type)
             elif claims.attester_type != _attester_type(kind):
@@ -179,8 +191,16 @@ class NodeVerifier:
         if not release.allows_capacity(claims.capacity):
             raise NodeRefused("capacity_not_allowed")
         emit("client.attestation_kind", kind=kind)
-        return VerifiedNode(node_id, claims.capacity, key_config, combined, document_kid(entry["attestation"]), now,
-                            kind, claims.node_url)
+        return VerifiedNode(
+            node_id,
+            claims.capacity,
+            key_config,
+            combined,
+            document_kid(entry["attestation"]),
+            now,
+            kind,
+            claims.node_url,
+        )
 
     def _trusted_keys(self, document: str, evidence: tuple[Evidence, ...]) -> tuple[list[Ed25519PublicKey], str]:
         """The keys to authenticate `document` with, and the attestation kind they stand for: under an
@@ -208,8 +228,12 @@ def _base(entry: dict) -> str | None:
 
 def _has_duplicates(nodes: list[VerifiedNode]) -> bool:
     """Whether two entries share a node id, an attester key, an OHTTP key configuration or a URL."""
-    for identity in (lambda n: n.node_id, lambda n: n.attester_kid, lambda n: n.key_config.encode(),
-                     lambda n: n.node_url):
+    for identity in (
+        lambda n: n.node_id,
+        lambda n: n.attester_kid,
+        lambda n: n.key_config.encode(),
+        lambda n: n.node_url,
+    ):
         seen = [identity(n) for n in nodes if identity(n) != ""]
         if len(set(seen)) != len(seen):
             return True
@@ -235,9 +259,9 @@ def _split_reason(reason: str) -> tuple[str, str, str]:
 def _evidence_refused(code: str, kind: str, check: str) -> NoReturn:
     """Record why (fixed codes only: no evidence bytes, no node-chosen text) and refuse the node."""
     fields = {"reason": code, "kind": kind, "check": check}
-    if not all(value in choice.values for value, choice in
-               ((code, EVIDENCE_REFUSAL), (kind, _KINDS), (check, EVIDENCE_CHECK))):
+    if not all(
+        value in choice.values for value, choice in ((code, EVIDENCE_REFUSAL), (kind, _KINDS), (check, EVIDENCE_CHECK))
+    ):
         fields = {"reason": "other", "kind": "none", "check": "none"}
     emit("client.evidence_refused", **fields)
     raise NodeRefused("evidence_refused")
-

@@ -26,6 +26,7 @@ Verified candidates are kept for `attestation_max_age_s` and then fetched again 
 chosen there. The client also watches where its requests are answered and warns when one node
 answers implausibly more than its attested capacity share.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -123,8 +124,9 @@ class ClientConfig:
         if not (0 < release_low <= release_high and self.challenge_epoch_s > 0):
             raise ValueError("token_release_delay_s must be 0 < low <= high and challenge_epoch_s > 0")
         if not (1 <= self.token_low_water <= self.token_batch and 0 < low <= high and self.token_wait_s > 0):
-            raise ValueError("need 1 <= token_low_water <= token_batch, 0 < refill delays (low <= high) and "
-                             "token_wait_s > 0")
+            raise ValueError(
+                "need 1 <= token_low_water <= token_batch, 0 < refill delays (low <= high) and token_wait_s > 0"
+            )
 
     @property
     def policy_name(self) -> str:
@@ -132,13 +134,18 @@ class ClientConfig:
         return self.evidence_policy.name if self.evidence_policy is not None else self.attester_policy.value
 
 
-__all__ = ["AsyncPrivateClient", "ClientConfig", "PathTimeoutError", "PrivateClient", "PrivateClientError",
-           "UpstreamError"]
+__all__ = [
+    "AsyncPrivateClient",
+    "ClientConfig",
+    "PathTimeoutError",
+    "PrivateClient",
+    "PrivateClientError",
+    "UpstreamError",
+]
 
 
 class AsyncPrivateClient:
-    def __init__(self, config: ClientConfig, http: httpx.AsyncClient | None = None,
-                 rng: random.Random | None = None):
+    def __init__(self, config: ClientConfig, http: httpx.AsyncClient | None = None, rng: random.Random | None = None):
         self.config = config
         self._http = http or httpx.AsyncClient(timeout=config.timeout_s)
         self._relay = config.relay_url.rstrip("/")
@@ -175,8 +182,9 @@ class AsyncPrivateClient:
             raise PrivateClientError(str(exc), FailureCause.DUPLICATE_LISTING) from None
         emit("client.candidates", offered=len(offered), verified=len(verified), fresh=True)
         if not verified:
-            raise PrivateClientError("no offered node could be verified; nothing was sent",
-                                     FailureCause.NO_HEALTHY_NODE)
+            raise PrivateClientError(
+                "no offered node could be verified; nothing was sent", FailureCause.NO_HEALTHY_NODE
+            )
         self._verified, self._verified_at = verified, now
         return verified
 
@@ -184,9 +192,11 @@ class AsyncPrivateClient:
         """The gateway's candidate list for `nonce`, as offered (not verified yet)."""
         token = await self._listing_token()
         try:
-            r = await self._http.get(self._relay + "/pcc/v1/nodes", params={
-                "model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()},
-                headers={"authorization": format_authorization(token)})
+            r = await self._http.get(
+                self._relay + "/pcc/v1/nodes",
+                params={"model": self.config.model, "k": self.config.candidates, "nonce": nonce.hex()},
+                headers={"authorization": format_authorization(token)},
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout):
             raise PrivateClientError("the relay could not be reached", FailureCause.RELAY_UNREACHABLE) from None
         except httpx.HTTPError:
@@ -214,12 +224,24 @@ class AsyncPrivateClient:
         """What this client last verified, for the proxy's /status: the policy, the attestation kind of
         every node of the current round (node ids are the gateway's random ones) and how many offered
         nodes that round refused, by reason (fixed codes)."""
-        nodes = [{"node_id": n.node_id, "attestation_kind": n.attestation_kind, "capacity": n.capacity,
-                  "measurement": n.measurement.hex(), "verified_at": n.verified_at} for n in self._verified]
-        return {"model": self.config.model, "policy": self.config.policy_name,
-                "attestation_kinds": sorted({n.attestation_kind for n in self._verified}), "nodes": nodes,
-                "refused": dict(self.verifier.last_refused),
-                "routing": {**self.routing.status(), "kept_draws": len(self.draws)}}
+        nodes = [
+            {
+                "node_id": n.node_id,
+                "attestation_kind": n.attestation_kind,
+                "capacity": n.capacity,
+                "measurement": n.measurement.hex(),
+                "verified_at": n.verified_at,
+            }
+            for n in self._verified
+        ]
+        return {
+            "model": self.config.model,
+            "policy": self.config.policy_name,
+            "attestation_kinds": sorted({n.attestation_kind for n in self._verified}),
+            "nodes": nodes,
+            "refused": dict(self.verifier.last_refused),
+            "routing": {**self.routing.status(), "kept_draws": len(self.draws)},
+        }
 
     async def request(self, path: str, body: dict | None) -> dict | AsyncIterator[bytes]:
         """POST an OpenAI call (`/v1/chat/completions`, `/v1/completions`, `/tokenize`,
@@ -249,18 +271,30 @@ class AsyncPrivateClient:
                 nodes, same = await self._relisted(node)
                 if same is None or attempts == 2:
                     self.draws.keep(node)
-                    return self._failed(attempts, stream, PrivateClientError(
-                        "the drawn node is no longer listed; nothing was sent", FailureCause.NO_HEALTHY_NODE))
+                    return self._failed(
+                        attempts,
+                        stream,
+                        PrivateClientError(
+                            "the drawn node is no longer listed; nothing was sent", FailureCause.NO_HEALTHY_NODE
+                        ),
+                    )
                 node = same
                 continue
             except _TokenRejected:  # a token of this epoch refused: fail; fetch nothing because of it
                 self.draws.keep(node)
-                return self._failed(attempts, stream, PrivateClientError(
-                    "the gateway refused this epoch's token", FailureCause.TOKEN_REFUSED))
+                return self._failed(
+                    attempts,
+                    stream,
+                    PrivateClientError("the gateway refused this epoch's token", FailureCause.TOKEN_REFUSED),
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 self.draws.keep(node)  # nothing was sent: the draw serves the next request
-                return self._failed(attempts, stream, PrivateClientError(
-                    "the relay could not be reached", FailureCause.RELAY_UNREACHABLE), exc)
+                return self._failed(
+                    attempts,
+                    stream,
+                    PrivateClientError("the relay could not be reached", FailureCause.RELAY_UNREACHABLE),
+                    exc,
+                )
             except (PathTimeoutError, httpx.TransportError, _NodeFailed) as exc:  # sent, no answer: not resent
                 self._verified = []  # the next request starts from a fresh round (a dead node is not offered)
                 self.draws.keep(node)
@@ -307,8 +341,9 @@ class AsyncPrivateClient:
             if aclose is not None:
                 await aclose()
 
-    def _failed(self, attempts: int, stream: bool, error: PrivateClientError,
-                cause: Exception | None = None) -> NoReturn:
+    def _failed(
+        self, attempts: int, stream: bool, error: PrivateClientError, cause: Exception | None = None
+    ) -> NoReturn:
         emit("client.request", ok=False, attempts=attempts, stream=stream)
         raise error from cause
 
@@ -383,8 +418,10 @@ class _silence_limited:
         try:
             return await asyncio.wait_for(self.source.__anext__(), self._timeout_s)
         except TimeoutError:
-            raise PathTimeoutError(f"nothing arrived for {self._timeout_s:g}s while waiting for the "
-                                   f"{self._waiting_for}; the request was abandoned") from None
+            raise PathTimeoutError(
+                f"nothing arrived for {self._timeout_s:g}s while waiting for the "
+                f"{self._waiting_for}; the request was abandoned"
+            ) from None
 
 
 class _TokenRejected(Exception):
@@ -405,8 +442,9 @@ def _check_listing_status(status: int) -> None:
     if status in (404, 503):
         raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {status})", FailureCause.NO_HEALTHY_NODE)
     if status == 401:  # as for a request: fail, and fetch nothing because of it
-        raise PrivateClientError("the gateway refused this epoch's token for the candidate list",
-                                 FailureCause.TOKEN_REFUSED)
+        raise PrivateClientError(
+            "the gateway refused this epoch's token for the candidate list", FailureCause.TOKEN_REFUSED
+        )
     if status != 200:
         raise PrivateClientError(f"no candidate nodes (gateway answered HTTP {status})")
 

@@ -26,6 +26,7 @@ and `[DONE]`, as the server's own streams do, so the openai SDK raises an APIErr
 that goes silent past the client's timeouts (a stream's head, the gap between chunks, a whole
 non-streamed answer) is 504 `upstream_timeout`, as a status or as that event.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,15 +60,30 @@ def local_only(handler: Handler) -> Handler:
 
     async def run(request: Request) -> Response:
         if not _LOOPBACK_AUTHORITY.fullmatch(request.headers.get("host", "")):
-            raise ApiError(403, "the proxy answers only requests addressed to a loopback Host",
-                           type="permission_error", param="host", code="host_not_allowed")
+            raise ApiError(
+                403,
+                "the proxy answers only requests addressed to a loopback Host",
+                type="permission_error",
+                param="host",
+                code="host_not_allowed",
+            )
         origin = request.headers.get("origin")
         if origin is not None and not _LOOPBACK_ORIGIN.fullmatch(origin):  # "null" included
-            raise ApiError(403, "the proxy answers only requests from a loopback Origin",
-                           type="permission_error", param="origin", code="origin_not_allowed")
+            raise ApiError(
+                403,
+                "the proxy answers only requests from a loopback Origin",
+                type="permission_error",
+                param="origin",
+                code="origin_not_allowed",
+            )
         if request.headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
-            raise ApiError(403, "the proxy answers no request a web page of another site sent",
-                           type="permission_error", param="sec-fetch-site", code="site_not_allowed")
+            raise ApiError(
+                403,
+                "the proxy answers no request a web page of another site sent",
+                type="permission_error",
+                param="sec-fetch-site",
+                code="site_not_allowed",
+            )
         if request.method == "POST":
             require_media_type(request, ("application/json",))
         return await handler(request)
@@ -101,8 +117,11 @@ class _Handlers:
             raise path_failed(exc.cause, self.routing_header()) from None
         if isinstance(result, dict):
             return JSONResponse(result, headers=self.routing_header())
-        return StreamingResponse(_ending_cleanly(result), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", **self.routing_header()})
+        return StreamingResponse(
+            _ending_cleanly(result),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", **self.routing_header()},
+        )
 
     async def once(self, request: Request, path: str) -> Response:
         """A GET over the private path the first time; its answer afterwards."""
@@ -120,6 +139,7 @@ class _Handlers:
 
         async def handler(request: Request) -> Response:
             return await fetch(request, r.path)
+
         return handler
 
     async def health(self, request: Request) -> Response:
@@ -145,34 +165,46 @@ def create_proxy_app(client: AsyncPrivateClient, max_body_bytes: int = 4 * 2**20
         ("/health", "health", h.health, "GET"),
         ("/status", "status", h.status, "GET"),
     ]
-    routes = [Route(path, endpoint(COMPONENT, name, local_only(handler)), methods=[method])
-              for path, name, handler, method in table]
+    routes = [
+        Route(path, endpoint(COMPONENT, name, local_only(handler)), methods=[method])
+        for path, name, handler, method in table
+    ]
     app = create_app(COMPONENT, routes, lifespan=lifespan)
     app.state.private_client = client
     return app
 
 
 NO_RETRY = {"x-should-retry": "false"}
-_STATUS = {FailureCause.RELAY_UNREACHABLE: 503, FailureCause.NO_HEALTHY_NODE: 503,
-           FailureCause.TOKENS_UNAVAILABLE: 503, FailureCause.QUOTA_EXHAUSTED: 429, FailureCause.TIMED_OUT: 504}
+_STATUS = {
+    FailureCause.RELAY_UNREACHABLE: 503,
+    FailureCause.NO_HEALTHY_NODE: 503,
+    FailureCause.TOKENS_UNAVAILABLE: 503,
+    FailureCause.QUOTA_EXHAUSTED: 429,
+    FailureCause.TIMED_OUT: 504,
+}
 _MESSAGE = {
     FailureCause.RELAY_UNREACHABLE: "the relay could not be reached; nothing was sent",
     FailureCause.NO_HEALTHY_NODE: "no healthy, verifiable node serves this model now; nothing was sent",
     FailureCause.DUPLICATE_LISTING: "the gateway listed one node more than once; nothing was sent",
     FailureCause.TOKENS_UNAVAILABLE: "no token: the issuer, the transparency log or the gateway's challenge "
-                                     "could not be used (GET /status, and the proxy's log, say more)",
+    "could not be used (GET /status, and the proxy's log, say more)",
     FailureCause.QUOTA_EXHAUSTED: "the token issuer's quota for this API key is used up for now",
     FailureCause.TOKEN_REFUSED: "the gateway refused this epoch's token; the request was not sent",
     FailureCause.NODE_FAILED: "the private path could not complete this request (a node or a hop failed after "
-                              "it was sent; it was not resent)",
+    "it was sent; it was not resent)",
     FailureCause.TIMED_OUT: "the private path went silent past its timeout; the request was abandoned",
 }
 
 
 def path_failed(cause: FailureCause, headers: dict[str, str] | None = None) -> ApiError:
     """The proxy's answer for a failure of this cause: a fixed message, never to be retried."""
-    return ApiError(_STATUS.get(cause, 502), _MESSAGE[cause], type="upstream_error", code=cause.value,
-                    headers={**NO_RETRY, **(headers or {})})
+    return ApiError(
+        _STATUS.get(cause, 502),
+        _MESSAGE[cause],
+        type="upstream_error",
+        code=cause.value,
+        headers={**NO_RETRY, **(headers or {})},
+    )
 
 
 async def _ending_cleanly(events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:

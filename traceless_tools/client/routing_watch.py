@@ -14,6 +14,7 @@ raise no warning. What it cannot see: a gateway that lists only the attacker's n
 client from the start, with every answer succeeding, looks like a small honest cluster
 (docs/private-path.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,10 @@ class RoutingWatch:
         expected, sd = self.expected.get(node, 0.0), math.sqrt(self.variance.get(node, 0.0)) or 1.0
         if (self.counts.get(node, 0) - expected) / sd > Z_LIMIT:
             self._warned.add(node)
-            return (f"routing looks concentrated: one node answered {self.counts[node]} of {self.total} requests "
-                    f"(its attested capacity share predicts about {expected:.0f})")
+            return (
+                f"routing looks concentrated: one node answered {self.counts[node]} of {self.total} requests "
+                f"(its attested capacity share predicts about {expected:.0f})"
+            )
         return None
 
     def status(self) -> dict:

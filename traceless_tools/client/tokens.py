@@ -25,6 +25,7 @@ colludes with the issuer, would like to line the two up. Nothing here lets it:
   unlogged) key, to read the key id back at redemption, is refused. An issuer restart or rotation
   that logs a new key is followed at the next wake, without a restart.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,15 @@ class TokenError(Exception):
 
 
 class TokenWallet:
-    def __init__(self, config: Any, http: httpx.AsyncClient, logged_keys: LoggedKeys | None = None, *,
-                 rng: random.Random | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: Any,
+        http: httpx.AsyncClient,
+        logged_keys: LoggedKeys | None = None,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._config = config
         self._http = http
         self._logged_keys = logged_keys
@@ -163,8 +171,11 @@ class TokenWallet:
         if r.status_code != 200:
             raise TokenError(f"issuer directory unavailable (HTTP {r.status_code})")
         try:
-            offered = [b64url_decode(k["token-key"], "token-key") for k in r.json().get("token-keys", [])
-                       if isinstance(k, dict) and k.get("token-type") == TOKEN_TYPE_BLIND_RSA]
+            offered = [
+                b64url_decode(k["token-key"], "token-key")
+                for k in r.json().get("token-keys", [])
+                if isinstance(k, dict) and k.get("token-type") == TOKEN_TYPE_BLIND_RSA
+            ]
         except (ValueError, TypeError, KeyError, AttributeError, DecodeError):
             raise TokenError("the issuer directory is malformed") from None
         if not offered:
@@ -179,10 +190,8 @@ class TokenWallet:
                 except DecodeError:
                     raise TokenError("the logged issuer key is malformed") from None
         if newest is not None and set(offered) & await asyncio.to_thread(self._live_logged, name):
-            raise TokenError("the issuer offers an older logged key, not the newest: refused",
-                             "issuer_key_not_newest")
-        raise TokenError("the issuer does not offer the newest key in the transparency log",
-                         "issuer_key_not_logged")
+            raise TokenError("the issuer offers an older logged key, not the newest: refused", "issuer_key_not_newest")
+        raise TokenError("the issuer does not offer the newest key in the transparency log", "issuer_key_not_logged")
 
     def _newest_logged(self, issuer: str, refresh: bool) -> bytes | None:
         """The last live key entry of `issuer` in log order (everyone's view of the log agrees on it)."""
@@ -198,8 +207,7 @@ class TokenWallet:
         try:
             return self._logged_keys(issuer, refresh)
         except LogClientError:  # the log could not be read or verified: no key is proven
-            raise TokenError("the transparency log could not be read or verified", "issuer_key_not_logged") \
-                from None
+            raise TokenError("the transparency log could not be read or verified", "issuer_key_not_logged") from None
 
     def _issuer_name(self) -> str:
         from urllib.parse import urlsplit
@@ -217,8 +225,7 @@ class TokenWallet:
         """The gateway's challenge, fetched through the relay only, if it is the epoch's public one."""
         offered = await self._challenge_from(self._config.relay_url, key)
         if offered.encode() not in {c.encode() for c in self.expected_challenges()}:
-            raise TokenError("the gateway's challenge is not this epoch's public one: refused",
-                             "challenge_mismatch")
+            raise TokenError("the gateway's challenge is not this epoch's public one: refused", "challenge_mismatch")
         return offered
 
     async def _challenge_from(self, base_url: str, key: IssuerPublicKey) -> TokenChallenge:
@@ -242,8 +249,10 @@ class TokenWallet:
             states.append(state)
         self.issuer_calls += 1
         r = await self._http.post(
-            self._config.issuer_url.rstrip("/") + "/token-request-batch", content=encode_batch(requests),
-            headers={"content-type": BATCH_REQUEST_MEDIA_TYPE, "authorization": f"Bearer {self._config.api_key}"})
+            self._config.issuer_url.rstrip("/") + "/token-request-batch",
+            content=encode_batch(requests),
+            headers={"content-type": BATCH_REQUEST_MEDIA_TYPE, "authorization": f"Bearer {self._config.api_key}"},
+        )
         if r.status_code == 429:
             raise TokenError("the issuer's token quota for this API key is used up for now", "quota_exhausted")
         if r.status_code == 401:

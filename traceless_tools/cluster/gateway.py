@@ -20,6 +20,7 @@ Capacities are what the nodes' attestations claim and their logged release allow
 listing carries none of the gateway's own: clients read capacity from the documents and draw
 their node themselves.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -99,8 +100,13 @@ class GatewayConfig:
 
     @property
     def admission(self) -> AdmissionPolicy:
-        return AdmissionPolicy(self.attester_policy, self.trusted_attester_keys, self.registration_max_age_s,
-                               CLOCK_LEEWAY_S, self.evidence_policy)
+        return AdmissionPolicy(
+            self.attester_policy,
+            self.trusted_attester_keys,
+            self.registration_max_age_s,
+            CLOCK_LEEWAY_S,
+            self.evidence_policy,
+        )
 
     def __post_init__(self) -> None:
         if not (self.health_interval_s > 0 and self.health_timeout_s > 0):
@@ -121,14 +127,20 @@ def build_verifier(
     epoch's public challenge is the same for every client, who derives it and compares (one
     challenge for everyone); a client clock up to CLOCK_LEEWAY_S ahead is accepted early."""
     name = issuer_name(config.issuer_url) if config.issuer_url else "traceless-issuer"
-    schedule = RedemptionSchedule(name, "", config.challenge_epoch_s, config.challenge_grace_s,
-                                  min(float(CLOCK_LEEWAY_S), config.challenge_epoch_s))
+    schedule = RedemptionSchedule(
+        name,
+        "",
+        config.challenge_epoch_s,
+        config.challenge_grace_s,
+        min(float(CLOCK_LEEWAY_S), config.challenge_epoch_s),
+    )
     return Verifier(issuer_keys, schedule, max_spent_entries=config.max_spent_entries, clock=clock)
 
 
 def _token_required(verifier: Verifier, message: str, code: str) -> ApiError:
-    return ApiError(401, message, type="authentication_error", code=code,
-                    headers={"WWW-Authenticate": verifier.www_authenticate()})
+    return ApiError(
+        401, message, type="authentication_error", code=code, headers={"WWW-Authenticate": verifier.www_authenticate()}
+    )
 
 
 def _nonce(request: Request) -> bytes | None:
@@ -136,8 +148,9 @@ def _nonce(request: Request) -> bytes | None:
     if raw is None:
         return None
     if not _HEX.fullmatch(raw) or len(raw) % 2 or not NONCE_MIN <= len(raw) // 2 <= NONCE_MAX:
-        raise ApiError(400, f"nonce must be {NONCE_MIN} to {NONCE_MAX} bytes in hex", param="nonce",
-                       code="invalid_parameter")
+        raise ApiError(
+            400, f"nonce must be {NONCE_MIN} to {NONCE_MAX} bytes in hex", param="nonce", code="invalid_parameter"
+        )
     return bytes.fromhex(raw)
 
 
@@ -153,8 +166,9 @@ def _k(request: Request, default: int) -> int:
 class Gateway:
     """The route handlers; `registry` and `verifier` are public so tests can inspect them."""
 
-    def __init__(self, config: GatewayConfig, verifier: Verifier | None, releases: ReleaseLookup,
-                 rng: random.Random) -> None:
+    def __init__(
+        self, config: GatewayConfig, verifier: Verifier | None, releases: ReleaseLookup, rng: random.Random
+    ) -> None:
         self.config = config
         self.verifier = verifier
         self.registry = NodeRegistry(config.unhealthy_after, config.max_nodes)
@@ -166,9 +180,16 @@ class Gateway:
     @asynccontextmanager
     async def lifespan(self, app: Starlette):
         self._client = upstream_client(self.config.node_read_timeout_s)
-        checks = asyncio.create_task(health_loop(
-            self.registry, self._client, self.config.health_interval_s, self.config.health_timeout_s,
-            self.config.admission, self._dropped))
+        checks = asyncio.create_task(
+            health_loop(
+                self.registry,
+                self._client,
+                self.config.health_interval_s,
+                self.config.health_timeout_s,
+                self.config.admission,
+                self._dropped,
+            )
+        )
         keys = asyncio.create_task(self._issuer_key_loop())
         try:
             yield
@@ -210,9 +231,14 @@ class Gateway:
     async def register(self, request: Request) -> Response:
         secret = self.config.register_secret
         if secret is not None and not secrets.compare_digest(
-                request.headers.get("authorization", "").encode(), f"Bearer {secret}".encode()):
-            raise ApiError(401, "registration needs the gateway's register secret",
-                           type="authentication_error", code="invalid_register_secret")
+            request.headers.get("authorization", "").encode(), f"Bearer {secret}".encode()
+        ):
+            raise ApiError(
+                401,
+                "registration needs the gateway's register secret",
+                type="authentication_error",
+                code="invalid_register_secret",
+            )
         require_media_type(request, ("application/json",))
         body = await read_body(request, MAX_REGISTRATION_BYTES)
         try:
@@ -222,21 +248,27 @@ class Gateway:
         attester_key = parse_attester_key(registration.attester_key)
         try:
             # Off the event loop: the release lookup may read the transparency log.
-            admitted = await asyncio.to_thread(admit, self.config.admission, self._releases, attester_key,
-                                               registration)
-            node_id, is_new = self.registry.register(registration, attester_key, admitted.claims.capacity,
-                                                     admitted.claims.iat)
+            admitted = await asyncio.to_thread(admit, self.config.admission, self._releases, attester_key, registration)
+            node_id, is_new = self.registry.register(
+                registration, attester_key, admitted.claims.capacity, admitted.claims.iat
+            )
         except ApiError as exc:
             emit("gateway.registration_refused", reason=exc.code)
             raise
         except StaleRegistrationError:
             emit("gateway.registration_refused", reason="stale_registration")
-            raise ApiError(409, "this key registered with a newer attestation; send a fresh one",
-                           code="stale_registration") from None
+            raise ApiError(
+                409, "this key registered with a newer attestation; send a fresh one", code="stale_registration"
+            ) from None
         except RegistryFullError:
             emit("gateway.registration_refused", reason="registry_full")
-            raise ApiError(503, "the gateway's registry is full", type="server_error", code="registry_full",
-                           headers={"Retry-After": "60"}) from None
+            raise ApiError(
+                503,
+                "the gateway's registry is full",
+                type="server_error",
+                code="registry_full",
+                headers={"Retry-After": "60"},
+            ) from None
         emit("gateway.node_registered", new=is_new, nodes=len(self.registry))
         return JSONResponse({"node_id": node_id})
 
@@ -257,9 +289,17 @@ class Gateway:
         records = [self.registry.get(entry.node_id) for entry in chosen]
         if any(record is None for record in records):  # cannot happen: no await since routing_entries()
             raise RuntimeError("a routed node is not in the registry")
-        listed = [_listed(r.node_id, r.registration.attestation, r.registration.ohttp_keys,
-                          r.registration.evidence_json(), r.registration.base_attestation)
-                  for r in records if r is not None]
+        listed = [
+            _listed(
+                r.node_id,
+                r.registration.attestation,
+                r.registration.ohttp_keys,
+                r.registration.evidence_json(),
+                r.registration.base_attestation,
+            )
+            for r in records
+            if r is not None
+        ]
         if nonce is not None:
             listed = await self._freshly_attested(listed, nonce)
         listed = capped_listing(listed, MAX_LISTING_BYTES)
@@ -273,16 +313,24 @@ class Gateway:
         if client is None:
             raise RuntimeError("the gateway's upstream client is not open: the app's lifespan has not started")
         records = [self.registry.get(entry["node_id"]) for entry in listed]
-        fresh = await asyncio.gather(*(
-            fresh_attestation(client, record, nonce, self.config.health_timeout_s, self.config.admission)
-            for record in records if record is not None))
-        return [_listed(entry["node_id"], doc["attestation"], doc["ohttp_keys"], doc["evidence"],
-                        doc["base_attestation"]) for entry, doc in zip(listed, fresh) if doc is not None]
+        fresh = await asyncio.gather(
+            *(
+                fresh_attestation(client, record, nonce, self.config.health_timeout_s, self.config.admission)
+                for record in records
+                if record is not None
+            )
+        )
+        return [
+            _listed(entry["node_id"], doc["attestation"], doc["ohttp_keys"], doc["evidence"], doc["base_attestation"])
+            for entry, doc in zip(listed, fresh)
+            if doc is not None
+        ]
 
     async def challenge(self, request: Request) -> Response:
         if self.verifier is None:
-            raise ApiError(404, "this gateway runs without an issuer (privacy off)",
-                           type="not_found_error", code="privacy_off")
+            raise ApiError(
+                404, "this gateway runs without an issuer (privacy off)", type="not_found_error", code="privacy_off"
+            )
         return Response(status_code=200, headers={"WWW-Authenticate": self.verifier.www_authenticate()})
 
     async def ohttp(self, request: Request) -> Response:
@@ -324,8 +372,9 @@ class Gateway:
         client = self._client
         if client is None:
             raise RuntimeError("the gateway's upstream client is not open: the app's lifespan has not started")
-        upstream_request = client.build_request("POST", f"{node_url}/pcc/v1/ohttp", content=body,
-                                                headers={"content-type": content_type})
+        upstream_request = client.build_request(
+            "POST", f"{node_url}/pcc/v1/ohttp", content=body, headers={"content-type": content_type}
+        )
         upstream = None
         try:
             with self.cuts.watch(node_id):  # a non-streamed answer comes whole, after the whole generation
@@ -333,16 +382,14 @@ class Gateway:
         except httpx.HTTPError as exc:
             raise upstream_error(exc) from None
         if upstream is None:
-            raise ApiError(502, "the node was dropped before it answered", type="server_error",
-                           code="node_unavailable")
+            raise ApiError(502, "the node was dropped before it answered", type="server_error", code="node_unavailable")
         headers = {}
         if "content-type" in upstream.headers:
             headers["content-type"] = upstream.headers["content-type"]
         return UpstreamStream(upstream, headers, COMPONENT, self.cuts, node_id)
 
 
-def _listed(node_id: str, attestation: str, ohttp_keys: str, evidence: list[dict[str, str]],
-            base: str | None) -> dict:
+def _listed(node_id: str, attestation: str, ohttp_keys: str, evidence: list[dict[str, str]], base: str | None) -> dict:
     """A candidate as listed: its document, keys and, for a hardware-attested node, its evidence and
     the base document the evidence binds."""
     entry: dict = {"node_id": node_id, "attestation": attestation, "ohttp_keys": ohttp_keys}
@@ -355,8 +402,13 @@ def _listed(node_id: str, attestation: str, ohttp_keys: str, evidence: list[dict
 
 def _entry_bytes(entry: dict) -> int:
     evidence = sum(len(v) for item in entry.get("evidence", ()) for v in item.values())
-    return (len(entry["node_id"]) + len(entry["attestation"]) + len(entry["ohttp_keys"]) + evidence
-            + len(entry.get("base_attestation", "")))
+    return (
+        len(entry["node_id"])
+        + len(entry["attestation"])
+        + len(entry["ohttp_keys"])
+        + evidence
+        + len(entry.get("base_attestation", ""))
+    )
 
 
 def capped_listing(listed: list[dict], max_bytes: int) -> list[dict]:
@@ -378,18 +430,23 @@ def _token_errors(verifier: Verifier) -> Iterator[None]:
     try:
         yield
     except DoubleSpendError:
-        raise ApiError(403, "this token was already redeemed", type="permission_error",
-                       code="token_replayed") from None
+        raise ApiError(403, "this token was already redeemed", type="permission_error", code="token_replayed") from None
     except TokenRejectedError:
         raise _token_required(verifier, "the PrivateToken is not valid", "token_invalid") from None
     except SpentSetFullError:
-        raise ApiError(503, "the gateway cannot record more tokens now; retry later", type="server_error",
-                       code="spent_set_full", headers={"Retry-After": "1"}) from None
+        raise ApiError(
+            503,
+            "the gateway cannot record more tokens now; retry later",
+            type="server_error",
+            code="spent_set_full",
+            headers={"Retry-After": "1"},
+        ) from None
 
 
 def _no_node() -> ApiError:
-    return ApiError(404, "no healthy node serves this model", type="not_found_error", param="model",
-                    code="model_not_found")
+    return ApiError(
+        404, "no healthy node serves this model", type="not_found_error", param="model", code="model_not_found"
+    )
 
 
 def create_gateway_app(
@@ -414,7 +471,13 @@ def create_gateway_app(
     ]
     app = create_app(COMPONENT, routes, gateway.lifespan)
     app.state.gateway = gateway
-    emit("gateway.configured", token_check=config.privacy, issuer_keys=len(issuer_keys),
-         health_interval_s=float(config.health_interval_s), unhealthy_after=config.unhealthy_after,
-         attester_policy=config.attester_policy.value, evidence_policy=config.evidence_policy is not None)
+    emit(
+        "gateway.configured",
+        token_check=config.privacy,
+        issuer_keys=len(issuer_keys),
+        health_interval_s=float(config.health_interval_s),
+        unhealthy_after=config.unhealthy_after,
+        attester_policy=config.attester_policy.value,
+        evidence_policy=config.evidence_policy is not None,
+    )
     return app

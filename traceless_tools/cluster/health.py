@@ -17,6 +17,7 @@ check would not give them.
 `fresh_attestation` is the same check with a client's nonce, for the candidate list: a client
 that sends a nonce gets documents made for it, and a node that cannot produce one is not offered.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,9 @@ class Gone(Enum):
     UNREACHABLE = "unreachable"
 
 
-async def fresh_attestation(client: httpx.AsyncClient, record: NodeRecord, nonce: bytes, timeout_s: float,
-                            policy: AdmissionPolicy) -> dict | None:
+async def fresh_attestation(
+    client: httpx.AsyncClient, record: NodeRecord, nonce: bytes, timeout_s: float, policy: AdmissionPolicy
+) -> dict | None:
     """{"attestation", "ohttp_keys", "evidence", "base_attestation"} made now by the registered node for
     `nonce`, or None. The evidence (collected once per key set, over the base document, whose key
     signed the fresh one) is checked under the gateway's evidence policy as at registration, and
@@ -54,12 +56,14 @@ async def fresh_attestation(client: httpx.AsyncClient, record: NodeRecord, nonce
     return result if isinstance(result, dict) else None
 
 
-async def attest_now(client: httpx.AsyncClient, record: NodeRecord, nonce: bytes, timeout_s: float,
-                     policy: AdmissionPolicy) -> dict | Gone | None:
+async def attest_now(
+    client: httpx.AsyncClient, record: NodeRecord, nonce: bytes, timeout_s: float, policy: AdmissionPolicy
+) -> dict | Gone | None:
     """`fresh_attestation`, telling apart the failures that drop a node at once (`Gone`)."""
     try:
-        response = await client.get(f"{record.registration.url}/pcc/v1/attestation",
-                                    params={"nonce": nonce.hex()}, timeout=timeout_s)
+        response = await client.get(
+            f"{record.registration.url}/pcc/v1/attestation", params={"nonce": nonce.hex()}, timeout=timeout_s
+        )
         body = response.json() if response.status_code in (200, 503) else None
     except httpx.ConnectError as exc:
         return Gone.UNREACHABLE if _refused(exc) else None
@@ -69,22 +73,31 @@ async def attest_now(client: httpx.AsyncClient, record: NodeRecord, nonce: bytes
         error = body.get("error") if isinstance(body, dict) else None
         return Gone.ENGINE_DEAD if isinstance(error, dict) and error.get("code") == "engine_dead" else None
     base = body.get("base_attestation") if isinstance(body, dict) else None
-    if not isinstance(body, dict) or not isinstance(body.get("attestation"), str) \
-            or not isinstance(body.get("ohttp_keys"), str) or not isinstance(base, str | None):
+    if (
+        not isinstance(body, dict)
+        or not isinstance(body.get("attestation"), str)
+        or not isinstance(body.get("ohttp_keys"), str)
+        or not isinstance(base, str | None)
+    ):
         return None
     try:
         keys = base64.b64decode(body["ohttp_keys"], validate=True)
         evidence = parse_evidence(body.get("evidence", []))
         # Hardware evidence costs milliseconds of signature checks: off the event loop.
-        check = functools.partial(verify_document, policy, record.attester_key, body["attestation"], keys, nonce,
-                                  evidence, base)
+        check = functools.partial(
+            verify_document, policy, record.attester_key, body["attestation"], keys, nonce, evidence, base
+        )
         claims = await asyncio.to_thread(check) if evidence else check()
     except (ApiError, InvalidRequestError, binascii.Error, ValueError):
         return None
     if claims.node_url != record.registration.url or claims.capacity != record.capacity:
         return None
-    return {"attestation": body["attestation"], "ohttp_keys": body["ohttp_keys"],
-            "evidence": [evidence_to_json(item) for item in evidence], "base_attestation": base}
+    return {
+        "attestation": body["attestation"],
+        "ohttp_keys": body["ohttp_keys"],
+        "evidence": [evidence_to_json(item) for item in evidence],
+        "base_attestation": base,
+    }
 
 
 def _refused(exc: BaseException) -> bool:
@@ -99,8 +112,13 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-async def check_all(registry: NodeRegistry, client: httpx.AsyncClient, timeout_s: float,
-                    policy: AdmissionPolicy, on_drop: Callable[[str], None] | None = None) -> int:
+async def check_all(
+    registry: NodeRegistry,
+    client: httpx.AsyncClient,
+    timeout_s: float,
+    policy: AdmissionPolicy,
+    on_drop: Callable[[str], None] | None = None,
+) -> int:
     """One round of checks; returns how many nodes it dropped (`on_drop(node_id)` for each)."""
     records = registry.records()
     results = await asyncio.gather(
@@ -122,8 +140,14 @@ async def check_all(registry: NodeRegistry, client: httpx.AsyncClient, timeout_s
     return dropped
 
 
-async def health_loop(registry: NodeRegistry, client: httpx.AsyncClient, interval_s: float, timeout_s: float,
-                      policy: AdmissionPolicy, on_drop: Callable[[str], None] | None = None) -> None:
+async def health_loop(
+    registry: NodeRegistry,
+    client: httpx.AsyncClient,
+    interval_s: float,
+    timeout_s: float,
+    policy: AdmissionPolicy,
+    on_drop: Callable[[str], None] | None = None,
+) -> None:
     """Check every interval until cancelled."""
     while True:
         await asyncio.sleep(interval_s)

@@ -11,6 +11,7 @@ cannot link a token it issued to the request that later spends it. Its whole sta
 signing key (generated at start, memory only), the API-key digests and one counter per user
 (`TokenIssuanceService`); nothing is kept per request or per token.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,20 +110,31 @@ def _bearer_key(request: Request) -> str:
     value = request.headers.get("authorization", "")
     scheme, _, key = value.strip().partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise ApiError(401, "an API key is required: Authorization: Bearer <key>",
-                       type="authentication_error", code="missing_api_key", headers=_BEARER_CHALLENGE)
+        raise ApiError(
+            401,
+            "an API key is required: Authorization: Bearer <key>",
+            type="authentication_error",
+            code="missing_api_key",
+            headers=_BEARER_CHALLENGE,
+        )
     return key.strip()
 
 
 def _api_error(exc: TokenError) -> ApiError:
     """Token errors carry structural messages only (no keys, no values), safe to return."""
     if isinstance(exc, AuthenticationError):
-        return ApiError(401, "invalid API key", type="authentication_error", code="invalid_api_key",
-                        headers=_BEARER_CHALLENGE)
+        return ApiError(
+            401, "invalid API key", type="authentication_error", code="invalid_api_key", headers=_BEARER_CHALLENGE
+        )
     if isinstance(exc, RateLimitExceededError):
         retry_after = max(1, math.ceil(exc.retry_after))
-        return ApiError(429, "token quota for this window exceeded", type="rate_limit_error",
-                        code="rate_limit_exceeded", headers={"Retry-After": str(retry_after)})
+        return ApiError(
+            429,
+            "token quota for this window exceeded",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(retry_after)},
+        )
     if isinstance(exc, BatchTooLargeError):
         return ApiError(413, str(exc), code="batch_too_large")
     if exc.http_status == 400:
@@ -196,8 +208,7 @@ def create_issuer_app(
     service = TokenIssuanceService(issuer or Issuer.generate(), api_keys, config.rate_limit(), clock=clock)
     handlers = _IssuerEndpoints(service, config)
     routes = [
-        Route("/token-issuer-directory", endpoint(COMPONENT, "token_directory", handlers.directory),
-              methods=["GET"]),
+        Route("/token-issuer-directory", endpoint(COMPONENT, "token_directory", handlers.directory), methods=["GET"]),
         Route(REQUEST_URI, endpoint(COMPONENT, "token", handlers.single), methods=["POST"]),
         Route(BATCH_URI, endpoint(COMPONENT, "token_batch", handlers.batch), methods=["POST"]),
     ]

@@ -4,6 +4,7 @@ The gateway fetches it once at start: the keys are public, and a verifier needs 
 to check tokens. It waits a little for the issuer to come up, since `traceless up` starts
 both at once.
 """
+
 from __future__ import annotations
 
 import time

@@ -7,6 +7,7 @@ log growing one key per restart lets clients of different moments hold different
 read back at every start, so a restart keeps the logged key. A rotation is a new file whose key is
 logged before the issuer starts with it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,7 @@ let the gateway reach that port and not the one that signs tokens (deploy/k8s, d
 Which port a request came in on is the server's own socket address in the ASGI scope, not
 anything the client sends.
 """
+
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send

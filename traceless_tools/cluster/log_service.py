@@ -18,6 +18,7 @@ one on every poll, so a restart loses nothing for long). See traceless/privacy/t
 Errors are OpenAI-shaped JSON (traceless/http: 400 bad parameter, 404 unknown leaf, 503 log
 directory unreadable); messages describe the parameter, never echo its value.
 """
+
 from __future__ import annotations
 
 import base64
@@ -93,8 +94,11 @@ def _inclusion(request: Request, log: TransparencyLog) -> dict[str, object]:
     if not 1 <= tree_size <= log.tree_size:
         raise InvalidRequestError("tree_size must be between 1 and the current tree size")
     proof = log.inclusion_proof(leaf_hash, tree_size)
-    return {"leaf_index": proof.leaf_index, "tree_size": proof.tree_size,
-            "inclusion_path": [_b64(p) for p in proof.inclusion_path]}
+    return {
+        "leaf_index": proof.leaf_index,
+        "tree_size": proof.tree_size,
+        "inclusion_path": [_b64(p) for p in proof.inclusion_path],
+    }
 
 
 def _consistency(request: Request, log: TransparencyLog) -> dict[str, object]:
@@ -130,8 +134,12 @@ class Cosignatures:
     def add(self, sth: SignedTreeHead, cosignature: Cosignature) -> None:
         self.current()
         if cosignature.witness_key not in self._keys:
-            raise ApiError(403, "this log does not take cosignatures from that witness key", type="permission_error",
-                           code="unknown_witness")
+            raise ApiError(
+                403,
+                "this log does not take cosignatures from that witness key",
+                type="permission_error",
+                code="unknown_witness",
+            )
         if sth != self._sth:
             raise ApiError(409, "the cosigned tree head is not the log's current one", code="stale_tree_head")
         try:
@@ -159,13 +167,15 @@ def _cosignature_endpoint(log: TransparencyLog, cosigs: Cosignatures) -> Callabl
         try:
             sth, cosig = SignedTreeHead.from_json(obj["sth"]), Cosignature.from_json(obj["cosignature"])
         except (ValueError, TypeError, KeyError, TreeHeadError, CosignatureError):
-            raise ApiError(400, "body must be {\"sth\": tree head, \"cosignature\": cosignature}",
-                           code="invalid_parameter") from None
+            raise ApiError(
+                400, 'body must be {"sth": tree head, "cosignature": cosignature}', code="invalid_parameter"
+            ) from None
         try:
             log.refresh()
         except LogCorruptError:
-            raise ApiError(503, "the log directory failed validation", type="server_error",
-                           code="log_unavailable") from None
+            raise ApiError(
+                503, "the log directory failed validation", type="server_error", code="log_unavailable"
+            ) from None
         cosigs.add(sth, cosig)
         emit("log.cosignature_accepted", tree_size=sth.tree_size)
         return JSONResponse({"accepted": True})
@@ -183,11 +193,13 @@ def _endpoint(handler: Handler, log: TransparencyLog) -> Callable[[Request], Awa
         except (InvalidRequestError, TreeSizeError) as e:
             raise ApiError(400, str(e), code="invalid_parameter") from None
         except LeafNotFoundError:
-            raise ApiError(404, "no leaf with this hash in the requested tree", type="not_found_error",
-                           code="leaf_not_found") from None
+            raise ApiError(
+                404, "no leaf with this hash in the requested tree", type="not_found_error", code="leaf_not_found"
+            ) from None
         except LogCorruptError:
-            raise ApiError(503, "the log directory failed validation", type="server_error",
-                           code="log_unavailable") from None
+            raise ApiError(
+                503, "the log directory failed validation", type="server_error", code="log_unavailable"
+            ) from None
 
     return endpoint(COMPONENT, "log", run)
 
@@ -206,15 +218,15 @@ def create_app(log: TransparencyLog, witness_keys: tuple[bytes, ...] = ()) -> St
     return create_http_app(COMPONENT, routes)
 
 
-def build_server(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090,
-                 witness_keys: tuple[bytes, ...] = ()) -> uvicorn.Server:
+def build_server(
+    log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090, witness_keys: tuple[bytes, ...] = ()
+) -> uvicorn.Server:
     """A uvicorn server for the log at `log_dir` (opened and validated now)."""
     app = create_app(TransparencyLog.open(log_dir), witness_keys)
     return uvicorn.Server(uvicorn_config(app, host=host, port=port))
 
 
-def serve(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090,
-          witness_keys: tuple[bytes, ...] = ()) -> None:
+def serve(log_dir: str | Path, host: str = "127.0.0.1", port: int = 8090, witness_keys: tuple[bytes, ...] = ()) -> None:
     """Run the log service until interrupted."""
     server = build_server(log_dir, host, port, witness_keys)
     emit("service.started", component=COMPONENT, port=port)

@@ -16,6 +16,7 @@ Routing sees only `routing_entries()`: (node_id, model, attested capacity, healt
 The registry is confined to the gateway's event loop (no awaits inside its methods), so it
 needs no lock.
 """
+
 from __future__ import annotations
 
 import base64
@@ -64,14 +65,21 @@ class NodeRegistration:
     @classmethod
     def from_json(cls, body: object) -> NodeRegistration:
         if not isinstance(body, dict) or not _FIELDS <= set(body) <= _FIELDS | _OPTIONAL:
-            raise InvalidRequestError(f"registration must be a JSON object with exactly {sorted(_FIELDS)} "
-                                      f"and optionally {sorted(_OPTIONAL)}")
+            raise InvalidRequestError(
+                f"registration must be a JSON object with exactly {sorted(_FIELDS)} and optionally {sorted(_OPTIONAL)}"
+            )
         if not isinstance(body["attester_key"], str) or len(body["attester_key"]) > 64:
             raise InvalidRequestError("attester_key must be base64 of a raw Ed25519 public key")
         base = body.get("base_attestation")
-        return cls(_url(body["url"]), _model(body["model"]), _attestation(body["attestation"]),
-                   _ohttp_keys(body["ohttp_keys"]), body["attester_key"], parse_evidence(body.get("evidence", [])),
-                   None if base is None else _attestation(base, "base_attestation"))
+        return cls(
+            _url(body["url"]),
+            _model(body["model"]),
+            _attestation(body["attestation"]),
+            _ohttp_keys(body["ohttp_keys"]),
+            body["attester_key"],
+            parse_evidence(body.get("evidence", [])),
+            None if base is None else _attestation(base, "base_attestation"),
+        )
 
     def evidence_json(self) -> list[dict[str, str]]:
         return [evidence_to_json(item) for item in self.evidence]
@@ -149,8 +157,9 @@ class NodeRegistry:
         self._nodes: dict[str, NodeRecord] = {}
         self._by_key: dict[bytes, str] = {}
 
-    def register(self, registration: NodeRegistration, attester_key: bytes, capacity: int,
-                 issued_at: int) -> tuple[str, bool]:
+    def register(
+        self, registration: NodeRegistration, attester_key: bytes, capacity: int, issued_at: int
+    ) -> tuple[str, bool]:
         """(node_id, whether the node is new) for an admitted registration. A known key keeps its id
         and gets the new URL, keys and document, if the document is no older than the last one."""
         node_id = self._by_key.get(attester_key)

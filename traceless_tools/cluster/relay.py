@@ -12,6 +12,7 @@ could be recognised by. Downstream it passes only the status, `content-type` and
 `www-authenticate`. Every other path is 404. Logging is schema events only: route, status,
 duration; never an address.
 """
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -79,8 +80,7 @@ class Relay:
         path = "/pcc/v1/ohttp/" + quote(request.path_params["node_id"], safe="")
         return await self._forward(request, "POST", path, body)
 
-    async def _forward(self, request: Request, method: str, path: str,
-                       body: AsyncIterator[bytes] | None) -> Response:
+    async def _forward(self, request: Request, method: str, path: str, body: AsyncIterator[bytes] | None) -> Response:
         query = request.url.query
         url = self._base + path + (f"?{query}" if query else "")
         headers = {name: request.headers[name] for name in UPSTREAM_REQUEST_HEADERS if name in request.headers}

@@ -10,6 +10,7 @@ K candidates are drawn without replacement, each draw weighted by capacity among
 not yet drawn (successive sampling). The client sends its request to one of them; offering
 several lets it skip a node whose attestation it refuses without a new round trip.
 """
+
 from __future__ import annotations
 
 import math

@@ -6,6 +6,7 @@ and clients check it against the witness key they were given out of band. A head
 extend the recorded one is never cosigned; the witness keeps running (and keeps refusing), so the
 fork shows as cosignatures that stop, which clients turn into refusals once they are too old.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,10 @@ class CosignatureRejectedError(LogClientError):
 
 def submit(http: httpx.Client, log_url: str, head: CosignedHead) -> None:
     try:
-        r = http.post(log_url.rstrip("/") + "/log/v1/cosignature",
-                      json={"sth": head.sth.to_json(), "cosignature": head.cosignature.to_json()})
+        r = http.post(
+            log_url.rstrip("/") + "/log/v1/cosignature",
+            json={"sth": head.sth.to_json(), "cosignature": head.cosignature.to_json()},
+        )
     except httpx.HTTPError as e:
         raise CosignatureRejectedError(f"log unreachable ({type(e).__name__})") from None
     if r.status_code != 200:
@@ -42,16 +45,34 @@ def witness_once(witness: Witness, log: LogClient, http: httpx.Client, log_url: 
         head = witness.cosign_latest(log)
         submit(http, log_url, head)
     except LogClientError as e:
-        reason = e.result if e.result in ("inconsistent", "bad_signature", "key_mismatch", "root_mismatch",
-                                          "bad_proof", "unreachable", "rejected") else "protocol"
+        reason = (
+            e.result
+            if e.result
+            in (
+                "inconsistent",
+                "bad_signature",
+                "key_mismatch",
+                "root_mismatch",
+                "bad_proof",
+                "unreachable",
+                "rejected",
+            )
+            else "protocol"
+        )
         emit("witness.refused", reason=reason)
         return None
     emit("witness.cosigned", tree_size=head.sth.tree_size)
     return head
 
 
-def run(witness: Witness, log_url: str, interval_s: float, *, rounds: int | None = None,
-        sleep: Callable[[float], None] = time.sleep) -> None:
+def run(
+    witness: Witness,
+    log_url: str,
+    interval_s: float,
+    *,
+    rounds: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Witness the log every `interval_s` seconds (forever, or `rounds` times)."""
     with httpx.Client(timeout=10.0) as http, LogClient(log_url, witness.log_public_key, http=http) as log:
         done = 0

@@ -10,6 +10,7 @@ tasks' data lives in traceless_tools/eval/tasks/ and the Hugging Face hub is swi
 The task YAMLs name their data files relative to their own directory; they are rewritten with
 absolute paths into a temporary directory that lm-eval reads (task configs only, no results).
 """
+
 from __future__ import annotations
 
 import os
@@ -82,16 +83,28 @@ def run_eval(cfg: EvalConfig) -> dict:
         raise EvalError("lm-evaluation-harness is not installed: pip install 'traceless[eval]'") from exc
     base = cfg.base_url.rstrip("/")
     model, max_len = _server_model(base, cfg.model, cfg.timeout_s)
-    model_args = {"base_url": base + "/v1/completions", "model": model, "tokenizer_backend": "remote",
-                  "tokenized_requests": True, "num_concurrent": cfg.concurrency, "max_length": max_len,
-                  "max_retries": 1, "timeout": int(cfg.timeout_s), **cfg.extra_model_args}
+    model_args = {
+        "base_url": base + "/v1/completions",
+        "model": model,
+        "tokenizer_backend": "remote",
+        "tokenized_requests": True,
+        "num_concurrent": cfg.concurrency,
+        "max_length": max_len,
+        "max_retries": 1,
+        "timeout": int(cfg.timeout_s),
+        **cfg.extra_model_args,
+    }
     tmp = Path(tempfile.mkdtemp(prefix="traceless-eval-tasks-"))
     try:
         _resolved_tasks(tmp)
         results = lm_eval.simple_evaluate(
-            model="local-completions", model_args=model_args, tasks=list(cfg.tasks),
-            task_manager=TaskManager(include_path=str(tmp), include_defaults=False), limit=cfg.limit,
-            log_samples=cfg.log_samples)
+            model="local-completions",
+            model_args=model_args,
+            tasks=list(cfg.tasks),
+            task_manager=TaskManager(include_path=str(tmp), include_defaults=False),
+            limit=cfg.limit,
+            log_samples=cfg.log_samples,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if results is None:
@@ -103,6 +116,9 @@ def summary(results: dict) -> dict[str, dict[str, float]]:
     """{task: {metric: value}}: the aggregate figures only (no question, answer or output)."""
     out: dict[str, dict[str, float]] = {}
     for task, metrics in results.get("results", {}).items():
-        out[task] = {k.split(",")[0]: float(v) for k, v in metrics.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool) and "_stderr" not in k}
+        out[task] = {
+            k.split(",")[0]: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and "_stderr" not in k
+        }
     return out

@@ -12,6 +12,7 @@ Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN: `ip netns add` mounts under /run/ne
 (`entered`): sockets it creates there stay in that namespace after it leaves, which is how the
 host's `up` process reaches its services (readiness checks) and forwards the proxy's port.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -11,6 +11,7 @@ nodes' metrics listeners stay on their namespace's loopback (the operator's, on 
 Every namespace, veth and the bridge is removed when `up` stops, however it stops, and when it
 fails to start. Needs root.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,9 @@ class NetnsDeployment(Deployment):
             if not alive.get(name, True) and name not in self.lost:
                 self.lost.add(name)
                 print(f"traceless up: {name} stopped; the other nodes serve on", file=sys.stderr, flush=True)
-        return all(ok for name, ok in alive.items() if name not in self.nodes) and \
-            any(alive.get(name, False) for name in self.nodes)
+        return all(ok for name, ok in alive.items() if name not in self.nodes) and any(
+            alive.get(name, False) for name in self.nodes
+        )
 
     def supervise(self) -> int:
         """Nodes are hosts here (the demonstration takes one away): nothing is restarted; the
@@ -79,8 +81,14 @@ class NetnsDeployment(Deployment):
             self.stop()
             raise
         endpoints["bridge"] = self.topology.bridge  # its port `link` is the other end of a role's eth0
-        endpoints["namespaces"] = {role: {"namespace": self.topology.namespace(role), "link": self.topology.links[role],
-                                          "address": self.topology.addresses[role]} for role in self.topology.roles}
+        endpoints["namespaces"] = {
+            role: {
+                "namespace": self.topology.namespace(role),
+                "link": self.topology.links[role],
+                "address": self.topology.addresses[role],
+            }
+            for role in self.topology.roles
+        }
         (self.state / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         return endpoints
 

@@ -1,4 +1,5 @@
 """Starting and stopping traceless services as processes on loopback (`traceless up`, audits, benchmarks)."""
+
 from __future__ import annotations
 
 import ctypes

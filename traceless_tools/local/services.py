@@ -1,4 +1,5 @@
 """Start traceless services as real processes on loopback, for the audit and attack tools."""
+
 from __future__ import annotations
 
 import os
@@ -50,10 +51,24 @@ def _spawn(command: str, args: tuple[str, ...], name: str, workdir: Path | None)
     port, metrics_port = free_port(), free_port()
     log_path = workdir / f"{name}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "traceless_tools.cli", command, "--port", str(port),
-                                 "--metrics-port", str(metrics_port), *args],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "traceless_tools.cli",
+                command,
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics_port),
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     service = Service(name, f"http://127.0.0.1:{port}", proc, log_path, f"http://127.0.0.1:{metrics_port}")
     try:
         wait_ready(proc, service.url + "/health", what=name)

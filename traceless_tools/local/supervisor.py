@@ -7,6 +7,7 @@ starts again after the first backoff; each further quick failure waits the next 
 `max_failures` quick failures in a row the supervisor gives up (`GaveUp`): something is wrong
 that a restart does not fix, and `up` exits non-zero.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -67,8 +68,9 @@ class Supervisor:
                 if service.failures > self.policy.max_failures:
                     raise GaveUp(name, code)
                 service.restart_at = now + self.policy.delay(service.failures)
-                happened.append((name, f"stopped (exit status {code}); restarting in "
-                                       f"{self.policy.delay(service.failures):.0f}s"))
+                happened.append(
+                    (name, f"stopped (exit status {code}); restarting in {self.policy.delay(service.failures):.0f}s")
+                )
             elif now >= service.restart_at:
                 service.proc, service.started_at, service.restart_at = self._start(name), now, None
                 happened.append((name, "restarted"))

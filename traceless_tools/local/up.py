@@ -16,6 +16,7 @@ registers again and keeps its attester key. Every service gets the kernel's pare
 (processes.die_with_parent): if `up` itself is killed, even with `kill -9`, they stop too. Exit
 status: 0 after Ctrl-C or a signal, 1 when the deployment could not start or a service kept failing.
 """
+
 from __future__ import annotations
 
 import base64
@@ -95,8 +96,14 @@ class Deployment:
         with open(self.logs / f"{name}.out", "ab") as out, open(self.logs / f"{name}.log", "ab") as err:
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             cli = [sys.executable, "-m", "traceless_tools.cli", *argv]
-            proc = subprocess.Popen(self.command(name, cli), stdout=out,
-                                    stderr=err, env=env, start_new_session=True, preexec_fn=die_with_parent())
+            proc = subprocess.Popen(
+                self.command(name, cli),
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
         self.procs = [(n, p) for n, p in self.procs if n != name] + [(name, proc)]
         return proc
 
@@ -131,8 +138,19 @@ class Deployment:
     # --- the deployment -------------------------------------------------------------------------
     def _witness(self, log_url: str, log_key: str, witness_key: str) -> None:
         """Start the witness and wait until the log serves its cosignature."""
-        self.witness_proc = self.spawn("witness", "log", "witness", "--log", log_url, "--log-public-key", log_key,
-                                       "--dir", str(self.state / "witness"), "--interval", str(WITNESS_INTERVAL_S))
+        self.witness_proc = self.spawn(
+            "witness",
+            "log",
+            "witness",
+            "--log",
+            log_url,
+            "--log-public-key",
+            log_key,
+            "--dir",
+            str(self.state / "witness"),
+            "--interval",
+            str(WITNESS_INTERVAL_S),
+        )
         if self.printed("witness", self.witness_proc, "witness-public-key") != witness_key:
             raise StartupError("the witness runs with another key than the one the log was given")
         self._wait_cosigned(log_url, 0)
@@ -188,8 +206,19 @@ class Deployment:
         # The witness's key is made (or loaded) here so the log can be told to take its cosignatures.
         self.witness_key = Witness(self.state / "witness", log.public_key_bytes()).public_key_b64()
         host, port = self.place("log")
-        proc = self.spawn("log", "log", "serve", "--dir", str(self.state / "log"), "--host", host, "--port", str(port),
-                          "--witness-key", self.witness_key)
+        proc = self.spawn(
+            "log",
+            "log",
+            "serve",
+            "--dir",
+            str(self.state / "log"),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--witness-key",
+            self.witness_key,
+        )
         url = f"http://{host}:{port}"
         self.wait_ready("log", proc, url + "/log/v1/sth")
         self._witness(url, log_key, self.witness_key)
@@ -206,12 +235,19 @@ class Deployment:
             check_release(policy, self.release_config)
         except ReleaseRefusedError as exc:
             raise StartupError(f"the proxy would refuse these nodes: {exc}") from None
-        flags = {"unpadded": "--allow-unpadded-releases", "request_events": "--allow-request-events-releases",
-                 "dummy_weights": "--allow-dummy-weights-releases"}
+        flags = {
+            "unpadded": "--allow-unpadded-releases",
+            "request_events": "--allow-request-events-releases",
+            "dummy_weights": "--allow-dummy-weights-releases",
+        }
         self.release_waivers = list(policy.waivers)
         for waiver in policy.waivers:
-            print(f"traceless up: BENCHMARK-ONLY: the nodes' settings need the release-policy waiver '{waiver}', "
-                  f"so the proxy is started with {flags[waiver]}", file=sys.stderr, flush=True)
+            print(
+                f"traceless up: BENCHMARK-ONLY: the nodes' settings need the release-policy waiver '{waiver}', "
+                f"so the proxy is started with {flags[waiver]}",
+                file=sys.stderr,
+                flush=True,
+            )
         return [flags[w] for w in policy.waivers]
 
     def _service(self, name: str, ready_path: str, *argv: str) -> str:
@@ -228,12 +264,33 @@ class Deployment:
             (host, port), (metrics_host, metrics_port) = self.place(name), self.place(name, "metrics")
             url = f"http://{host}:{port}"
             self.node_metrics.append(f"http://{metrics_host}:{metrics_port}")  # the operator's listener
-            proc = self.spawn(name, "node", *self.opts.node_args, "--host", host, "--port", str(port),
-                              "--gateway", gateway, "--metrics-host", metrics_host, "--metrics-port", str(metrics_port),
-                              "--capacity", str(cap), "--register-interval", str(REGISTER_INTERVAL_S),
-                              "--attester-key-file", str(self.state / name / "attester.key"),
-                              "--log", log[0], "--log-public-key", log[1],
-                              "--public-url", self.link(name, url))
+            proc = self.spawn(
+                name,
+                "node",
+                *self.opts.node_args,
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--gateway",
+                gateway,
+                "--metrics-host",
+                metrics_host,
+                "--metrics-port",
+                str(metrics_port),
+                "--capacity",
+                str(cap),
+                "--register-interval",
+                str(REGISTER_INTERVAL_S),
+                "--attester-key-file",
+                str(self.state / name / "attester.key"),
+                "--log",
+                log[0],
+                "--log-public-key",
+                log[1],
+                "--public-url",
+                self.link(name, url),
+            )
             started.append((name, proc, url))
         keys = []
         for name, proc, url in started:
@@ -263,23 +320,58 @@ class Deployment:
         keys_file, key_file = self.state / "api-keys.json", self.state / "api-key"
         for path, text in ((keys_file, json.dumps({api_key: "demo-user"})), (key_file, api_key)):
             write_private(path, text)
-        issuer = self._service("issuer", "/token-issuer-directory", "--api-keys", str(keys_file),
-                               "--key-file", str(self.state / "issuer-key.pem"))
+        issuer = self._service(
+            "issuer",
+            "/token-issuer-directory",
+            "--api-keys",
+            str(keys_file),
+            "--key-file",
+            str(self.state / "issuer-key.pem"),
+        )
         self._log_issuer_key(issuer, log_url)
-        print("traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
-              "a node runs; production refuses it)", file=sys.stderr, flush=True)
-        gateway = self._service("gateway", "/pcc/v1/challenge", "--issuer", issuer, "--log", log_url,
-                                "--log-public-key", log_key, "--attester-policy", "development",
-                                *self.opts.gateway_args)
+        print(
+            "traceless up: DEVELOPMENT attester policy (software attester: it proves nothing about the code "
+            "a node runs; production refuses it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        gateway = self._service(
+            "gateway",
+            "/pcc/v1/challenge",
+            "--issuer",
+            issuer,
+            "--log",
+            log_url,
+            "--log-public-key",
+            log_key,
+            "--attester-policy",
+            "development",
+            *self.opts.gateway_args,
+        )
         relay = self._service("relay", "/pcc/v1/challenge", "--gateway", self.link("gateway", gateway))
         nodes, attester_keys, model = self._nodes(gateway, (log_url, log_key))
         self._wait_registered(gateway, model)
-        proxy_args = [*waivers, "--issuer", issuer, "--api-key-file", str(key_file),
-                      "--relay", self.link("relay", relay),
-                      "--log", log_url,
-                      "--log-public-key", log_key, "--model", model,
-                      "--witness-key", self.witness_key, "--state-dir", str(self.state / "proxy"),
-                      "--attester-policy", "development"]
+        proxy_args = [
+            *waivers,
+            "--issuer",
+            issuer,
+            "--api-key-file",
+            str(key_file),
+            "--relay",
+            self.link("relay", relay),
+            "--log",
+            log_url,
+            "--log-public-key",
+            log_key,
+            "--model",
+            model,
+            "--witness-key",
+            self.witness_key,
+            "--state-dir",
+            str(self.state / "proxy"),
+            "--attester-policy",
+            "development",
+        ]
         host, port = self.place("proxy")
         proxy_args += ["--host", host, "--port", str(port)]
         for k in attester_keys:
@@ -287,11 +379,22 @@ class Deployment:
         proc = self.spawn("proxy", "proxy", *proxy_args)
         proxy = self.expose("proxy", f"http://{host}:{port}")
         wait_ready(proc, proxy + "/health", READY_TIMEOUT_S, f"proxy (log: {self.logs / 'proxy.log'})")
-        endpoints = {"log": log_url, "issuer": issuer, "relay": relay, "gateway": gateway, "proxy": proxy,
-                     "nodes": nodes, "node_metrics": self.node_metrics, "api_key": api_key, "model": model,
-                     "log_public_key": log_key, "witness_public_key": self.witness_key,
-                     "release_waivers": self.release_waivers,
-                     "attester_keys": attester_keys, "measurement": self.measurement}
+        endpoints = {
+            "log": log_url,
+            "issuer": issuer,
+            "relay": relay,
+            "gateway": gateway,
+            "proxy": proxy,
+            "nodes": nodes,
+            "node_metrics": self.node_metrics,
+            "api_key": api_key,
+            "model": model,
+            "log_public_key": log_key,
+            "witness_public_key": self.witness_key,
+            "release_waivers": self.release_waivers,
+            "attester_keys": attester_keys,
+            "measurement": self.measurement,
+        }
         write_private(self.state / "endpoints.json", json.dumps(endpoints, indent=2) + "\n")  # holds the API key
         return endpoints
 
@@ -306,8 +409,11 @@ class Deployment:
             try:
                 happened = supervisor.poll(time.monotonic())
             except GaveUp as exc:
-                print(f"traceless up: {exc}; shutting down (log: {self.logs / (exc.name + '.log')})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"traceless up: {exc}; shutting down (log: {self.logs / (exc.name + '.log')})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return 1
             for name, what in happened:
                 print(f"traceless up: {name} {what}", file=sys.stderr, flush=True)

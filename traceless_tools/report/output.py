@@ -1,5 +1,6 @@
 """The tail every benchmark, attack and audit ends with: print the table, write the JSON, draw the
 plot. One place, so every tool's outputs look and behave alike."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,13 @@ def write_json(path: str | Path | None, report: dict) -> None:
         Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
-def finish(report: dict, print_report: Callable[[dict], None], json_path: str | Path | None = None,
-           plot: Callable[[dict, str], None] | None = None, plot_path: str | None = None) -> dict:
+def finish(
+    report: dict,
+    print_report: Callable[[dict], None],
+    json_path: str | Path | None = None,
+    plot: Callable[[dict, str], None] | None = None,
+    plot_path: str | None = None,
+) -> dict:
     """Print `report` as its table, write it as JSON and plot it, each where asked; returns it."""
     print_report(report)
     write_json(json_path, report)

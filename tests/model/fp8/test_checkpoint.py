@@ -1,5 +1,6 @@
 """FP8 checkpoint tensors through a loader's take(name): dequantized for the CPU, per-channel
 FP8 weights (fused where projections share an input) for the GPU's Fp8Linear."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,11 +28,16 @@ def _fp8(shape, seed):
 
 def _static_checkpoint():
     p = "model.layers.0.self_attn."
-    return {p + "q_proj.weight": _fp8((64, 32), 0), p + "q_proj.weight_scale": torch.tensor(0.5),
-            p + "q_proj.input_scale": torch.tensor(0.02),
-            p + "k_proj.weight": _fp8((32, 32), 1), p + "k_proj.weight_scale": torch.tensor(0.25),
-            p + "k_proj.input_scale": torch.tensor(0.03),
-            "model.norm.weight": torch.ones(32), "lm_head.weight": torch.randn(100, 32).bfloat16()}
+    return {
+        p + "q_proj.weight": _fp8((64, 32), 0),
+        p + "q_proj.weight_scale": torch.tensor(0.5),
+        p + "q_proj.input_scale": torch.tensor(0.02),
+        p + "k_proj.weight": _fp8((32, 32), 1),
+        p + "k_proj.weight_scale": torch.tensor(0.25),
+        p + "k_proj.input_scale": torch.tensor(0.03),
+        "model.norm.weight": torch.ones(32),
+        "lm_head.weight": torch.randn(100, 32).bfloat16(),
+    }
 
 
 def test_the_cpu_path_reads_dequantized_weights_and_consumes_the_scales():
@@ -85,4 +91,4 @@ def test_the_gpu_path_requantizes_block_wise_weights_per_row():
     exact = dequantize_blocks_by_loop(w, s, 128, 128)
     back = decode_e4m3(got.weight) * got.scale.double()[:, None]
     assert got.input_scale is None
-    assert float((back - exact).abs().max() / exact.abs().max()) < 2 ** -4
+    assert float((back - exact).abs().max() / exact.abs().max()) < 2**-4

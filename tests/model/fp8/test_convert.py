@@ -1,5 +1,6 @@
 """FP8 dequantization against references written from the format's definition, and quantization
 (per channel, per token, static) within the e4m3 rounding bound."""
+
 from __future__ import annotations
 
 import math
@@ -58,11 +59,14 @@ def test_block_wise_dequantization(shape):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize(("config", "scale", "named"), [
-    (BLOCK, torch.ones(2, 3), "block weight scale of shape"),
-    (TENSOR, torch.ones(2), "tensor weight scale"),
-    (CHANNEL, torch.ones(47), "channel weight scale"),
-])
+@pytest.mark.parametrize(
+    ("config", "scale", "named"),
+    [
+        (BLOCK, torch.ones(2, 3), "block weight scale of shape"),
+        (TENSOR, torch.ones(2), "tensor weight scale"),
+        (CHANNEL, torch.ones(47), "channel weight scale"),
+    ],
+)
 def test_scales_of_the_wrong_shape_are_refused(config, scale, named):
     with pytest.raises(ModelLoadError, match=named):
         convert.dequantize(_random_fp8((48, 80), 3), scale, config, torch.float32)
@@ -73,12 +77,12 @@ def test_scales_of_the_wrong_shape_are_refused(config, scale, named):
 def _within_rounding(approx: torch.Tensor, exact: torch.Tensor, scale: torch.Tensor) -> bool:
     """e4m3 keeps 3 mantissa bits: rounding moves a normal value by at most 2^-4 of itself, a
     subnormal one by at most half the smallest step (2^-10 of the scale)."""
-    bound = torch.maximum(exact.abs() * 2.0 ** -4, scale * 2.0 ** -10) * (1 + 1e-6)
+    bound = torch.maximum(exact.abs() * 2.0**-4, scale * 2.0**-10) * (1 + 1e-6)
     return bool(((approx - exact).abs() <= bound).all())
 
 
 def test_per_channel_quantization_of_a_bfloat16_weight():
-    w = (torch.randn(64, 96, generator=torch.Generator().manual_seed(4)) * torch.logspace(-3, 1, 64)[:, None])
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(4)) * torch.logspace(-3, 1, 64)[:, None]
     w[5] = 0.0  # a row of zeros: a positive scale, zeros back
     w = w.bfloat16()
     q, scale = convert.quantize_per_channel(w)

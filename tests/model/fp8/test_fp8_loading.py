@@ -5,6 +5,7 @@ running the reference dequantization of the same bytes (tests/support/fp8.py dec
 bit). On CUDA the Linears an FP8 checkpoint stores in FP8 become Fp8Linear: which ones is
 decided by the loader and the decoder, checked here on the CPU (Fp8Linear emulates the FP8
 matmul there). The FP8 matmul's numerics on a GPU are the test marked gpu."""
+
 from __future__ import annotations
 
 import json
@@ -63,12 +64,15 @@ def test_an_fp8_mixture_of_experts_checkpoint_dequantizes_its_experts(tmp_path):
     assert ours(LLM(str(fp8), dtype="float32", kv_cache_memory=4 * 2**20), prompts, 12, batched=True) == want
 
 
-@pytest.mark.parametrize(("quant", "field"), [
-    ({"quant_method": "gptq", "bits": 4}, "quant_method"),
-    ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "activation_scheme"),
-    ({"quant_method": "fp8", "activation_scheme": "dynamic", "kv_cache_quant": True}, "kv_cache_quant"),
-    ({"quant_method": "mxfp4"}, "mxfp4"),
-])
+@pytest.mark.parametrize(
+    ("quant", "field"),
+    [
+        ({"quant_method": "gptq", "bits": 4}, "quant_method"),
+        ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "activation_scheme"),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic", "kv_cache_quant": True}, "kv_cache_quant"),
+        ({"quant_method": "mxfp4"}, "mxfp4"),
+    ],
+)
 def test_a_quantization_config_we_do_not_read_is_refused_naming_the_field(quant, field, dense_dir, tmp_path):
     for f in dense_dir.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
@@ -82,8 +86,7 @@ def test_a_quantization_config_we_do_not_read_is_refused_naming_the_field(quant,
 def test_quantization_fp8_is_refused_on_the_cpu(dense_dir):
     for load_format in ("auto", "dummy"):
         with pytest.raises(ValueError, match="CUDA"):
-            LLM(str(dense_dir), dtype="float32", kv_cache_memory=4 * 2**20, quantization="fp8",
-                load_format=load_format)
+            LLM(str(dense_dir), dtype="float32", kv_cache_memory=4 * 2**20, quantization="fp8", load_format=load_format)
 
 
 def _kept_fp8_model(path):
@@ -100,10 +103,17 @@ def test_the_linears_the_checkpoint_quantizes_become_fp8_linears(dense_dir, tmp_
     ignore = ("model.layers.1.self_attn.o_proj", "model.layers.0.mlp.down_proj")
     fp8, _ = write_fp8_checkpoint(dense_dir, tmp_path, "fp8-static", ignore=ignore)
     model = _kept_fp8_model(fp8)
-    kinds = [{name: isinstance(getattr(layer, name) if name in ("qkv", "o") else getattr(layer.mlp, name), Fp8Linear)
-              for name in ("qkv", "o", "gate_up", "down")} for layer in model.layers]
-    assert kinds == [{"qkv": True, "o": True, "gate_up": True, "down": False},
-                     {"qkv": True, "o": False, "gate_up": True, "down": True}]
+    kinds = [
+        {
+            name: isinstance(getattr(layer, name) if name in ("qkv", "o") else getattr(layer.mlp, name), Fp8Linear)
+            for name in ("qkv", "o", "gate_up", "down")
+        }
+        for layer in model.layers
+    ]
+    assert kinds == [
+        {"qkv": True, "o": True, "gate_up": True, "down": False},
+        {"qkv": True, "o": False, "gate_up": True, "down": True},
+    ]
     assert not isinstance(model.lm_head, Fp8Linear)
     static = model.layers[0].qkv
     assert isinstance(static, Fp8Linear) and static.input_scale is not None  # the checkpoint's static scale

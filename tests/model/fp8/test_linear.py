@@ -1,5 +1,6 @@
 """The FP8 Linear: its CPU arithmetic against a matmul of dequantized operands, and on CUDA
 torch._scaled_mm against that arithmetic (a `gpu` test)."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ from traceless.model.fp8.linear import Fp8Linear
 def _operands(seed: int, T: int = 7, K: int = 96, N: int = 64):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, K, generator=g) * torch.logspace(-2, 1, T)[:, None]  # rows of very different scale
-    w = torch.randn(N, K, generator=g) / K ** 0.5
+    w = torch.randn(N, K, generator=g) / K**0.5
     return x, w, torch.randn(N, generator=g)
 
 
@@ -57,10 +58,13 @@ def test_static_activation_scale():
     torch.testing.assert_close(y.double(), _dequantized_reference(lin, x), rtol=1e-2, atol=1e-2)  # bf16 output
 
 
-@pytest.mark.parametrize(("shape", "scale", "named"), [
-    ((64, 90), torch.ones(64), "multiples of 16"),
-    ((64, 96), torch.ones(1), "weight scale of shape"),
-])
+@pytest.mark.parametrize(
+    ("shape", "scale", "named"),
+    [
+        ((64, 90), torch.ones(64), "multiples of 16"),
+        ((64, 96), torch.ones(1), "weight scale of shape"),
+    ],
+)
 def test_misfit_weights_are_refused(shape, scale, named):
     with pytest.raises(ModelLoadError, match=named):
         Fp8Linear(torch.zeros(shape).to(convert.FP8), scale, None, None, torch.bfloat16)

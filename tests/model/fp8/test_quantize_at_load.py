@@ -5,6 +5,7 @@ patched to say FP8), where Fp8Linear emulates the FP8 arithmetic, and check whic
 FP8 and how close the model stays to the dense one. The bench/models configs are too large to
 load here: their FP8 dummy path is checked on tiny configs of the same architectures, and the
 large configs are checked to parse. The real FP8 matmuls are the gpu-marked test."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ def as_on_cuda(monkeypatch):
         return Quantization.FP8 if cfg.quantization is QuantizationMode.FP8 else resolve(cfg, device)
 
     monkeypatch.setattr(build, "_quantization", fp8_as_on_cuda)
-    monkeypatch.setattr(build, "_keep_fp8",
-                        lambda cfg, device: cfg.quantization in (QuantizationMode.AUTO, QuantizationMode.FP8))
+    monkeypatch.setattr(
+        build, "_keep_fp8", lambda cfg, device: cfg.quantization in (QuantizationMode.AUTO, QuantizationMode.FP8)
+    )
 
 
 def _layer_linears(model) -> list:
@@ -71,9 +73,22 @@ def test_quantization_fp8_quantizes_a_dense_checkpoint_at_load(tmp_path, as_on_c
 
 
 def _tiny_config(tmp_path: Path, **fields) -> Path:
-    config = dict(architectures=["LlamaForCausalLM"], vocab_size=512, hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False) | fields
+    config = (
+        dict(
+            architectures=["LlamaForCausalLM"],
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            tie_word_embeddings=False,
+        )
+        | fields
+    )
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path
@@ -83,8 +98,14 @@ def _tiny_config(tmp_path: Path, **fields) -> Path:
 TINY = {
     "llama": {},
     "mixtral": dict(architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2),
-    "qwen3_moe": dict(architectures=["Qwen3MoeForCausalLM"], num_experts=8, num_experts_per_tok=2,
-                      moe_intermediate_size=32, head_dim=16, norm_topk_prob=True),
+    "qwen3_moe": dict(
+        architectures=["Qwen3MoeForCausalLM"],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        head_dim=16,
+        norm_topk_prob=True,
+    ),
 }
 
 
@@ -134,8 +155,15 @@ def test_an_fp8_checkpoint_is_not_quantized_twice(tmp_path):
 @pytest.mark.parametrize("kind", list(TINY))
 def test_dummy_fp8_on_the_gpu_runs_fp8_matmuls(kind, tmp_path):
     folder = _tiny_config(tmp_path, **TINY[kind])
-    llm = LLM(str(folder), dtype="bfloat16", device="cuda", load_format="dummy", quantization="fp8",
-              kv_cache_memory=16 * 2**20, max_model_len=128)
+    llm = LLM(
+        str(folder),
+        dtype="bfloat16",
+        device="cuda",
+        load_format="dummy",
+        quantization="fp8",
+        kv_cache_memory=16 * 2**20,
+        max_model_len=128,
+    )
     assert all(isinstance(lin, Fp8Linear) for lin in _layer_linears(llm.engine._executor.model))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": list(range(5, 25))}], params, use_tqdm=False)[0].outputs[0]

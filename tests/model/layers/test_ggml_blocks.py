@@ -1,4 +1,5 @@
 """Our GGML block dequantizer equals the gguf package's reference (gguf.quants) to the bit."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,10 +51,10 @@ def test_q4_k_known_block():
     blk[0:2] = np.array([0.5], dtype=np.float16).view(np.uint8)
     blk[2:4] = np.array([0.25], dtype=np.float16).view(np.uint8)
     s = blk[4:16]
-    s[0], s[4] = 3, 2                      # scale 0 = 3, min 0 = 2
-    s[1] |= (33 >> 4) << 6                 # scale 5 high bits -> byte 1 top
+    s[0], s[4] = 3, 2  # scale 0 = 3, min 0 = 2
+    s[1] |= (33 >> 4) << 6  # scale 5 high bits -> byte 1 top
     s[9] = (33 & 0xF) | ((17 & 0xF) << 4)  # scale 5 / min 5 low nibbles
-    s[5] |= (17 >> 4) << 6                 # min 5 high bits -> byte 5 top
+    s[5] |= (17 >> 4) << 6  # min 5 high bits -> byte 5 top
     blk[16:] = 0x77
     blk[16] = 0x97
     out = dequantize(torch.from_numpy(blk), "Q4_K", (1, 256)).numpy()[0]

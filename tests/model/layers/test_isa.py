@@ -2,6 +2,7 @@
 on the code path an AVX2-only machine runs (TRACELESS_CPU_ISA caps the native kernels, oneDNN and MKL
 are capped by their own variables), whatever this machine has. The suite itself covers this
 machine's own path."""
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,13 @@ def test_the_cap_turns_the_avx512_paths_off():
 
 
 def test_rank_and_logprob_tests_pass_on_the_avx2_path():
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                          *RANK_TESTS], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *RANK_TESTS],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:]
     assert " passed" in out.stdout and "failed" not in out.stdout

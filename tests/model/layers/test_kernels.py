@@ -1,4 +1,5 @@
 """The native paged-attention kernel against a plain-torch reference."""
+
 import pytest
 import torch
 

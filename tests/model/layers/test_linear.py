@@ -1,5 +1,6 @@
 """Linear over quantized weights: one part, stacked parts of mixed formats (dense among them), a
 bias, few rows and many (one kernel for all), all against dequantize-then-matmul."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,11 @@ def _dense(w) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 5, 35])
 def test_stacked_mixed_parts_with_bias(rows):
     torch.manual_seed(rows)
-    parts = [to_kernel_layout(quantize_q4_0(torch.randn(24, 128))), quantize_q8_0(torch.randn(8, 128)),
-             torch.randn(8, 128)]
+    parts = [
+        to_kernel_layout(quantize_q4_0(torch.randn(24, 128))),
+        quantize_q8_0(torch.randn(8, 128)),
+        torch.randn(8, 128),
+    ]
     stacked = cat_rows(parts)
     assert isinstance(stacked, tuple) and len(stacked) == 3
     bias = torch.randn(40)

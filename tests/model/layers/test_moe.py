@@ -1,5 +1,6 @@
 """The mixture-of-experts block against transformers' own blocks (Mixtral, Qwen3-MoE with and
 without norm_topk_prob, gpt-oss), and its dropless, batch-invariant routing."""
+
 from __future__ import annotations
 
 import pytest
@@ -130,12 +131,18 @@ def test_combine_weights_in_float32_and_casts():
 
 def test_weights_of_the_wrong_shape_are_refused_by_name():
     ref = reference("mixtral")
-    bad = MoEWeights(router=ref.weights.router, router_bias=None, gate_up=ref.weights.gate_up[:, :-1],
-                     down=ref.weights.down)
+    bad = MoEWeights(
+        router=ref.weights.router, router_bias=None, gate_up=ref.weights.gate_up[:, :-1], down=ref.weights.down
+    )
     with pytest.raises(ModelLoadError, match="'gate_up' has shape"):
         GroupedMoE(ref.config, bad)
-    extra = MoEWeights(router=ref.weights.router, router_bias=None, gate_up=ref.weights.gate_up,
-                       down=ref.weights.down, down_bias=torch.zeros(8, 32))
+    extra = MoEWeights(
+        router=ref.weights.router,
+        router_bias=None,
+        gate_up=ref.weights.gate_up,
+        down=ref.weights.down,
+        down_bias=torch.zeros(8, 32),
+    )
     with pytest.raises(ModelLoadError, match="'down_bias' given"):
         GroupedMoE(ref.config, extra)
 

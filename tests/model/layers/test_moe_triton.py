@@ -1,6 +1,7 @@
 """The fused-MoE Triton kernels (grouped GEMM over expert-sorted pairs) against the torch block of
 moe.py. On a CPU they run under Triton's interpreter (TRITON_INTERPRET=1, set before triton is
 imported); where CUDA exists they run compiled, on the GPU, as `gpu` tests."""
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,9 @@ def test_grouped_gemm_writes_every_pair_and_only_pairs():
     out = torch.full((T * k, N), float("nan"), device=DEVICE)
     mt.grouped_gemm(a, w, bias, align_pairs(ids, E, mt.BLOCK_M), out, a_row_div=k, pair_weights=pw)
     flat = ids.flatten().cpu()
-    want = torch.stack([(a[p // k].cpu() @ w[flat[p]].cpu().T + bias[flat[p]].cpu()) * pw[p].cpu()
-                        for p in range(T * k)])
+    want = torch.stack(
+        [(a[p // k].cpu() @ w[flat[p]].cpu().T + bias[flat[p]].cpu()) * pw[p].cpu() for p in range(T * k)]
+    )
     assert not out.isnan().any()
     assert _rel(out, want) < TOL
 

@@ -1,4 +1,5 @@
 """The native fused layer ops agree with their plain-torch versions."""
+
 import pytest
 import torch
 
@@ -8,9 +9,21 @@ from traceless.model.layers.kv_cache import KVCache
 from traceless.model.layers.ops import NativeOps, TorchOps
 from traceless.model.rope import Rope
 
-CFG = ModelConfig(architecture="llama", vocab_size=100, hidden_size=96, intermediate_size=160, num_layers=2,
-                  num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-                  max_position_embeddings=64, tie_word_embeddings=True, qkv_bias=False)
+CFG = ModelConfig(
+    architecture="llama",
+    vocab_size=100,
+    hidden_size=96,
+    intermediate_size=160,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+    qkv_bias=False,
+)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 

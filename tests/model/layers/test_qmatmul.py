@@ -5,6 +5,7 @@ Tolerance: the kernels quantize activations per block of 32 to int8 and the refe
 same rounding (tests/support/qref.py), so what is left is float summation order: |ours - ref| <=
 1e-4 * (|W| |x|) + 1e-6 per output. Against the unquantized activations the int8 rounding bounds
 the error by 0.5 / 127 of each block's max|x| per element: checked with 1% of |W| |x|."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -127,12 +128,14 @@ def test_the_isa_cap_lowers_the_path_and_refuses_calls_above_it(cap, want):
     import subprocess
     import sys
 
-    code = ("import torch\nfrom traceless.model.layers.qkernels import QuantKernels, Isa\n"
-            "from traceless.model.layers.quant import quantize_q8_0\n"
-            "k = QuantKernels.load(); print(int(k.isa))\n"
-            "w = quantize_q8_0(torch.ones(2, 32))\n"
-            "try:\n    k.matmul(torch.ones(1, 32), w, torch.empty(1, 2), isa=Isa.AVX512)\n"
-            "except ValueError:\n    print('refused')\n")
+    code = (
+        "import torch\nfrom traceless.model.layers.qkernels import QuantKernels, Isa\n"
+        "from traceless.model.layers.quant import quantize_q8_0\n"
+        "k = QuantKernels.load(); print(int(k.isa))\n"
+        "w = quantize_q8_0(torch.ones(2, 32))\n"
+        "try:\n    k.matmul(torch.ones(1, 32), w, torch.empty(1, 2), isa=Isa.AVX512)\n"
+        "except ValueError:\n    print('refused')\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(TRACELESS_CPU_ISA=cap, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

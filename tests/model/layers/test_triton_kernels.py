@@ -1,6 +1,7 @@
 """The Triton kernels against PyTorch references. On a CPU they run under Triton's interpreter
 (TRITON_INTERPRET=1, set before triton is imported: conftest-free, in this module); on CUDA they
 run compiled. Inputs are fresh random numbers, outputs are poisoned first."""
+
 from __future__ import annotations
 
 import os
@@ -67,11 +68,21 @@ def test_paged_attention_matches_reference(nh, nkv, d, q_lens):
     tables = perm.view(len(q_lens), width).to(torch.int32).to(DEVICE)
     q = torch.randn(sum(q_lens), nh, d, device=DEVICE)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5)
+    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d**-0.5)
     for sms in (0, 64):  # 64 multiprocessors: a decode batch splits its keys (flash-decoding)
         out = torch.full_like(q, float("nan"))
-        tk.paged_attention(q, k_cache, v_cache, out, tables, cu, torch.tensor(ctx, dtype=torch.int32, device=DEVICE),
-                           d ** -0.5, max(q_lens), sms)
+        tk.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            tables,
+            cu,
+            torch.tensor(ctx, dtype=torch.int32, device=DEVICE),
+            d**-0.5,
+            max(q_lens),
+            sms,
+        )
         err = (out.cpu().double() - want).norm() / want.norm()
         assert not out.isnan().any()
         assert err < 1e-5
@@ -90,14 +101,34 @@ def test_paged_attention_over_whole_tiles_matches_reference(nh, nkv):
     tables = (torch.randperm(num_blocks - 1)[: width * 3] + 1).view(3, width).to(torch.int32).to(DEVICE)
     q = torch.randn(sum(q_lens), nh, d, device=DEVICE)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5)
+    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d**-0.5)
     out = torch.full_like(q, float("nan"))
-    tk.paged_attention(q, k_cache, v_cache, out, tables, cu, torch.tensor(ctx, dtype=torch.int32, device=DEVICE),
-                       d ** -0.5, max(q_lens), 0)
+    tk.paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        out,
+        tables,
+        cu,
+        torch.tensor(ctx, dtype=torch.int32, device=DEVICE),
+        d**-0.5,
+        max(q_lens),
+        0,
+    )
     assert (out.cpu().double() - want).norm() / want.norm() < 1e-5
     decode = torch.full_like(q[:1], float("nan"))  # the decode row alone, its keys split 4 ways
-    tk.paged_attention(q[:1], k_cache, v_cache, decode, tables[:1], cu[:2], torch.tensor(ctx[:1], dtype=torch.int32,
-                       device=DEVICE), d ** -0.5, 1, 64)
+    tk.paged_attention(
+        q[:1],
+        k_cache,
+        v_cache,
+        decode,
+        tables[:1],
+        cu[:2],
+        torch.tensor(ctx[:1], dtype=torch.int32, device=DEVICE),
+        d**-0.5,
+        1,
+        64,
+    )
     assert (decode.cpu().double() - want[:1]).norm() / want[:1].norm() < 1e-5
 
 
@@ -117,18 +148,18 @@ def test_paged_attention_with_sinks_and_softcapping_matches_reference(sinks, sof
     q = torch.randn(sum(q_lens), nh, d, device=DEVICE) * 3
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
     sink = torch.randn(nh, device=DEVICE) * 2 + 1 if sinks else None
-    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5, sink, softcap)
-    plain = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d ** -0.5)
+    want = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d**-0.5, sink, softcap)
+    plain = _reference(q, k_cache, v_cache, tables, q_lens, ctx, d**-0.5)
     assert (want - plain).norm() / want.norm() > 0.05  # the features change the answer
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
     out = torch.full_like(q, float("nan"))
-    tk.paged_attention(q, k_cache, v_cache, out, tables, cu, lens, d ** -0.5, max(q_lens), 0, sinks=sink,
-                       softcap=softcap)
+    tk.paged_attention(q, k_cache, v_cache, out, tables, cu, lens, d**-0.5, max(q_lens), 0, sinks=sink, softcap=softcap)
     assert (out.cpu().double() - want).norm() / want.norm() < 1e-5
     for sms in (0, 64):  # the two decode rows alone: one tile, then keys split across 64 processors
         dec = torch.full_like(q[:2], float("nan"))
-        tk.paged_attention(q[:2], k_cache, v_cache, dec, tables[:2], cu[:3], lens[:2], d ** -0.5, 1, sms,
-                           sinks=sink, softcap=softcap)
+        tk.paged_attention(
+            q[:2], k_cache, v_cache, dec, tables[:2], cu[:3], lens[:2], d**-0.5, 1, sms, sinks=sink, softcap=softcap
+        )
         assert (dec.cpu().double() - want[:2]).norm() / want[:2].norm() < 1e-5, sms
 
 

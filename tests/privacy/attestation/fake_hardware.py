@@ -2,6 +2,7 @@
 fakes whose "hardware" is the test AMD chain (tests/privacy/attestation/forge.py) and the test GPU
 chain (forge_nvidia.py). Evidence goes through the real collectors (TsmCollector, NvmlCollector)
 and binds whatever the node asks for, as real hardware would."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -72,8 +73,9 @@ class CcGpuNvml:
         return SimpleNamespace(attestationReport=list(report), attestationReportSize=len(report))
 
     def nvmlDeviceGetConfComputeGpuCertificate(self, handle):
-        return SimpleNamespace(attestationCertChain=list(self.chain.pem_chain),
-                               attestationCertChainSize=len(self.chain.pem_chain))
+        return SimpleNamespace(
+            attestationCertChain=list(self.chain.pem_chain), attestationCertChainSize=len(self.chain.pem_chain)
+        )
 
 
 def hardware_attester(tsm_root: Path, amd: AmdTestChain, gpu: GpuTestChain | None) -> HardwareAttester:
@@ -83,18 +85,26 @@ def hardware_attester(tsm_root: Path, amd: AmdTestChain, gpu: GpuTestChain | Non
     return HardwareAttester(TsmCollector(tsm_root, configfs=SnpGuestConfigFs(amd)), gpus)
 
 
-def write_policy_file(directory: Path, amd: AmdTestChain, gpu: GpuTestChain | None, *, name: str = "test",
-                      launch: bytes = LAUNCH) -> Path:
+def write_policy_file(
+    directory: Path, amd: AmdTestChain, gpu: GpuTestChain | None, *, name: str = "test", launch: bytes = LAUNCH
+) -> Path:
     """A YAML evidence policy pinning the test roots (written beside it) and the test launch measurement."""
     (directory / "test-ark.der").write_bytes(amd.ark)
-    lines = [f"name: {name}", "cpu: [snp]", f"gpu: {'true' if gpu is not None else 'false'}", "roots:",
-             "  snp: [test-ark.der]"]
+    lines = [
+        f"name: {name}",
+        "cpu: [snp]",
+        f"gpu: {'true' if gpu is not None else 'false'}",
+        "roots:",
+        "  snp: [test-ark.der]",
+    ]
     if gpu is not None:
         (directory / "test-gpu-root.pem").write_bytes(gpu.trust.roots[0])
         lines.append("  nvidia: [test-gpu-root.pem]")
-    lines += ["snp:", f"  measurements: ['{launch.hex()}']",
-              "  minimum_tcb: {bootloader: 0, tee: 0, snp: 0, microcode: 0}"]
+    lines += [
+        "snp:",
+        f"  measurements: ['{launch.hex()}']",
+        "  minimum_tcb: {bootloader: 0, tee: 0, snp: 0, microcode: 0}",
+    ]
     path = directory / f"{name}-policy.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
-

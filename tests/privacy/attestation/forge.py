@@ -9,6 +9,7 @@ code path as real evidence, with the test ARK pinned instead of AMD's.
     forged = forge_snp_evidence(report_data=binding, measurement=release)
     result = verify_snp(forged.evidence, forged.trust, report_data=binding)   # passes
 """
+
 from __future__ import annotations
 
 import struct
@@ -38,6 +39,7 @@ _AMD = "1.3.6.1.4.1.3704.1."
 @dataclass(frozen=True, slots=True)
 class AmdTestChain:
     """Private keys and DER certificates of a test ARK -> ASK -> VCEK chain."""
+
     ark_key: rsa.RSAPrivateKey
     ark: bytes
     ask_key: rsa.RSAPrivateKey
@@ -58,8 +60,12 @@ class ForgedSnp:
 
 
 def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Test Micro Devices"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Test Micro Devices"),
+            x509.NameAttribute(NameOID.COMMON_NAME, cn),
+        ]
+    )
 
 
 def _der_int(value: int) -> bytes:
@@ -72,10 +78,16 @@ def _ext(suffix: str, value: bytes) -> x509.UnrecognizedExtension:
 
 
 def _certificate(subject: str, issuer: str, key, signer, *, ca: bool, extensions=()) -> bytes:
-    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(NOT_BEFORE).not_valid_after(NOT_AFTER)
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(_name(issuer))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOT_BEFORE)
+        .not_valid_after(NOT_AFTER)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     for ext in extensions:
         builder = builder.add_extension(ext, critical=False)
     cert = builder.sign(signer, hashes.SHA384(), rsa_padding=_PSS)
@@ -84,9 +96,14 @@ def _certificate(subject: str, issuer: str, key, signer, *, ca: bool, extensions
 
 def _vcek_extensions(product: str, tcb: TcbVersion, chip_id: bytes, vlek: bool) -> list:
     line = ProductLine(product.split("-")[0])
-    exts = [_ext("1", _der_int(1)), _ext("2", bytes([0x16, len(product)]) + product.encode()),
-            _ext("3.1", _der_int(tcb.bootloader)), _ext("3.2", _der_int(tcb.tee)), _ext("3.3", _der_int(tcb.snp)),
-            _ext("3.8", _der_int(tcb.microcode))]
+    exts = [
+        _ext("1", _der_int(1)),
+        _ext("2", bytes([0x16, len(product)]) + product.encode()),
+        _ext("3.1", _der_int(tcb.bootloader)),
+        _ext("3.2", _der_int(tcb.tee)),
+        _ext("3.3", _der_int(tcb.snp)),
+        _ext("3.8", _der_int(tcb.microcode)),
+    ]
     exts += [_ext(f"3.{i}", _der_int(0)) for i in ((5, 6, 7) if line.has_fmc else (4, 5, 6, 7))]
     if line.has_fmc:
         exts.append(_ext("3.9", _der_int(tcb.fmc or 0)))
@@ -97,8 +114,9 @@ def _vcek_extensions(product: str, tcb: TcbVersion, chip_id: bytes, vlek: bool) 
     return exts
 
 
-def make_amd_chain(product: str = "Milan-B0", tcb: TcbVersion = MILAN_TCB, chip_id: bytes | None = None, *,
-                   vlek: bool = False) -> AmdTestChain:
+def make_amd_chain(
+    product: str = "Milan-B0", tcb: TcbVersion = MILAN_TCB, chip_id: bytes | None = None, *, vlek: bool = False
+) -> AmdTestChain:
     """A fresh test chain; `product` decides the TCB layout ("Turin..." has an FMC SVN)."""
     line = ProductLine(product.split("-")[0])
     if chip_id is None:
@@ -109,14 +127,21 @@ def make_amd_chain(product: str = "Milan-B0", tcb: TcbVersion = MILAN_TCB, chip_
     ark_cn, ask_cn = f"ARK-{line.value}", ("SEV-VLEK-" if vlek else "SEV-") + line.value
     ark = _certificate(ark_cn, ark_cn, ark_key, ark_key, ca=True)
     ask = _certificate(ask_cn, ark_cn, ask_key, ark_key, ca=True)
-    vcek = _certificate("SEV-VLEK" if vlek else "SEV-VCEK", ask_cn, vcek_key, ask_key, ca=False,
-                        extensions=_vcek_extensions(product, tcb, chip_id, vlek))
+    vcek = _certificate(
+        "SEV-VLEK" if vlek else "SEV-VCEK",
+        ask_cn,
+        vcek_key,
+        ask_key,
+        ca=False,
+        extensions=_vcek_extensions(product, tcb, chip_id, vlek),
+    )
     return AmdTestChain(ark_key, ark, ask_key, ask, vcek_key, vcek, product, tcb, chip_id)
 
 
 @dataclass(frozen=True, slots=True)
 class ReportFields:
     """The fields a test sets; everything else is zero. TCBs default to the chain's TCB."""
+
     report_data: bytes = bytes(64)
     measurement: bytes = bytes(48)
     version: int = 2
@@ -129,8 +154,11 @@ class ReportFields:
     cpuid: tuple[int, int, int] | None = None  # v3+: defaults to the chain's product line
 
 
-_CPUID = {ProductLine.MILAN: (0x19, 0x01, 0x01), ProductLine.GENOA: (0x19, 0x11, 0x01),
-          ProductLine.TURIN: (0x1A, 0x02, 0x00)}
+_CPUID = {
+    ProductLine.MILAN: (0x19, 0x01, 0x01),
+    ProductLine.GENOA: (0x19, 0x11, 0x01),
+    ProductLine.TURIN: (0x1A, 0x02, 0x00),
+}
 
 
 def build_report(chain: AmdTestChain, fields: ReportFields) -> bytes:
@@ -156,12 +184,17 @@ def build_report(chain: AmdTestChain, fields: ReportFields) -> bytes:
 def sign_report(report: bytes, key: ec.EllipticCurvePrivateKey) -> bytes:
     """(Re)sign bytes [0, 0x2A0) of a report: r and s little-endian, 72 bytes each."""
     r, s = decode_dss_signature(key.sign(report[:SIGNED_SIZE], ec.ECDSA(hashes.SHA384())))
-    return (report[:SIGNED_SIZE] + r.to_bytes(72, "little") + s.to_bytes(72, "little")
-            + bytes(REPORT_SIZE - SIGNED_SIZE - 2 * 72))
+    return (
+        report[:SIGNED_SIZE]
+        + r.to_bytes(72, "little")
+        + s.to_bytes(72, "little")
+        + bytes(REPORT_SIZE - SIGNED_SIZE - 2 * 72)
+    )
 
 
-def forge_snp_evidence(report_data: bytes = bytes(64), measurement: bytes = bytes(48), *,
-                       chain: AmdTestChain | None = None, **fields) -> ForgedSnp:
+def forge_snp_evidence(
+    report_data: bytes = bytes(64), measurement: bytes = bytes(48), *, chain: AmdTestChain | None = None, **fields
+) -> ForgedSnp:
     """A complete, valid synthetic SNP evidence bundle and the test ARK to pin.
 
     `report_data` (64 bytes) and `measurement` (48 bytes) go into the report; any other
@@ -172,6 +205,7 @@ def forge_snp_evidence(report_data: bytes = bytes(64), measurement: bytes = byte
     report = build_report(chain, replace(ReportFields(report_data, measurement), **fields))
     evidence = SnpEvidence(report=report, vcek=chain.vcek, ask=chain.ask, ark=chain.ark)
     is_vlek = fields.get("signer") == 1
-    auxblob = build_cert_table([(VLEK_GUID if is_vlek else VCEK_GUID, chain.vcek), (ASK_GUID, chain.ask),
-                                (ARK_GUID, chain.ark)])
+    auxblob = build_cert_table(
+        [(VLEK_GUID if is_vlek else VCEK_GUID, chain.vcek), (ASK_GUID, chain.ask), (ARK_GUID, chain.ark)]
+    )
     return ForgedSnp(evidence=evidence, trust=SnpTrust(arks=(chain.ark,)), chain=chain, auxblob=auxblob)

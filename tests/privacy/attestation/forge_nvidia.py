@@ -1,6 +1,7 @@
 """Synthetic NVIDIA GPU evidence for tests: NVIDIA's sample report with a chosen nonce, re-signed by
 a test attestation key under a test root (the real sample binds NVIDIA's fixed nonce, so it can
 stand only for a replayed report)."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -26,10 +27,16 @@ def sample_report() -> bytes:
 
 def _cert(cn: str, issuer: str, key, signer, *, ca: bool, fwid: bytes | None = None) -> x509.Certificate:
     name = lambda n: x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, n)])  # noqa: E731
-    builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(name(issuer))
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(NOT_BEFORE).not_valid_after(NOT_AFTER)
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name(cn))
+        .issuer_name(name(issuer))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOT_BEFORE)
+        .not_valid_after(NOT_AFTER)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if fwid is not None:
         builder = builder.add_extension(x509.UnrecognizedExtension(_FWID_OID, b"\x30\x00" + fwid), critical=False)
     return builder.sign(signer, hashes.SHA384())
@@ -49,7 +56,6 @@ class GpuTestChain:
     def evidence(self, nonce: bytes) -> NvidiaEvidence:
         assert len(nonce) == NONCE_SIZE
         sample = sample_report()
-        signed = sample[:4] + nonce + sample[4 + NONCE_SIZE:-SIGNATURE_SIZE]
+        signed = sample[:4] + nonce + sample[4 + NONCE_SIZE : -SIGNATURE_SIZE]
         r, s = decode_dss_signature(self._leaf_key.sign(signed, ec.ECDSA(hashes.SHA384())))
-        return NvidiaEvidence(report=signed + r.to_bytes(48, "big") + s.to_bytes(48, "big"),
-                              cert_chain=self.pem_chain)
+        return NvidiaEvidence(report=signed + r.to_bytes(48, "big") + s.to_bytes(48, "big"), cert_chain=self.pem_chain)

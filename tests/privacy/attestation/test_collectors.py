@@ -1,6 +1,7 @@
 """Node-side collectors: configfs-tsm against a fake configfs tree that plays the kernel's part,
 NVML against a stand-in module and against the absent library. Evidence they return goes
 through the client's verifiers."""
+
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,7 +68,11 @@ def test_snp_evidence_from_configfs_verifies_and_binds_the_report_data(root):
     fs = FakeConfigFs("sev_guest", forged.evidence.report, forged.auxblob)
     evidence = TsmCollector(root, configfs=fs).collect(REPORT_DATA)
     assert (evidence.kind, evidence.provider, evidence.blob, evidence.aux) == (
-        "snp", "sev_guest", forged.evidence.report, forged.auxblob)
+        "snp",
+        "sev_guest",
+        forged.evidence.report,
+        forged.auxblob,
+    )
     assert fs.written == {"inblob": REPORT_DATA}
     assert list(root.iterdir()) == [] and fs.created[0].parent == root  # the entry is gone afterwards
     result = verify_snp(SnpEvidence.from_extended(evidence.blob, evidence.aux), forged.trust, report_data=REPORT_DATA)
@@ -126,6 +131,7 @@ def test_nvml_collector_without_the_library_says_so(monkeypatch):
 
 class FakeNvml:
     """The part of pynvml the collector uses, returning NVIDIA's sample report and chain."""
+
     NVMLError = type("NVMLError", (Exception,), {})
 
     def __init__(self, cc: int = 1, init_error: bool = False) -> None:
@@ -155,8 +161,9 @@ class FakeNvml:
         return SimpleNamespace(attestationReport=list(self.report) + [0] * 64, attestationReportSize=len(self.report))
 
     def nvmlDeviceGetConfComputeGpuCertificate(self, handle):
-        return SimpleNamespace(attestationCertChain=list(self.chain) + [0] * 64,
-                               attestationCertChainSize=len(self.chain))
+        return SimpleNamespace(
+            attestationCertChain=list(self.chain) + [0] * 64, attestationCertChainSize=len(self.chain)
+        )
 
 
 def test_nvml_collector_returns_report_and_chain_that_verify():

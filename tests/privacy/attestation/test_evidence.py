@@ -1,5 +1,6 @@
 """The common result: ordered checks, stop at the first failure, claims only when nothing failed;
 and its text and JSON renderings."""
+
 import json
 
 import pytest
@@ -32,17 +33,24 @@ def test_a_passing_run_returns_claims_and_lists_skipped_checks():
 
     result = _run(body)
     assert result.ok and result.claims == {"x": 1} and result.first_failure is None
-    assert [c.status for c in result.checks] == [CheckStatus.PASSED, CheckStatus.NOT_RUN, CheckStatus.PASSED,
-                                                 CheckStatus.NOT_RUN]
+    assert [c.status for c in result.checks] == [
+        CheckStatus.PASSED,
+        CheckStatus.NOT_RUN,
+        CheckStatus.PASSED,
+        CheckStatus.NOT_RUN,
+    ]
     assert result.passed("a") and not result.passed("b") and [c.name for c in result.not_run] == ["b", "d"]
 
 
-@pytest.mark.parametrize("error, detail", [
-    (CheckFailed("the field differs"), "the field differs"),
-    (MalformedEvidenceError("report is 3 bytes"), "report is 3 bytes"),
-    (InvalidSignature(), "signature does not verify"),
-    (ValueError("invalid literal for int(): 'sender-chosen'"), "malformed input (ValueError)"),
-])
+@pytest.mark.parametrize(
+    "error, detail",
+    [
+        (CheckFailed("the field differs"), "the field differs"),
+        (MalformedEvidenceError("report is 3 bytes"), "report is 3 bytes"),
+        (InvalidSignature(), "signature does not verify"),
+        (ValueError("invalid literal for int(): 'sender-chosen'"), "malformed input (ValueError)"),
+    ],
+)
 def test_the_first_failure_stops_the_run_and_withholds_claims(error, detail):
     ran = []
 

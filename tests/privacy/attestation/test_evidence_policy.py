@@ -3,6 +3,7 @@ whose SEV-SNP (and GPU) evidence binds its exact document passes; evidence for a
 another nonce or another key, a debug guest, an unknown launch measurement, a replayed GPU report,
 missing evidence and the software attester under a production policy are each refused with the
 reason that names them."""
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,14 @@ def gpu():
 
 def _policy(amd, gpu=None, **kw) -> AttestationPolicy:
     trust = HardwareTrust(snp=SnpTrust(arks=(amd.ark,)), nvidia=gpu.trust if gpu else None)
-    return AttestationPolicy("test", cpu=frozenset({"snp"}), gpu=gpu is not None, trust=trust,
-                             snp=SnpPolicy(measurements=frozenset({LAUNCH})), **kw)
+    return AttestationPolicy(
+        "test",
+        cpu=frozenset({"snp"}),
+        gpu=gpu is not None,
+        trust=trust,
+        snp=SnpPolicy(measurements=frozenset({LAUNCH})),
+        **kw,
+    )
 
 
 def _document(attester, nonce: bytes = b"n" * 16) -> str:
@@ -111,10 +118,13 @@ def test_evidence_replayed_under_another_key_is_refused(amd):
     assert e.value.reason == "snp:report-data"
 
 
-@pytest.mark.parametrize("collector_kw, reason", [
-    ({"measurement": bytes(48)}, "snp:measurement"),
-    ({"policy": POLICY_DEFAULT | POLICY_DEBUG}, "snp:guest-policy"),
-])
+@pytest.mark.parametrize(
+    "collector_kw, reason",
+    [
+        ({"measurement": bytes(48)}, "snp:measurement"),
+        ({"policy": POLICY_DEFAULT | POLICY_DEBUG}, "snp:guest-policy"),
+    ],
+)
 def test_unknown_launch_measurement_or_debug_guest_is_refused(amd, collector_kw, reason):
     attester = HardwareAttester(cpu=ForgedSnpCollector(amd, **collector_kw))
     doc = _document(attester)

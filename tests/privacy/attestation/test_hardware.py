@@ -1,5 +1,6 @@
 """The hardware attester's document carries its own key (bound by evidence, never trusted alone),
 and evidence travels as strict, bounded JSON."""
+
 from __future__ import annotations
 
 import base64
@@ -81,8 +82,13 @@ def test_evidence_json_round_trips_and_rejects_anything_else():
     assert evidence_from_json([evidence_to_json(item)]) == (item,)
     good = evidence_to_json(item)
     bad = [
-        "not a list", [good] * (MAX_EVIDENCE_ITEMS + 1), [{**good, "kind": "sgx"}], [{**good, "extra": 1}],
-        [{**good, "blob": "!!"}], [{**good, "blob": ""}], [{**good, "provider": "x" * 65}],
+        "not a list",
+        [good] * (MAX_EVIDENCE_ITEMS + 1),
+        [{**good, "kind": "sgx"}],
+        [{**good, "extra": 1}],
+        [{**good, "blob": "!!"}],
+        [{**good, "blob": ""}],
+        [{**good, "provider": "x" * 65}],
         [{**good, "blob": base64.b64encode(bytes(64 * 1024 + 3)).decode()}],
     ]
     for value in bad:

@@ -1,5 +1,6 @@
 """The measurement changes when any code file, the weights or the configuration changes, and
 only then; the combination follows the documented encoding."""
+
 import hashlib
 import shutil
 
@@ -34,8 +35,10 @@ def test_code_digest_follows_the_documented_encoding(package):
     paths = [p for p, _ in files]
     assert "privacy/attestation/measurement.py" in paths and "model/layers/csrc/kernels.c" in paths
     assert paths == sorted(paths) and not any(p.endswith((".so", ".pyc")) for p in paths)
-    want = hashlib.sha256(_lp(b"traceless/measurement/code/v1") + b"".join(
-        _lp(p.encode()) + hashlib.sha256((package / p).read_bytes()).digest() for p in paths))
+    want = hashlib.sha256(
+        _lp(b"traceless/measurement/code/v1")
+        + b"".join(_lp(p.encode()) + hashlib.sha256((package / p).read_bytes()).digest() for p in paths)
+    )
     assert code_digest(package) == want.digest()
     assert code_digest(package) == code_digest()  # the copy measures like the installed package
 
@@ -104,14 +107,23 @@ def test_combined_changes_with_each_component(tmp_path):
     weights.write_bytes(b"weights")
     m = measure(weights, {"max_batch": 8})
     assert m.code == code_digest() and m.model == hashlib.sha256(b"weights").digest()
-    want = hashlib.sha256(_lp(b"traceless/measurement/v1") + _lp(b"code") + m.code
-                          + _lp(b"model") + m.model + _lp(b"config") + m.config).digest()
+    want = hashlib.sha256(
+        _lp(b"traceless/measurement/v1") + _lp(b"code") + m.code + _lp(b"model") + m.model + _lp(b"config") + m.config
+    ).digest()
     assert m.combined == want
-    assert m.to_hex() == {"code": m.code.hex(), "model": m.model.hex(), "config": m.config.hex(),
-                          "combined": want.hex()}
+    assert m.to_hex() == {
+        "code": m.code.hex(),
+        "model": m.model.hex(),
+        "config": m.config.hex(),
+        "combined": want.hex(),
+    }
     other = bytes(32)
-    combos = {m.combined, Measurement(other, m.model, m.config).combined,
-              Measurement(m.code, other, m.config).combined, Measurement(m.code, m.model, other).combined}
+    combos = {
+        m.combined,
+        Measurement(other, m.model, m.config).combined,
+        Measurement(m.code, other, m.config).combined,
+        Measurement(m.code, m.model, other).combined,
+    }
     assert len(combos) == 4
     # components are labeled: the same digests in other slots combine differently
     assert combine(m.model, m.code, m.config) != m.combined

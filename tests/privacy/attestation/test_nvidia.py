@@ -5,6 +5,7 @@ reference values fail at the check that names them; fuzzed reports never crash o
 Literal values were read once from vectors/attestation/nvidia-h100/ and cross-checked against the
 hex text itself (block 2 is the bytes after "02 01 3300 01 3000" in the file).
 """
+
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -80,18 +81,25 @@ def test_a_different_nonce_fails(evidence, trust):
 
 
 def _flip(data: bytes, offset: int) -> bytes:
-    return data[:offset] + bytes([data[offset] ^ 1]) + data[offset + 1:]
+    return data[:offset] + bytes([data[offset] ^ 1]) + data[offset + 1 :]
 
 
-@pytest.mark.parametrize("where, expected", [
-    ("nonce", "report-signature"),  # the requester's nonce is signed
-    ("block2", "report-signature"),
-    ("fwid", "fwid-binding"),
-    ("signature", "report-signature"),
-])
+@pytest.mark.parametrize(
+    "where, expected",
+    [
+        ("nonce", "report-signature"),  # the requester's nonce is signed
+        ("block2", "report-signature"),
+        ("fwid", "fwid-binding"),
+        ("signature", "report-signature"),
+    ],
+)
 def test_one_flipped_bit_fails_at_the_right_check(evidence, trust, report, where, expected):
-    offsets = {"nonce": 4, "block2": report.index(bytes.fromhex(BLOCK_2)), "fwid": report.index(bytes.fromhex(FWID)),
-               "signature": len(report) - 50}
+    offsets = {
+        "nonce": 4,
+        "block2": report.index(bytes.fromhex(BLOCK_2)),
+        "fwid": report.index(bytes.fromhex(FWID)),
+        "signature": len(report) - 50,
+    }
     changed = replace(evidence, report=_flip(report, offsets[where]))
     assert _failure(verify_nvidia(changed, trust, at=AT)) == expected
 
@@ -100,7 +108,7 @@ def test_a_changed_certificate_or_another_root_fails_the_chain(evidence, trust):
     chain = evidence.cert_chain
     ends = [m.start() for m in re.finditer(b"-----END CERTIFICATE-----", chain)]
     at = ends[1] - 60  # inside the second certificate's (GSP BROM's) signature
-    changed = chain[:at] + (b"B" if chain[at:at + 1] != b"B" else b"C") + chain[at + 1:]
+    changed = chain[:at] + (b"B" if chain[at : at + 1] != b"B" else b"C") + chain[at + 1 :]
     result = verify_nvidia(replace(evidence, cert_chain=changed), trust, at=AT)
     assert _failure(result) == "cert-chain" and "does not verify" in result.first_failure.detail
     rim_root = NvidiaTrust(roots=(_file("verifier_RIM_root.pem"),))
@@ -122,8 +130,9 @@ _FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthC
 
 
 @_FUZZ
-@given(data=st.one_of(st.binary(max_size=5000),
-                     st.binary(min_size=4, max_size=200).map(lambda b: b"\x11\xe0\x01\xff" + b)))
+@given(
+    data=st.one_of(st.binary(max_size=5000), st.binary(min_size=4, max_size=200).map(lambda b: b"\x11\xe0\x01\xff" + b))
+)
 def test_random_bytes_never_verify(evidence, trust, data):
     assert _failure(verify_nvidia(replace(evidence, report=data), trust, at=AT)) == "report-format"
 
@@ -138,7 +147,7 @@ def test_truncated_or_extended_reports_never_verify(evidence, trust, report, cut
 @_FUZZ
 @given(offset=st.integers(0, 4116), value=st.integers(1, 255))
 def test_any_changed_byte_never_verifies(evidence, trust, report, offset, value):
-    changed = report[:offset] + bytes([report[offset] ^ value]) + report[offset + 1:]
+    changed = report[:offset] + bytes([report[offset] ^ value]) + report[offset + 1 :]
     assert _failure(verify_nvidia(replace(evidence, report=changed), trust, at=AT)) in CHECKS
 
 

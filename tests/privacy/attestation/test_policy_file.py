@@ -1,6 +1,7 @@
 """Evidence policies as files: every setting is read into the AttestationPolicy (roots as the bytes
 of the files named, measurements, minimum TCB, collateral), the loaded policy decides as written,
 and anything unknown, ill-typed or incomplete is refused with a message that names the section."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,12 @@ def _tdx_dir(directory: Path) -> Path:
     shutil.copy(tdx / "intel_sgx_root_ca.pem", directory / "intel-root.pem")
     col = directory / "collateral"
     col.mkdir()
-    for src, dst in (("sample_tcbInfo_response", "tcb_info.json"), ("sample_qeIdentity_response", "qe_identity.json"),
-                     ("pckcrl", "pck_crl.der"), ("rootcrl.der", "root_crl.der")):
+    for src, dst in (
+        ("sample_tcbInfo_response", "tcb_info.json"),
+        ("sample_qeIdentity_response", "qe_identity.json"),
+        ("pckcrl", "pck_crl.der"),
+        ("rootcrl.der", "root_crl.der"),
+    ):
         shutil.copy(tdx / src, col / dst)
     shutil.copy(DATA / "attestation" / "tdx_tcb_signing_chain.pem", col / "tcb_signing_chain.pem")
     return directory
@@ -58,11 +63,22 @@ def test_a_yaml_policy_is_read_setting_by_setting(tmp_path, amd):
 def test_a_json_policy_with_tdx_collateral_and_every_snp_setting(tmp_path, amd):
     _tdx_dir(tmp_path)
     (tmp_path / "ark.der").write_bytes(amd.ark)
-    doc = {"cpu": ["snp", "tdx"], "roots": {"snp": ["ark.der"], "tdx": ["intel-root.pem"]},
-           "snp": {"measurements": [LAUNCH.hex()], "allow_smt": False, "allow_migration_agent": True, "max_vmpl": 0,
-                   "minimum_tcb": {"bootloader": 3, "tee": 0, "snp": 8, "microcode": 115, "fmc": 1}},
-           "tdx": {"mr_td": [TDX_MR_TD], "accepted_tcb_statuses": ["UpToDate", "SWHardeningNeeded"],
-                   "collateral": "collateral"}}
+    doc = {
+        "cpu": ["snp", "tdx"],
+        "roots": {"snp": ["ark.der"], "tdx": ["intel-root.pem"]},
+        "snp": {
+            "measurements": [LAUNCH.hex()],
+            "allow_smt": False,
+            "allow_migration_agent": True,
+            "max_vmpl": 0,
+            "minimum_tcb": {"bootloader": 3, "tee": 0, "snp": 8, "microcode": 115, "fmc": 1},
+        },
+        "tdx": {
+            "mr_td": [TDX_MR_TD],
+            "accepted_tcb_statuses": ["UpToDate", "SWHardeningNeeded"],
+            "collateral": "collateral",
+        },
+    }
     policy = load_policy_file(_write(tmp_path, doc))
     assert policy.name == "policy" and policy.cpu == frozenset({"snp", "tdx"})  # the file's stem
     assert policy.snp.minimum_tcb == TcbVersion(3, 0, 8, 115, fmc=1)
@@ -98,8 +114,13 @@ def test_the_loaded_policy_decides_as_written(tmp_path, amd):
     """Forged SEV-SNP evidence (test chain at MILAN_TCB) passes the file's policy, and fails it at the
     check the file tightens: an unknown launch measurement, a minimum TCB above the chain's."""
     attester = hardware_attester(tmp_path / "tsm", amd, None)
-    claims = new_claims(NodeStatement(Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32), b"k" * 40),
-                        b"n" * 16, 1_700_000_000, "hardware", 10**9)
+    claims = new_claims(
+        NodeStatement(Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32), b"k" * 40),
+        b"n" * 16,
+        1_700_000_000,
+        "hardware",
+        10**9,
+    )
     document = attester.attest(claims)
     evidence = attester.evidence(document)
     write_policy_file(tmp_path, amd, None, name="ok")
@@ -110,33 +131,45 @@ def test_the_loaded_policy_decides_as_written(tmp_path, amd):
     assert e.value.reason == "snp:measurement"
     (tmp_path / "ark.der").write_bytes(amd.ark)
     above = {"bootloader": MILAN_TCB.bootloader, "tee": 0, "snp": MILAN_TCB.snp + 1, "microcode": MILAN_TCB.microcode}
-    strict = parse_policy({"cpu": ["snp"], "roots": {"snp": ["ark.der"]},
-                           "snp": {"measurements": [LAUNCH.hex()], "minimum_tcb": above}}, tmp_path)
+    strict = parse_policy(
+        {"cpu": ["snp"], "roots": {"snp": ["ark.der"]}, "snp": {"measurements": [LAUNCH.hex()], "minimum_tcb": above}},
+        tmp_path,
+    )
     with pytest.raises(PolicyRefusedError) as e:
         check_evidence(strict, document, evidence)
     assert e.value.reason == "snp:minimum-tcb"
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"cpu": ["snp"], "secret-setting": 1}, "the policy file has a key that is not one of name, cpu"),
-    ({"snp": {"measurments": []}}, "snp has a key that is not one of measurements"),
-    ({"cpu": ["sgx"]}, "cpu may list only snp, tdx"),
-    ({"cpu": "snp"}, "cpu must be a list of strings"),
-    ({"gpu": 1}, "gpu in the policy file must be true or false"),
-    ({"cpu": ["snp"], "snp": {"measurements": [LAUNCH.hex()]}}, "incomplete: accepting SEV-SNP needs the pinned AMD"),
-    ({"cpu": ["snp"], "roots": {"snp": ["ark.der"]}}, "incomplete: accepting SEV-SNP needs .* launch measurements"),
-    ({"cpu": ["snp"], "roots": {"snp": ["ark.der"]}, "snp": {"measurements": ["abcd"]}},
-     "snp.measurements must hold hex strings of 48 bytes"),
-    ({"cpu": ["snp"], "roots": {"snp": ["missing.der"]}}, "roots.snp: cannot read a certificate file"),
-    ({"roots": {"snp": []}}, "roots.snp must name at least one certificate file"),
-    ({"snp": {"minimum_tcb": {"bootloader": 1}}}, "snp.minimum_tcb needs bootloader, tee, snp and microcode"),
-    ({"snp": {"minimum_tcb": {"bootloader": -1, "tee": 0, "snp": 0, "microcode": 0}}},
-     "snp.minimum_tcb.bootloader must be a non-negative integer"),
-    ({"tdx": {"collateral": "nowhere"}}, "tdx.collateral: collateral directory lacks"),
-    ({"nvidia": {"reference": {"first": []}}}, "nvidia.reference must map block indexes"),
-    ({"name": ""}, "name must be a printable string"),
-    (["snp"], "the policy file must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"cpu": ["snp"], "secret-setting": 1}, "the policy file has a key that is not one of name, cpu"),
+        ({"snp": {"measurments": []}}, "snp has a key that is not one of measurements"),
+        ({"cpu": ["sgx"]}, "cpu may list only snp, tdx"),
+        ({"cpu": "snp"}, "cpu must be a list of strings"),
+        ({"gpu": 1}, "gpu in the policy file must be true or false"),
+        (
+            {"cpu": ["snp"], "snp": {"measurements": [LAUNCH.hex()]}},
+            "incomplete: accepting SEV-SNP needs the pinned AMD",
+        ),
+        ({"cpu": ["snp"], "roots": {"snp": ["ark.der"]}}, "incomplete: accepting SEV-SNP needs .* launch measurements"),
+        (
+            {"cpu": ["snp"], "roots": {"snp": ["ark.der"]}, "snp": {"measurements": ["abcd"]}},
+            "snp.measurements must hold hex strings of 48 bytes",
+        ),
+        ({"cpu": ["snp"], "roots": {"snp": ["missing.der"]}}, "roots.snp: cannot read a certificate file"),
+        ({"roots": {"snp": []}}, "roots.snp must name at least one certificate file"),
+        ({"snp": {"minimum_tcb": {"bootloader": 1}}}, "snp.minimum_tcb needs bootloader, tee, snp and microcode"),
+        (
+            {"snp": {"minimum_tcb": {"bootloader": -1, "tee": 0, "snp": 0, "microcode": 0}}},
+            "snp.minimum_tcb.bootloader must be a non-negative integer",
+        ),
+        ({"tdx": {"collateral": "nowhere"}}, "tdx.collateral: collateral directory lacks"),
+        ({"nvidia": {"reference": {"first": []}}}, "nvidia.reference must map block indexes"),
+        ({"name": ""}, "name must be a printable string"),
+        (["snp"], "the policy file must be a mapping"),
+    ],
+)
 def test_bad_policies_are_refused_naming_the_section(tmp_path, amd, doc, message):
     (tmp_path / "ark.der").write_bytes(amd.ark)
     with pytest.raises(PolicyFileError, match=message) as e:

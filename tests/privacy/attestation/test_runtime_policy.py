@@ -3,6 +3,7 @@ allows only the HOST_DATA (SEV-SNP) or MRCONFIGID (TDX) of the Kata initdata doc
 a node whose runtime was launched with another agent policy (one that lets the host exec into the
 node) is refused, on both kinds of report. The digest follows the initdata rule: the document's
 own algorithm over its bytes, cut or zero-padded to the field."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,9 +34,11 @@ LAUNCH = bytes(range(48))
 
 
 def initdata(algorithm: str, exec_allowed: bool) -> bytes:
-    return (f'algorithm = "{algorithm}"\nversion = "0.1.0"\n\n[data]\n"policy.rego" = \'\'\'\n'
-            f"package agent_policy\ndefault ExecProcessRequest := {str(exec_allowed).lower()}\n"
-            "default ReadStreamRequest := false\n'''\n").encode()
+    return (
+        f'algorithm = "{algorithm}"\nversion = "0.1.0"\n\n[data]\n"policy.rego" = \'\'\'\n'
+        f"package agent_policy\ndefault ExecProcessRequest := {str(exec_allowed).lower()}\n"
+        "default ReadStreamRequest := false\n'''\n"
+    ).encode()
 
 
 RESTRICTIVE, PERMISSIVE = initdata("sha384", False), initdata("sha384", True)
@@ -74,8 +77,13 @@ def test_the_digest_is_the_documents_algorithm_cut_or_padded_to_the_field():
         assert initdata_digest(doc, "snp") == full[:32]
         assert initdata_digest(doc, "tdx") == (full + bytes(16))[:48]  # sha256: padded with zeros
     assert initdata_digest(RESTRICTIVE, "tdx") != initdata_digest(PERMISSIVE, "tdx")
-    for bad in (b'algorithm = "md5"\nversion = "0.1.0"\n[data]\n', b'algorithm = "sha256"\nversion = "9"\n[data]\n',
-                b'algorithm = "sha256"\nversion = "0.1.0"\n', b"\xff", b"not = [toml"):
+    for bad in (
+        b'algorithm = "md5"\nversion = "0.1.0"\n[data]\n',
+        b'algorithm = "sha256"\nversion = "9"\n[data]\n',
+        b'algorithm = "sha256"\nversion = "0.1.0"\n',
+        b"\xff",
+        b"not = [toml",
+    ):
         with pytest.raises(InitdataError):
             initdata_digest(bad, "snp")
     with pytest.raises(InitdataError):
@@ -84,9 +92,13 @@ def test_the_digest_is_the_documents_algorithm_cut_or_padded_to_the_field():
 
 def test_snp_host_data_must_be_the_allowed_runtime_policys():
     chain = make_amd_chain()
-    policy = AttestationPolicy("test", cpu=frozenset({"snp"}), trust=HardwareTrust(snp=SnpTrust(arks=(chain.ark,))),
-                               snp=SnpPolicy(measurements=frozenset({LAUNCH})),
-                               host_data=frozenset({initdata_digest(RESTRICTIVE, "snp")}))
+    policy = AttestationPolicy(
+        "test",
+        cpu=frozenset({"snp"}),
+        trust=HardwareTrust(snp=SnpTrust(arks=(chain.ark,))),
+        snp=SnpPolicy(measurements=frozenset({LAUNCH})),
+        host_data=frozenset({initdata_digest(RESTRICTIVE, "snp")}),
+    )
     for document, passes in ((RESTRICTIVE, True), (PERMISSIVE, False), (None, False)):
         host_data = bytes(32) if document is None else initdata_digest(document, "snp")
         attester = HardwareAttester(cpu=SnpCollector(chain, host_data))
@@ -105,10 +117,13 @@ def test_tdx_mr_config_id_must_be_the_allowed_runtime_policys():
         attester = HardwareAttester(cpu=collector)
         doc = _document(attester)
         evidence = attester.evidence(doc)
-        policy = AttestationPolicy("test", cpu=frozenset({"tdx"}),
-                                   trust=HardwareTrust(tdx=TdxTrust(roots=(collector.forged.root,))),
-                                   tdx=TdxPolicy(mr_td=frozenset({collector.forged.mr_td})),
-                                   mr_config_id=frozenset({initdata_digest(RESTRICTIVE, "tdx")}))
+        policy = AttestationPolicy(
+            "test",
+            cpu=frozenset({"tdx"}),
+            trust=HardwareTrust(tdx=TdxTrust(roots=(collector.forged.root,))),
+            tdx=TdxPolicy(mr_td=frozenset({collector.forged.mr_td})),
+            mr_config_id=frozenset({initdata_digest(RESTRICTIVE, "tdx")}),
+        )
         if passes:
             assert check_evidence(policy, doc, evidence).kind == "tdx"
         else:
@@ -125,18 +140,26 @@ def test_the_policy_file_pins_initdata_files_and_hex_values(tmp_path):
     (tmp_path / "ark.der").write_bytes(chain.ark)
     (tmp_path / "initdata.toml").write_bytes(RESTRICTIVE)
     extra = "ab" * 32
-    doc = {"cpu": ["snp"], "roots": {"snp": ["ark.der"]},
-           "snp": {"measurements": [LAUNCH.hex()], "host_data": [extra]}, "kata_initdata": ["initdata.toml"]}
+    doc = {
+        "cpu": ["snp"],
+        "roots": {"snp": ["ark.der"]},
+        "snp": {"measurements": [LAUNCH.hex()], "host_data": [extra]},
+        "kata_initdata": ["initdata.toml"],
+    }
     policy = parse_policy(json.loads(json.dumps(doc)), tmp_path)
     assert policy.host_data == {bytes.fromhex(extra), initdata_digest(RESTRICTIVE, "snp")}
     assert policy.mr_config_id == {initdata_digest(RESTRICTIVE, "tdx")}
-    for bad, message in (({"snp": {"measurements": [LAUNCH.hex()], "host_data": ["ab" * 31]}}, "32 bytes"),
-                         ({"snp": {"measurements": [LAUNCH.hex()], "host_data": []}}, "non-empty"),
-                         ({"tdx": {"mr_config_id": ["ab" * 32]}}, "48 bytes"),
-                         ({"kata_initdata": ["missing.toml"]}, "kata_initdata")):
+    for bad, message in (
+        ({"snp": {"measurements": [LAUNCH.hex()], "host_data": ["ab" * 31]}}, "32 bytes"),
+        ({"snp": {"measurements": [LAUNCH.hex()], "host_data": []}}, "non-empty"),
+        ({"tdx": {"mr_config_id": ["ab" * 32]}}, "48 bytes"),
+        ({"kata_initdata": ["missing.toml"]}, "kata_initdata"),
+    ):
         with pytest.raises(PolicyFileError, match=message):
-            parse_policy({"cpu": ["snp"], "roots": {"snp": ["ark.der"]}, "snp": {"measurements": [LAUNCH.hex()]},
-                          **bad}, tmp_path)
+            parse_policy(
+                {"cpu": ["snp"], "roots": {"snp": ["ark.der"]}, "snp": {"measurements": [LAUNCH.hex()]}, **bad},
+                tmp_path,
+            )
     (tmp_path / "bad.toml").write_bytes(b'algorithm = "md5"\nversion = "0.1.0"\n[data]\n')
     with pytest.raises(PolicyFileError, match="kata_initdata: .*algorithm"):
         parse_policy({**doc, "kata_initdata": ["bad.toml"]}, tmp_path)

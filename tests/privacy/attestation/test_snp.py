@@ -7,6 +7,7 @@ fields against the raw offsets the vectors' README documents (a second parse in 
 VCEK's TCB and hwID against `openssl asn1parse` of vcek_milan.der (blSPL 03, teeSPL 00, snpSPL
 08, ucodeSPL 73, hwID d49554ec...).
 """
+
 import struct
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -46,8 +47,10 @@ from traceless.privacy.attestation.snp_report import (
 
 AT = datetime(2025, 1, 1, tzinfo=UTC)
 MEASUREMENT = "7a1e5c266c0108dbc9bb94fa926951320940915d0aafb42464bd88b579ea158d3e1a0dc39b2c60bd95b9c480cd81841f"
-REPORT_DATA = ("d447b55d197491bfe15cf298f9de9986b7a7c4be2468b4f6e2d53b71d7c64581"
-               "0b0f2cdfca0040433be063fc1a8293f0f3f8dae7b79fecb3d1cd82bd6a93ebfd")
+REPORT_DATA = (
+    "d447b55d197491bfe15cf298f9de9986b7a7c4be2468b4f6e2d53b71d7c64581"
+    "0b0f2cdfca0040433be063fc1a8293f0f3f8dae7b79fecb3d1cd82bd6a93ebfd"
+)
 CHIP_ID_PREFIX = "d49554ec717f4e5b0fe6b143bcf0405b"
 REPORT_ID = "92b3b47d59f0a2a10a74c5678868a80238cf593c01a82f3cffb878e904c28d5b"
 
@@ -70,7 +73,7 @@ def chain():
 
 
 def _flip(data: bytes, offset: int, bit: int = 0) -> bytes:
-    return data[:offset] + bytes([data[offset] ^ (1 << bit)]) + data[offset + 1:]
+    return data[:offset] + bytes([data[offset] ^ (1 << bit)]) + data[offset + 1 :]
 
 
 def _first_failure(result) -> str:
@@ -105,8 +108,10 @@ def test_real_vcek_extensions_are_amds(real):
 
 def test_real_report_verifies_with_claims_from_the_evidence(real):
     _, evidence, trust = real
-    policy = SnpPolicy(minimum_tcb=TcbVersion(bootloader=3, tee=0, snp=8, microcode=115),
-                       measurements=frozenset({bytes.fromhex(MEASUREMENT)}))
+    policy = SnpPolicy(
+        minimum_tcb=TcbVersion(bootloader=3, tee=0, snp=8, microcode=115),
+        measurements=frozenset({bytes.fromhex(MEASUREMENT)}),
+    )
     result = verify_snp(evidence, trust, policy, report_data=bytes.fromhex(REPORT_DATA), at=AT)
     assert result.ok and [c.name for c in result.checks] == list(CHECKS)
     assert [c.name for c in result.not_run] == ["revocation"]
@@ -126,8 +131,13 @@ def test_real_report_without_expectations_says_which_checks_did_not_run(real):
 
 def test_real_report_through_an_extended_report_certificate_table(real):
     report, _, _ = real
-    table = build_cert_table([(VCEK_GUID, _file("vcek_milan.der")), (ASK_GUID, load_der(_file("ask_milan.pem"))),
-                              (ARK_GUID, load_der(_file("ark_milan.pem")))])
+    table = build_cert_table(
+        [
+            (VCEK_GUID, _file("vcek_milan.der")),
+            (ASK_GUID, load_der(_file("ask_milan.pem"))),
+            (ARK_GUID, load_der(_file("ark_milan.pem"))),
+        ]
+    )
     assert parse_cert_table(table).get(VCEK_GUID) == _file("vcek_milan.der")
     result = verify_snp(SnpEvidence.from_extended(report, table), SnpTrust(arks=(_file("ark_milan.pem"),)), at=AT)
     assert result.ok
@@ -139,14 +149,17 @@ def load_der(pem: bytes) -> bytes:
     return load_certificate(pem, "test").public_bytes(Encoding.DER)
 
 
-@pytest.mark.parametrize("offset, expected", [
-    (0x90, "report-signature"),  # one bit of the launch measurement
-    (0x50, "report-signature"),  # one bit of REPORT_DATA
-    (0x2A0, "report-signature"),  # one bit of the signature's r
-    (0x2A0 + 72 + 5, "report-signature"),  # one bit of s
-    (0x08 + 2, "report-format"),  # policy bit 17, reserved, must be one
-    (0x400, "report-format"),  # the zero padding after the signature
-])
+@pytest.mark.parametrize(
+    "offset, expected",
+    [
+        (0x90, "report-signature"),  # one bit of the launch measurement
+        (0x50, "report-signature"),  # one bit of REPORT_DATA
+        (0x2A0, "report-signature"),  # one bit of the signature's r
+        (0x2A0 + 72 + 5, "report-signature"),  # one bit of s
+        (0x08 + 2, "report-format"),  # policy bit 17, reserved, must be one
+        (0x400, "report-format"),  # the zero padding after the signature
+    ],
+)
 def test_one_flipped_bit_in_the_real_report_fails_at_the_right_check(real, offset, expected):
     report, evidence, trust = real
     bit = 1 if offset == 0x08 + 2 else 0
@@ -206,16 +219,19 @@ def test_forged_bundle_verifies_through_the_same_path(chain):
     assert _first_failure(verify_snp(forged.evidence, amd)) == "cert-chain"
 
 
-@pytest.mark.parametrize("fields, expected", [
-    ({"policy": POLICY_DEFAULT | POLICY_DEBUG}, "guest-policy"),
-    ({"policy": POLICY_DEFAULT | 1 << 18}, "guest-policy"),  # migration agent allowed
-    ({"vmpl": 4}, "guest-policy"),
-    ({"reported_tcb": replace(MILAN_TCB, snp=9)}, "tcb-binding"),  # a TCB the VCEK was not derived for
-    ({"signer": 1}, "report-signature"),  # claims a VLEK, carries a VCEK
-    ({"signer": 7}, "report-format"),  # unsigned
-    ({"version": 6}, "report-format"),
-    ({"version": 3, "cpuid": (0x19, 0x11, 0x01)}, "tcb-binding"),  # a Genoa CPUID on a Milan VCEK
-])
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"policy": POLICY_DEFAULT | POLICY_DEBUG}, "guest-policy"),
+        ({"policy": POLICY_DEFAULT | 1 << 18}, "guest-policy"),  # migration agent allowed
+        ({"vmpl": 4}, "guest-policy"),
+        ({"reported_tcb": replace(MILAN_TCB, snp=9)}, "tcb-binding"),  # a TCB the VCEK was not derived for
+        ({"signer": 1}, "report-signature"),  # claims a VLEK, carries a VCEK
+        ({"signer": 7}, "report-format"),  # unsigned
+        ({"version": 6}, "report-format"),
+        ({"version": 3, "cpuid": (0x19, 0x11, 0x01)}, "tcb-binding"),  # a Genoa CPUID on a Milan VCEK
+    ],
+)
 def test_forged_reports_fail_at_the_right_check(chain, fields, expected):
     forged = forge_snp_evidence(chain=chain, **fields)
     result = verify_snp(forged.evidence, forged.trust, SnpPolicy(max_vmpl=3))
@@ -251,8 +267,12 @@ def test_version_5_fields_and_a_vlek(chain):
 def test_cert_table_rejects_bad_layouts():
     good = build_cert_table([(VCEK_GUID, b"vcek"), (ASK_GUID, b"ask")])
     assert parse_cert_table(good).get(ASK_GUID) == b"ask" and parse_cert_table(b"").entries == ()
-    for bad in (good[:20], good[:24 * 3 - 1], build_cert_table([(VCEK_GUID, b"a"), (VCEK_GUID, b"b")]),
-                good[:16] + struct.pack("<II", 10_000, 4) + good[24:]):
+    for bad in (
+        good[:20],
+        good[: 24 * 3 - 1],
+        build_cert_table([(VCEK_GUID, b"a"), (VCEK_GUID, b"b")]),
+        good[:16] + struct.pack("<II", 10_000, 4) + good[24:],
+    ):
         with pytest.raises(EvidenceError):
             parse_cert_table(bad)
 
@@ -280,7 +300,7 @@ def test_truncated_or_extended_reports_never_verify(real, cut, extra):
 @given(offset=st.integers(0, 0x4A0 - 1), value=st.integers(1, 255))
 def test_any_changed_byte_never_verifies(real, offset, value):
     report, evidence, trust = real
-    changed = report[:offset] + bytes([report[offset] ^ value]) + report[offset + 1:]
+    changed = report[:offset] + bytes([report[offset] ^ value]) + report[offset + 1 :]
     assert _first_failure(verify_snp(replace(evidence, report=changed), trust, at=AT)) in CHECKS
 
 

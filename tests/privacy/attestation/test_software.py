@@ -1,4 +1,5 @@
 """Attestation documents: JWS/EAT round trip, and every reason to refuse a node."""
+
 import hashlib
 import json
 
@@ -63,7 +64,8 @@ def test_rfc8037_examples():
     assert jwk_thumbprint(key.public_key()) == "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"
     signing_input = "eyJhbGciOiJFZERTQSJ9.RXhhbXBsZSBvZiBFZDI1NTE5IHNpZ25pbmc"
     assert b64url_encode(key.sign(signing_input.encode())) == (
-        "hgyY0il_MGCjP0JzlnLWG1PPOt7-09PGcvMg3AIbQR6dWbhijcNR4ki4iylGjg5BhVsPt9g7sVvpAr_MuM0KAg")
+        "hgyY0il_MGCjP0JzlnLWG1PPOt7-09PGcvMg3AIbQR6dWbhijcNR4ki4iylGjg5BhVsPt9g7sVvpAr_MuM0KAg"
+    )
 
 
 def test_round_trip(attester, claims):
@@ -71,8 +73,17 @@ def test_round_trip(attester, claims):
     header = json.loads(b64url_decode(_parts(document)[0]))
     assert header == {"alg": "EdDSA", "typ": EAT_TYP, "kid": jwk_thumbprint(attester.public_key)}
     payload = json.loads(b64url_decode(_parts(document)[1]))
-    assert set(payload) == {"eat_nonce", "iat", "exp", "measurements", "ohttp_keys_sha256",
-                            "attester_type", "capacity", "node_url", "evidence"}
+    assert set(payload) == {
+        "eat_nonce",
+        "iat",
+        "exp",
+        "measurements",
+        "ohttp_keys_sha256",
+        "attester_type",
+        "capacity",
+        "node_url",
+        "evidence",
+    }
     assert payload["capacity"] == 4 and payload["node_url"] == "http://node.test:8100" and payload["evidence"] == []
     assert payload["measurements"]["combined"] == MEASUREMENT.combined.hex()
     got = verify_attestation(document, [attester.public_key], NOW + 1, NONCE, ohttp_keys=KEY_CONFIG)
@@ -120,9 +131,18 @@ def test_nonce_and_key_config_binding(attester, claims):
         verify_attestation(document, [attester.public_key], NOW, NONCE, ohttp_keys=b"other")
 
 
-@pytest.mark.parametrize("document", [
-    "", "a.b", "a.b.c.d", "!!.a.a", "e30.e30.=", 12345, "eyJhbGciOiJFZERTQSJ9.e30.AA==",
-])
+@pytest.mark.parametrize(
+    "document",
+    [
+        "",
+        "a.b",
+        "a.b.c.d",
+        "!!.a.a",
+        "e30.e30.=",
+        12345,
+        "eyJhbGciOiJFZERTQSJ9.e30.AA==",
+    ],
+)
 def test_malformed_envelopes(attester, document):
     with pytest.raises(MalformedAttestationError):
         verify_attestation(document, [attester.public_key], NOW)
@@ -133,8 +153,12 @@ def test_malformed_headers_and_claims(attester, claims):
     kid = jwk_thumbprint(attester.public_key)
     good_header = {"alg": "EdDSA", "typ": EAT_TYP, "kid": kid}
     good = claims.to_json()
-    headers = [{**good_header, "alg": "none"}, {**good_header, "typ": "JWT"},
-               {**good_header, "crit": ["exp"]}, {"alg": "EdDSA", "typ": EAT_TYP}]
+    headers = [
+        {**good_header, "alg": "none"},
+        {**good_header, "typ": "JWT"},
+        {**good_header, "crit": ["exp"]},
+        {"alg": "EdDSA", "typ": EAT_TYP},
+    ]
     payloads = [
         {k: v for k, v in good.items() if k != "exp"},
         {**good, "eat_nonce": b64url_encode(b"short")},
@@ -201,14 +225,21 @@ def test_capacity_url_and_reserved_evidence_claims(attester, claims):
     header = {"alg": "EdDSA", "typ": EAT_TYP, "kid": jwk_thumbprint(key.public_key())}
     good = claims.to_json()
     assert verify_attestation(_resign(key, header, good), [key.public_key()], NOW) == claims
-    for change in ({"capacity": 0}, {"capacity": 10**7}, {"capacity": 2.0}, {"capacity": True},
-                   {"node_url": 5}, {"node_url": "http://x\n"}):
+    for change in (
+        {"capacity": 0},
+        {"capacity": 10**7},
+        {"capacity": 2.0},
+        {"capacity": True},
+        {"node_url": 5},
+        {"node_url": "http://x\n"},
+    ):
         with pytest.raises(MalformedAttestationError):
             verify_attestation(_resign(key, header, {**good, **change}), [key.public_key()], NOW)
     for missing in ("capacity", "node_url", "evidence"):
         with pytest.raises(MalformedAttestationError):
-            verify_attestation(_resign(key, header, {k: v for k, v in good.items() if k != missing}),
-                               [key.public_key()], NOW)
+            verify_attestation(
+                _resign(key, header, {k: v for k, v in good.items() if k != missing}), [key.public_key()], NOW
+            )
     # Hardware evidence is reserved: a verifier that cannot check it refuses it, never ignores it.
     with pytest.raises(UnsupportedEvidenceError):
         verify_attestation(_resign(key, header, {**good, "evidence": [{"kind": "sev-snp"}]}), [key.public_key()], NOW)

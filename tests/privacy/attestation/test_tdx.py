@@ -4,6 +4,7 @@ check that names them; fuzzed quotes never crash and never verify.
 
 Literal values were read once with `dcap_qvl.parse_quote` (an independent parser) and match ours.
 """
+
 import json
 import shutil
 from dataclasses import replace
@@ -28,8 +29,10 @@ AT_2026 = datetime(2026, 2, 3, tzinfo=UTC)
 MR_TD = "6363b8043668a3ad953278e10389574d326c6749fb78aa810ecd9336923db86f22fc00b8dcd404bc10d5e119d7215cbb"
 RTMR0 = "2927da70461cd63266f43230cc1849c03ef25ebe490062a801d8fcc80af42976823adf08f833c1e50b51779c6593f32a"
 RTMR2 = "8652f0caaba7e215ea442dc36a4499d8fec3362f3a0b2ca151cbe4b3e6466fe59c7368b3c2287fc7c3bf5c924eb4424e"
-REPORT_DATA = ("6c62dec1b8191749a31dab490be532a35944dea47caef1f980863993d9899545"
-               "eb7406a38d1eed313b987a467dacead6f0c87a6d766c66f6f29f8acb281f1113")
+REPORT_DATA = (
+    "6c62dec1b8191749a31dab490be532a35944dea47caef1f980863993d9899545"
+    "eb7406a38d1eed313b987a467dacead6f0c87a6d766c66f6f29f8acb281f1113"
+)
 V5_MR_TD = "7348651a34b2d2d3462822e3a750ec6110125f36757c78480bbfc69cc0d21fb001a1ced3ee19747dda8f750c3bc8f876"
 COLLATERAL_CHECKS = ("collateral-signatures", "collateral-current", "revocation", "tcb-status")
 
@@ -42,7 +45,7 @@ def _file(name: str) -> bytes:
 def quote() -> bytes:
     raw = _file("tdx_prod_quote_SPR_E4.dat")
     assert raw.endswith(TEST_TRAILER)
-    return raw[:-len(TEST_TRAILER)]
+    return raw[: -len(TEST_TRAILER)]
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +55,13 @@ def trust() -> TdxTrust:
 
 @pytest.fixture(scope="module")
 def collateral() -> TdxCollateral:
-    return TdxCollateral(tcb_info=_file("sample_tcbInfo_response"), qe_identity=_file("sample_qeIdentity_response"),
-                         tcb_signing_chain=(DATA / "attestation" / "tdx_tcb_signing_chain.pem").read_bytes(),
-                         pck_crl=_file("pckcrl"), root_crl=_file("rootcrl.der"))
+    return TdxCollateral(
+        tcb_info=_file("sample_tcbInfo_response"),
+        qe_identity=_file("sample_qeIdentity_response"),
+        tcb_signing_chain=(DATA / "attestation" / "tdx_tcb_signing_chain.pem").read_bytes(),
+        pck_crl=_file("pckcrl"),
+        root_crl=_file("rootcrl.der"),
+    )
 
 
 def _failure(result) -> str:
@@ -114,8 +121,12 @@ def test_signed_json_keeps_the_exact_signed_bytes(collateral):
 
 
 @settings(max_examples=200, deadline=None)
-@given(document=st.one_of(st.binary(max_size=300), st.text(alphabet='{}[]":,0123456789abcdef tcbInfosignature',
-                                                          max_size=300).map(str.encode)))
+@given(
+    document=st.one_of(
+        st.binary(max_size=300),
+        st.text(alphabet='{}[]":,0123456789abcdef tcbInfosignature', max_size=300).map(str.encode),
+    )
+)
 def test_signed_json_refuses_anything_else_with_a_typed_error(document):
     try:
         doc = signed_json(document, "tcbInfo")
@@ -150,19 +161,22 @@ def test_v5_sample_verifies_its_evidence_chain(trust, collateral):
 
 
 def _flip(data: bytes, offset: int) -> bytes:
-    return data[:offset] + bytes([data[offset] ^ 1]) + data[offset + 1:]
+    return data[:offset] + bytes([data[offset] ^ 1]) + data[offset + 1 :]
 
 
-@pytest.mark.parametrize("offset, expected", [
-    (48 + 136, "quote-signature"),  # MRTD
-    (48 + 520, "quote-signature"),  # REPORTDATA
-    (636, "quote-signature"),  # the quote signature's r
-    (636 + 64, "qe-binding"),  # the attestation key
-    (636 + 134 + 10, "qe-report-signature"),  # inside the QE report
-    (636 + 134 + 384 + 5, "qe-report-signature"),  # the QE report signature
-    (636 + 134 + 450, "qe-binding"),  # the QE auth data
-    (0, "quote-format"),  # version 4 -> 5 without a v5 body
-])
+@pytest.mark.parametrize(
+    "offset, expected",
+    [
+        (48 + 136, "quote-signature"),  # MRTD
+        (48 + 520, "quote-signature"),  # REPORTDATA
+        (636, "quote-signature"),  # the quote signature's r
+        (636 + 64, "qe-binding"),  # the attestation key
+        (636 + 134 + 10, "qe-report-signature"),  # inside the QE report
+        (636 + 134 + 384 + 5, "qe-report-signature"),  # the QE report signature
+        (636 + 134 + 450, "qe-binding"),  # the QE auth data
+        (0, "quote-format"),  # version 4 -> 5 without a v5 body
+    ],
+)
 def test_one_flipped_bit_fails_at_the_right_check(quote, trust, offset, expected):
     assert _failure(verify_tdx(_flip(quote, offset), trust, at=AT_2023)) == expected
 
@@ -170,7 +184,7 @@ def test_one_flipped_bit_fails_at_the_right_check(quote, trust, offset, expected
 def test_a_changed_pck_certificate_or_a_foreign_root_fails_the_chain(quote, trust):
     q = parse_tdx_quote(quote)
     start = quote.index(q.pck_chain_pem) + 900  # inside the first certificate's base64 text
-    swapped = quote[:start] + (b"A" if quote[start:start + 1] != b"A" else b"B") + quote[start + 1:]
+    swapped = quote[:start] + (b"A" if quote[start : start + 1] != b"A" else b"B") + quote[start + 1 :]
     assert _failure(verify_tdx(swapped, trust, at=AT_2023)) == "pck-chain"
     amd = TdxTrust(roots=(vector_path("attestation/sev-snp/ark_milan.pem").read_bytes(),))
     assert _failure(verify_tdx(quote, amd, at=AT_2023)) == "pck-chain"
@@ -186,8 +200,9 @@ def test_unexpected_values_fail_where_they_are_compared(quote, trust):
 
 def test_a_debug_td_fails_through_the_same_path():
     good = forge_tdx_quote(report_data=b"\x07" * 64)
-    result = verify_tdx(good.quote, TdxTrust(roots=(good.root,)), TdxPolicy(mr_td=frozenset({good.mr_td})),
-                        report_data=b"\x07" * 64)
+    result = verify_tdx(
+        good.quote, TdxTrust(roots=(good.root,)), TdxPolicy(mr_td=frozenset({good.mr_td})), report_data=b"\x07" * 64
+    )
     assert result.ok and result.claims.rtmrs == good.rtmrs
     debug = forge_tdx_quote(td_attributes=0x10000001)
     result = verify_tdx(debug.quote, TdxTrust(roots=(debug.root,)))
@@ -195,9 +210,10 @@ def test_a_debug_td_fails_through_the_same_path():
 
 
 def test_collateral_directory_layout(tmp_path, collateral):
-    for name, blob in zip(("tcb_info.json", "qe_identity.json", "tcb_signing_chain.pem", "pck_crl.der"),
-                          (collateral.tcb_info, collateral.qe_identity, collateral.tcb_signing_chain,
-                           collateral.pck_crl)):
+    for name, blob in zip(
+        ("tcb_info.json", "qe_identity.json", "tcb_signing_chain.pem", "pck_crl.der"),
+        (collateral.tcb_info, collateral.qe_identity, collateral.tcb_signing_chain, collateral.pck_crl),
+    ):
         (tmp_path / name).write_bytes(blob)
     with pytest.raises(Exception, match="root_crl.der"):
         TdxCollateral.from_dir(tmp_path)
@@ -225,7 +241,7 @@ def test_truncated_or_extended_quotes_never_verify(quote, trust, cut, extra):
 @_FUZZ
 @given(offset=st.integers(0, 4934), value=st.integers(1, 255))
 def test_any_changed_byte_in_the_signed_parts_never_verifies(quote, trust, offset, value):
-    changed = quote[:offset] + bytes([quote[offset] ^ value]) + quote[offset + 1:]
+    changed = quote[:offset] + bytes([quote[offset] ^ value]) + quote[offset + 1 :]
     result = verify_tdx(changed, trust, at=AT_2023)
     if result.ok:
         # Every byte is signed or bound except the PCK chain's PEM text, whose certificates carry their

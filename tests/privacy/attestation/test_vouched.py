@@ -1,5 +1,6 @@
 """A fresh document over a base document: valid only by the base's key, restating its claims, with the
 base itself valid now and bound to the same OHTTP keys."""
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,13 @@ def _attester() -> HardwareAttester:
     return HardwareAttester(_NoCpu())  # type: ignore[arg-type]
 
 
-def _doc(attester: HardwareAttester, statement: NodeStatement = STATEMENT, nonce: bytes = b"b" * 16,
-         now: float | None = None, ttl_s: int = 300) -> str:
+def _doc(
+    attester: HardwareAttester,
+    statement: NodeStatement = STATEMENT,
+    nonce: bytes = b"b" * 16,
+    now: float | None = None,
+    ttl_s: int = 300,
+) -> str:
     now = time.time() if now is None else now
     return attester.attest(new_claims(statement, nonce, int(now), attester.attester_type, ttl_s))
 
@@ -50,10 +56,14 @@ def test_a_fresh_document_by_the_base_key_restating_it_verifies():
         verify_with_base(fresh, base, [node.public_key], time.time(), b"x" * 16, ohttp_keys=KEYS)
 
 
-@pytest.mark.parametrize("change", [
-    {"capacity": 3}, {"node_url": "http://elsewhere.test"},
-    {"measurement": Measurement(b"\x09" * 32, b"\x02" * 32, b"\x03" * 32)},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"capacity": 3},
+        {"node_url": "http://elsewhere.test"},
+        {"measurement": Measurement(b"\x09" * 32, b"\x02" * 32, b"\x03" * 32)},
+    ],
+)
 def test_a_fresh_document_that_states_anything_else_is_refused(change):
     from dataclasses import replace
 
@@ -80,5 +90,6 @@ def test_the_base_must_be_valid_now_and_bind_the_same_keys():
         verify_with_base(_doc(node, nonce=NONCE), expired, [node.public_key], now, NONCE, ohttp_keys=KEYS)
     other_keys = NodeStatement(MEASUREMENT, OhttpServer(key_id=2).ohttp_keys(), 2, "http://node.test")
     with pytest.raises(OhttpKeyMismatchError):
-        verify_with_base(_doc(node, nonce=NONCE), _doc(node, other_keys), [node.public_key], now, NONCE,
-                         ohttp_keys=KEYS)
+        verify_with_base(
+            _doc(node, nonce=NONCE), _doc(node, other_keys), [node.public_key], now, NONCE, ohttp_keys=KEYS
+        )

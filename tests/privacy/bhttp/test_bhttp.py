@@ -1,4 +1,5 @@
 """Binary HTTP (RFC 9292): section 5 examples, round trips, truncation and malformed input."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,16 +26,19 @@ def _fields(pairs: list) -> tuple:
 
 def _expected_request(d: dict) -> Request:
     return Request(
-        _l1(d["method"]), _l1(d["scheme"]), _l1(d["authority"]), _l1(d["path"]),
-        _fields(d["headers"]), _l1(d["content"]), _fields(d["trailers"]),
+        _l1(d["method"]),
+        _l1(d["scheme"]),
+        _l1(d["authority"]),
+        _l1(d["path"]),
+        _fields(d["headers"]),
+        _l1(d["content"]),
+        _fields(d["trailers"]),
     )
 
 
 def _expected_response(d: dict) -> Response:
     interim = tuple(InformationalResponse(s, _fields(h)) for s, h in d["informational"])
-    return Response(
-        d["status"], _fields(d["headers"]), _l1(d["content"]), _fields(d["trailers"]), interim
-    )
+    return Response(d["status"], _fields(d["headers"]), _l1(d["content"]), _fields(d["trailers"]), interim)
 
 
 def test_all_examples_are_exercised() -> None:
@@ -178,8 +182,13 @@ _fields_st = st.lists(st.tuples(_token, _value), max_size=5).map(tuple)
 @st.composite
 def requests(draw) -> Request:
     return Request(
-        draw(_token.map(bytes.upper)), draw(_visible), draw(_visible), draw(_visible),
-        draw(_fields_st), draw(st.binary(max_size=300)), draw(_fields_st),
+        draw(_token.map(bytes.upper)),
+        draw(_visible),
+        draw(_visible),
+        draw(_visible),
+        draw(_fields_st),
+        draw(st.binary(max_size=300)),
+        draw(_fields_st),
     )
 
 
@@ -188,8 +197,11 @@ def responses(draw) -> Response:
     interim_st = st.builds(InformationalResponse, st.integers(100, 199), _fields_st)
     interim = draw(st.lists(interim_st, max_size=3))
     return Response(
-        draw(st.integers(200, 599)), draw(_fields_st), draw(st.binary(max_size=300)),
-        draw(_fields_st), tuple(interim),
+        draw(st.integers(200, 599)),
+        draw(_fields_st),
+        draw(st.binary(max_size=300)),
+        draw(_fields_st),
+        tuple(interim),
     )
 
 

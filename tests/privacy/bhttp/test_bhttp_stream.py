@@ -42,8 +42,11 @@ def test_the_standard_decoder_reads_what_we_stream():
 def test_rfc9292_indeterminate_example_decodes_incrementally():
     """RFC 9292 section 5's indeterminate-length response (with a 102 interim response), fed a few
     bytes at a time, gives what the whole-message decoder gives."""
-    raw = bytes.fromhex(shared_vectors("bhttp/rfc9292-section5-examples.json")["examples"][
-        "indefinite_length_response_with_interim"]["hex"])
+    raw = bytes.fromhex(
+        shared_vectors("bhttp/rfc9292-section5-examples.json")["examples"]["indefinite_length_response_with_interim"][
+            "hex"
+        ]
+    )
     whole = bhttp.decode_response(raw)
     out = decode_all(raw, range(1, len(raw), 3))
     assert out[0].status == whole.status == 200
@@ -78,8 +81,14 @@ def test_decode_request_buffer_keeps_content_wipeable(framing):
 
     key = "known_length_request" if framing == "known" else "indefinite_length_request"
     raw = bytes.fromhex(sv("bhttp/rfc9292-section5-examples.json")["examples"][key]["hex"])
-    req = bhttp.Request(b"POST", b"https", b"node", b"/v1/chat/completions",
-                        ((b"content-type", b"application/json"),), b'{"secret": "canary"}')
+    req = bhttp.Request(
+        b"POST",
+        b"https",
+        b"node",
+        b"/v1/chat/completions",
+        ((b"content-type", b"application/json"),),
+        b'{"secret": "canary"}',
+    )
     for data in (raw, bhttp.encode_request(req)):
         whole = bhttp.decode_request(data)
         buf = bytearray(data)

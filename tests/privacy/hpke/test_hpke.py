@@ -1,4 +1,5 @@
 """HPKE base mode against RFC 9180 Appendix A, plus state and error properties."""
+
 from __future__ import annotations
 
 import itertools
@@ -161,8 +162,9 @@ def test_nist_group_orders_are_right() -> None:
         minus_g = minus_g_key.public_numbers()
         assert (g.x, g.y) != (minus_g.x, minus_g.y) and g.x == minus_g.x
         with pytest.raises(ValueError):
-            hpke_kem.deserialize_private_key(next(k for k, p in KEM_PARAMS.items() if p == params),
-                                             params.order.to_bytes(params.n_sk, "big"))
+            hpke_kem.deserialize_private_key(
+                next(k for k, p in KEM_PARAMS.items() if p == params), params.order.to_bytes(params.n_sk, "big")
+            )
 
 
 def test_repr_redacts_key_material() -> None:
@@ -181,9 +183,7 @@ def test_repr_redacts_key_material() -> None:
     pt=st.binary(max_size=512),
     data=st.data(),
 )
-def test_single_shot_round_trip_and_bit_flips(
-    suite: Suite, info: bytes, aad: bytes, pt: bytes, data
-) -> None:
+def test_single_shot_round_trip_and_bit_flips(suite: Suite, info: bytes, aad: bytes, pt: bytes, data) -> None:
     sk = hpke_kem.generate_key_pair(suite.kem_id)
     enc, ct = hpke.seal_base(suite, sk.public_key_bytes, info, aad, pt)
     assert len(enc) == suite.n_enc and len(ct) == len(pt) + suite.n_t

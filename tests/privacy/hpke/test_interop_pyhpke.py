@@ -2,6 +2,7 @@
 what one side seals the other opens, in both directions, over several messages of one context,
 and both derive the same exporter secrets. Keys come from DeriveKeyPair on both sides, so each
 library's key derivation is checked against the other's too."""
+
 from __future__ import annotations
 
 import itertools
@@ -17,8 +18,11 @@ from traceless.privacy.hpke.context import Suite
 from traceless.privacy.hpke.kdf import KdfId
 from traceless.privacy.hpke.kem import KemId
 
-AEADS = {AeadId.AES_128_GCM: AEADId.AES128_GCM, AeadId.AES_256_GCM: AEADId.AES256_GCM,
-         AeadId.CHACHA20_POLY1305: AEADId.CHACHA20_POLY1305}
+AEADS = {
+    AeadId.AES_128_GCM: AEADId.AES128_GCM,
+    AeadId.AES_256_GCM: AEADId.AES256_GCM,
+    AeadId.CHACHA20_POLY1305: AEADId.CHACHA20_POLY1305,
+}
 SUITES = [Suite(k, f, a) for k, f, a in itertools.product(KemId, KdfId, AEADS)]
 MESSAGES = [(b"", b"hello"), (b"aad-1", b"x" * 1000), (b"", b"")]
 

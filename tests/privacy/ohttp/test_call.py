@@ -1,5 +1,6 @@
 """One call over OHTTP (privacy/ohttp/call.py): what the client, the audits, the benchmarks and the
 tests all send, and how each reads the answer."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ def test_a_post_is_json_to_the_one_authority_padded_to_its_bucket():
     assert (req.method, req.scheme, req.authority, req.path) == (b"POST", b"https", AUTHORITY, b"/v1/completions")
     assert req.headers == JSON_FIELDS and req.content == b'{"prompt": "hi"}'
     unpadded = encode_call(b"/v1/completions", b'{"prompt": "hi"}', pad=False)
-    assert inner.startswith(unpadded) and not inner[len(unpadded):].strip(b"\0") and len(unpadded) < len(inner)
+    assert inner.startswith(unpadded) and not inner[len(unpadded) :].strip(b"\0") and len(unpadded) < len(inner)
 
 
 def test_a_get_has_no_fields_and_no_content():
@@ -43,7 +44,10 @@ def test_whole_and_chunked_answers_open(status):
     inner, chunked_ctx = server.decapsulate_chunked_request(call.body)
     assert bhttp.decode_request(inner).content == b"{}"
     enc, msg = chunked_ctx.encryptor(), ResponseStreamEncoder()
-    body = enc.seal_chunk(msg.head(status, ())) + enc.seal_chunk(msg.chunk(b"data: 1\n\n")) \
+    body = (
+        enc.seal_chunk(msg.head(status, ()))
+        + enc.seal_chunk(msg.chunk(b"data: 1\n\n"))
         + enc.seal_final(msg.chunk(b"data: 2\n\n") + msg.end())
+    )
     got = open_response(call, body)
     assert (got.status, got.content) == (status, b"data: 1\n\ndata: 2\n\n")

@@ -1,5 +1,6 @@
 """Oblivious HTTP requests and responses (RFC 9458 §4): Appendix A byte-for-byte, round trips,
 tampering, bad input and the memory-only gateway key."""
+
 from __future__ import annotations
 
 import copy
@@ -27,9 +28,7 @@ HEADER_AND_ENC = 7 + 32  # X25519: Nenc = 32
 
 def _appendix_server() -> OhttpServer:
     secret_key = H(V["gateway_x25519_secret_key"])
-    return OhttpServer(
-        1, symmetric_algorithms=APPENDIX_ALGORITHMS, _secret_key_for_tests=secret_key
-    )
+    return OhttpServer(1, symmetric_algorithms=APPENDIX_ALGORITHMS, _secret_key_for_tests=secret_key)
 
 
 def _flip(data: bytes, bit: int) -> bytes:
@@ -51,9 +50,7 @@ def test_appendix_a_key_config_and_info() -> None:
 def test_appendix_a_request_is_reproduced_byte_for_byte() -> None:
     config = KeyConfig.decode(H(V["key_config"]))
     ephemeral = H(V["client_ephemeral_secret_key"])
-    enc_request, _ = encapsulate_request(
-        config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=ephemeral
-    )
+    enc_request, _ = encapsulate_request(config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=ephemeral)
     assert enc_request == H(V["encapsulated_request"])
     assert enc_request[7:39] == H(V["client_ephemeral_public_key"])
 
@@ -74,9 +71,7 @@ def test_appendix_a_gateway_decapsulates_and_answers_byte_for_byte() -> None:
 def test_appendix_a_client_decapsulates_the_response() -> None:
     config = KeyConfig.decode(H(V["key_config"]))
     ephemeral = H(V["client_ephemeral_secret_key"])
-    _, client_ctx = encapsulate_request(
-        config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=ephemeral
-    )
+    _, client_ctx = encapsulate_request(config, H(V["request_bhttp"]), _ephemeral_secret_key_for_tests=ephemeral)
     assert client_ctx.secret.secret == H(V["response_export_secret"])
     assert client_ctx.decapsulate(H(V["encapsulated_response"])) == H(V["response_bhttp"])
     assert bhttp.decode_response(H(V["response_bhttp"])).status == 200
@@ -103,9 +98,7 @@ def test_fresh_keys_and_nonces_each_time() -> None:
 )
 def test_round_trip(request: bytes, response: bytes, algorithm: SymmetricAlgorithm) -> None:
     server = OhttpServer(3)
-    enc_request, client_ctx = encapsulate_request(
-        server.key_config, request, symmetric_algorithm=algorithm
-    )
+    enc_request, client_ctx = encapsulate_request(server.key_config, request, symmetric_algorithm=algorithm)
     ids = (0x20, algorithm.kdf_id, algorithm.aead_id)
     assert enc_request[1:7] == b"".join(i.to_bytes(2, "big") for i in ids)
     got, server_ctx = server.decapsulate_request(enc_request)
@@ -243,8 +236,12 @@ def test_gateway_key_is_memory_only() -> None:
         assert "redacted" in repr(obj)
     public_api = {name for name in dir(_SERVER) if not name.startswith("_")}
     assert public_api == {
-        "key_config", "ohttp_keys", "decapsulate_request", "decapsulate_request_buffer",
-        "decapsulate_chunked_request", "decapsulate_chunked_request_buffer",
+        "key_config",
+        "ohttp_keys",
+        "decapsulate_request",
+        "decapsulate_request_buffer",
+        "decapsulate_chunked_request",
+        "decapsulate_chunked_request_buffer",
     }
 
 

@@ -1,5 +1,6 @@
 """Chunked OHTTP (draft-ietf-ohai-chunked-ohttp): the draft's example byte-for-byte, streaming
 decryption at arbitrary boundaries, tampering, truncation and trailing data."""
+
 from __future__ import annotations
 
 import pytest
@@ -128,9 +129,7 @@ _chunks = st.lists(st.binary(min_size=1, max_size=200), max_size=8)
     final=st.binary(max_size=200),
     points=st.lists(st.integers(0, 10_000), max_size=12),
 )
-def test_random_byte_boundaries_decode_to_the_same_chunks(
-    chunks: list[bytes], final: bytes, points: list[int]
-) -> None:
+def test_random_byte_boundaries_decode_to_the_same_chunks(chunks: list[bytes], final: bytes, points: list[int]) -> None:
     stream = _encrypt(chunks, final)
     assert _decrypt_all(_CLIENT_CTX.decryptor(), _cuts(stream, points)) == chunks + [final]
     assert _decrypt_all(_CLIENT_CTX.decryptor(), [bytes([b]) for b in stream]) == chunks + [final]

@@ -1,4 +1,5 @@
 """OHTTP key configurations and application/ohttp-keys (RFC 9458 §3)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,9 +19,7 @@ VECTOR = shared_vectors("ohttp/rfc9458-appendix-a.json")
 APPENDIX_CONFIG = bytes.fromhex(VECTOR["key_config"])
 
 
-def _config(
-    key_id: int = 1, kem_id: KemId = KemId.DHKEM_X25519_HKDF_SHA256, pairs=((1, 1),)
-) -> KeyConfig:
+def _config(key_id: int = 1, kem_id: KemId = KemId.DHKEM_X25519_HKDF_SHA256, pairs=((1, 1),)) -> KeyConfig:
     pk = hpke_kem.generate_key_pair(kem_id).public_key_bytes
     return KeyConfig(key_id, kem_id, pk, tuple(SymmetricAlgorithm(k, a) for k, a in pairs))
 

@@ -1,5 +1,6 @@
 """RSABSSA (RFC 9474): Appendix A known answers for all four variants, plus round trips,
 input checks and the fault-attack safeguard."""
+
 from __future__ import annotations
 
 import pytest
@@ -112,13 +113,9 @@ def test_only_psszero_deterministic_gives_the_same_signature_twice(key):
     def sign_once(variant: Variant) -> bytes:
         prepared = blind_rsa.prepare(variant, b"same message")
         result = blind_rsa.blind(variant, pk, prepared)
-        return blind_rsa.finalize(
-            variant, pk, prepared, blind_rsa.blind_sign(key, result.blinded_msg), result.inv
-        )
+        return blind_rsa.finalize(variant, pk, prepared, blind_rsa.blind_sign(key, result.blinded_msg), result.inv)
 
-    assert sign_once(Variant.SHA384_PSSZERO_DETERMINISTIC) == sign_once(
-        Variant.SHA384_PSSZERO_DETERMINISTIC
-    )
+    assert sign_once(Variant.SHA384_PSSZERO_DETERMINISTIC) == sign_once(Variant.SHA384_PSSZERO_DETERMINISTIC)
     pss = Variant.SHA384_PSS_DETERMINISTIC
     assert sign_once(pss) != sign_once(pss)
 

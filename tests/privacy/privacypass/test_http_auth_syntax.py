@@ -1,4 +1,5 @@
 """RFC 9110 section 11 authentication header grammar."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Token type 2 issuance (RFC 9578 section 6): the Appendix A vectors and round trips."""
+
 from __future__ import annotations
 
 import pytest
@@ -55,9 +56,7 @@ def test_rfc9578_type2_vector(v):
     challenge = TokenChallenge.decode(h("token_challenge"))
     assert challenge.encode() == h("token_challenge")
 
-    request, state = pp.begin(
-        challenge, issuer.public_key, nonce=h("nonce"), salt=h("salt"), r=int(v["blind"], 16)
-    )
+    request, state = pp.begin(challenge, issuer.public_key, nonce=h("nonce"), salt=h("salt"), r=int(v["blind"], 16))
     assert request.encode() == h("token_request")
     response = issuer.issue(TokenRequest.decode(h("token_request")))
     assert response.encode() == h("token_response")
@@ -89,9 +88,7 @@ def test_wrong_issuer_key_is_rejected(issuers, issued):
     token = issued[4]
     with pytest.raises(TokenKeyError):
         pp.verify_token(token, other.public_key)
-    relabelled = Token(
-        2, token.nonce, token.challenge_digest, other.public_key.token_key_id, token.authenticator
-    )
+    relabelled = Token(2, token.nonce, token.challenge_digest, other.public_key.token_key_id, token.authenticator)
     with pytest.raises(TokenRejectedError):
         pp.verify_token(relabelled, other.public_key)
 

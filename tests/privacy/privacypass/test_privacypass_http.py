@@ -1,5 +1,6 @@
 """PrivateToken HTTP headers (RFC 9577 section 2): the Appendix A.2 WWW-Authenticate
 examples, Authorization round trips and the RFC 9110 list syntax."""
+
 from __future__ import annotations
 
 import pytest

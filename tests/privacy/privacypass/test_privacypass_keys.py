@@ -1,4 +1,5 @@
 """Type-2 token keys: the RSASSA-PSS SPKI encoding pinned by the RFC 9578 vectors."""
+
 from __future__ import annotations
 
 import hashlib

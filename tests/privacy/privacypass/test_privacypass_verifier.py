@@ -1,4 +1,5 @@
 """Redemption at the gateway: the full header flow, replay, expiry, capacity, bit flips."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Privacy Pass structures: RFC 9577 Appendix A challenge/digest vectors, strict decoding."""
+
 from __future__ import annotations
 
 import pytest
@@ -66,9 +67,7 @@ def test_origin_names_split():
     ],
 )
 def test_challenge_validation(kwargs):
-    fields = dict(
-        token_type=2, issuer_name="issuer.example", redemption_context=b"", origin_info=""
-    )
+    fields = dict(token_type=2, issuer_name="issuer.example", redemption_context=b"", origin_info="")
     fields.update(kwargs)
     with pytest.raises(DecodeError):
         TokenChallenge(**fields)

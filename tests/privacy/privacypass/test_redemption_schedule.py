@@ -1,5 +1,6 @@
 """Epoch-bound public challenges: offered and accepted windows, the max-window bound, and one
 challenge per epoch for everyone (anyone can derive it)."""
+
 from __future__ import annotations
 
 import pytest
@@ -59,8 +60,11 @@ def test_bad_configuration_is_refused(args):
         RedemptionSchedule("issuer.example", "", *args)
 
 
-@given(now=st.floats(min_value=0, max_value=4e9), epoch=st.sampled_from([0.5, 7.0, 3600.0]),
-       early=st.sampled_from([0.0, 0.25]))
+@given(
+    now=st.floats(min_value=0, max_value=4e9),
+    epoch=st.sampled_from([0.5, 7.0, 3600.0]),
+    early=st.sampled_from([0.0, 0.25]),
+)
 def test_every_accepted_window_is_open_and_bounded(now, epoch, early):
     """The spent-set TTL argument: each accepted challenge is still open at `now`
     and closes no later than early + one epoch + grace after it (within the verifier's 1 s

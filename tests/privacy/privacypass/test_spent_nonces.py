@@ -1,4 +1,5 @@
 """The bounded, expiring spent-nonce set: double spends, expiry, fail-closed capacity."""
+
 from __future__ import annotations
 
 import pytest
@@ -62,11 +63,7 @@ def test_constructor_checks():
         SpentNonceSet(max_entries=1, max_ttl=0)
 
 
-@given(
-    ops=st.lists(
-        st.tuples(st.integers(0, 5), st.integers(1, 50), st.integers(0, 5)), max_size=60
-    )
-)
+@given(ops=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 50), st.integers(0, 5)), max_size=60))
 def test_model_based(ops):
     """Against a plain-dict model: same accept/reject decisions, never over capacity."""
     spent = SpentNonceSet(max_entries=3, max_ttl=50)

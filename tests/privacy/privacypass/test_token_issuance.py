@@ -1,5 +1,6 @@
 """The issuance service: API-key auth, per-user quotas with window reset, batches, and
 that nothing stored links a token to its user."""
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,7 @@ def issuer() -> pp.Issuer:
 
 
 def _service(issuer, clock, tokens=5, window=60.0, max_batch=4) -> TokenIssuanceService:
-    return TokenIssuanceService(
-        issuer, ApiKeyStore(KEYS), RateLimit(tokens, window, max_batch), clock=clock
-    )
+    return TokenIssuanceService(issuer, ApiKeyStore(KEYS), RateLimit(tokens, window, max_batch), clock=clock)
 
 
 def _requests(issuer, n):

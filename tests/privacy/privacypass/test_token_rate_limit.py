@@ -1,4 +1,5 @@
 """Fixed-window per-user token counters."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Log leaves are readable entries that decode strictly and round-trip byte for byte."""
+
 import json
 
 import pytest
@@ -34,18 +35,21 @@ def test_an_issuer_key_round_trips():
     assert decode_leaf(k.encode()) == k and k.valid_at(150) and not k.valid_at(200)
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda e: e.update(combined="00" * 32),                 # says one thing, attests another
-    lambda e: e.update(capacities=[2, 1]),
-    lambda e: e.update(capacities=[]),
-    lambda e: e.update(capacities=[True]),
-    lambda e: e.update(code="01" * 31),
-    lambda e: e.update(code="AB" * 32),
-    lambda e: e.update(extra=1),
-    lambda e: e.pop("model"),
-    lambda e: e.update(schema="traceless/release/v0"),
-    lambda e: e.update(config=[1]),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda e: e.update(combined="00" * 32),  # says one thing, attests another
+        lambda e: e.update(capacities=[2, 1]),
+        lambda e: e.update(capacities=[]),
+        lambda e: e.update(capacities=[True]),
+        lambda e: e.update(code="01" * 31),
+        lambda e: e.update(code="AB" * 32),
+        lambda e: e.update(extra=1),
+        lambda e: e.pop("model"),
+        lambda e: e.update(schema="traceless/release/v0"),
+        lambda e: e.update(config=[1]),
+    ],
+)
 def test_malformed_releases_are_refused(mutate):
     entry = json.loads(release().encode())
     mutate(entry)

@@ -1,4 +1,5 @@
 """RFC 9162 section 2.1 Merkle hashing and proofs: known answers, then properties."""
+
 import base64
 import json
 
@@ -117,8 +118,7 @@ def test_inclusion_proofs_verify_and_match_reference(size_index):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(2, 300).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n - 1))),
-       st.data())
+@given(st.integers(2, 300).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n - 1))), st.data())
 def test_tampered_inclusion_proofs_fail(size_index, data):
     size, index = size_index
     proof = TREE.inclusion_proof(index, size)
@@ -126,7 +126,7 @@ def test_tampered_inclusion_proofs_fail(size_index, data):
     bit = data.draw(st.integers(0, 255))
     if proof:
         k = data.draw(st.integers(0, len(proof) - 1))
-        bad = proof[:k] + [_flip(proof[k], bit)] + proof[k + 1:]
+        bad = proof[:k] + [_flip(proof[k], bit)] + proof[k + 1 :]
         with pytest.raises(InvalidProofError):
             verify_inclusion(lh, index, size, bad, root)
     with pytest.raises(InvalidProofError):
@@ -153,15 +153,14 @@ def test_consistency_proofs_verify(sizes):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(2, 300).flatmap(lambda n: st.tuples(st.integers(1, n - 1), st.just(n))),
-       st.data())
+@given(st.integers(2, 300).flatmap(lambda n: st.tuples(st.integers(1, n - 1), st.just(n))), st.data())
 def test_tampered_consistency_proofs_fail(sizes, data):
     first, second = sizes
     proof = TREE.consistency_proof(first, second)
     r1, r2 = TREE.root(first), TREE.root(second)
     bit = data.draw(st.integers(0, 255))
     k = data.draw(st.integers(0, len(proof) - 1))
-    bad = proof[:k] + [_flip(proof[k], bit)] + proof[k + 1:]
+    bad = proof[:k] + [_flip(proof[k], bit)] + proof[k + 1 :]
     with pytest.raises(InvalidProofError):
         verify_consistency(first, second, bad, r1, r2)
     with pytest.raises(InvalidProofError):

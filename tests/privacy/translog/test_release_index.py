@@ -1,5 +1,6 @@
 """ReleaseIndex: releases and issuer keys from one verified view of the log; a failed refresh keeps
 saying why (within refresh_s) rather than that an entry is absent."""
+
 import pytest
 
 from traceless.privacy.translog.client import TreeHeadSignatureError

@@ -1,4 +1,5 @@
 """The on-disk transparency log: persistence, proofs, signed heads, and refusing bad directories."""
+
 import json
 import os
 import stat
@@ -99,8 +100,7 @@ def test_key_files(log, tmp_path):
     assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
     key = serialization.load_pem_private_key(key_path.read_bytes(), None)
     assert key.public_key() == log.public_key
-    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                            serialization.NoEncryption())
+    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
     for name in (tl.ENTRIES, tl.STH, tl.PUBLIC_KEY):  # the secret is in the key file only
         assert raw not in (tmp_path / "log" / name).read_bytes()
     os.chmod(key_path, 0o644)
@@ -187,15 +187,22 @@ def test_thousands_of_entries(tmp_path):
     assert reopened.sth.root_hash == merkle_tree_hash(leaves)
     proof = reopened.inclusion_proof(leaf_hash(leaves[1234]))
     verify_inclusion(leaf_hash(leaves[1234]), 1234, 3000, proof.inclusion_path, reopened.sth.root_hash)
-    verify_consistency(1000, 3000, reopened.consistency_proof(1000, 3000),
-                       merkle_tree_hash(leaves[:1000]), reopened.sth.root_hash)
+    verify_consistency(
+        1000, 3000, reopened.consistency_proof(1000, 3000), merkle_tree_hash(leaves[:1000]), reopened.sth.root_hash
+    )
 
 
 def test_tree_head_json_round_trip_and_rejects_malformed(log):
     sth = log.sth
     assert SignedTreeHead.from_json(json.loads(json.dumps(sth.to_json()))) == sth
-    for bad in ({}, [], {**sth.to_json(), "tree_size": -1}, {**sth.to_json(), "root_hash": "AA=="},
-                {**sth.to_json(), "tree_size": True}, {**sth.to_json(), "signature": "!!"}):
+    for bad in (
+        {},
+        [],
+        {**sth.to_json(), "tree_size": -1},
+        {**sth.to_json(), "root_hash": "AA=="},
+        {**sth.to_json(), "tree_size": True},
+        {**sth.to_json(), "signature": "!!"},
+    ):
         with pytest.raises(TreeHeadError):
             SignedTreeHead.from_json(bad)
     forged = SignedTreeHead(sth.tree_size + 1, sth.timestamp, sth.root_hash, sth.signature)

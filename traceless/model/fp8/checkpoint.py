@@ -14,6 +14,7 @@
 A static activation scale is applied only by the GPU's FP8 matmul; the CPU path computes in the
 dequantized dtype and needs none, so dequantizing_take consumes <module>.input_scale unused.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -50,6 +51,7 @@ def _scales(take: Take, module: str, config: Fp8Config) -> tuple[torch.Tensor, t
 def dequantizing_take(take: Take, config: Fp8Config, dtype: torch.dtype) -> Take:
     """take, with every FP8 weight dequantized to dtype on the way out (the dtype decides: the
     ignore lists of published checkpoints do not always name every unquantized Linear)."""
+
     def wrapped(name: str) -> torch.Tensor | None:
         t = take(name)
         if t is None or not name.endswith(_WEIGHT):
@@ -61,6 +63,7 @@ def dequantizing_take(take: Take, config: Fp8Config, dtype: torch.dtype) -> Take
             raise ModelLoadError(f"tensor {name!r} is FP8, but the FP8 config leaves its module unquantized")
         scale, _ = _scales(take, module, config)
         return dequantize(t, scale, config, dtype)
+
     return wrapped
 
 

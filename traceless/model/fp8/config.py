@@ -25,6 +25,7 @@ quantization, sparsity, an unknown key) is refused with UnsupportedModelError na
 The loader asks `config.quantizes(module)` for each Linear (Hugging Face module names such as
 `model.layers.0.self_attn.q_proj`) and reads `config.weight_scale_name` beside its weight.
 """
+
 from __future__ import annotations
 
 import re
@@ -83,8 +84,9 @@ def parse_fp8_config(raw: dict[str, Any]) -> Fp8Config:
         return _parse_fp8(raw)
     if method == Fp8Method.COMPRESSED_TENSORS.value:
         return _parse_compressed_tensors(raw)
-    raise UnsupportedModelError(f"quantization_config.quant_method {method!r} is not supported "
-                                "(fp8, compressed-tensors)")
+    raise UnsupportedModelError(
+        f"quantization_config.quant_method {method!r} is not supported (fp8, compressed-tensors)"
+    )
 
 
 def _refuse(field: str, value: object, allowed: str) -> UnsupportedModelError:
@@ -102,8 +104,19 @@ _FP8_DEFAULTS = {"dequantize": False, "scale_fmt": "float", "expert_dtype": "fp8
 
 
 def _parse_fp8(raw: dict[str, Any]) -> Fp8Config:
-    _check_keys(raw, "", {"quant_method", "activation_scheme", "weight_block_size", "ignored_layers",
-                          "modules_to_not_convert", "fmt", *_FP8_DEFAULTS})
+    _check_keys(
+        raw,
+        "",
+        {
+            "quant_method",
+            "activation_scheme",
+            "weight_block_size",
+            "ignored_layers",
+            "modules_to_not_convert",
+            "fmt",
+            *_FP8_DEFAULTS,
+        },
+    )
     for key, default in _FP8_DEFAULTS.items():
         if key in raw and raw[key] != default:
             raise _refuse(key, raw[key], f"{default!r} only")
@@ -120,8 +133,13 @@ def _parse_fp8(raw: dict[str, Any]) -> Fp8Config:
         if activations is not ActivationScheme.DYNAMIC:
             raise _refuse("activation_scheme", scheme, "dynamic only with weight_block_size")
     ignore = _string_list(raw, "ignored_layers") + _string_list(raw, "modules_to_not_convert")
-    return Fp8Config(method=Fp8Method.FP8, weight_scales=WeightScales.BLOCK if block else WeightScales.TENSOR,
-                     activations=activations, block=(block[0], block[1]) if block else None, ignore=ignore)
+    return Fp8Config(
+        method=Fp8Method.FP8,
+        weight_scales=WeightScales.BLOCK if block else WeightScales.TENSOR,
+        activations=activations,
+        block=(block[0], block[1]) if block else None,
+        ignore=ignore,
+    )
 
 
 def _string_list(raw: dict[str, Any], key: str) -> tuple[str, ...]:
@@ -133,10 +151,30 @@ def _string_list(raw: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-_CT_KEYS = {"quant_method", "format", "config_groups", "ignore", "kv_cache_scheme", "quantization_status",
-            "global_compression_ratio", "sparsity_config", "transform_config", "version"}
-_ARGS_KEYS = {"num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic", "actorder",
-              "observer", "observer_kwargs"}
+_CT_KEYS = {
+    "quant_method",
+    "format",
+    "config_groups",
+    "ignore",
+    "kv_cache_scheme",
+    "quantization_status",
+    "global_compression_ratio",
+    "sparsity_config",
+    "transform_config",
+    "version",
+}
+_ARGS_KEYS = {
+    "num_bits",
+    "type",
+    "symmetric",
+    "group_size",
+    "strategy",
+    "block_structure",
+    "dynamic",
+    "actorder",
+    "observer",
+    "observer_kwargs",
+}
 
 
 def _parse_compressed_tensors(raw: dict[str, Any]) -> Fp8Config:
@@ -155,8 +193,12 @@ def _parse_compressed_tensors(raw: dict[str, Any]) -> Fp8Config:
     if len(parsed) != 1:
         raise UnsupportedModelError("quantization_config.config_groups differ from one another (one scheme only)")
     weight_scales, activations = parsed.pop()
-    return Fp8Config(method=Fp8Method.COMPRESSED_TENSORS, weight_scales=weight_scales, activations=activations,
-                     ignore=_string_list(raw, "ignore"))
+    return Fp8Config(
+        method=Fp8Method.COMPRESSED_TENSORS,
+        weight_scales=weight_scales,
+        activations=activations,
+        ignore=_string_list(raw, "ignore"),
+    )
 
 
 def _parse_group(name: str, group: Any) -> tuple[WeightScales, ActivationScheme]:
@@ -181,8 +223,7 @@ def _parse_group(name: str, group: Any) -> tuple[WeightScales, ActivationScheme]
     acts = _float8_args(acts, where + ".input_activations")
     want = "token" if acts["dynamic"] else "tensor"
     if acts["strategy"] != want:
-        raise _refuse(where + ".input_activations.strategy", acts["strategy"],
-                      "token when dynamic, tensor when static")
+        raise _refuse(where + ".input_activations.strategy", acts["strategy"], "token when dynamic, tensor when static")
     scheme = ActivationScheme.DYNAMIC if acts["dynamic"] else ActivationScheme.STATIC
     return WeightScales(weights["strategy"]), scheme
 

@@ -14,6 +14,7 @@ A value v is stored as q = v / s rounded to e4m3 (saturated to +-448) and read b
 s = max |v| / 448 over the group the scale covers, so the largest value of the group is exact.
 One tensor at a time: nothing here holds more than the tensor being converted.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,9 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, config: Fp8Config, dty
     """weight [N, K] float8_e4m3fn; scale as the checkpoint stores it for config.weight_scales ->
     [N, K] in dtype, computed in float32."""
     if weight.dtype != FP8 or weight.dim() != 2:
-        raise ModelLoadError(f"FP8 weight of dtype {weight.dtype} and shape {tuple(weight.shape)}, "
-                             "expected float8_e4m3fn [N, K]")
+        raise ModelLoadError(
+            f"FP8 weight of dtype {weight.dtype} and shape {tuple(weight.shape)}, expected float8_e4m3fn [N, K]"
+        )
     w = weight.float()
     if config.block is not None:  # the parser sets it exactly when weight_scales is BLOCK
         return (w * _expand_blocks(scale, weight.shape, config.block)).to(dtype)
@@ -46,8 +48,9 @@ def channel_scales(scale: torch.Tensor, config: Fp8Config, rows: int) -> torch.T
         return s.expand(rows)
     if config.weight_scales is WeightScales.CHANNEL and s.numel() == rows:
         return s
-    raise ModelLoadError(f"{config.weight_scales.value} weight scale of shape {tuple(scale.shape)} "
-                         f"for a weight of {rows} rows")
+    raise ModelLoadError(
+        f"{config.weight_scales.value} weight scale of shape {tuple(scale.shape)} for a weight of {rows} rows"
+    )
 
 
 def _expand_blocks(scale: torch.Tensor, shape: torch.Size, block: tuple[int, int]) -> torch.Tensor:
@@ -56,8 +59,10 @@ def _expand_blocks(scale: torch.Tensor, shape: torch.Size, block: tuple[int, int
     (N, K), (bn, bk) = shape, block
     want = (-(-N // bn), -(-K // bk))
     if tuple(scale.shape) != want:
-        raise ModelLoadError(f"block weight scale of shape {tuple(scale.shape)}, expected {want} "
-                             f"for a weight of {(N, K)} in blocks of {block}")
+        raise ModelLoadError(
+            f"block weight scale of shape {tuple(scale.shape)}, expected {want} "
+            f"for a weight of {(N, K)} in blocks of {block}"
+        )
     s = scale.float().repeat_interleave(bn, 0).repeat_interleave(bk, 1)
     return s[:N, :K]
 
@@ -69,8 +74,9 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return _to_fp8(w / scale[:, None]), scale
 
 
-def requantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor,
-                      block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+def requantize_blocks(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A block-wise FP8 weight -> per-channel FP8 (float8 [N, K], scales [N]), for a matmul that
     takes one scale per row. A second rounding: each element moves by at most half an e4m3 step
     of its new scale (tests/model/fp8 bound it)."""

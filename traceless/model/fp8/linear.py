@@ -12,6 +12,7 @@ path is tested against; the CPU serving path dequantizes at load instead).
 
 The per-token activation scale makes each token's result independent of the rest of the batch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,14 @@ _ALIGN = 16  # torch._scaled_mm needs K and N to be multiples of 16
 class Fp8Linear:
     __slots__ = ("weight", "weight_scale", "bias", "input_scale", "out_dtype")
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-                 input_scale: torch.Tensor | None, out_dtype: torch.dtype):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        input_scale: torch.Tensor | None,
+        out_dtype: torch.dtype,
+    ):
         N, K = weight.shape
         if weight.dtype != FP8:
             raise ModelLoadError(f"Fp8Linear weight of dtype {weight.dtype}, expected float8_e4m3fn")
@@ -35,8 +42,9 @@ class Fp8Linear:
         if tuple(weight_scale.shape) != (N,):
             raise ModelLoadError(f"Fp8Linear weight scale of shape {tuple(weight_scale.shape)}, expected {(N,)}")
         if input_scale is not None and input_scale.numel() != 1:
-            raise ModelLoadError(f"Fp8Linear static input scale of shape {tuple(input_scale.shape)}, "
-                                 "expected one value")
+            raise ModelLoadError(
+                f"Fp8Linear static input scale of shape {tuple(input_scale.shape)}, expected one value"
+            )
         if weight.is_cuda and out_dtype != torch.bfloat16:
             raise ModelLoadError(f"Fp8Linear on CUDA computes in bfloat16 (row-wise scaled FP8), not {out_dtype}")
         self.weight = weight.contiguous()  # [N, K] row-major: weight.t() is the column-major B of _scaled_mm
@@ -63,8 +71,9 @@ class Fp8Linear:
         if x.is_cuda:
             # row-wise scaling: scale_a [T, 1], scale_b [1, N], both float32, bfloat16 out; the bias
             # is added after (not every torch version takes a bias with row-wise scales)
-            y = torch._scaled_mm(q, self.weight.t(), scale_a=scale.contiguous(), scale_b=self.weight_scale,
-                                 out_dtype=self.out_dtype)
+            y = torch._scaled_mm(
+                q, self.weight.t(), scale_a=scale.contiguous(), scale_b=self.weight_scale, out_dtype=self.out_dtype
+            )
             return y if self.bias is None else y.add_(self.bias)
         return self.emulate(q, scale)
 

@@ -17,6 +17,7 @@ learned logit per head that joins each softmax's denominator and attends to noth
 by the same math written out (scores, cap * tanh(scores / cap), mask, softmax over the scores and
 the sink, the sink's share dropped), as transformers' eager attention computes it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,15 +81,22 @@ class AttentionMetadata:
 class AttentionLayer(Protocol):
     """What LlamaModel calls: PagedAttention (CPU kernel / SDPA) or TritonAttention (CUDA)."""
 
-    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata,
-                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D].
         sinks: [H] float32, the layer's attention sinks, or None."""
 
 
 class PagedAttention:
-    def __init__(self, cache: KVCache, kernels: NativeKernels | None, heads: tuple[int, int, int],
-                 windows: tuple[int, ...] = (), softcap: float | None = None):
+    def __init__(
+        self,
+        cache: KVCache,
+        kernels: NativeKernels | None,
+        heads: tuple[int, int, int],
+        windows: tuple[int, ...] = (),
+        softcap: float | None = None,
+    ):
         """windows: per layer, the keys a query sees (0: all); empty: no windows. softcap: Gemma 2's."""
         self.cache = cache
         self.kernels = kernels
@@ -96,8 +104,9 @@ class PagedAttention:
         self.windows = windows
         self.softcap = softcap or 0.0
 
-    def __call__(self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata,
-                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, layer: int, qkv: torch.Tensor, meta: AttentionMetadata, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """qkv: [T, (H + 2 H_kv) D] after RoPE, this step's K/V already in the cache -> [T, H, D].
         sinks: [H] float32, the layer's attention sinks, or None."""
         nh, nkv, d = self.heads
@@ -112,10 +121,21 @@ class PagedAttention:
                 raise RuntimeError("a short batch needs the native paged-attention kernel")
             n_short = meta.short.num_tokens
             s = meta.short
-            self.kernels.paged_attention(PagedAttentionArgs(
-                q[:n_short], self.cache.k_of(layer), self.cache.v_of(layer), s.block_tables, s.cu_q, s.context_lens,
-                out[:n_short], meta.scale, self._window(layer), self.softcap, sinks,
-            ))
+            self.kernels.paged_attention(
+                PagedAttentionArgs(
+                    q[:n_short],
+                    self.cache.k_of(layer),
+                    self.cache.v_of(layer),
+                    s.block_tables,
+                    s.cu_q,
+                    s.context_lens,
+                    out[:n_short],
+                    meta.scale,
+                    self._window(layer),
+                    self.softcap,
+                    sinks,
+                )
+            )
         if meta.long is not None:
             out[n_short:] = self._long(layer, q[n_short:], k[n_short:], v[n_short:], meta.long, meta.scale, sinks)
         return out
@@ -123,13 +143,22 @@ class PagedAttention:
     def _window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
 
-    def _long(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lb: LongBatch,
-              scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    def _long(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lb: LongBatch,
+        scale: float,
+        sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
         mask = lb.window_mask if self._window(layer) and lb.window_mask is not None else lb.mask
         if lb.num_seqs == 1 and lb.fresh:
             # One fresh prompt: causal attention over its own tokens, no padding, no gather.
-            o = self._sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, scale,
-                           sinks)
+            o = self._sdpa(
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, scale, sinks
+            )
             return o[0].transpose(0, 1)
         qp = self._pad(q, lb)  # [B, H, max_q, D]
         if lb.fresh:
@@ -143,13 +172,21 @@ class PagedAttention:
             return o[0].transpose(0, 1)
         return o.transpose(1, 2)[lb.row_seq, lb.row_pos]
 
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    def _sdpa(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """q: [B, H, Q, D]; k, v: [B, H_kv, K, D]; mask: [B, 1, Q, K] bool (True: attend) or None
         for causal over Q == K; sinks: [H] or None -> [B, H, Q, D]."""
         if not self.softcap and sinks is None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                                  enable_gqa=True)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+            )
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         s = torch.matmul(q, k.transpose(2, 3)) * scale  # [B, H, Q, K], as transformers' eager attention

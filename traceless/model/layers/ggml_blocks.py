@@ -16,6 +16,7 @@ values equal the `gguf` package's `gguf.quants.dequantize` to the bit.
 K-quant super-blocks hold 256 values; their 6-bit scales and mins are packed as `_scale_min_k4`
 unpacks them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,14 +30,22 @@ QK_K = 256
 class BlockFormat:
     name: str
     block_size: int  # values per block
-    type_size: int   # bytes per block
+    type_size: int  # bytes per block
 
 
-FORMATS = {f.name: f for f in (
-    BlockFormat("Q4_0", 32, 18), BlockFormat("Q4_1", 32, 20), BlockFormat("Q8_0", 32, 34),
-    BlockFormat("Q2_K", QK_K, 84), BlockFormat("Q3_K", QK_K, 110), BlockFormat("Q4_K", QK_K, 144),
-    BlockFormat("Q5_K", QK_K, 176), BlockFormat("Q6_K", QK_K, 210),
-)}
+FORMATS = {
+    f.name: f
+    for f in (
+        BlockFormat("Q4_0", 32, 18),
+        BlockFormat("Q4_1", 32, 20),
+        BlockFormat("Q8_0", 32, 34),
+        BlockFormat("Q2_K", QK_K, 84),
+        BlockFormat("Q3_K", QK_K, 110),
+        BlockFormat("Q4_K", QK_K, 144),
+        BlockFormat("Q5_K", QK_K, 176),
+        BlockFormat("Q6_K", QK_K, 210),
+    )
+}
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -94,9 +103,9 @@ def _q3_k(blk: torch.Tensor) -> torch.Tensor:
 
 def _scale_min_k4(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, 12] -> 8 six-bit scales and 8 six-bit mins [n, 8] each:
-         bytes 0-3:  scale j (6 low bits), top 2 bits = high bits of scale j+4
-         bytes 4-7:  min j   (6 low bits), top 2 bits = high bits of min j+4
-         bytes 8-11: low nibble = scale j+4 low bits, high nibble = min j+4 low bits"""
+    bytes 0-3:  scale j (6 low bits), top 2 bits = high bits of scale j+4
+    bytes 4-7:  min j   (6 low bits), top 2 bits = high bits of min j+4
+    bytes 8-11: low nibble = scale j+4 low bits, high nibble = min j+4 low bits"""
     n = packed.shape[0]
     d, m, md = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
     sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
@@ -140,8 +149,16 @@ def _q6_k(blk: torch.Tensor) -> torch.Tensor:
     return (dl * q).view(n, QK_K)
 
 
-_DEQUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q2_K": _q2_k, "Q3_K": _q3_k,
-            "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+_DEQUANT = {
+    "Q8_0": _q8_0,
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q2_K": _q2_k,
+    "Q3_K": _q3_k,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+}
 
 
 def dequantize(raw: torch.Tensor, fmt: str, shape: tuple[int, int]) -> torch.Tensor:

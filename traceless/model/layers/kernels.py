@@ -5,6 +5,7 @@ Python extension module: we find its file with `find_spec` and open it with ctyp
 imported first so that the library's libgomp.so.1 resolves to torch's already-loaded copy and both
 share one OpenMP thread pool.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -131,34 +132,69 @@ class NativeKernels:
     def paged_attention(self, a: PagedAttentionArgs) -> None:
         num_seqs, max_blocks = a.block_tables.shape
         _, num_kv_heads, block_size, head_dim = a.v_cache.shape
-        shape = _AttnShape(num_seqs, a.q.shape[1], num_kv_heads, head_dim, block_size, max_blocks, a.scale,
-                           a.q.stride(0), a.window, a.softcap, None if a.sinks is None else a.sinks.data_ptr())
+        shape = _AttnShape(
+            num_seqs,
+            a.q.shape[1],
+            num_kv_heads,
+            head_dim,
+            block_size,
+            max_blocks,
+            a.scale,
+            a.q.stride(0),
+            a.window,
+            a.softcap,
+            None if a.sinks is None else a.sinks.data_ptr(),
+        )
         rc = self._attn[a.q.dtype](
             ctypes.byref(shape),
-            a.q.data_ptr(), a.k_cache.data_ptr(), a.v_cache.data_ptr(),
-            a.block_tables.data_ptr(), a.cu_q.data_ptr(), a.context_lens.data_ptr(), a.out.data_ptr(),
+            a.q.data_ptr(),
+            a.k_cache.data_ptr(),
+            a.v_cache.data_ptr(),
+            a.block_tables.data_ptr(),
+            a.cu_q.data_ptr(),
+            a.context_lens.data_ptr(),
+            a.out.data_ptr(),
         )
         if rc != 0:
             raise MemoryError("paged attention could not allocate its scratch memory")
 
-    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
-                     eps: float) -> None:
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float
+    ) -> None:
         """x += delta (when given), then out = rms_norm(x) * weight. x, delta, out: [T, H] contiguous."""
         rows, h = x.shape
-        self._norm[x.dtype](x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
-                            out.data_ptr(), rows, h, eps)
+        self._norm[x.dtype](
+            x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, h, eps
+        )
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
         """out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""
         rows, i = out.shape
         self._silu[out.dtype](gate_up.data_ptr(), out.data_ptr(), rows, i)
 
-    def rope_cache(self, qkv: torch.Tensor, heads: tuple[int, int, int], cos: torch.Tensor, sin: torch.Tensor,
-                   positions: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
-                   v_cache: torch.Tensor) -> None:
+    def rope_cache(
+        self,
+        qkv: torch.Tensor,
+        heads: tuple[int, int, int],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        slots: tuple[torch.Tensor, torch.Tensor],
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> None:
         """RoPE in place on the q and k parts of qkv [T, (nh + 2 nkv) D], then k, v into the cache.
         heads = (nh, nkv, D); cos/sin float32 [P, D/2]; positions, slot blocks/offsets int64 [T]."""
         nh, nkv, d = heads
         shape = _RopeShape(qkv.shape[0], nh, nkv, d, v_cache.shape[2])
-        self._rope[qkv.dtype](ctypes.byref(shape), qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
-                              slots[0].data_ptr(), slots[1].data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
+        self._rope[qkv.dtype](
+            ctypes.byref(shape),
+            qkv.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            positions.data_ptr(),
+            slots[0].data_ptr(),
+            slots[1].data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+        )

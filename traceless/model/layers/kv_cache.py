@@ -7,6 +7,7 @@ Slot s of a block is token (s % block_size) of block (s // block_size). The firs
 one layer per slot: every layer for a model of one attention kind; with local and global layers,
 the layers of one KV group (model/kv_groups.py), whose block table says which blocks are its own.
 """
+
 from __future__ import annotations
 
 import torch
@@ -100,7 +101,8 @@ class KVCache:
         found: set[int] = set()
         for start in range(0, self.num_blocks, chunk):
             end = min(start + chunk, self.num_blocks)
-            used = (self.k[:, start:end].ne(0).flatten(2).any(-1).any(0)
-                    | self.v[:, start:end].ne(0).flatten(2).any(-1).any(0))
+            used = self.k[:, start:end].ne(0).flatten(2).any(-1).any(0) | self.v[:, start:end].ne(0).flatten(2).any(
+                -1
+            ).any(0)
             found.update(start + int(i) for i in torch.nonzero(used).flatten().tolist())
         return found

@@ -11,6 +11,7 @@
 
 Every matmul of the model goes through `Linear`, which is built from the weight alone.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -21,7 +22,6 @@ import torch.nn.functional as F
 from traceless.model.layers.quant import QuantTensor, cat_rows, weight_nbytes
 
 __all__ = ["Linear", "QuantTensor", "cat_rows", "embedding", "weight_nbytes"]
-
 
 
 @lru_cache(maxsize=1)
@@ -64,11 +64,11 @@ class _Quant:
         col = 0
         for p, bound in zip(self.parts, self.bound):
             n = p.shape[0]
-            bias = None if self.bias is None else self.bias[col:col + n]
+            bias = None if self.bias is None else self.bias[col : col + n]
             if bound is not None:
                 bound(x if x.dtype == torch.float32 else x.float(), y, col, None if bias is None else bias.data_ptr())
             else:
-                y[:, col:col + n] = F.linear(x.to(p.dtype), p, None if bias is None else bias.to(p.dtype))
+                y[:, col : col + n] = F.linear(x.to(p.dtype), p, None if bias is None else bias.to(p.dtype))
             col += n
         return y
 

@@ -24,6 +24,7 @@ where a row falls in a vector loop).
 Weights are stacked per layer (MoEWeights): gate_up [E, 2I, H] with the gate's rows first, down
 [E, H, I], each expert's matrices laid out as a torch Linear weight (out, in).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -91,8 +92,13 @@ class MoEWeights:
         """Raises ModelLoadError naming the first tensor whose shape does not fit the config."""
         E, H, inter = config.router.num_experts, config.hidden_size, config.intermediate_size
         bias = config.expert_bias
-        want = {"router": (E, H), "gate_up": (E, 2 * inter, H), "down": (E, H, inter),
-                "gate_up_bias": (E, 2 * inter) if bias else None, "down_bias": (E, H) if bias else None}
+        want = {
+            "router": (E, H),
+            "gate_up": (E, 2 * inter, H),
+            "down": (E, H, inter),
+            "gate_up_bias": (E, 2 * inter) if bias else None,
+            "down_bias": (E, H) if bias else None,
+        }
         for name, shape in want.items():
             t = getattr(self, name)
             if shape is None and t is not None:
@@ -104,8 +110,9 @@ class MoEWeights:
             raise ModelLoadError(f"MoE tensor 'router_bias' has shape {tuple(self.router_bias.shape)}, expected {(E,)}")
 
 
-def stack_experts(gates: list[torch.Tensor], ups: list[torch.Tensor],
-                  downs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def stack_experts(
+    gates: list[torch.Tensor], ups: list[torch.Tensor], downs: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-expert checkpoint matrices (Mixtral's w1/w3/w2, Qwen3-MoE's gate/up/down_proj: gate and
     up [I, H], down [H, I]) -> (gate_up [E, 2I, H], down [E, H, I])."""
     gate_up = torch.stack([torch.cat([g, u]) for g, u in zip(gates, ups, strict=True)])

@@ -10,6 +10,7 @@ buffer. Routing is dropless and batch-invariant: no capacity factor, no token is
 a token's experts and weights are a function of its own logits row only, so a request's output
 never depends on which other requests share its batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class ExpertGroups:
     """Pairs sorted by expert (stable: token order within an expert).
     order: [T * k] pair ids; counts: pairs per expert, a Python list of E ints (the CPU path
     slices runs with it; reading it is the one host synchronization of the grouping)."""
+
     order: torch.Tensor
     counts: list[int]
 
@@ -91,6 +93,7 @@ class AlignedPairs:
         sorted_pairs   | e0 e0 e0 -- | e2 e2 e2 e2 | e2 -- -- -- | e5 -- -- -- | unused ...
         block_expert   |      0      |      2      |      2      |      5      |
     """
+
     sorted_pairs: torch.Tensor
     block_expert: torch.Tensor
     num_padded: torch.Tensor
@@ -119,5 +122,9 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedPai
     sorted_pairs[dest] = order.to(torch.int32)
     tile_start = torch.arange(0, capacity, block_m, device=device)
     block_expert = torch.searchsorted(pad_end, tile_start, right=True).clamp_(max=num_experts - 1)
-    return AlignedPairs(sorted_pairs=sorted_pairs, block_expert=block_expert.to(torch.int32),
-                        num_padded=pad_end[-1:].to(torch.int32), block_m=block_m)
+    return AlignedPairs(
+        sorted_pairs=sorted_pairs,
+        block_expert=block_expert.to(torch.int32),
+        num_padded=pad_end[-1:].to(torch.int32),
+        block_m=block_m,
+    )

@@ -19,6 +19,7 @@ The tile sizes are constants, never chosen from T: a row's dot products then run
 instructions in the same order whatever else is in the batch, which keeps the block
 batch-invariant on the GPU too. Runs on a CPU under TRITON_INTERPRET=1 (how the tests check it).
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,11 +35,29 @@ BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64  # constants: see the module's note on ba
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, w_ptr, bias_ptr, c_ptr, pair_weight_ptr, sorted_pairs_ptr, block_expert_ptr, num_padded_ptr,
-    N, K, num_pairs, a_row_div,
-    stride_am, stride_we, stride_wn, stride_be, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, PRECISION: tl.constexpr,
+    a_ptr,
+    w_ptr,
+    bias_ptr,
+    c_ptr,
+    pair_weight_ptr,
+    sorted_pairs_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    N,
+    K,
+    num_pairs,
+    a_row_div,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_be,
+    stride_cm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MUL_WEIGHT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One program: tile pid_m of sorted pairs (all of expert e), output columns of tile pid_n.
     c[p, n] = sum_k a[p // a_row_div, k] w[e, n, k] (+ bias[e, n]) (* pair_weight[p]).
@@ -58,10 +77,14 @@ def _grouped_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ks_ok = ks < K
-        a = tl.load(a_ptr + a_row[:, None] * stride_am + ks[None, :],
-                    mask=valid[:, None] & ks_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
-        w = tl.load(w_ptr + expert * stride_we + cols[None, :] * stride_wn + ks[:, None],
-                    mask=ks_ok[:, None] & cols_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        a = tl.load(
+            a_ptr + a_row[:, None] * stride_am + ks[None, :], mask=valid[:, None] & ks_ok[None, :], other=0.0
+        )  # [BLOCK_M, BLOCK_K]
+        w = tl.load(
+            w_ptr + expert * stride_we + cols[None, :] * stride_wn + ks[:, None],
+            mask=ks_ok[:, None] & cols_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_K, BLOCK_N]
         acc += tl.dot(a, w, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_be + cols, mask=cols_ok, other=0.0).to(tl.float32)[None, :]
@@ -84,8 +107,15 @@ def _combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK_H: tl.constexp
         tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def grouped_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, aligned: AlignedPairs,
-                 out: torch.Tensor, a_row_div: int, pair_weights: torch.Tensor | None = None) -> None:
+def grouped_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    aligned: AlignedPairs,
+    out: torch.Tensor,
+    a_row_div: int,
+    pair_weights: torch.Tensor | None = None,
+) -> None:
     """out[p] = a[p // a_row_div] @ w[e(p)]^T (+ bias[e(p)]) (* pair_weights[p]) for every pair p.
     a: [rows, K] contiguous rows; w: [E, N, K]; bias: [E, N]; out: [P, N]; pair_weights: [P] float32."""
     P, N = out.shape
@@ -94,12 +124,28 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, al
         raise ValueError("grouped_gemm needs rows contiguous in their last dimension")
     grid = (aligned.block_expert.numel(), triton.cdiv(N, BLOCK_N))
     _grouped_gemm_kernel[grid](
-        a, w, bias if bias is not None else w, out, pair_weights if pair_weights is not None else out,
-        aligned.sorted_pairs, aligned.block_expert, aligned.num_padded,
-        N, K, P, a_row_div,
-        a.stride(0), w.stride(0), w.stride(1), bias.stride(0) if bias is not None else 0, out.stride(0),
-        BLOCK_M=aligned.block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        HAS_BIAS=bias is not None, MUL_WEIGHT=pair_weights is not None,
+        a,
+        w,
+        bias if bias is not None else w,
+        out,
+        pair_weights if pair_weights is not None else out,
+        aligned.sorted_pairs,
+        aligned.block_expert,
+        aligned.num_padded,
+        N,
+        K,
+        P,
+        a_row_div,
+        a.stride(0),
+        w.stride(0),
+        w.stride(1),
+        bias.stride(0) if bias is not None else 0,
+        out.stride(0),
+        BLOCK_M=aligned.block_m,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        HAS_BIAS=bias is not None,
+        MUL_WEIGHT=pair_weights is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
     )
 

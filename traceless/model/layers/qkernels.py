@@ -4,6 +4,7 @@ Instruction sets: `Isa.AVX512` (AVX-512 VNNI int8 dot products), `Isa.AVX2` (AVX
 `Isa.PORTABLE` (plain C). `QuantKernels.isa` is the best one this CPU has, capped by
 TRACELESS_CPU_ISA=avx2|portable; a call may ask for any lower one (the tests run every path).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -24,8 +25,7 @@ class Isa(IntEnum):
 
 
 class _QShape(ctypes.Structure):
-    _fields_ = [("fmt", ctypes.c_int), ("rows", ctypes.c_long), ("cols", ctypes.c_long),
-                ("row_bytes", ctypes.c_long)]
+    _fields_ = [("fmt", ctypes.c_int), ("rows", ctypes.c_long), ("cols", ctypes.c_long), ("row_bytes", ctypes.c_long)]
 
 
 def _shape(w: QuantTensor) -> _QShape:
@@ -46,8 +46,14 @@ class QuantKernels:
     def load(cls) -> QuantKernels:
         return cls(NativeKernels.load())
 
-    def matmul(self, x: torch.Tensor, w: QuantTensor, out: torch.Tensor, bias: torch.Tensor | None = None,
-               isa: Isa | None = None) -> None:
+    def matmul(
+        self,
+        x: torch.Tensor,
+        w: QuantTensor,
+        out: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        isa: Isa | None = None,
+    ) -> None:
         """out[T, N] (a column slice of a wider row-major matrix is fine) = x[T, K] W^T + bias.
         x: float32 or bfloat16, contiguous; bias: float32 [N] or None."""
         T, K = x.shape
@@ -58,9 +64,18 @@ class QuantKernels:
         if bias is not None and (bias.dtype != torch.float32 or bias.numel() != w.shape[0]):
             raise ValueError("bias must be float32 [N]")
         shape = _shape(w)
-        rc = self._matmul(ctypes.byref(shape), w.blocks.data_ptr(), x.data_ptr(), T, int(x.dtype == torch.bfloat16),
-                          out.data_ptr(), out.stride(0), int(out.dtype == torch.bfloat16),
-                          None if bias is None else bias.data_ptr(), int(self.isa if isa is None else isa))
+        rc = self._matmul(
+            ctypes.byref(shape),
+            w.blocks.data_ptr(),
+            x.data_ptr(),
+            T,
+            int(x.dtype == torch.bfloat16),
+            out.data_ptr(),
+            out.stride(0),
+            int(out.dtype == torch.bfloat16),
+            None if bias is None else bias.data_ptr(),
+            int(self.isa if isa is None else isa),
+        )
         if rc == 1:
             raise MemoryError("quantized matmul could not allocate its scratch memory")
         if rc != 0:
@@ -84,8 +99,14 @@ class QuantKernels:
             raise ValueError("dequantized rows are float32 or bfloat16")
         out = torch.empty(n, w.shape[1], dtype=dtype)
         shape = _shape(w)
-        rc = self._dequant(ctypes.byref(shape), w.blocks.data_ptr(), None if ids is None else ids.data_ptr(), n,
-                           out.data_ptr(), int(dtype == torch.bfloat16))
+        rc = self._dequant(
+            ctypes.byref(shape),
+            w.blocks.data_ptr(),
+            None if ids is None else ids.data_ptr(),
+            n,
+            out.data_ptr(),
+            int(dtype == torch.bfloat16),
+        )
         if rc == 1:
             raise MemoryError("dequantization could not allocate its scratch memory")
         if rc != 0:
@@ -106,11 +127,27 @@ class BoundMatmul:
         self.rows, self.cols = w.shape
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, col: int, bias_ptr: int | None) -> None:
-        if x.dtype != torch.float32 or y.dtype != torch.float32 or x.shape[1] != self.cols \
-                or not x.is_contiguous() or col + self.rows > y.shape[1] or y.stride(1) != 1:
+        if (
+            x.dtype != torch.float32
+            or y.dtype != torch.float32
+            or x.shape[1] != self.cols
+            or not x.is_contiguous()
+            or col + self.rows > y.shape[1]
+            or y.stride(1) != 1
+        ):
             raise ValueError(f"quantized matmul of {tuple(x.shape)} by {self._w.shape}")
-        rc = self._fn(self._ref, self._ptr, x.data_ptr(), x.shape[0], 0, y.data_ptr() + 4 * col, y.stride(0), 0,
-                      bias_ptr, self._isa)
+        rc = self._fn(
+            self._ref,
+            self._ptr,
+            x.data_ptr(),
+            x.shape[0],
+            0,
+            y.data_ptr() + 4 * col,
+            y.stride(0),
+            0,
+            bias_ptr,
+            self._isa,
+        )
         if rc == 1:
             raise MemoryError("quantized matmul could not allocate its scratch memory")
         if rc != 0:

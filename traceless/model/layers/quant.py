@@ -14,6 +14,7 @@ value changes).
 Quantizing at load follows llama.cpp's reference quantizers (ggml-quants.c) step by step, so a
 checkpoint quantized here holds the blocks `gguf.quants.quantize` would write.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ def _block_format(fmt: QFormat) -> tuple[int, int]:
 class QuantTensor:
     fmt: QFormat
     shape: tuple[int, int]  # [rows, cols] of the matrix it codes
-    blocks: torch.Tensor    # uint8 [rows, row_bytes], CPU, contiguous
+    blocks: torch.Tensor  # uint8 [rows, row_bytes], CPU, contiguous
 
     def __post_init__(self) -> None:
         block_size, type_size = _block_format(self.fmt)
@@ -97,7 +98,7 @@ def to_kernel_layout(w: QuantTensor) -> QuantTensor:
         return w
     rows, sz, nb = w.shape[0], FORMATS[w.fmt.name].type_size, w.shape[1] // 32
     blk = w.blocks.reshape(rows, -1, sz)
-    codes = blk[:, :, sz - 16:].reshape(rows, -1)[:, _interleave_order(nb)]
+    codes = blk[:, :, sz - 16 :].reshape(rows, -1)[:, _interleave_order(nb)]
     parts = [codes, blk[:, :, 0:2]] + ([blk[:, :, 2:4]] if w.fmt == QFormat.Q4_1 else [])
     return QuantTensor(_ROWS_OF[w.fmt], w.shape, torch.cat([p.reshape(rows, -1) for p in parts], dim=1))
 
@@ -109,9 +110,9 @@ def ggml_blocks(w: QuantTensor) -> QuantTensor:
     base = _BASE_OF[w.fmt]
     rows, nb = w.shape[0], w.shape[1] // 32
     codes = torch.empty(rows, 16 * nb, dtype=torch.uint8)
-    codes[:, _interleave_order(nb)] = w.blocks[:, :16 * nb]
+    codes[:, _interleave_order(nb)] = w.blocks[:, : 16 * nb]
     codes = codes.reshape(rows, nb, 16)
-    scales = w.blocks[:, 16 * nb:].reshape(rows, -1, nb, 2).transpose(1, 2).reshape(rows, nb, -1)
+    scales = w.blocks[:, 16 * nb :].reshape(rows, -1, nb, 2).transpose(1, 2).reshape(rows, nb, -1)
     return QuantTensor(base, w.shape, torch.cat([scales, codes], dim=2).reshape(rows, -1))
 
 

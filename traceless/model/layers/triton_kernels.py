@@ -11,6 +11,7 @@ The KV cache keeps the CPU layout (kv_cache.py): per block and KV head, K is one
 [D, BS] tile (already transposed for Q K^T) and V one contiguous [BS, D] tile, so the attention
 kernel reads both in place through the block table: no gather, no padding.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,9 +26,30 @@ def _softcap(s, cap):
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, scale, k_stride_b, v_stride_b,
-                 window, softcap, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr):
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_ptr,
+    v_ptr,
+    tbl_ptr,
+    start,
+    kv_end,
+    scale,
+    k_stride_b,
+    v_stride_b,
+    window,
+    softcap,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
     """Keys [start, start + BLOCK_N) of one sequence and KV head into the running softmax (acc
     [BLOCK_M, D_PAD], m_i, l_i [BLOCK_M]). start is a multiple of BLOCK_N (so of BS): a tile is
     BLOCK_N // BS whole blocks, and the offset of key n in its block is n % BS, known at compile
@@ -84,12 +106,41 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, k_ptr, v_ptr, tbl_ptr, start, kv_end, 
 
 @triton.jit(do_not_specialize=["tables_stride", "T", "window"])
 def _paged_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, cu_q_ptr, ctx_ptr, scale,
-    q_stride_t, q_stride_h, o_stride_t, o_stride_h, k_stride_b, k_stride_h, v_stride_b, v_stride_h, tables_stride,
-    part_ptr, ml_ptr, T, H, window, sinks_ptr, softcap,
-    G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    SPLITS: tl.constexpr, SINKS: tl.constexpr, SOFTCAP: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    tables_ptr,
+    cu_q_ptr,
+    ctx_ptr,
+    scale,
+    q_stride_t,
+    q_stride_h,
+    o_stride_t,
+    o_stride_h,
+    k_stride_b,
+    k_stride_h,
+    v_stride_b,
+    v_stride_h,
+    tables_stride,
+    part_ptr,
+    ml_ptr,
+    T,
+    H,
+    window,
+    sinks_ptr,
+    softcap,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """One program: sequence b, query tokens [qt * BLOCK_Q, (qt + 1) * BLOCK_Q) of it, KV head g
     with its G query heads. Rows of the tile are (token, head) pairs: row r = token r // G, head
@@ -121,8 +172,11 @@ def _paged_attention_kernel(
     row_ok = (rows < BLOCK_Q * G) & (tok < q_len)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
-    q = tl.load(q_ptr + (q_begin + tok)[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, D_PAD]
+    q = tl.load(
+        q_ptr + (q_begin + tok)[:, None] * q_stride_t + head[:, None] * q_stride_h + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_M, D_PAD]
     q_pos = first_pos + tok
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -145,17 +199,80 @@ def _paged_attention_kernel(
     k_base = k_ptr + g * k_stride_h
     v_base = v_ptr + g * v_stride_h
     for start in range(kv_lo, lo_end, BLOCK_N):  # the window's lower edge
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, window, softcap, D, D_PAD, BS, BLOCK_N, PRECISION,
-                                     True, SOFTCAP)
+        acc, m_i, l_i = _attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            k_base,
+            v_base,
+            tbl_ptr,
+            start,
+            kv_end,
+            scale,
+            k_stride_b,
+            v_stride_b,
+            window,
+            softcap,
+            D,
+            D_PAD,
+            BS,
+            BLOCK_N,
+            PRECISION,
+            True,
+            SOFTCAP,
+        )
     for start in range(lo_end, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, window, softcap, D, D_PAD, BS, BLOCK_N, PRECISION,
-                                     False, SOFTCAP)
+        acc, m_i, l_i = _attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            k_base,
+            v_base,
+            tbl_ptr,
+            start,
+            kv_end,
+            scale,
+            k_stride_b,
+            v_stride_b,
+            window,
+            softcap,
+            D,
+            D_PAD,
+            BS,
+            BLOCK_N,
+            PRECISION,
+            False,
+            SOFTCAP,
+        )
     for start in range(full_end, kv_end, BLOCK_N):  # the causal diagonal and the last partial tile
-        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, q_pos, k_base, v_base, tbl_ptr, start, kv_end, scale,
-                                     k_stride_b, v_stride_b, window, softcap, D, D_PAD, BS, BLOCK_N, PRECISION,
-                                     True, SOFTCAP)
+        acc, m_i, l_i = _attend_tile(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            k_base,
+            v_base,
+            tbl_ptr,
+            start,
+            kv_end,
+            scale,
+            k_stride_b,
+            v_stride_b,
+            window,
+            softcap,
+            D,
+            D_PAD,
+            BS,
+            BLOCK_N,
+            PRECISION,
+            True,
+            SOFTCAP,
+        )
     if SPLITS == 1:
         if SINKS:
             sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0)
@@ -164,8 +281,11 @@ def _paged_attention_kernel(
             l_i = l_i * alpha + tl.exp(sink - m_fin)
             acc = acc * alpha[:, None]
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + (q_begin + tok)[:, None] * o_stride_t + head[:, None] * o_stride_h + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(
+            o_ptr + (q_begin + tok)[:, None] * o_stride_t + head[:, None] * o_stride_h + d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
     else:
         # part: [SPLITS, T, H, D_PAD] float32; ml: [SPLITS, T, H, 2] (running max, sum)
         row = (split * T + q_begin + tok).to(tl.int64) * H + head
@@ -175,8 +295,20 @@ def _paged_attention_kernel(
 
 
 @triton.jit(do_not_specialize=["T"])
-def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h, sinks_ptr,
-                    D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, SINKS: tl.constexpr):
+def _combine_kernel(
+    part_ptr,
+    ml_ptr,
+    o_ptr,
+    T,
+    H,
+    o_stride_t,
+    o_stride_h,
+    sinks_ptr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SINKS: tl.constexpr,
+):
     """One (token, head): merge the splits' partial softmax sums (and the head's sink: one more
     term of the denominator). A row with no key at all (a padding sequence of a captured batch)
     comes out zero."""
@@ -201,10 +333,21 @@ def _combine_kernel(part_ptr, ml_ptr, o_ptr, T, H, o_stride_t, o_stride_h, sinks
     tl.store(o_ptr + t * o_stride_t + h * o_stride_h + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-                    tables: torch.Tensor, cu_q: torch.Tensor, ctx_lens: torch.Tensor, scale: float,
-                    max_q: int, num_sms: int = 0, window: int = 0, sinks: torch.Tensor | None = None,
-                    softcap: float | None = None) -> None:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    tables: torch.Tensor,
+    cu_q: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    scale: float,
+    max_q: int,
+    num_sms: int = 0,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
+) -> None:
     """q: [T, H, D] (strided view); k_cache: [blocks, H_kv, D, BS]; v_cache: [blocks, H_kv, BS, D];
     out: [T, H, D]; tables: [B, W] int32; cu_q: [B + 1] int32; ctx_lens: [B] int32 (keys of each
     sequence, its new tokens included; its queries are the last cu_q[b + 1] - cu_q[b] positions).
@@ -231,19 +374,59 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if splits > 1:
         part, ml = split_workspace(splits, T, H, d_pad, q.device)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, tables, cu_q, ctx_lens, scale,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), tables.stride(0),
-        part, ml, T, H, window, out if sinks is None else sinks, softcap or 0.0,
-        G=G, D=D, D_PAD=d_pad, BS=BS, BLOCK_Q=block_q, BLOCK_M=block_m,
-        BLOCK_N=max(64, BS), PRECISION=precision, SPLITS=splits, SINKS=sinks is not None,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        tables,
+        cu_q,
+        ctx_lens,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        tables.stride(0),
+        part,
+        ml,
+        T,
+        H,
+        window,
+        out if sinks is None else sinks,
+        softcap or 0.0,
+        G=G,
+        D=D,
+        D_PAD=d_pad,
+        BS=BS,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_N=max(64, BS),
+        PRECISION=precision,
+        SPLITS=splits,
+        SINKS=sinks is not None,
         SOFTCAP=bool(softcap),
         num_warps=8 if block_m >= 64 else 4,  # a 64-row tile in 4 warps needs ~250 registers a thread
     )
     if splits > 1:
         # (part and ml are zeroed with the rest of free device memory at the step's sweep)
-        _combine_kernel[(T, H)](part, ml, out, T, H, out.stride(0), out.stride(1), out if sinks is None else sinks,
-                                D=D, D_PAD=d_pad, SPLITS=splits, SINKS=sinks is not None)
+        _combine_kernel[(T, H)](
+            part,
+            ml,
+            out,
+            T,
+            H,
+            out.stride(0),
+            out.stride(1),
+            out if sinks is None else sinks,
+            D=D,
+            D_PAD=d_pad,
+            SPLITS=splits,
+            SINKS=sinks is not None,
+        )
 
 
 def split_workspace(splits: int, T: int, H: int, d_pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,12 +466,22 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, N, eps, HAS_DELTA: tl
     tl.store(out_ptr + row * N + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
-                 eps: float) -> None:
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float
+) -> None:
     """x, delta, out: [T, N] contiguous; weight: [N]."""
     T, N = x.shape
-    _add_rms_norm_kernel[(T,)](x, x if delta is None else delta, weight, out, N, eps,
-                               HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(N), num_warps=8)
+    _add_rms_norm_kernel[(T,)](
+        x,
+        x if delta is None else delta,
+        weight,
+        out,
+        N,
+        eps,
+        HAS_DELTA=delta is not None,
+        BLOCK=triton.next_power_of_2(N),
+        num_warps=8,
+    )
 
 
 @triton.jit
@@ -310,10 +503,27 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
 
 
 @triton.jit
-def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, k_ptr, v_ptr, qkv_stride,
-                       k_stride_b, k_stride_h, v_stride_b, v_stride_h,
-                       NH: tl.constexpr, NKV: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                       NH_PAD: tl.constexpr, BS: tl.constexpr):
+def _rope_cache_kernel(
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    blk_ptr,
+    off_ptr,
+    k_ptr,
+    v_ptr,
+    qkv_stride,
+    k_stride_b,
+    k_stride_h,
+    v_stride_b,
+    v_stride_h,
+    NH: tl.constexpr,
+    NKV: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    NH_PAD: tl.constexpr,
+    BS: tl.constexpr,
+):
     """One token: rotate-half RoPE in place on its q and k heads; k and v into the cache at its
     slot. A slot with a negative block (padding of a captured batch) is not written."""
     t = tl.program_id(0).to(tl.int64)
@@ -349,17 +559,39 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, blk_ptr, off_ptr, k_p
         tl.store(vdst + HALF, tl.load(vsrc + HALF, mask=vmask, other=0.0), mask=vmask)
 
 
-def rope_cache(qkv: torch.Tensor, heads: tuple[int, int, int], cos: torch.Tensor, sin: torch.Tensor,
-               positions: torch.Tensor, slots: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
-               v_cache: torch.Tensor) -> None:
+def rope_cache(
+    qkv: torch.Tensor,
+    heads: tuple[int, int, int],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    slots: tuple[torch.Tensor, torch.Tensor],
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> None:
     """qkv: [T, (H + 2 H_kv) D] (rows contiguous); cos, sin: [P, D / 2] float32; positions,
     slots: [T] each; k_cache: [blocks, H_kv, D, BS]; v_cache: [blocks, H_kv, BS, D]."""
     nh, nkv, d = heads
     T = qkv.shape[0]
     half = d // 2
     _rope_cache_kernel[(T,)](
-        qkv, cos, sin, positions, slots[0], slots[1], k_cache, v_cache, qkv.stride(0),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        NH=nh, NKV=nkv, HALF=half, HALF_PAD=triton.next_power_of_2(half),
-        NH_PAD=triton.next_power_of_2(nh + nkv), BS=k_cache.shape[3],
+        qkv,
+        cos,
+        sin,
+        positions,
+        slots[0],
+        slots[1],
+        k_cache,
+        v_cache,
+        qkv.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        NH=nh,
+        NKV=nkv,
+        HALF=half,
+        HALF_PAD=triton.next_power_of_2(half),
+        NH_PAD=triton.next_power_of_2(nh + nkv),
+        BS=k_cache.shape[3],
     )

@@ -7,6 +7,7 @@
 A setting that one mode cannot apply is refused here (ShapeConflictError), never ignored: the
 server's per-event stream padding pads chunks only when nothing else fixes their sizes (shape off).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,11 +29,13 @@ def check_compatible(policy: ShapePolicy, stream_padding: int) -> None:
     if stream_padding and policy.on:
         raise ShapeConflictError(
             "stream padding applies with shape off only: with size buckets every whole response and "
-            "every chunk already has a size fixed by the bucket table, so there is nothing left to pad")
+            "every chunk already has a size fixed by the bucket table, so there is nothing left to pad"
+        )
 
 
-def framer_for(policy: ShapePolicy, stream_padding: int, max_model_len: int,
-               defer_idle: Callable[[float], None] | None = None) -> Framer:
+def framer_for(
+    policy: ShapePolicy, stream_padding: int, max_model_len: int, defer_idle: Callable[[float], None] | None = None
+) -> Framer:
     """The framer of `policy` (and, with shape off, the server's stream padding in bytes);
     `defer_idle` holds the engine's idle work off while a paced stream is open."""
     check_compatible(policy, stream_padding)

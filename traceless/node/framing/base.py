@@ -5,6 +5,7 @@ leaves the node: an encapsulated whole response (message/ohttp-res) or a chunked
 (message/ohttp-chunked-res). What the hops may learn of a response's size and timing is decided
 here and nowhere else; one framer per shape mode (framing/__init__.py chooses it once).
 """
+
 from __future__ import annotations
 
 import asyncio

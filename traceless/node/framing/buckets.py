@@ -4,6 +4,7 @@ A whole response's binary HTTP message is zero-padded to its size bucket (RFC 92
 chunked one sends one chunk per event as it comes, each padded to its size bucket, the head and
 the final chunk filled out to STREAM_CHUNK.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,12 +25,18 @@ class BucketFramer(Framer):
 
     async def stream(self, ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], req: Arrival) -> StreamingResponse:
         got = await resolved(inner)  # timings are not hidden in this mode: the head leaves when it is known
-        return StreamingResponse(bucketed(ctx, got.status, got.headers, got.events, got.filler),
-                                 media_type=OHTTP_CHUNKED_RES)
+        return StreamingResponse(
+            bucketed(ctx, got.status, got.headers, got.events, got.filler), media_type=OHTTP_CHUNKED_RES
+        )
 
 
-async def bucketed(ctx: ChunkedServerResponse, status: int, headers: Headers, events: AsyncGenerator[bytes, None],
-                   filler: Callable[[int], bytes]) -> AsyncGenerator[bytes, None]:
+async def bucketed(
+    ctx: ChunkedServerResponse,
+    status: int,
+    headers: Headers,
+    events: AsyncGenerator[bytes, None],
+    filler: Callable[[int], bytes],
+) -> AsyncGenerator[bytes, None]:
     """One chunk per event as it comes, each padded to its size bucket."""
     enc, msg = ctx.encryptor(), ResponseStreamEncoder()
     pending = bytearray()

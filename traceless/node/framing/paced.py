@@ -18,6 +18,7 @@ So the relay sees when a stream starts to within the budget, whatever the prefil
 long its answer was. What the grid cannot hide is a tick the event loop runs late (a loaded
 machine): the chunk still leaves, late, and the next one is due at its own instant.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,7 @@ class PacedFramer(BucketFramer):
     (AsyncEngine.defer_idle) keeps the engine's idle work (collection, scrubbing) off for s seconds:
     work done between a stream's ticks would show in their gaps."""
 
-    def __init__(self, policy: ShapePolicy, max_model_len: int,
-                 defer_idle: Callable[[float], None] | None = None):
+    def __init__(self, policy: ShapePolicy, max_model_len: int, defer_idle: Callable[[float], None] | None = None):
         self.policy, self.max_model_len = policy, max_model_len
         self.defer_idle = defer_idle or (lambda seconds: None)
 
@@ -129,8 +129,9 @@ def frame(msg: ResponseStreamEncoder, src: _Source, total: int = STREAM_CHUNK) -
     return prefix + chunk
 
 
-async def paced(ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], pace: Pace,
-                budget: Callable[[Inner], int | None]) -> AsyncGenerator[bytes, None]:
+async def paced(
+    ctx: ChunkedServerResponse, inner: asyncio.Future[Inner], pace: Pace, budget: Callable[[Inner], int | None]
+) -> AsyncGenerator[bytes, None]:
     """One STREAM_CHUNK-byte chunk per tick, at pace.first_due + k x pace.tick_s. `budget(inner)`:
     the stream's length in ticks if its content ends within it (None: a power of two)."""
     loop = asyncio.get_running_loop()

@@ -5,6 +5,7 @@ event already padded to P bytes by the server's formatter), every chunk's plaint
 size: data chunks carry one padded event, and the head and the final chunk are filled out to it
 with an SSE comment; a whole response's binary HTTP message is zero-padded to a multiple of P.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -15,6 +15,7 @@ carries a 32-byte nonce. The two labels keep the values distinct, so neither can
 other. A report that carries these bytes was produced for exactly this document: evidence cannot
 be replayed for another key, another nonce or another release.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -6,6 +6,7 @@ signature, the validity window at the verification time, and that every issuer i
 is trusted by its public key: the caller pins roots, and a presented root counts only when its
 key and subject equal a pinned one (vendors re-issue root certificates with the same key).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -25,8 +26,13 @@ from traceless.privacy.attestation.evidence import CheckFailed, MalformedEvidenc
 
 _PEM_BEGIN = b"-----BEGIN CERTIFICATE-----"
 # Key kinds that can sign a certificate or CRL (cryptography >= 44; later versions add ML-DSA).
-_ISSUER_KEYS = (ec.EllipticCurvePublicKey, rsa.RSAPublicKey, dsa.DSAPublicKey, ed25519.Ed25519PublicKey,
-                ed448.Ed448PublicKey)
+_ISSUER_KEYS = (
+    ec.EllipticCurvePublicKey,
+    rsa.RSAPublicKey,
+    dsa.DSAPublicKey,
+    ed25519.Ed25519PublicKey,
+    ed448.Ed448PublicKey,
+)
 
 
 def load_certificate(data: bytes, what: str) -> x509.Certificate:
@@ -79,15 +85,18 @@ def is_pinned(cert: x509.Certificate, roots: Iterable[x509.Certificate]) -> bool
 
 def check_valid_at(cert: x509.Certificate, at: datetime, what: str) -> None:
     if not cert.not_valid_before_utc <= at <= cert.not_valid_after_utc:
-        raise CheckFailed(f"{what} ({common_name(cert)}) is not valid at {at.isoformat()}: "
-                          f"valid {cert.not_valid_before_utc.isoformat()} to {cert.not_valid_after_utc.isoformat()}")
+        raise CheckFailed(
+            f"{what} ({common_name(cert)}) is not valid at {at.isoformat()}: "
+            f"valid {cert.not_valid_before_utc.isoformat()} to {cert.not_valid_after_utc.isoformat()}"
+        )
 
 
 def check_issued_by(child: x509.Certificate, issuer: x509.Certificate, at: datetime, what: str) -> None:
     """`child` names and is signed by `issuer`, which is a CA; both are valid at `at`."""
     if child.issuer != issuer.subject:
-        raise CheckFailed(f"{what} ({common_name(child)}) is issued by {child.issuer.rfc4514_string()}, "
-                          f"not by {common_name(issuer)}")
+        raise CheckFailed(
+            f"{what} ({common_name(child)}) is issued by {child.issuer.rfc4514_string()}, not by {common_name(issuer)}"
+        )
     try:
         basic = issuer.extensions.get_extension_for_class(x509.BasicConstraints).value
     except x509.ExtensionNotFound:
@@ -97,14 +106,16 @@ def check_issued_by(child: x509.Certificate, issuer: x509.Certificate, at: datet
     try:
         child.verify_directly_issued_by(issuer)
     except (InvalidSignature, UnsupportedAlgorithm, ValueError, TypeError) as e:  # TypeError: key kind
-        raise CheckFailed(f"{what} ({common_name(child)}): signature by {common_name(issuer)} does not "
-                          f"verify ({type(e).__name__})") from None
+        raise CheckFailed(
+            f"{what} ({common_name(child)}): signature by {common_name(issuer)} does not verify ({type(e).__name__})"
+        ) from None
     check_valid_at(child, at, what)
     check_valid_at(issuer, at, f"issuer of {what}")
 
 
-def check_chain(chain: Sequence[x509.Certificate], roots: Sequence[x509.Certificate], at: datetime,
-                names: Sequence[str]) -> x509.Certificate:
+def check_chain(
+    chain: Sequence[x509.Certificate], roots: Sequence[x509.Certificate], at: datetime, names: Sequence[str]
+) -> x509.Certificate:
     """Leaf-first `chain` links up to a pinned root and returns that root. The chain may end with
     the root itself, which then must be pinned; the pinned certificate is what verifies the link.
     `names` label the chain's certificates in messages ("VCEK", "ASK", ...)."""
@@ -120,8 +131,10 @@ def check_chain(chain: Sequence[x509.Certificate], roots: Sequence[x509.Certific
         check_issued_by(certs[i], certs[i + 1], at, label[i])
     candidates = [r for r in roots if r.subject == certs[-1].issuer]
     if not candidates:
-        raise CheckFailed(f"{label[-1]} ({common_name(certs[-1])}) is issued by "
-                          f"{certs[-1].issuer.rfc4514_string()}, which is not a pinned root")
+        raise CheckFailed(
+            f"{label[-1]} ({common_name(certs[-1])}) is issued by "
+            f"{certs[-1].issuer.rfc4514_string()}, which is not a pinned root"
+        )
     for root in candidates[:-1]:
         try:
             check_issued_by(certs[-1], root, at, label[-1])

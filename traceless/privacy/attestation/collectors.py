@@ -10,6 +10,7 @@ the node's own opinion of its evidence proves nothing to a client.
 On a machine without the device, driver or mode, `collect` raises a `CollectorUnavailableError`
 subclass that says which is missing.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -41,6 +42,7 @@ class EvidenceRaceError(CollectorError):
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """Raw evidence as a node ships it. `kind` says which verifier takes it."""
+
     kind: str  # "snp" | "tdx" | "nvidia"
     blob: bytes  # SNP: ATTESTATION_REPORT; TDX: quote; NVIDIA: SPDM request || response
     aux: bytes = b""  # SNP: certificate table (auxblob); NVIDIA: PEM certificate chain; TDX: empty

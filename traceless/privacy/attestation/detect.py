@@ -1,5 +1,6 @@
 """Which kind of hardware evidence a blob is, from its first bytes (for `traceless attest verify`
 without --kind), and hex-text files read as the bytes they spell (vendors' samples often are)."""
+
 from __future__ import annotations
 
 import binascii
@@ -25,7 +26,7 @@ def evidence_bytes(data: bytes) -> bytes:
 
 
 def detect_kind(data: bytes) -> str | None:
-    """"snp", "tdx" or "nvidia" when the header says so, None otherwise (the verifier decides the rest)."""
+    """ "snp", "tdx" or "nvidia" when the header says so, None otherwise (the verifier decides the rest)."""
     if len(data) == REPORT_SIZE and struct.unpack_from("<I", data)[0] in SUPPORTED_VERSIONS:
         return "snp"
     if len(data) >= HEADER_SIZE:

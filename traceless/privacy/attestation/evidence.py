@@ -15,6 +15,7 @@ Parsers raise `EvidenceError` subclasses for bytes that do not parse; verifiers 
 the `ValueError`s `cryptography` raises for malformed keys and certificates) and report a failed
 check, so a verifier never raises on hostile input.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -135,8 +136,11 @@ class CheckRun:
 
     def result(self, claims: object | None) -> VerificationResult:
         failed = any(c.status is CheckStatus.FAILED for c in self._done.values())
-        checks = tuple(self._done.get(n) or Check(n, CheckStatus.NOT_RUN, "not run: an earlier check failed"
-                                                  if failed else "not run") for n in self._names)
+        checks = tuple(
+            self._done.get(n)
+            or Check(n, CheckStatus.NOT_RUN, "not run: an earlier check failed" if failed else "not run")
+            for n in self._names
+        )
         return VerificationResult(self._kind, checks, None if failed else claims, self._statement)
 
     def _expect(self, name: str) -> None:

@@ -17,6 +17,7 @@ launch measurements it accepts. The software attester (a key in the node's memor
 operator can read) passes only a policy built with `AttestationPolicy.development()`; the verdict
 says which kind was used, for every report and status line.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -36,10 +37,21 @@ from traceless.privacy.attestation.tdx import TdxPolicy, TdxTrust, verify_tdx
 from traceless.privacy.attestation.tdx_collateral import TdxCollateral
 
 SOFTWARE = "software"
-_SNP_REQUIRED = frozenset({"report-format", "cert-chain", "report-signature", "tcb-binding", "guest-policy",
-                           "measurement", "report-data"})
-_TDX_REQUIRED = frozenset({"quote-format", "pck-chain", "qe-report-signature", "qe-binding", "quote-signature",
-                           "td-attributes", "mr-td", "report-data"})
+_SNP_REQUIRED = frozenset(
+    {"report-format", "cert-chain", "report-signature", "tcb-binding", "guest-policy", "measurement", "report-data"}
+)
+_TDX_REQUIRED = frozenset(
+    {
+        "quote-format",
+        "pck-chain",
+        "qe-report-signature",
+        "qe-binding",
+        "quote-signature",
+        "td-attributes",
+        "mr-td",
+        "report-data",
+    }
+)
 _TDX_COLLATERAL = frozenset({"collateral-signatures", "collateral-current", "revocation", "tcb-status"})
 _NVIDIA_REQUIRED = frozenset({"report-format", "cert-chain", "report-signature", "nonce"})
 
@@ -56,6 +68,7 @@ class PolicyRefusedError(AttestationError):
 @dataclass(frozen=True, slots=True)
 class HardwareTrust:
     """Pinned vendor roots, one per evidence kind the policy accepts."""
+
     snp: SnpTrust | None = None
     tdx: TdxTrust | None = None
     nvidia: NvidiaTrust | None = None
@@ -118,9 +131,13 @@ class AttestationVerdict:
         return SoftwareAttester.attester_type if self.kind == SOFTWARE else HardwareAttester.attester_type
 
 
-def check_evidence(policy: AttestationPolicy, document: str, evidence: Sequence[Evidence],
-                   pinned_software_keys: Sequence[Ed25519PublicKey] = (), at: datetime | None = None
-                   ) -> AttestationVerdict:
+def check_evidence(
+    policy: AttestationPolicy,
+    document: str,
+    evidence: Sequence[Evidence],
+    pinned_software_keys: Sequence[Ed25519PublicKey] = (),
+    at: datetime | None = None,
+) -> AttestationVerdict:
     """Apply `policy` to a node's document and evidence; raise `PolicyRefusedError` to refuse it."""
     if not evidence:
         if not policy.allow_software:
@@ -166,23 +183,25 @@ def _verify_one(policy: AttestationPolicy, item: Evidence, bound: bytes, at: dat
 def _check_runtime_policy(policy: AttestationPolicy, result: VerificationResult) -> None:
     """The report's host-set launch field must name a runtime policy the client allows: read from
     the verified claims (the field is covered by the report's signature)."""
-    for kind, allowed, field_name, reason in (("snp", policy.host_data, "host_data", "snp:host-data"),
-                                              ("tdx", policy.mr_config_id, "mr_config_id", "tdx:mr-config-id")):
+    for kind, allowed, field_name, reason in (
+        ("snp", policy.host_data, "host_data", "snp:host-data"),
+        ("tdx", policy.mr_config_id, "mr_config_id", "tdx:mr-config-id"),
+    ):
         if result.kind != kind or allowed is None:
             continue
         if result.claims is None or getattr(result.claims, field_name) not in allowed:
             raise PolicyRefusedError(reason)
 
 
-def _run_verifier(policy: AttestationPolicy, item: Evidence, bound: bytes, at: datetime | None
-                  ) -> VerificationResult:
+def _run_verifier(policy: AttestationPolicy, item: Evidence, bound: bytes, at: datetime | None) -> VerificationResult:
     trust = policy.trust
     if item.kind == "snp" and trust.snp is not None:
         snp = SnpEvidence.from_extended(item.blob, item.aux)
         return verify_snp(snp, trust.snp, policy.snp, report_data=report_data(bound), at=at)
     if item.kind == "tdx" and trust.tdx is not None:
-        return verify_tdx(item.blob, trust.tdx, policy.tdx, report_data=report_data(bound),
-                          collateral=policy.tdx_collateral, at=at)
+        return verify_tdx(
+            item.blob, trust.tdx, policy.tdx, report_data=report_data(bound), collateral=policy.tdx_collateral, at=at
+        )
     if item.kind == "nvidia" and trust.nvidia is not None:
         gpu = NvidiaEvidence(report=item.blob, cert_chain=item.aux)
         return verify_nvidia(gpu, trust.nvidia, policy.nvidia, nonce=gpu_nonce(bound), at=at)

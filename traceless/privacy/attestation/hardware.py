@@ -14,6 +14,7 @@ the document with it (`verify_attestation`) only after the evidence has verified
 Evidence travels beside the document as JSON (`evidence_to_json` / `evidence_from_json`), each
 item a kind, the raw blob and its auxiliary data (base64), and where it came from.
 """
+
 from __future__ import annotations
 
 import base64
@@ -104,8 +105,7 @@ def _jwk(public_key: Ed25519PublicKey) -> dict[str, str]:
 
 def sign_with_key_header(key: Ed25519PrivateKey, claims: AttestationClaims) -> str:
     """The compact JWS of `claims` whose header names (kid) and carries (jwk) the signing key."""
-    header = {"alg": JWS_ALG, "typ": EAT_TYP, "kid": jwk_thumbprint(key.public_key()),
-              "jwk": _jwk(key.public_key())}
+    header = {"alg": JWS_ALG, "typ": EAT_TYP, "kid": jwk_thumbprint(key.public_key()), "jwk": _jwk(key.public_key())}
     parts = [b64url_encode(json.dumps(p, separators=(",", ":")).encode()) for p in (header, claims.to_json())]
     signing = ".".join(parts).encode("ascii")
     return f"{signing.decode()}.{b64url_encode(key.sign(signing))}"
@@ -128,8 +128,12 @@ def document_key(document: str) -> Ed25519PublicKey:
 
 
 def evidence_to_json(item: Evidence) -> dict[str, str]:
-    return {"kind": item.kind, "blob": base64.b64encode(item.blob).decode("ascii"),
-            "aux": base64.b64encode(item.aux).decode("ascii"), "provider": item.provider}
+    return {
+        "kind": item.kind,
+        "blob": base64.b64encode(item.blob).decode("ascii"),
+        "aux": base64.b64encode(item.aux).decode("ascii"),
+        "provider": item.provider,
+    }
 
 
 def _field(obj: dict[str, Any], name: str) -> bytes:

@@ -20,6 +20,7 @@ recompute a published measurement. The sources are what a reviewer reads and a r
 from. (Closing the gap between reviewed source and the binary actually loaded is what a
 hardware-measured launch image is for; see docs/attestation.md.)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,9 +34,20 @@ from traceless.errors import InvalidRequestError, ModelNotFoundError
 
 CODE_SUFFIXES = frozenset({".py", ".c", ".h"})
 # Files of a model directory that decide what the model computes: weights, tokenizer, configs.
-MODEL_SUFFIXES = frozenset({
-    ".gguf", ".safetensors", ".bin", ".pt", ".pth", ".json", ".model", ".txt", ".tiktoken", ".jinja",
-})
+MODEL_SUFFIXES = frozenset(
+    {
+        ".gguf",
+        ".safetensors",
+        ".bin",
+        ".pt",
+        ".pth",
+        ".json",
+        ".model",
+        ".txt",
+        ".tiktoken",
+        ".jinja",
+    }
+)
 HASH_SIZE = 32
 
 
@@ -52,8 +64,7 @@ def _tree_files(root: Path, suffixes: frozenset[str], skip_hidden: bool) -> list
     """(relative POSIX path, SHA-256) of the matching files under root, sorted by path bytes."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames
-                       if d != "__pycache__" and not (skip_hidden and d.startswith("."))]
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not (skip_hidden and d.startswith("."))]
         for name in filenames:
             path = Path(dirpath) / name
             if path.suffix in suffixes and not (skip_hidden and name.startswith(".")):
@@ -129,11 +140,16 @@ class Measurement:
         return combine(self.code, self.model, self.config)
 
     def to_hex(self) -> dict[str, str]:
-        return {"code": self.code.hex(), "model": self.model.hex(), "config": self.config.hex(),
-                "combined": self.combined.hex()}
+        return {
+            "code": self.code.hex(),
+            "model": self.model.hex(),
+            "config": self.config.hex(),
+            "combined": self.combined.hex(),
+        }
 
 
-def measure(model_path: str | os.PathLike[str], config: Mapping[str, object],
-            code_root: Path | None = None) -> Measurement:
+def measure(
+    model_path: str | os.PathLike[str], config: Mapping[str, object], code_root: Path | None = None
+) -> Measurement:
     """Measure this installation's code (or the package at `code_root`), a model and a config."""
     return Measurement(code_digest(code_root), model_digest(model_path), config_digest(config))

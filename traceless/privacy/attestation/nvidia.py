@@ -14,6 +14,7 @@ reference values the caller supplies, {block index: allowed digests}, taken from
     result = verify_nvidia(NvidiaEvidence(report, chain_pem), NvidiaTrust(roots=(nvidia_root,)),
                            NvidiaPolicy(reference=refs), nonce=client_nonce, at=now)
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -28,10 +29,20 @@ from traceless.privacy.attestation import certs
 from traceless.privacy.attestation.evidence import CheckFailed, CheckRun, VerificationResult
 from traceless.privacy.attestation.nvidia_spdm import NONCE_SIZE, SpdmReport, parse_spdm_report
 
-CHECKS = ("report-format", "cert-chain", "fwid-binding", "report-signature", "nonce", "reference-measurements",
-          "rim-signature", "revocation")
-STATEMENT = ("a GPU holding an NVIDIA-certified attestation key signed these measurements in answer to this "
-             "nonce, running the firmware its certificate names")
+CHECKS = (
+    "report-format",
+    "cert-chain",
+    "fwid-binding",
+    "report-signature",
+    "nonce",
+    "reference-measurements",
+    "rim-signature",
+    "revocation",
+)
+STATEMENT = (
+    "a GPU holding an NVIDIA-certified attestation key signed these measurements in answer to this "
+    "nonce, running the firmware its certificate names"
+)
 _TCG_DICE_FWID = "2.23.133.5.4.1"  # Hopper: the FWID is the extension value's last 48 bytes
 _FWID_SIZE = 48
 
@@ -63,16 +74,23 @@ class NvidiaClaims:
     leaf_subject: str
 
 
-def verify_nvidia(evidence: NvidiaEvidence, trust: NvidiaTrust, policy: NvidiaPolicy = NvidiaPolicy(), *,
-                  nonce: bytes | None = None, at: datetime | None = None) -> VerificationResult:
+def verify_nvidia(
+    evidence: NvidiaEvidence,
+    trust: NvidiaTrust,
+    policy: NvidiaPolicy = NvidiaPolicy(),
+    *,
+    nonce: bytes | None = None,
+    at: datetime | None = None,
+) -> VerificationResult:
     """Verify a GPU attestation report; never raises on bad evidence (a failed check says why)."""
     when = at or datetime.now(UTC)
     run = CheckRun("nvidia", CHECKS, STATEMENT)
     return run.complete(lambda: _verify(run, evidence, trust, policy, nonce, when))
 
 
-def _verify(run: CheckRun, ev: NvidiaEvidence, trust: NvidiaTrust, policy: NvidiaPolicy, nonce: bytes | None,
-            at: datetime) -> NvidiaClaims:
+def _verify(
+    run: CheckRun, ev: NvidiaEvidence, trust: NvidiaTrust, policy: NvidiaPolicy, nonce: bytes | None, at: datetime
+) -> NvidiaClaims:
     report = run.run("report-format", lambda: _format(ev.report))
     chain = run.run("cert-chain", lambda: _chain(ev.cert_chain, trust, at))
     if report.fwid is None:
@@ -91,15 +109,22 @@ def _verify(run: CheckRun, ev: NvidiaEvidence, trust: NvidiaTrust, policy: Nvidi
         run.run("reference-measurements", lambda: _reference(report, reference))
     run.skip("rim-signature", "not run: RIM (SWID XML) parsing and signature checking are not implemented")
     run.skip("revocation", "not run: certificate revocation (NVIDIA OCSP) is not checked offline")
-    return NvidiaClaims(nonce=report.nonce, measurements=report.measurements,
-                        driver_version=report.driver_version, vbios_version=report.vbios_version, fwid=report.fwid,
-                        leaf_subject=chain[0].subject.rfc4514_string())
+    return NvidiaClaims(
+        nonce=report.nonce,
+        measurements=report.measurements,
+        driver_version=report.driver_version,
+        vbios_version=report.vbios_version,
+        fwid=report.fwid,
+        leaf_subject=chain[0].subject.rfc4514_string(),
+    )
 
 
 def _format(data: bytes) -> tuple[SpdmReport, str]:
     report = parse_spdm_report(data)
-    return report, (f"SPDM 1.{report.spdm_version & 0xF} GET_MEASUREMENTS: {len(report.measurements)} measurement "
-                    f"blocks, driver {report.driver_version}, VBIOS {report.vbios_version}")
+    return report, (
+        f"SPDM 1.{report.spdm_version & 0xF} GET_MEASUREMENTS: {len(report.measurements)} measurement "
+        f"blocks, driver {report.driver_version}, VBIOS {report.vbios_version}"
+    )
 
 
 def _chain(pem: bytes, trust: NvidiaTrust, at: datetime) -> tuple[list[x509.Certificate], str]:

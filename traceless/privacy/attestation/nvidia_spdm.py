@@ -15,6 +15,7 @@ same way). Little-endian integers.
 The GPU signs request || response minus the signature with its attestation key (ECDSA P-384,
 SHA-384), so the verifier's nonce in the request is covered by the signature.
 """
+
 from __future__ import annotations
 
 import struct
@@ -67,13 +68,13 @@ def _blocks(record: bytes, count: int) -> dict[int, bytes]:
         if pos + 4 > len(record):
             raise MalformedEvidenceError("measurement record ends inside a block header")
         index, spec, size = struct.unpack_from("<BBH", record, pos)
-        block = record[pos + 4:pos + 4 + size]
+        block = record[pos + 4 : pos + 4 + size]
         pos += 4 + size
         if len(block) != size or size < 3:
             raise MalformedEvidenceError(f"measurement block {index} runs past the record or is too short")
         if spec != 1:
             raise UnsupportedEvidenceError(f"measurement block {index} is not in DMTF format")
-        value_size, = struct.unpack_from("<H", block, 1)
+        (value_size,) = struct.unpack_from("<H", block, 1)
         if value_size != size - 3:
             raise MalformedEvidenceError(f"measurement block {index}: value size {value_size} != block size - 3")
         if index in blocks:
@@ -91,7 +92,7 @@ def _opaque(data: bytes) -> dict[int, bytes]:
         if pos + 4 > len(data):
             raise MalformedEvidenceError("opaque data ends inside a field header")
         kind, size = struct.unpack_from("<HH", data, pos)
-        value = data[pos + 4:pos + 4 + size]
+        value = data[pos + 4 : pos + 4 + size]
         if len(value) != size:
             raise MalformedEvidenceError(f"opaque field {kind} runs past the opaque data")
         fields[kind] = value
@@ -117,13 +118,16 @@ def parse_spdm_report(data: bytes) -> SpdmReport:
     tail = response[pos:]
     if len(tail) < NONCE_SIZE + 2:
         raise MalformedEvidenceError("measurement record length runs past the response")
-    opaque_len, = struct.unpack_from("<H", tail, NONCE_SIZE)
+    (opaque_len,) = struct.unpack_from("<H", tail, NONCE_SIZE)
     end = pos + NONCE_SIZE + 2 + opaque_len
     if len(response) != end + SIGNATURE_SIZE:
         raise MalformedEvidenceError(f"response is {len(response)} bytes, its fields say {end + SIGNATURE_SIZE}")
     return SpdmReport(
-        spdm_version=version, nonce=data[4:4 + NONCE_SIZE], responder_nonce=tail[:NONCE_SIZE],
+        spdm_version=version,
+        nonce=data[4 : 4 + NONCE_SIZE],
+        responder_nonce=tail[:NONCE_SIZE],
         measurements=MappingProxyType(_blocks(response[8:pos], count)),
-        opaque=MappingProxyType(_opaque(response[end - opaque_len:end])),
-        signed_bytes=data[:-SIGNATURE_SIZE], signature=data[-SIGNATURE_SIZE:],
+        opaque=MappingProxyType(_opaque(response[end - opaque_len : end])),
+        signed_bytes=data[:-SIGNATURE_SIZE],
+        signature=data[-SIGNATURE_SIZE:],
     )

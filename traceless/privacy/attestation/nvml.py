@@ -2,6 +2,7 @@
 own GPU verifier collects it: the SPDM measurement report for a 32-byte nonce and the GPU's
 attestation certificate chain. It works only with the driver in confidential-computing mode.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -42,7 +43,8 @@ class NvmlCollector(Collector):
                 self._nvml = importlib.import_module("pynvml")
             except ImportError:
                 raise NoGpuAttestationError(
-                    "NVML Python bindings are not installed (pip install nvidia-ml-py)") from None
+                    "NVML Python bindings are not installed (pip install nvidia-ml-py)"
+                ) from None
         return self._nvml
 
     def _collect(self, nvml: Any, nonce: bytes) -> Evidence:
@@ -54,8 +56,8 @@ class NvmlCollector(Collector):
         handle = nvml.nvmlDeviceGetHandleByIndex(self._index)
         report = nvml.nvmlDeviceGetConfComputeGpuAttestationReport(handle, nonce)
         chain = nvml.nvmlDeviceGetConfComputeGpuCertificate(handle)
-        blob = bytes(report.attestationReport[:report.attestationReportSize])
-        pem = bytes(chain.attestationCertChain[:chain.attestationCertChainSize])
+        blob = bytes(report.attestationReport[: report.attestationReportSize])
+        pem = bytes(chain.attestationCertChain[: chain.attestationCertChainSize])
         if not blob or not pem:
             raise CollectorError("NVML returned an empty attestation report or certificate chain")
         return Evidence(kind="nvidia", blob=blob, aux=pem, provider="nvml")

@@ -7,6 +7,7 @@ and accepts only the hardware attester (hardware.py), whose documents carry CPU 
 that the client's evidence policy (evidence_policy.py) then checks. The check names the policy in
 its error, never a client value.
 """
+
 from __future__ import annotations
 
 from enum import Enum
@@ -43,5 +44,5 @@ def check_attester_type(policy: AttesterPolicy, attester_type: str) -> None:
     if attester_type not in allowed_attester_types(policy):
         raise AttesterTypeRefusedError(
             f"the {policy.value} attestation policy does not accept this attester type"
-            + (" (the software attester needs the explicit development policy)"
-               if attester_type == SOFTWARE else ""))
+            + (" (the software attester needs the explicit development policy)" if attester_type == SOFTWARE else "")
+        )

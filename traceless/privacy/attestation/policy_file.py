@@ -33,6 +33,7 @@ field is not among the allowed values is refused (`snp:host-data`, `tdx:mr-confi
 A file with only `development: true` is the development policy. Quote hex
 values in YAML: unquoted, one made of digits only would be read as a number (and refused).
 """
+
 from __future__ import annotations
 
 import json
@@ -95,13 +96,16 @@ def parse_policy(doc: object, base: Path, default_name: str = "policy") -> Attes
     trust = HardwareTrust(
         snp=SnpTrust(arks=_files(roots["snp"], base, "roots.snp")) if "snp" in roots else None,
         tdx=TdxTrust(roots=_files(roots["tdx"], base, "roots.tdx")) if "tdx" in roots else None,
-        nvidia=NvidiaTrust(roots=_files(roots["nvidia"], base, "roots.nvidia")) if "nvidia" in roots else None)
+        nvidia=NvidiaTrust(roots=_files(roots["nvidia"], base, "roots.nvidia")) if "nvidia" in roots else None,
+    )
     snp = _snp(_section(top.get("snp", {}), "snp", _SNP))
     tdx_section = _section(top.get("tdx", {}), "tdx", _TDX)
     tdx = TdxPolicy(
         mr_td=_measurements(tdx_section["mr_td"], "tdx.mr_td") if "mr_td" in tdx_section else None,
-        accepted_tcb_statuses=frozenset(_str_list(tdx_section.get("accepted_tcb_statuses", ["UpToDate"]),
-                                                  "tdx.accepted_tcb_statuses")))
+        accepted_tcb_statuses=frozenset(
+            _str_list(tdx_section.get("accepted_tcb_statuses", ["UpToDate"]), "tdx.accepted_tcb_statuses")
+        ),
+    )
     collateral = _collateral(tdx_section, base)
     nvidia = _nvidia(_section(top.get("nvidia", {}), "nvidia", _NVIDIA))
     host_data, mr_config_id = _runtime_policy(top, base)
@@ -109,9 +113,19 @@ def parse_policy(doc: object, base: Path, default_name: str = "policy") -> Attes
     if not isinstance(name, str) or not name or not name.isprintable() or len(name) > 64:
         raise PolicyFileError("name must be a printable string of 1 to 64 characters")
     try:
-        return AttestationPolicy(name, cpu=frozenset(cpu), gpu=gpu, allow_software=development, trust=trust,
-                                 snp=snp, tdx=tdx, tdx_collateral=collateral, nvidia=nvidia,
-                                 host_data=host_data, mr_config_id=mr_config_id)
+        return AttestationPolicy(
+            name,
+            cpu=frozenset(cpu),
+            gpu=gpu,
+            allow_software=development,
+            trust=trust,
+            snp=snp,
+            tdx=tdx,
+            tdx_collateral=collateral,
+            nvidia=nvidia,
+            host_data=host_data,
+            mr_config_id=mr_config_id,
+        )
     except ValueError as e:
         raise PolicyFileError(f"the evidence policy is incomplete: {e}") from None
 
@@ -128,8 +142,10 @@ def _runtime_policy(top: Mapping[str, Any], base: Path) -> tuple[frozenset[bytes
             mr_config_id = (mr_config_id or set()) | {initdata_digest(d, "tdx") for d in documents}
         except InitdataError as e:
             raise PolicyFileError(f"kata_initdata: {e}") from None
-    return (None if host_data is None else frozenset(host_data),
-            None if mr_config_id is None else frozenset(mr_config_id))
+    return (
+        None if host_data is None else frozenset(host_data),
+        None if mr_config_id is None else frozenset(mr_config_id),
+    )
 
 
 def _section(value: object, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
@@ -205,10 +221,13 @@ def _snp(section: Mapping[str, Any]) -> SnpPolicy:
         values = {k: _int(v, f"snp.minimum_tcb.{k}") for k, v in fields.items()}
         tcb = TcbVersion(**values)
     measurements = _measurements(section["measurements"], "snp.measurements") if "measurements" in section else None
-    return SnpPolicy(minimum_tcb=tcb, measurements=measurements,
-                     allow_migration_agent=_bool(section, "allow_migration_agent", False, "snp"),
-                     allow_smt=_bool(section, "allow_smt", True, "snp"),
-                     max_vmpl=_int(section.get("max_vmpl", 3), "snp.max_vmpl"))
+    return SnpPolicy(
+        minimum_tcb=tcb,
+        measurements=measurements,
+        allow_migration_agent=_bool(section, "allow_migration_agent", False, "snp"),
+        allow_smt=_bool(section, "allow_smt", True, "snp"),
+        max_vmpl=_int(section.get("max_vmpl", 3), "snp.max_vmpl"),
+    )
 
 
 def _collateral(section: Mapping[str, Any], base: Path) -> TdxCollateral | None:

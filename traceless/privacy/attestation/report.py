@@ -1,5 +1,6 @@
 """A `VerificationResult` as readable lines and as JSON: what was checked, what it proves, the first
 failure. Bytes are written as lowercase hex, TCB versions as their components, maps as objects."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,7 @@ def result_json(result: VerificationResult) -> dict[str, Any]:
 
 def result_lines(result: VerificationResult) -> list[str]:
     failure = result.first_failure
-    verdict = ("VERIFIED" if result.ok else
-               f"FAILED at {failure.name}" if failure is not None else "NOTHING CHECKED")
+    verdict = "VERIFIED" if result.ok else f"FAILED at {failure.name}" if failure is not None else "NOTHING CHECKED"
     lines = [f"{KIND_NAMES.get(result.kind, result.kind)} evidence: {verdict}"]
     lines += [f"  [{_MARK[c.status]}] {c.name}: {c.detail}" for c in result.checks]
     if result.ok:

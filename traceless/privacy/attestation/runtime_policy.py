@@ -11,6 +11,7 @@ bytes) or TDX's MRCONFIGID (48 bytes). The guest checks the document it got agai
 client checks the field against the digests its evidence policy allows (evidence_policy.py), so a
 node whose runtime was started with another policy (one that allows exec) is refused.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -13,6 +13,7 @@ measurement, policy, REPORT_DATA) is what the secure processor measured and was 
     result = verify_snp(SnpEvidence(report, vcek), SnpTrust(arks, asks), SnpPolicy(...),
                         report_data=expected_64_bytes, at=now)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,10 +43,21 @@ from traceless.privacy.attestation.snp_report import (
     parse_snp_report,
 )
 
-CHECKS = ("report-format", "cert-chain", "report-signature", "tcb-binding", "minimum-tcb", "guest-policy",
-          "measurement", "report-data", "revocation")
-STATEMENT = ("a genuine AMD secure processor, at the reported TCB, signed this report for an SEV-SNP guest "
-             "with this launch measurement, guest policy and REPORT_DATA")
+CHECKS = (
+    "report-format",
+    "cert-chain",
+    "report-signature",
+    "tcb-binding",
+    "minimum-tcb",
+    "guest-policy",
+    "measurement",
+    "report-data",
+    "revocation",
+)
+STATEMENT = (
+    "a genuine AMD secure processor, at the reported TCB, signed this report for an SEV-SNP guest "
+    "with this launch measurement, guest policy and REPORT_DATA"
+)
 _PSS_SALT = 48
 
 
@@ -53,6 +65,7 @@ _PSS_SALT = 48
 class SnpEvidence:
     """What a node hands a client. Certificates are DER or PEM; ASK and ARK may be omitted when the
     verifier pins them (`SnpTrust.asks`)."""
+
     report: bytes
     vcek: bytes  # the VCEK or VLEK certificate
     ask: bytes | None = None
@@ -72,6 +85,7 @@ class SnpEvidence:
 class SnpTrust:
     """Pinned AMD roots (ARKs, one per product line) and, optionally, known ASKs/ASVKs to use when
     the evidence carries none. Certificates are DER or PEM."""
+
     arks: tuple[bytes, ...]
     asks: tuple[bytes, ...] = ()
 
@@ -112,16 +126,23 @@ class SnpClaims:
     platform_info: int
 
 
-def verify_snp(evidence: SnpEvidence, trust: SnpTrust, policy: SnpPolicy = SnpPolicy(), *,
-               report_data: bytes | None = None, at: datetime | None = None) -> VerificationResult:
+def verify_snp(
+    evidence: SnpEvidence,
+    trust: SnpTrust,
+    policy: SnpPolicy = SnpPolicy(),
+    *,
+    report_data: bytes | None = None,
+    at: datetime | None = None,
+) -> VerificationResult:
     """Verify SEV-SNP evidence; never raises on bad evidence (a failed check says why)."""
     when = at or datetime.now(UTC)
     run = CheckRun("snp", CHECKS, STATEMENT)
     return run.complete(lambda: _verify(run, evidence, trust, policy, report_data, when))
 
 
-def _verify(run: CheckRun, ev: SnpEvidence, trust: SnpTrust, policy: SnpPolicy, report_data: bytes | None,
-            at: datetime) -> SnpClaims:
+def _verify(
+    run: CheckRun, ev: SnpEvidence, trust: SnpTrust, policy: SnpPolicy, report_data: bytes | None, at: datetime
+) -> SnpClaims:
     # Each lambda runs at once, inside run.run, so it sees the values assigned just before it.
     report = run.run("report-format", lambda: _format(ev.report))
     chain = run.run("cert-chain", lambda: _chain(ev, trust, at))
@@ -183,12 +204,17 @@ def _chain(ev: SnpEvidence, trust: SnpTrust, at: datetime) -> tuple[list[x509.Ce
     vcek, ask, ark = chain
     for child, issuer, what in ((ask, ark, "ASK"), (vcek, ask, "VCEK")):
         params = child.signature_algorithm_parameters
-        if not (isinstance(issuer.public_key(), rsa.RSAPublicKey) and isinstance(params, padding.PSS)
-                and isinstance(child.signature_hash_algorithm, hashes.SHA384)):
+        if not (
+            isinstance(issuer.public_key(), rsa.RSAPublicKey)
+            and isinstance(params, padding.PSS)
+            and isinstance(child.signature_hash_algorithm, hashes.SHA384)
+        ):
             raise CheckFailed(f"{what} is not signed with RSA-PSS SHA-384 by {certs.common_name(issuer)}")
         certs.check_issued_by(child, issuer, at, what)
-    return chain, (f"{certs.common_name(vcek)} <- {certs.common_name(ask)} <- {certs.common_name(ark)} (pinned), "
-                   f"RSA-PSS SHA-384, all valid at {at.date().isoformat()}")
+    return chain, (
+        f"{certs.common_name(vcek)} <- {certs.common_name(ask)} <- {certs.common_name(ark)} (pinned), "
+        f"RSA-PSS SHA-384, all valid at {at.date().isoformat()}"
+    )
 
 
 def _signature(report: SnpReport, vcek: x509.Certificate) -> tuple[EndorsementExtensions, str]:
@@ -215,7 +241,7 @@ def _tcb_binding(report: SnpReport, ext: EndorsementExtensions) -> tuple[TcbVers
         return reported, f"REPORTED_TCB {reported} equals the VLEK's TCB (VLEKs carry no chip ID)"
     if report.mask_chip_key:
         return reported, f"REPORTED_TCB {reported} equals the VCEK's TCB; CHIP_ID is masked, not compared"
-    if report.chip_id[:len(ext.hwid)] != ext.hwid or any(report.chip_id[len(ext.hwid):]):
+    if report.chip_id[: len(ext.hwid)] != ext.hwid or any(report.chip_id[len(ext.hwid) :]):
         raise CheckFailed("CHIP_ID differs from the VCEK's hwID")
     return reported, f"REPORTED_TCB {reported} and CHIP_ID equal the VCEK's TCB and hwID"
 
@@ -236,8 +262,10 @@ def _guest_policy(report: SnpReport, policy: SnpPolicy) -> tuple[None, str]:
         raise CheckFailed("guest policy allows SMT (bit 16) and the policy forbids it")
     if report.vmpl > policy.max_vmpl:
         raise CheckFailed(f"report requested from VMPL {report.vmpl}, above {policy.max_vmpl}")
-    return None, (f"debug off, migration agent {'allowed' if p.migrate_ma else 'off'}, SMT "
-                  f"{'allowed' if p.smt_allowed else 'off'}, VMPL {report.vmpl} (policy 0x{p.raw:x})")
+    return None, (
+        f"debug off, migration agent {'allowed' if p.migrate_ma else 'off'}, SMT "
+        f"{'allowed' if p.smt_allowed else 'off'}, VMPL {report.vmpl} (policy 0x{p.raw:x})"
+    )
 
 
 def _measurement(report: SnpReport, allowed: frozenset[bytes]) -> tuple[None, str]:
@@ -257,11 +285,27 @@ def _report_data(report: SnpReport, expected: bytes) -> tuple[None, str]:
 def _claims(r: SnpReport, ext: EndorsementExtensions, reported: TcbVersion) -> SnpClaims:
     line: ProductLine = ext.product_line
     return SnpClaims(
-        product=ext.product_name, signer=r.signer.name, version=r.version, measurement=r.measurement,
-        report_data=r.report_data, host_data=r.host_data, reported_tcb=reported,
-        current_tcb=decode_tcb(r.current_tcb, line), committed_tcb=decode_tcb(r.committed_tcb, line),
-        launch_tcb=decode_tcb(r.launch_tcb, line), chip_id=r.chip_id, guest_svn=r.guest_svn, policy=r.policy.raw,
-        debug=r.policy.debug, migrate_ma=r.policy.migrate_ma, smt_allowed=r.policy.smt_allowed, vmpl=r.vmpl,
-        family_id=r.family_id, image_id=r.image_id, id_key_digest=r.id_key_digest,
-        author_key_digest=r.author_key_digest, report_id=r.report_id, platform_info=r.platform_info,
+        product=ext.product_name,
+        signer=r.signer.name,
+        version=r.version,
+        measurement=r.measurement,
+        report_data=r.report_data,
+        host_data=r.host_data,
+        reported_tcb=reported,
+        current_tcb=decode_tcb(r.current_tcb, line),
+        committed_tcb=decode_tcb(r.committed_tcb, line),
+        launch_tcb=decode_tcb(r.launch_tcb, line),
+        chip_id=r.chip_id,
+        guest_svn=r.guest_svn,
+        policy=r.policy.raw,
+        debug=r.policy.debug,
+        migrate_ma=r.policy.migrate_ma,
+        smt_allowed=r.policy.smt_allowed,
+        vmpl=r.vmpl,
+        family_id=r.family_id,
+        image_id=r.image_id,
+        id_key_digest=r.id_key_digest,
+        author_key_digest=r.author_key_digest,
+        report_id=r.report_id,
+        platform_info=r.platform_info,
     )

@@ -12,6 +12,7 @@ Certificate table (GHCB specification, SNP extended guest request; what configfs
 `auxblob` returns): entries of GUID (16 bytes, RFC 4122 byte order), offset u32, length u32,
 ended by an all-zero entry; offsets are from the start of the table.
 """
+
 from __future__ import annotations
 
 import struct
@@ -38,6 +39,7 @@ _ENTRY = struct.Struct("<16sII")
 @dataclass(frozen=True, slots=True)
 class EndorsementExtensions:
     """What AMD's KDS wrote into a VCEK or VLEK certificate."""
+
     product_name: str
     product_line: ProductLine
     tcb: TcbVersion
@@ -66,7 +68,7 @@ def _ia5_string(value: bytes, what: str) -> str:
 
 
 def product_line(name: str) -> ProductLine:
-    """"Milan-B0" -> MILAN: the product name is the line, optionally followed by a stepping."""
+    """ "Milan-B0" -> MILAN: the product name is the line, optionally followed by a stepping."""
     base = name.split("-", 1)[0]
     for line in ProductLine:
         if line.value == base:
@@ -75,8 +77,11 @@ def product_line(name: str) -> ProductLine:
 
 
 def endorsement_extensions(cert: x509.Certificate) -> EndorsementExtensions:
-    amd = {e.oid.dotted_string[len(_AMD_OID):]: e.value.value for e in cert.extensions
-           if e.oid.dotted_string.startswith(_AMD_OID) and isinstance(e.value, x509.UnrecognizedExtension)}
+    amd = {
+        e.oid.dotted_string[len(_AMD_OID) :]: e.value.value
+        for e in cert.extensions
+        if e.oid.dotted_string.startswith(_AMD_OID) and isinstance(e.value, x509.UnrecognizedExtension)
+    }
     if _PRODUCT_NAME not in amd:
         raise MalformedEvidenceError("certificate has no AMD productName extension: not a VCEK or VLEK")
     name = _ia5_string(amd[_PRODUCT_NAME], "productName")
@@ -92,13 +97,20 @@ def endorsement_extensions(cert: x509.Certificate) -> EndorsementExtensions:
     csp = _ia5_string(amd[_CSP_ID], "cspID") if _CSP_ID in amd else None
     if (hwid is None) == (csp is None):
         raise MalformedEvidenceError("certificate must carry exactly one of hwID (VCEK) and cspID (VLEK)")
-    return EndorsementExtensions(product_name=name, product_line=line, tcb=TcbVersion(**spl),
-                                 reserved_spls=reserved, hwid=hwid, csp_id=csp)  # type: ignore[arg-type]
+    return EndorsementExtensions(
+        product_name=name,
+        product_line=line,
+        tcb=TcbVersion(**spl),
+        reserved_spls=reserved,  # type: ignore[arg-type]
+        hwid=hwid,
+        csp_id=csp,
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class CertTable:
     """The certificates of an SNP extended report, raw (DER as the host stored them), by GUID."""
+
     entries: tuple[tuple[uuid.UUID, bytes], ...]
 
     def get(self, guid: uuid.UUID) -> bytes | None:
@@ -128,7 +140,7 @@ def parse_cert_table(data: bytes) -> CertTable:
     for guid, offset, length in entries:
         if offset < pos or offset + length > len(data) or length == 0:
             raise MalformedEvidenceError(f"certificate table entry {guid} points outside the certificate data")
-        table.append((guid, data[offset:offset + length]))
+        table.append((guid, data[offset : offset + length]))
     if len({g for g, _ in table}) != len(table):
         raise MalformedEvidenceError("certificate table lists a GUID twice")
     return CertTable(tuple(table))

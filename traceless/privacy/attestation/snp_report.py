@@ -19,6 +19,7 @@ bytes 0 (boot loader), 1 (TEE), 6 (SNP), 7 (microcode); Turin adds an FMC SVN an
 from version 3 on (CPUID family/model), so TCBs are kept raw here and decoded with `decode_tcb`
 once the line is known (the verifier takes it from the AMD-signed VCEK).
 """
+
 from __future__ import annotations
 
 import struct
@@ -50,6 +51,7 @@ class ProductLine(Enum):
 
 class Signer(Enum):
     """KEY_INFO.SIGNING_KEY: which endorsement key signed the report."""
+
     VCEK = 0
     VLEK = 1
     NONE = 7
@@ -58,6 +60,7 @@ class Signer(Enum):
 @dataclass(frozen=True, slots=True)
 class TcbVersion:
     """Security version numbers of the firmware components; `fmc` exists on Turin only."""
+
     bootloader: int
     tee: int
     snp: int
@@ -67,8 +70,12 @@ class TcbVersion:
     def at_least(self, minimum: TcbVersion) -> bool:
         if minimum.fmc is not None and (self.fmc is None or self.fmc < minimum.fmc):
             return False
-        return (self.bootloader >= minimum.bootloader and self.tee >= minimum.tee and self.snp >= minimum.snp
-                and self.microcode >= minimum.microcode)
+        return (
+            self.bootloader >= minimum.bootloader
+            and self.tee >= minimum.tee
+            and self.snp >= minimum.snp
+            and self.microcode >= minimum.microcode
+        )
 
     def __str__(self) -> str:
         fmc = "" if self.fmc is None else f"fmc={self.fmc} "
@@ -154,9 +161,15 @@ def parse_policy(raw: int) -> GuestPolicy:
         raise MalformedEvidenceError("guest policy bit 17 (reserved, must be one) is zero")
     if raw >> _POLICY_KNOWN_BITS:
         raise MalformedEvidenceError("guest policy has bits set above bit 25")
-    return GuestPolicy(abi_minor=raw & 0xFF, abi_major=raw >> 8 & 0xFF, smt_allowed=bool(raw >> _POLICY_SMT & 1),
-                       migrate_ma=bool(raw >> _POLICY_MIGRATE_MA & 1), debug=bool(raw >> _POLICY_DEBUG & 1),
-                       single_socket=bool(raw >> _POLICY_SINGLE_SOCKET & 1), raw=raw)
+    return GuestPolicy(
+        abi_minor=raw & 0xFF,
+        abi_major=raw >> 8 & 0xFF,
+        smt_allowed=bool(raw >> _POLICY_SMT & 1),
+        migrate_ma=bool(raw >> _POLICY_MIGRATE_MA & 1),
+        debug=bool(raw >> _POLICY_DEBUG & 1),
+        single_socket=bool(raw >> _POLICY_SINGLE_SOCKET & 1),
+        raw=raw,
+    )
 
 
 def parse_snp_report(data: bytes) -> SnpReport:
@@ -174,22 +187,38 @@ def parse_snp_report(data: bytes) -> SnpReport:
     signing_key = key_info >> 2 & 7
     if signing_key not in (0, 1, 7):
         raise MalformedEvidenceError(f"KEY_INFO.SIGNING_KEY {signing_key} is reserved")
-    if signature_algo == ECDSA_P384_SHA384 and any(data[SIGNED_SIZE + 2 * _RS_SIZE:]):
+    if signature_algo == ECDSA_P384_SHA384 and any(data[SIGNED_SIZE + 2 * _RS_SIZE :]):
         raise MalformedEvidenceError("signature bytes after r and s are not zero")
     mit = struct.unpack_from("<QQ", data, 0x1F8) if version >= 5 else None
     return SnpReport(
-        version=version, guest_svn=guest_svn, policy=parse_policy(policy), family_id=data[0x10:0x20],
-        image_id=data[0x20:0x30], vmpl=vmpl, signature_algo=signature_algo,
-        current_tcb=data[0x38:0x40], platform_info=platform_info, author_key_en=bool(key_info & 1),
-        mask_chip_key=bool(key_info >> 1 & 1), signer=Signer(signing_key), report_data=data[0x50:0x90],
-        measurement=data[0x90:0xC0], host_data=data[0xC0:0xE0],
-        id_key_digest=data[0xE0:0x110], author_key_digest=data[0x110:0x140],
-        report_id=data[0x140:0x160], report_id_ma=data[0x160:0x180],
-        reported_tcb=data[0x180:0x188], cpuid=(data[0x188], data[0x189], data[0x18A]) if version >= 3 else None,
-        chip_id=data[0x1A0:0x1E0], committed_tcb=data[0x1E0:0x1E8],
+        version=version,
+        guest_svn=guest_svn,
+        policy=parse_policy(policy),
+        family_id=data[0x10:0x20],
+        image_id=data[0x20:0x30],
+        vmpl=vmpl,
+        signature_algo=signature_algo,
+        current_tcb=data[0x38:0x40],
+        platform_info=platform_info,
+        author_key_en=bool(key_info & 1),
+        mask_chip_key=bool(key_info >> 1 & 1),
+        signer=Signer(signing_key),
+        report_data=data[0x50:0x90],
+        measurement=data[0x90:0xC0],
+        host_data=data[0xC0:0xE0],
+        id_key_digest=data[0xE0:0x110],
+        author_key_digest=data[0x110:0x140],
+        report_id=data[0x140:0x160],
+        report_id_ma=data[0x160:0x180],
+        reported_tcb=data[0x180:0x188],
+        cpuid=(data[0x188], data[0x189], data[0x18A]) if version >= 3 else None,
+        chip_id=data[0x1A0:0x1E0],
+        committed_tcb=data[0x1E0:0x1E8],
         current_version=(data[0x1EA], data[0x1E9], data[0x1E8]),
-        committed_version=(data[0x1EE], data[0x1ED], data[0x1EC]), launch_tcb=data[0x1F0:0x1F8],
-        mit_vectors=mit, signed_bytes=data[0:SIGNED_SIZE],
-        signature_r=int.from_bytes(data[SIGNED_SIZE:SIGNED_SIZE + _RS_SIZE], "little"),
-        signature_s=int.from_bytes(data[SIGNED_SIZE + _RS_SIZE:SIGNED_SIZE + 2 * _RS_SIZE], "little"),
+        committed_version=(data[0x1EE], data[0x1ED], data[0x1EC]),
+        launch_tcb=data[0x1F0:0x1F8],
+        mit_vectors=mit,
+        signed_bytes=data[0:SIGNED_SIZE],
+        signature_r=int.from_bytes(data[SIGNED_SIZE : SIGNED_SIZE + _RS_SIZE], "little"),
+        signature_s=int.from_bytes(data[SIGNED_SIZE + _RS_SIZE : SIGNED_SIZE + 2 * _RS_SIZE], "little"),
     )

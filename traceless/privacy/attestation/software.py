@@ -21,6 +21,7 @@ holds an in-memory key; what that does and does not prove is in docs/attestation
 `verify_attestation` authenticates a document before it reads any claim, and raises one typed
 error per reason a client refuses a node.
 """
+
 from __future__ import annotations
 
 import base64
@@ -177,10 +178,14 @@ class AttestationClaims:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "eat_nonce": b64url_encode(self.eat_nonce), "iat": self.iat, "exp": self.exp,
+            "eat_nonce": b64url_encode(self.eat_nonce),
+            "iat": self.iat,
+            "exp": self.exp,
             "measurements": self.measurement.to_hex(),
             "ohttp_keys_sha256": self.ohttp_keys_sha256.hex(),
-            "attester_type": self.attester_type, "capacity": self.capacity, "node_url": self.node_url,
+            "attester_type": self.attester_type,
+            "capacity": self.capacity,
+            "node_url": self.node_url,
             "evidence": [],
         }
 
@@ -203,16 +208,18 @@ class AttestationClaims:
         return cls(nonce, iat, exp, measurement, ohttp, attester, capacity, node_url)
 
 
-def new_claims(statement: NodeStatement, nonce: bytes, now: int, attester_type: str,
-               ttl_s: int = 300) -> AttestationClaims:
+def new_claims(
+    statement: NodeStatement, nonce: bytes, now: int, attester_type: str, ttl_s: int = 300
+) -> AttestationClaims:
     """Claims for a document valid from `now` for `ttl_s` seconds, bound to the verifier's nonce."""
     if not NONCE_MIN <= len(nonce) <= NONCE_MAX or ttl_s <= 0:
         raise ValueError("eat_nonce must be 8..64 bytes and ttl_s positive")
     if not 1 <= statement.capacity <= MAX_CAPACITY:
         raise ValueError(f"capacity must be in [1, {MAX_CAPACITY}]")
     digest = hashlib.sha256(statement.ohttp_keys).digest()
-    return AttestationClaims(nonce, now, now + ttl_s, statement.measurement, digest, attester_type,
-                             statement.capacity, statement.node_url)
+    return AttestationClaims(
+        nonce, now, now + ttl_s, statement.measurement, digest, attester_type, statement.capacity, statement.node_url
+    )
 
 
 class Attester(ABC):
@@ -289,8 +296,12 @@ def document_kid(document: str) -> str:
 
 
 def verify_attestation(
-    document: str, trusted_keys: Iterable[Ed25519PublicKey | bytes], now: float,
-    expected_nonce: bytes | None = None, *, ohttp_keys: bytes | None = None,
+    document: str,
+    trusted_keys: Iterable[Ed25519PublicKey | bytes],
+    now: float,
+    expected_nonce: bytes | None = None,
+    *,
+    ohttp_keys: bytes | None = None,
     leeway_s: int = 0,
 ) -> AttestationClaims:
     """Authenticate `document`, then check its validity period (with `leeway_s` of clock skew
@@ -301,8 +312,12 @@ def verify_attestation(
     header = _strict_json(b64url_decode(parts[0]))
     payload, signature = b64url_decode(parts[1]), b64url_decode(parts[2])
     kid = header.get("kid")
-    if (header.get("alg") != JWS_ALG or str(header.get("typ", "")).lower() != EAT_TYP
-            or "crit" in header or not isinstance(kid, str)):
+    if (
+        header.get("alg") != JWS_ALG
+        or str(header.get("typ", "")).lower() != EAT_TYP
+        or "crit" in header
+        or not isinstance(kid, str)
+    ):
         raise MalformedAttestationError("header is not alg EdDSA, typ eat+jwt, a kid and no crit")
     key = trusted_by_kid(trusted_keys).get(kid)
     if key is None:
@@ -320,6 +335,7 @@ def verify_attestation(
     if expected_nonce is not None and not hmac.compare_digest(claims.eat_nonce, expected_nonce):
         raise NonceMismatchError("document does not carry the verifier's nonce")
     if ohttp_keys is not None and not hmac.compare_digest(
-            claims.ohttp_keys_sha256, hashlib.sha256(ohttp_keys).digest()):
+        claims.ohttp_keys_sha256, hashlib.sha256(ohttp_keys).digest()
+    ):
         raise OhttpKeyMismatchError("document attests a different OHTTP key configuration")
     return claims

@@ -16,6 +16,7 @@ result names every check that did not run.
     result = verify_tdx(quote, TdxTrust(roots=(intel_root,)), TdxPolicy(mr_td=...),
                         report_data=expected, collateral=TdxCollateral.from_dir(d), at=now)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,11 +39,25 @@ from traceless.privacy.attestation.tdx_collateral import (
 )
 from traceless.privacy.attestation.tdx_quote import TdReport, TdxQuote, parse_tdx_quote
 
-CHECKS = ("quote-format", "pck-chain", "qe-report-signature", "qe-binding", "quote-signature",
-          "collateral-signatures", "collateral-current", "revocation", "tcb-status", "td-attributes", "mr-td",
-          "rtmrs", "report-data")
-STATEMENT = ("a TDX quoting enclave on a platform holding an Intel-certified PCK key signed this TD report "
-             "(MRTD, RTMRs, attributes, REPORTDATA); with collateral, the platform's TCB level is as stated")
+CHECKS = (
+    "quote-format",
+    "pck-chain",
+    "qe-report-signature",
+    "qe-binding",
+    "quote-signature",
+    "collateral-signatures",
+    "collateral-current",
+    "revocation",
+    "tcb-status",
+    "td-attributes",
+    "mr-td",
+    "rtmrs",
+    "report-data",
+)
+STATEMENT = (
+    "a TDX quoting enclave on a platform holding an Intel-certified PCK key signed this TD report "
+    "(MRTD, RTMRs, attributes, REPORTDATA); with collateral, the platform's TCB level is as stated"
+)
 _NO_COLLATERAL = "not run: no collateral given (TCB info, QE identity, CRLs)"
 
 
@@ -78,16 +93,29 @@ class TdxClaims:
     advisory_ids: tuple[str, ...]
 
 
-def verify_tdx(quote: bytes, trust: TdxTrust, policy: TdxPolicy = TdxPolicy(), *, report_data: bytes | None = None,
-               collateral: TdxCollateral | None = None, at: datetime | None = None) -> VerificationResult:
+def verify_tdx(
+    quote: bytes,
+    trust: TdxTrust,
+    policy: TdxPolicy = TdxPolicy(),
+    *,
+    report_data: bytes | None = None,
+    collateral: TdxCollateral | None = None,
+    at: datetime | None = None,
+) -> VerificationResult:
     """Verify a TDX quote; never raises on bad evidence (a failed check says why)."""
     when = at or datetime.now(UTC)
     run = CheckRun("tdx", CHECKS, STATEMENT)
     return run.complete(lambda: _verify(run, quote, trust, policy, (report_data, collateral), when))
 
 
-def _verify(run: CheckRun, data: bytes, trust: TdxTrust, policy: TdxPolicy,
-            given: tuple[bytes | None, TdxCollateral | None], at: datetime) -> TdxClaims:
+def _verify(
+    run: CheckRun,
+    data: bytes,
+    trust: TdxTrust,
+    policy: TdxPolicy,
+    given: tuple[bytes | None, TdxCollateral | None],
+    at: datetime,
+) -> TdxClaims:
     report_data, collateral = given
     quote = run.run("quote-format", lambda: _format(data))
     chain, root, roots = run.run("pck-chain", lambda: _pck_chain(quote, trust, at))
@@ -106,11 +134,24 @@ def _verify(run: CheckRun, data: bytes, trust: TdxTrust, policy: TdxPolicy,
     td = quote.td_report
     run.run("td-attributes", lambda: _attributes(td))
     _expectations(run, td, policy, report_data)
-    return TdxClaims(version=quote.version, mr_td=td.mr_td, rtmrs=td.rtmrs, report_data=td.report_data,
-                     td_attributes=td.td_attributes, xfam=td.xfam, mr_config_id=td.mr_config_id,
-                     mr_owner=td.mr_owner, mr_owner_config=td.mr_owner_config, mr_seam=td.mr_seam,
-                     mr_signer_seam=td.mr_signer_seam, tee_tcb_svn=td.tee_tcb_svn, tee_tcb_svn2=td.tee_tcb_svn2,
-                     mr_service_td=td.mr_service_td, tcb_status=status[0], advisory_ids=status[1])
+    return TdxClaims(
+        version=quote.version,
+        mr_td=td.mr_td,
+        rtmrs=td.rtmrs,
+        report_data=td.report_data,
+        td_attributes=td.td_attributes,
+        xfam=td.xfam,
+        mr_config_id=td.mr_config_id,
+        mr_owner=td.mr_owner,
+        mr_owner_config=td.mr_owner_config,
+        mr_seam=td.mr_seam,
+        mr_signer_seam=td.mr_signer_seam,
+        tee_tcb_svn=td.tee_tcb_svn,
+        tee_tcb_svn2=td.tee_tcb_svn2,
+        mr_service_td=td.mr_service_td,
+        tcb_status=status[0],
+        advisory_ids=status[1],
+    )
 
 
 def _format(data: bytes) -> tuple[TdxQuote, str]:
@@ -119,8 +160,9 @@ def _format(data: bytes) -> tuple[TdxQuote, str]:
     return quote, f"TDX quote v{quote.version}, {body}, {len(data)} bytes, ECDSA P-256 attestation key"
 
 
-def _pck_chain(quote: TdxQuote, trust: TdxTrust, at: datetime) -> tuple[
-        tuple[list[x509.Certificate], x509.Certificate, list[x509.Certificate]], str]:
+def _pck_chain(
+    quote: TdxQuote, trust: TdxTrust, at: datetime
+) -> tuple[tuple[list[x509.Certificate], x509.Certificate, list[x509.Certificate]], str]:
     roots = [certs.load_certificate(r, "pinned Intel root") for r in trust.roots]
     chain = list(certs.load_pem_chain(quote.pck_chain_pem, "PCK certificate chain"))
     root = certs.check_chain(chain, roots, at, ["PCK certificate", "PCK CA"])
@@ -152,21 +194,28 @@ def _quote_signature(quote: TdxQuote) -> tuple[None, str]:
     return None, f"the attestation key signed the quote header and TD report ({len(quote.signed_bytes)} bytes)"
 
 
-def _tcb_status(data: bytes, quote: TdxQuote, checked: CheckedCollateral, raw: TdxCollateral,
-                root_at: tuple[x509.Certificate, datetime],
-                policy: TdxPolicy) -> tuple[tuple[str, tuple[str, ...]], str]:
+def _tcb_status(
+    data: bytes,
+    quote: TdxQuote,
+    checked: CheckedCollateral,
+    raw: TdxCollateral,
+    root_at: tuple[x509.Certificate, datetime],
+    policy: TdxPolicy,
+) -> tuple[tuple[str, tuple[str, ...]], str]:
     root, at = root_at
     chain = certs.load_pem_chain(quote.pck_chain_pem, "PCK certificate chain")
     issuer_chain = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in (chain[1], root))
     try:
-        status, advisories = tcb_status(data, checked, raw, issuer_chain,
-                                        root.public_bytes(serialization.Encoding.DER), at)
+        status, advisories = tcb_status(
+            data, checked, raw, issuer_chain, root.public_bytes(serialization.Encoding.DER), at
+        )
     except ValueError as e:
         raise CheckFailed(f"dcap-qvl: {str(e).splitlines()[0]}") from None
     listed = f", advisories {', '.join(advisories)}" if advisories else ""
     if status not in policy.accepted_tcb_statuses:
-        raise CheckFailed(f"TCB status {status} is not accepted ({', '.join(sorted(policy.accepted_tcb_statuses))})"
-                          + listed)
+        raise CheckFailed(
+            f"TCB status {status} is not accepted ({', '.join(sorted(policy.accepted_tcb_statuses))})" + listed
+        )
     return (status, advisories), f"dcap-qvl: TCB status {status}{listed}"
 
 

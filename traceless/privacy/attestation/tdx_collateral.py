@@ -18,6 +18,7 @@ Directory layout for `TdxCollateral.from_dir`:
     pck_crl.der           PCS /sgx/certification/v4/pckcrl (DER or PEM)
     root_crl.der          Intel SGX Root CA CRL (DER or PEM)
 """
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ class TdxCollateral:
 @dataclass(frozen=True, slots=True)
 class SignedJson:
     """A PCS document: the exact bytes Intel signed, the parsed object and the raw signature."""
+
     raw: bytes
     body: dict
     signature: bytes  # r || s, big-endian, 64 bytes
@@ -76,7 +78,8 @@ def signed_json(document: bytes, member: str) -> SignedJson:
         signature = bytes.fromhex(json.loads(text[sig_start:sig_end]))
     except (ValueError, TypeError, RecursionError) as e:  # RecursionError: hostile nesting depth
         raise MalformedEvidenceError(
-            f"collateral {member}: not a signed PCS JSON document ({type(e).__name__})") from None
+            f"collateral {member}: not a signed PCS JSON document ({type(e).__name__})"
+        ) from None
     if not isinstance(body, dict) or len(signature) != 64:
         raise MalformedEvidenceError(f"collateral {member}: body is not an object or signature is not 64 bytes")
     return SignedJson(raw=text[start:end].encode("utf-8"), body=body, signature=signature)
@@ -86,22 +89,22 @@ def _top_level_spans(text: str, decoder: json.JSONDecoder) -> dict[str, tuple[in
     """Character spans of the values of a JSON object's members."""
     ws = " \t\r\n"
     pos = len(text) - len(text.lstrip(ws))
-    if text[pos:pos + 1] != "{":
+    if text[pos : pos + 1] != "{":
         raise ValueError("not an object")
     pos += 1
     spans: dict[str, tuple[int, int]] = {}
     while True:
         key, pos = decoder.raw_decode(text, len(text) - len(text[pos:].lstrip(ws)))
         pos = len(text) - len(text[pos:].lstrip(ws))
-        if text[pos:pos + 1] != ":" or not isinstance(key, str) or key in spans:
+        if text[pos : pos + 1] != ":" or not isinstance(key, str) or key in spans:
             raise ValueError("bad member")
-        start = len(text) - len(text[pos + 1:].lstrip(ws))
+        start = len(text) - len(text[pos + 1 :].lstrip(ws))
         _, end = decoder.raw_decode(text, start)
         spans[key] = (start, end)
         pos = len(text) - len(text[end:].lstrip(ws))
-        if text[pos:pos + 1] == "}" and not text[pos + 1:].strip(ws):
+        if text[pos : pos + 1] == "}" and not text[pos + 1 :].strip(ws):
             return spans
-        if text[pos:pos + 1] != ",":
+        if text[pos : pos + 1] != ",":
             raise ValueError("bad separator")
         pos += 1
 
@@ -134,8 +137,9 @@ class CheckedCollateral:
     root_crl: x509.CertificateRevocationList
 
 
-def check_signatures(col: TdxCollateral, roots: list[x509.Certificate], pck_ca: x509.Certificate,
-                     at: datetime) -> tuple[CheckedCollateral, str]:
+def check_signatures(
+    col: TdxCollateral, roots: list[x509.Certificate], pck_ca: x509.Certificate, at: datetime
+) -> tuple[CheckedCollateral, str]:
     """TCB signing certificate under a pinned root; TCB info, QE identity and both CRLs signed."""
     chain = certs.load_pem_chain(col.tcb_signing_chain, "TCB signing chain")
     root = certs.check_chain(chain, roots, at, ["TCB signing certificate"])
@@ -154,7 +158,8 @@ def check_signatures(col: TdxCollateral, roots: list[x509.Certificate], pck_ca: 
             raise CheckFailed(f"{what} is not signed by {certs.common_name(issuer)}")
     return CheckedCollateral(tcb_info, qe_identity, signing, pck_crl, root_crl), (
         "TCB info and QE identity signed by the Intel TCB signing key (under the pinned root); "
-        f"PCK CRL signed by {certs.common_name(pck_ca)}, root CRL by {certs.common_name(root)}")
+        f"PCK CRL signed by {certs.common_name(pck_ca)}, root CRL by {certs.common_name(root)}"
+    )
 
 
 def check_current(col: CheckedCollateral, at: datetime) -> tuple[None, str]:
@@ -163,13 +168,17 @@ def check_current(col: CheckedCollateral, at: datetime) -> tuple[None, str]:
         issued, expires = _json_time(doc.body, member, what), _json_time(doc.body, "nextUpdate", what)
         if not issued <= at < expires:
             raise CheckFailed(f"{what} is valid {issued.isoformat()} to {expires.isoformat()}, not at {at.isoformat()}")
-    expiries = [_json_time(col.tcb_info.body, "nextUpdate", "TCB info"),
-                _json_time(col.qe_identity.body, "nextUpdate", "QE identity")]
+    expiries = [
+        _json_time(col.tcb_info.body, "nextUpdate", "TCB info"),
+        _json_time(col.qe_identity.body, "nextUpdate", "QE identity"),
+    ]
     for crl, what in ((col.pck_crl, "PCK CRL"), (col.root_crl, "root CRL")):
         next_update = crl.next_update_utc
         if next_update is None or not crl.last_update_utc <= at < next_update:
-            raise CheckFailed(f"{what} is not current at {at.isoformat()} (next update "
-                              f"{next_update.isoformat() if next_update else 'absent'})")
+            raise CheckFailed(
+                f"{what} is not current at {at.isoformat()} (next update "
+                f"{next_update.isoformat() if next_update else 'absent'})"
+            )
         expiries.append(next_update)
     soonest = min(expiries)
     return None, f"TCB info, QE identity and CRLs are current at {at.isoformat()} (first expiry {soonest.isoformat()})"
@@ -178,25 +187,34 @@ def check_current(col: CheckedCollateral, at: datetime) -> tuple[None, str]:
 def check_revocation(col: CheckedCollateral, pck_chain: list[x509.Certificate]) -> tuple[None, str]:
     """Neither the PCK certificate, its CA nor the TCB signing certificate is revoked."""
     leaf, ca = pck_chain[0], pck_chain[1]
-    for crl, cert, what in ((col.pck_crl, leaf, "PCK certificate"), (col.root_crl, ca, "PCK CA"),
-                            (col.root_crl, col.tcb_signing, "TCB signing certificate")):
+    for crl, cert, what in (
+        (col.pck_crl, leaf, "PCK certificate"),
+        (col.root_crl, ca, "PCK CA"),
+        (col.root_crl, col.tcb_signing, "TCB signing certificate"),
+    ):
         if crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
             raise CheckFailed(f"the {what} ({certs.common_name(cert)}) is revoked")
     return None, "PCK certificate, PCK CA and TCB signing certificate are not on the CRLs"
 
 
-def tcb_status(quote: bytes, col: CheckedCollateral, raw: TdxCollateral, pck_issuer_chain: bytes, root_der: bytes,
-               at: datetime) -> tuple[str, tuple[str, ...]]:
+def tcb_status(
+    quote: bytes, col: CheckedCollateral, raw: TdxCollateral, pck_issuer_chain: bytes, root_der: bytes, at: datetime
+) -> tuple[str, tuple[str, ...]]:
     """dcap-qvl's verdict for the quote under this collateral and the pinned root: the TCB status
     of the matching TCB level ("UpToDate", "OutOfDate", ...) and the Intel advisories it lists.
     dcap-qvl raises ValueError when it cannot match a TCB level or any of its own checks fails."""
     import dcap_qvl  # imported here: a 6 MB native module that only this check needs
 
     collateral = dcap_qvl.QuoteCollateralV3(
-        pck_crl_issuer_chain=pck_issuer_chain.decode("ascii"), root_ca_crl=col.root_crl.public_bytes(Encoding.DER),
-        pck_crl=col.pck_crl.public_bytes(Encoding.DER), tcb_info_issuer_chain=raw.tcb_signing_chain.decode("ascii"),
-        tcb_info=col.tcb_info.raw.decode("utf-8"), tcb_info_signature=col.tcb_info.signature,
-        qe_identity_issuer_chain=raw.tcb_signing_chain.decode("ascii"), qe_identity=col.qe_identity.raw.decode("utf-8"),
-        qe_identity_signature=col.qe_identity.signature)
+        pck_crl_issuer_chain=pck_issuer_chain.decode("ascii"),
+        root_ca_crl=col.root_crl.public_bytes(Encoding.DER),
+        pck_crl=col.pck_crl.public_bytes(Encoding.DER),
+        tcb_info_issuer_chain=raw.tcb_signing_chain.decode("ascii"),
+        tcb_info=col.tcb_info.raw.decode("utf-8"),
+        tcb_info_signature=col.tcb_info.signature,
+        qe_identity_issuer_chain=raw.tcb_signing_chain.decode("ascii"),
+        qe_identity=col.qe_identity.raw.decode("utf-8"),
+        qe_identity_signature=col.qe_identity.signature,
+    )
     report = dcap_qvl.verify_with_root_ca(quote, collateral, root_der, int(at.timestamp()))
     return str(report.status), tuple(str(a) for a in report.advisory_ids)

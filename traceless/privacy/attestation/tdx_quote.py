@@ -21,6 +21,7 @@ Verification Library API, "Quote Format"). Integers are little-endian; digests a
 The quoting enclave binds the attestation key: QE report REPORTDATA = SHA-256(attestation key ||
 QE auth data) || 32 zero bytes, and the PCK key (certified by Intel) signs the QE report.
 """
+
 from __future__ import annotations
 
 import struct
@@ -97,7 +98,7 @@ class _Reader:
         if n < 0 or self.pos + n > len(self.data):
             raise MalformedEvidenceError(f"{self.what}: {field} runs past the end ({len(self.data)} bytes)")
         self.pos += n
-        return self.data[self.pos - n:self.pos]
+        return self.data[self.pos - n : self.pos]
 
     def u16(self, field: str) -> int:
         return struct.unpack("<H", self.take(2, field))[0]
@@ -120,19 +121,40 @@ def parse_td_report(body: bytes) -> TdReport:
     report_data = r.take(64, "REPORTDATA")
     extra = (r.take(16, "TEE_TCB_SVN2"), r.take(48, "MRSERVICETD")) if len(body) == TD_REPORT_15_SIZE else (None, None)
     r.end()
-    return TdReport(tee_tcb_svn, mr_seam, mr_signer_seam, seam_attributes, td_attributes, xfam, mr_td, mr_config_id,
-                    mr_owner, mr_owner_config, rtmrs=rtmrs, report_data=report_data, tee_tcb_svn2=extra[0],
-                    mr_service_td=extra[1])
+    return TdReport(
+        tee_tcb_svn,
+        mr_seam,
+        mr_signer_seam,
+        seam_attributes,
+        td_attributes,
+        xfam,
+        mr_td,
+        mr_config_id,
+        mr_owner,
+        mr_owner_config,
+        rtmrs=rtmrs,
+        report_data=report_data,
+        tee_tcb_svn2=extra[0],
+        mr_service_td=extra[1],
+    )
 
 
 def parse_qe_report(raw: bytes) -> QeReport:
     if len(raw) != QE_REPORT_SIZE:
         raise MalformedEvidenceError(f"QE report is {len(raw)} bytes, expected {QE_REPORT_SIZE}")
-    misc_select, = struct.unpack_from("<I", raw, 16)
+    (misc_select,) = struct.unpack_from("<I", raw, 16)
     isv_prod_id, isv_svn = struct.unpack_from("<HH", raw, 256)
-    return QeReport(raw=raw, cpu_svn=raw[0:16], misc_select=misc_select, attributes=raw[48:64],
-                    mr_enclave=raw[64:96], mr_signer=raw[128:160], isv_prod_id=isv_prod_id, isv_svn=isv_svn,
-                    report_data=raw[320:384])
+    return QeReport(
+        raw=raw,
+        cpu_svn=raw[0:16],
+        misc_select=misc_select,
+        attributes=raw[48:64],
+        mr_enclave=raw[64:96],
+        mr_signer=raw[128:160],
+        isv_prod_id=isv_prod_id,
+        isv_svn=isv_svn,
+        report_data=raw[320:384],
+    )
 
 
 def _header(r: _Reader) -> tuple[int, bytes]:
@@ -186,6 +208,16 @@ def parse_tdx_quote(data: bytes) -> TdxQuote:
         raise UnsupportedEvidenceError(f"certification data type {kind} is not QE report certification data (6)")
     qe_report, qe_signature, auth, chain = _certification(signature_data.take(size, "certification data"))
     signature_data.end()
-    return TdxQuote(version=version, header=header, qe_vendor_id=header[12:28], td_report=parse_td_report(body),
-                    signed_bytes=data[:signed_end], signature=signature, attestation_key=key, qe_report=qe_report,
-                    qe_report_signature=qe_signature, qe_auth_data=auth, pck_chain_pem=chain)
+    return TdxQuote(
+        version=version,
+        header=header,
+        qe_vendor_id=header[12:28],
+        td_report=parse_td_report(body),
+        signed_bytes=data[:signed_end],
+        signature=signature,
+        attestation_key=key,
+        qe_report=qe_report,
+        qe_report_signature=qe_signature,
+        qe_auth_data=auth,
+        pck_chain_pem=chain,
+    )

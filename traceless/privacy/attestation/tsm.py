@@ -14,6 +14,7 @@ A private entry per request (random name, mode 0700) keeps other processes from 
 REPORT_DATA into ours; the generation count read before the first write and after the last read
 must differ by exactly our writes, which detects a writer that found the entry anyway.
 """
+
 from __future__ import annotations
 
 import errno
@@ -50,8 +51,9 @@ class ConfigFs:
 
 
 class TsmCollector(Collector):
-    def __init__(self, root: Path = TSM_REPORT_ROOT, *, privlevel: int | None = None,
-                 configfs: ConfigFs | None = None) -> None:
+    def __init__(
+        self, root: Path = TSM_REPORT_ROOT, *, privlevel: int | None = None, configfs: ConfigFs | None = None
+    ) -> None:
         self._root = root
         self._privlevel = privlevel
         self._fs = configfs or ConfigFs()
@@ -60,19 +62,24 @@ class TsmCollector(Collector):
         if len(report_data) != REPORT_DATA_SIZE:
             raise InvalidRequestError(f"report_data is {len(report_data)} bytes, configfs-tsm needs {REPORT_DATA_SIZE}")
         if not self._root.is_dir():
-            raise NoTsmError(f"no configfs-tsm report interface at {self._root} (needs a Linux 6.7+ SEV-SNP or "
-                             "TDX guest with configfs mounted)")
+            raise NoTsmError(
+                f"no configfs-tsm report interface at {self._root} (needs a Linux 6.7+ SEV-SNP or "
+                "TDX guest with configfs mounted)"
+            )
         entry = self._root / f"traceless-{secrets.token_hex(8)}"
         try:
             self._fs.create(entry)
         except OSError as e:
-            raise CollectorError(f"cannot create a report entry under {self._root}: "
-                                 f"{errno.errorcode.get(e.errno or 0, 'error')}") from None
+            raise CollectorError(
+                f"cannot create a report entry under {self._root}: {errno.errorcode.get(e.errno or 0, 'error')}"
+            ) from None
         try:
             return self._generate(entry, bytes(report_data))
         except OSError as e:
-            raise CollectorError(f"configfs-tsm report failed: {errno.errorcode.get(e.errno or 0, 'error')} "
-                                 f"on {Path(e.filename or '').name or 'entry'}") from None
+            raise CollectorError(
+                f"configfs-tsm report failed: {errno.errorcode.get(e.errno or 0, 'error')} "
+                f"on {Path(e.filename or '').name or 'entry'}"
+            ) from None
         finally:
             try:
                 self._fs.remove(entry)
@@ -95,8 +102,10 @@ class TsmCollector(Collector):
         aux = (entry / "auxblob").read_bytes() if kind == "snp" and (entry / "auxblob").exists() else b""
         after = _generation(entry)
         if after != before + writes:
-            raise EvidenceRaceError(f"report entry generation went {before} -> {after} over {writes} writes: "
-                                    "another writer changed the request")
+            raise EvidenceRaceError(
+                f"report entry generation went {before} -> {after} over {writes} writes: "
+                "another writer changed the request"
+            )
         if not blob:
             raise CollectorError("configfs-tsm returned an empty report")
         return Evidence(kind=kind, blob=blob, aux=aux, provider=provider)

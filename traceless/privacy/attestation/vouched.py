@@ -18,6 +18,7 @@ URL, attester type), so nothing the evidence did not vouch for can ride on the f
 With no base (`None`), the evidence, if any, binds the document itself, as a node that collects
 evidence for every document offers it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -46,9 +47,16 @@ def evidence_bound(document: str, base: str | None) -> str:
     return document if base is None else base
 
 
-def verify_with_base(document: str, base: str | None, trusted_keys: Iterable[Ed25519PublicKey | bytes],
-                     now: float, expected_nonce: bytes | None, *, ohttp_keys: bytes | None,
-                     leeway_s: int = 0) -> AttestationClaims:
+def verify_with_base(
+    document: str,
+    base: str | None,
+    trusted_keys: Iterable[Ed25519PublicKey | bytes],
+    now: float,
+    expected_nonce: bytes | None,
+    *,
+    ohttp_keys: bytes | None,
+    leeway_s: int = 0,
+) -> AttestationClaims:
     """`verify_attestation` of `document`, and with a base, of the base too (without a nonce: the node
     chose it), under the same key, restating the same claims; BaseMismatchError otherwise. Returns
     the fresh document's claims."""

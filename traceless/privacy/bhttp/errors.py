@@ -1,4 +1,5 @@
 """Binary HTTP's errors (RFC 9292)."""
+
 from __future__ import annotations
 
 from traceless.privacy.errors import MalformedMessageError

@@ -4,6 +4,7 @@ Field names and values follow HTTP/2's rules (RFC 9113 §8.2.1), as RFC 9292 §3
 the pseudo-fields that carry control data in HTTP/2 are invalid as fields here (RFC 9292 §6).
 Each check raises `BhttpError` naming the part and rule, never quoting the bytes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

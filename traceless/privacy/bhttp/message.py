@@ -12,6 +12,7 @@ Decoding is strict: any truncation at a point §3.8 does not allow, non-zero pad
 out-of-range status or an invalid field raises `BhttpError`; never IndexError, never a partial
 message. Messages hold user content, so their repr shows only sizes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -211,8 +212,12 @@ def _read_framing(r: ByteReader, known: int, indeterminate: int, what: str) -> b
 
 def _read_control_data(r: ByteReader) -> tuple[bytes, bytes, bytes, bytes]:
     """Method, scheme, authority and path (§3.4), each length-prefixed."""
-    return (r.read_length_prefixed("method"), r.read_length_prefixed("scheme"),
-            r.read_length_prefixed("authority"), r.read_length_prefixed("path"))
+    return (
+        r.read_length_prefixed("method"),
+        r.read_length_prefixed("scheme"),
+        r.read_length_prefixed("authority"),
+        r.read_length_prefixed("path"),
+    )
 
 
 def decode_request(data: bytes) -> Request:
@@ -250,9 +255,7 @@ def decode_request_buffer(buf: bytearray) -> tuple[Request, bytearray]:
 def decode_response(data: bytes) -> Response:
     """Decode a known- or indeterminate-length response (framing indicator 1 or 3)."""
     r = ByteReader(data, BhttpError)
-    known_length = _read_framing(
-        r, KNOWN_LENGTH_RESPONSE, INDETERMINATE_LENGTH_RESPONSE, "response"
-    )
+    known_length = _read_framing(r, KNOWN_LENGTH_RESPONSE, INDETERMINATE_LENGTH_RESPONSE, "response")
     informational: list[InformationalResponse] = []
     status = r.read_varint("status code")
     while status < 200:

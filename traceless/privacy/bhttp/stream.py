@@ -12,6 +12,7 @@ length stands for bytes that must leave before the final head is known: padding 
 once, then content chunks.
 Informational (1xx) responses are skipped by the decoder. Malformed input raises BhttpError.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -129,7 +130,7 @@ class ResponseStreamDecoder:
             return False
         if name_len > MAX_FIELD_BYTES:
             raise BhttpError("field name too long")
-        value_at = peek_varint(self._buf[size + name_len:]) if len(self._buf) >= size + name_len else None
+        value_at = peek_varint(self._buf[size + name_len :]) if len(self._buf) >= size + name_len else None
         if value_at is None:
             return None
         value_len, value_size = value_at
@@ -138,8 +139,8 @@ class ResponseStreamDecoder:
         end = size + name_len + value_size + value_len
         if len(self._buf) < end:
             return None
-        name = bytes(self._buf[size:size + name_len])
-        value = bytes(self._buf[size + name_len + value_size:end])
+        name = bytes(self._buf[size : size + name_len])
+        value = bytes(self._buf[size + name_len + value_size : end])
         del self._buf[:end]
         self._fields.append((name, value))
         return True
@@ -212,8 +213,8 @@ class ResponseStreamDecoder:
             return True
         if len(self._buf) < size + length:
             return False
-        out.append(bytes(self._buf[size:size + length]))
-        self._buf[:size + length] = b""
+        out.append(bytes(self._buf[size : size + length]))
+        self._buf[: size + length] = b""
         return True
 
     def wipe(self) -> None:

@@ -3,6 +3,7 @@
 `AeadKey.open` turns every failure into the one opaque `DecryptError`; nothing about the
 ciphertext, tag or key leaves this module in an error.
 """
+
 from __future__ import annotations
 
 import enum

@@ -10,6 +10,7 @@ context state machine. State rules (STYLE rule 7): `open` advances the sequence 
 after the tag verified, and every failure of `setup_base_r` or `open` is the one opaque
 `DecryptError`. A context is not thread-safe; use one per message exchange.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class Suite:
 
     @property
     def suite_id(self) -> bytes:
-        """"HPKE" || I2OSP(kem_id, 2) || I2OSP(kdf_id, 2) || I2OSP(aead_id, 2) (§5.1)."""
+        """ "HPKE" || I2OSP(kem_id, 2) || I2OSP(kdf_id, 2) || I2OSP(aead_id, 2) (§5.1)."""
         ids = (self.kem_id, self.kdf_id, self.aead_id)
         return b"HPKE" + b"".join(i.to_bytes(2, "big") for i in ids)
 
@@ -185,8 +186,6 @@ def seal_base(suite: Suite, pk_r: bytes, info: bytes, aad: bytes, pt: bytes) -> 
     return enc, ctx.seal(aad, pt)
 
 
-def open_base(
-    suite: Suite, enc: bytes, sk_r: KemPrivateKey, info: bytes, aad: bytes, ct: bytes
-) -> bytes:
+def open_base(suite: Suite, enc: bytes, sk_r: KemPrivateKey, info: bytes, aad: bytes, ct: bytes) -> bytes:
     """Single-shot OpenBase(enc, skR, info, aad, ct) -> pt (§6.1); failures are DecryptError."""
     return setup_base_r(suite, enc, sk_r, info).open(aad, ct)

@@ -6,6 +6,7 @@ HKDF-Extract and HKDF-Expand come from `cryptography`; this module only adds HPK
     LabeledExpand(prk, label, info, L) = Expand(prk, I2OSP(L, 2) || "HPKE-v1" || suite_id
                                                 || label || info, L)
 """
+
 from __future__ import annotations
 
 import enum

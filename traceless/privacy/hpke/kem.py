@@ -9,6 +9,7 @@ The DH functions are `cryptography`'s; this module composes them as the RFC's DH
 Private keys live in `KemPrivateKey`, which has no way to serialize its secret: a key that is
 generated in memory stays there (threat T10, docs/threat-model.md: a restart is a cryptographic erase).
 """
+
 from __future__ import annotations
 
 import enum
@@ -55,8 +56,7 @@ class KemParams:
 
 _P256_ORDER = _hex("FFFFFFFF 00000000 FFFFFFFF FFFFFFFF BCE6FAAD A7179E84 F3B9CAC2 FC632551")
 _P384_ORDER = _hex(
-    "FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF C7634D81 F4372DDF"
-    " 581A0DB2 48B0A77A ECEC196A CCC52973"
+    "FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF C7634D81 F4372DDF 581A0DB2 48B0A77A ECEC196A CCC52973"
 )
 _P521_ORDER = _hex(
     "01FF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFF FFFFFFFA"
@@ -167,9 +167,7 @@ def derive_key_pair(kem_id: KemId, ikm: bytes) -> KemPrivateKey:
         return deserialize_private_key(kem_id, kdf.labeled_expand(dkp_prk, b"sk", b"", params.n_sk))
     # NIST curves: rejection sampling; the bitmask trims P-521's 66 bytes to 521 bits.
     for counter in range(256):
-        candidate = bytearray(
-            kdf.labeled_expand(dkp_prk, b"candidate", bytes([counter]), params.n_sk)
-        )
+        candidate = bytearray(kdf.labeled_expand(dkp_prk, b"candidate", bytes([counter]), params.n_sk))
         candidate[0] &= params.bitmask
         scalar = int.from_bytes(candidate, "big")
         if 0 < scalar < params.order:
@@ -183,9 +181,7 @@ def _extract_and_expand(kem_id: KemId, dh: bytes, kem_context: bytes) -> bytes:
     return kdf.labeled_expand(eae_prk, b"shared_secret", kem_context, KEM_PARAMS[kem_id].n_secret)
 
 
-def encap(
-    kem_id: KemId, pk_r: bytes, ephemeral: KemPrivateKey | None = None
-) -> tuple[bytes, bytes]:
+def encap(kem_id: KemId, pk_r: bytes, ephemeral: KemPrivateKey | None = None) -> tuple[bytes, bytes]:
     """Encap(pkR) -> (shared_secret, enc). `ephemeral` replaces the fresh key in KATs only."""
     try:
         public_key = deserialize_public_key(kem_id, pk_r)

@@ -11,6 +11,7 @@ benchmarks, the tests) encodes here, so an attack harness sees exactly the clien
 The authority is fixed: the node serves one origin, and a per-sender authority would be one more
 thing that tells senders apart.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ class OhttpCall:
         return isinstance(self.context, ChunkedClientResponse)
 
 
-def encapsulate_call(config: KeyConfig, path: bytes, body: bytes | None, *, stream: bool, pad: bool = True,
-                     method: bytes | None = None) -> OhttpCall:
+def encapsulate_call(
+    config: KeyConfig, path: bytes, body: bytes | None, *, stream: bool, pad: bool = True, method: bytes | None = None
+) -> OhttpCall:
     """`encode_call` encapsulated to `config`: chunked (message/ohttp-chunked-req) when `stream`."""
     inner = encode_call(path, body, pad=pad, method=method)
     if stream:

@@ -18,6 +18,7 @@ only when `finish()` returns: a stream that stops without an authenticated final
 bytes past it, or was tampered with anywhere raises the opaque DecryptError, after which the
 decryptor refuses all further input.
 """
+
 from __future__ import annotations
 
 import os
@@ -79,9 +80,7 @@ def encapsulate_chunked_request(
     if not chunks:
         raise ChunkError("a chunked request needs at least its final chunk")
     if any(len(c) > MAX_CHUNK_PLAINTEXT for c in chunks) or not all(chunks[:-1]):
-        raise ChunkError(
-            f"chunks hold at most {MAX_CHUNK_PLAINTEXT} bytes; only the final one may be empty"
-        )
+        raise ChunkError(f"chunks hold at most {MAX_CHUNK_PLAINTEXT} bytes; only the final one may be empty")
     prefix, enc, context = seal_request_context(
         config, CHUNKED_REQUEST_LABEL, symmetric_algorithm, _ephemeral_secret_key_for_tests
     )
@@ -187,13 +186,9 @@ class ChunkedResponseEncryptor:
 class ChunkedResponseDecryptor:
     """Client: decrypts a chunked response fed as arbitrary byte slices from the network."""
 
-    __slots__ = (
-        "_secret", "_limit", "_buffer", "_aead", "_aead_nonce", "_counter", "_in_final", "_state"
-    )
+    __slots__ = ("_secret", "_limit", "_buffer", "_aead", "_aead_nonce", "_counter", "_in_final", "_state")
 
-    def __init__(
-        self, secret: ResponseSecret, max_chunk_length: int = DEFAULT_MAX_CHUNK_LENGTH
-    ) -> None:
+    def __init__(self, secret: ResponseSecret, max_chunk_length: int = DEFAULT_MAX_CHUNK_LENGTH) -> None:
         self._secret = secret
         self._limit = max_chunk_length + secret.suite.n_t  # largest sealed chunk accepted
         self._buffer = bytearray()
@@ -286,9 +281,7 @@ class ChunkedServerResponse:
 
     secret: ResponseSecret
 
-    def encryptor(
-        self, *, _response_nonce_for_tests: bytes | None = None
-    ) -> ChunkedResponseEncryptor:
+    def encryptor(self, *, _response_nonce_for_tests: bytes | None = None) -> ChunkedResponseEncryptor:
         """An encryptor with a fresh random response nonce (pinned only by KATs)."""
         nonce = _response_nonce_for_tests
         if nonce is None:
@@ -302,7 +295,5 @@ class ChunkedClientResponse:
 
     secret: ResponseSecret
 
-    def decryptor(
-        self, max_chunk_length: int = DEFAULT_MAX_CHUNK_LENGTH
-    ) -> ChunkedResponseDecryptor:
+    def decryptor(self, max_chunk_length: int = DEFAULT_MAX_CHUNK_LENGTH) -> ChunkedResponseDecryptor:
         return ChunkedResponseDecryptor(self.secret, max_chunk_length)

@@ -11,6 +11,7 @@ and the response key derivation.
 
 Extract/Expand here are the suite KDF's plain HKDF, not HPKE's labeled variants.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,9 +71,7 @@ class ResponseSecret:
     def derive(self, response_nonce: bytes) -> tuple[bytes, bytes]:
         """(aead_key, aead_nonce) for a response that starts with `response_nonce`."""
         if len(response_nonce) != self.nonce_length:
-            raise ValueError(
-                f"response nonce must be {self.nonce_length} bytes, got {len(response_nonce)}"
-            )
+            raise ValueError(f"response nonce must be {self.nonce_length} bytes, got {len(response_nonce)}")
         kdf = Kdf(self.suite.kdf_id, b"")
         prk = kdf.extract(self.enc + response_nonce, self.secret)
         return kdf.expand(prk, b"key", self.suite.n_k), kdf.expand(prk, b"nonce", self.suite.n_n)
@@ -98,9 +97,7 @@ def seal_request_context(
     ephemeral = None
     if ephemeral_secret_key is not None:  # known-answer tests only
         ephemeral = hpke_kem.deserialize_private_key(config.kem_id, ephemeral_secret_key)
-    enc, context = hpke.setup_base_s(
-        suite, config.public_key, header.info(label), _ephemeral_for_tests=ephemeral
-    )
+    enc, context = hpke.setup_base_s(suite, config.public_key, header.info(label), _ephemeral_for_tests=ephemeral)
     return header.encode() + enc, enc, context
 
 
@@ -117,14 +114,11 @@ def open_request_context(
     if header.key_id != config.key_id:
         raise UnknownKeyIdError(f"unknown key id {header.key_id}")
     if header.kem_id != config.kem_id:
-        raise UnsupportedAlgorithmError(
-            f"key {config.key_id} does not use KEM 0x{header.kem_id:04x}"
-        )
+        raise UnsupportedAlgorithmError(f"key {config.key_id} does not use KEM 0x{header.kem_id:04x}")
     algorithm = SymmetricAlgorithm(header.kdf_id, header.aead_id)
     if algorithm not in config.symmetric_algorithms:
         raise UnsupportedAlgorithmError(
-            f"key {config.key_id} does not allow KDF 0x{header.kdf_id:04x}"
-            f" with AEAD 0x{header.aead_id:04x}"
+            f"key {config.key_id} does not allow KDF 0x{header.kdf_id:04x} with AEAD 0x{header.aead_id:04x}"
         )
     suite = algorithm.suite(config.kem_id)
     enc = r.read(suite.n_enc, "encapsulated key")

@@ -1,5 +1,6 @@
 """Oblivious HTTP's errors (RFC 9458, draft-ietf-ohai-chunked-ohttp), and `OHTTP_ERRORS`: every
 error decapsulation, encapsulation or binary HTTP parsing can raise about a message."""
+
 from __future__ import annotations
 
 from traceless.errors import InvalidRequestError, TracelessError
@@ -22,5 +23,11 @@ class MessageTooLargeError(InvalidRequestError):
     """An encapsulated message or chunk exceeds the configured limit (HTTP 413)."""
 
 
-OHTTP_ERRORS = (DecryptError, ChunkError, UnsupportedAlgorithmError, MalformedMessageError, UnknownKeyIdError,
-                MessageTooLargeError)
+OHTTP_ERRORS = (
+    DecryptError,
+    ChunkError,
+    UnsupportedAlgorithmError,
+    MalformedMessageError,
+    UnknownKeyIdError,
+    MessageTooLargeError,
+)

@@ -17,6 +17,7 @@ nothing). Everything that needs a key to check, including every response-side fa
 one opaque DecryptError. A failed decapsulation leaves the server unchanged and returns no
 context. Arguments ending in `_for_tests` exist only for known-answer tests.
 """
+
 from __future__ import annotations
 
 import os
@@ -94,9 +95,7 @@ class ServerResponse:
 
     secret: ResponseSecret
 
-    def encapsulate(
-        self, response: bytes, *, _response_nonce_for_tests: bytes | None = None
-    ) -> bytes:
+    def encapsulate(self, response: bytes, *, _response_nonce_for_tests: bytes | None = None) -> bytes:
         """message/ohttp-res: random response_nonce || Seal(aead_key, aead_nonce, "", response).
 
         `_response_nonce_for_tests` pins the nonce for known-answer tests only."""
@@ -179,16 +178,12 @@ class OhttpServer:
 
     def _check_length(self, enc_request: bytes) -> None:
         if len(enc_request) > self._max_request_length:
-            raise MessageTooLargeError(
-                f"encapsulated request over {self._max_request_length} bytes"
-            )
+            raise MessageTooLargeError(f"encapsulated request over {self._max_request_length} bytes")
 
     def decapsulate_request(self, enc_request: bytes) -> tuple[bytes, ServerResponse]:
         """Open message/ohttp-req: (binary HTTP request, context for the response)."""
         self._check_length(enc_request)
-        r, enc, context = open_request_context(
-            enc_request, self._config, self._private_key, REQUEST_LABEL
-        )
+        r, enc, context = open_request_context(enc_request, self._config, self._private_key, REQUEST_LABEL)
         request = context.open(b"", r.read_rest())
         return request, ServerResponse(export_response_secret(context, enc, RESPONSE_LABEL))
 
@@ -196,24 +191,16 @@ class OhttpServer:
         """As decapsulate_request, with the plaintext in a bytearray the caller owns and must
         zero when the request ends (a node holds decrypted requests only in wipeable buffers)."""
         self._check_length(enc_request)
-        r, enc, context = open_request_context(
-            enc_request, self._config, self._private_key, REQUEST_LABEL
-        )
+        r, enc, context = open_request_context(enc_request, self._config, self._private_key, REQUEST_LABEL)
         request = context.open_into(b"", r.read_rest())
         return request, ServerResponse(export_response_secret(context, enc, RESPONSE_LABEL))
 
-    def decapsulate_chunked_request(
-        self, enc_request: bytes
-    ) -> tuple[bytes, ChunkedServerResponse]:
+    def decapsulate_chunked_request(self, enc_request: bytes) -> tuple[bytes, ChunkedServerResponse]:
         """Open a whole message/ohttp-chunked-req; its response must be chunked too."""
         self._check_length(enc_request)
-        return decapsulate_chunked_request(
-            enc_request, self._config, self._private_key, self._max_chunk_length
-        )
+        return decapsulate_chunked_request(enc_request, self._config, self._private_key, self._max_chunk_length)
 
     def decapsulate_chunked_request_buffer(self, enc_request: bytes) -> tuple[bytearray, ChunkedServerResponse]:
         """As decapsulate_chunked_request, with the plaintext in a bytearray the caller must wipe."""
         self._check_length(enc_request)
-        return decapsulate_chunked_request_buffer(
-            enc_request, self._config, self._private_key, self._max_chunk_length
-        )
+        return decapsulate_chunked_request_buffer(enc_request, self._config, self._private_key, self._max_chunk_length)

@@ -13,6 +13,7 @@ client MUST discard a collection with encoding errors, so `decode_ohttp_keys` re
 body on any error; only a config whose KEM is unknown is skipped (its length prefix makes that
 unambiguous), since a gateway may offer KEMs this library does not implement.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -74,17 +75,14 @@ class KeyConfig:
             raise KeyConfigError(f"invalid {self.kem_id.name} public key") from None
         algorithms = tuple(self.symmetric_algorithms)
         if not 1 <= len(algorithms) <= MAX_SYMMETRIC_ALGORITHMS:
-            raise KeyConfigError(
-                f"need 1..{MAX_SYMMETRIC_ALGORITHMS} symmetric algorithms, got {len(algorithms)}"
-            )
+            raise KeyConfigError(f"need 1..{MAX_SYMMETRIC_ALGORITHMS} symmetric algorithms, got {len(algorithms)}")
         if not all(isinstance(a, SymmetricAlgorithm) for a in algorithms):
             raise KeyConfigError("symmetric_algorithms must hold SymmetricAlgorithm values")
         object.__setattr__(self, "symmetric_algorithms", algorithms)
 
     def encode(self) -> bytes:
         algorithms = b"".join(
-            a.kdf_id.to_bytes(2, "big") + a.aead_id.to_bytes(2, "big")
-            for a in self.symmetric_algorithms
+            a.kdf_id.to_bytes(2, "big") + a.aead_id.to_bytes(2, "big") for a in self.symmetric_algorithms
         )
         return (
             bytes([self.key_id])
@@ -103,9 +101,7 @@ class KeyConfig:
         public_key = r.read(KEM_PARAMS[kem_id].n_pk, "public key")
         length = r.read_uint(2, "symmetric algorithms length")
         if length < 4 or length % 4 or length > 65532:
-            raise KeyConfigError(
-                f"symmetric algorithms length must be a multiple of 4 in 4..65532, got {length}"
-            )
+            raise KeyConfigError(f"symmetric algorithms length must be a multiple of 4 in 4..65532, got {length}")
         pairs = ByteReader(r.read(length, "symmetric algorithms"), KeyConfigError)
         algorithms = []
         while not pairs.at_end():
@@ -115,9 +111,7 @@ class KeyConfig:
             raise KeyConfigError(f"{r.remaining} bytes after the key config")
         return cls(key_id, kem_id, public_key, tuple(algorithms))
 
-    def select(
-        self, preferred: SymmetricAlgorithm | None = None
-    ) -> tuple[SymmetricAlgorithm, Suite]:
+    def select(self, preferred: SymmetricAlgorithm | None = None) -> tuple[SymmetricAlgorithm, Suite]:
         """The pair to use: `preferred` if offered and supported, else the first supported one."""
         if preferred is not None:
             if preferred not in self.symmetric_algorithms:

@@ -1,5 +1,6 @@
 """The media types of Oblivious HTTP (RFC 9458 §9, draft-ietf-ohai-chunked-ohttp §7): the one place
 every hop (node, gateway, relay, client, audits) takes them from."""
+
 from __future__ import annotations
 
 OHTTP_REQ = "message/ohttp-req"

@@ -10,6 +10,7 @@ comma the parser looks ahead: `name =` continues the current challenge, anything
 starts a new one. Parameter names are returned lower-cased (they are case-insensitive);
 a repeated name in one challenge is an error (RFC 9110 section 11.2).
 """
+
 from __future__ import annotations
 
 import string

@@ -12,6 +12,7 @@ Unlinkability: the issuer sees blinded messages only, never tokens (it takes no 
 redemption). It keeps per-user counters and the API-key digests, and nothing about
 individual requests or responses; nothing here logs.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -18,6 +18,7 @@ client-chosen m itself, so timing does not correlate with attacker-chosen inputs
 checks s^e == m before releasing s (RFC 9474 section 4.3), which defeats fault attacks on the
 CRT computation (a faulty s would reveal a prime factor of n).
 """
+
 from __future__ import annotations
 
 import math

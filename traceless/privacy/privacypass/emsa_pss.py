@@ -5,6 +5,7 @@ RSA needs EM itself: the client blinds the integer of EM before the signer sees 
 encoding is written here, step for step as in the RFC, on top of `hashlib`'s hashes. The
 salt is an input: the caller draws it (or a test injects a known-answer value).
 """
+
 from __future__ import annotations
 
 import hashlib

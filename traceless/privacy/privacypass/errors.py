@@ -4,6 +4,7 @@ Every error carries `http_status`, the status a server should answer with when t
 reaches an HTTP boundary. Messages name what failed structurally ("blind_sig has the wrong
 length"); they never contain keys, tokens, nonces, API keys or other secret values.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -43,15 +44,15 @@ class MessageEncodingError(BlindRSAError):
 
 
 class InvalidInputError(BlindRSAError):
-    """"invalid input", "unexpected input size" or an out-of-range message representative."""
+    """ "invalid input", "unexpected input size" or an out-of-range message representative."""
 
 
 class BlindingError(BlindRSAError):
-    """"blinding error": the blind r has no inverse modulo n."""
+    """ "blinding error": the blind r has no inverse modulo n."""
 
 
 class SigningFailureError(BlindRSAError):
-    """"signing failure": s^e mod n != m after RSASP1, so the signature was not released.
+    """ "signing failure": s^e mod n != m after RSASP1, so the signature was not released.
 
     This is the fault-attack safeguard: a faulty CRT signature would leak a factor of n.
     """
@@ -60,7 +61,7 @@ class SigningFailureError(BlindRSAError):
 
 
 class InvalidSignatureError(BlindRSAError):
-    """"invalid signature": RSASSA-PSS-VERIFY rejected the signature."""
+    """ "invalid signature": RSASSA-PSS-VERIFY rejected the signature."""
 
 
 # --- redemption (the verifier at the gateway) -------------------------------------------

@@ -14,6 +14,7 @@ PrivateToken challenges that cannot be used (no or undecodable `challenge`, bad
 them, and other challenges in the same header stay usable. A header that is not valid
 RFC 9110 syntax at all raises HeaderParseError.
 """
+
 from __future__ import annotations
 
 import base64

@@ -16,6 +16,7 @@ token_key_id = SHA-256(SPKI). The RFC 9578 vectors pin this exact byte string (t
 AlgorithmIdentifiers carry no NULL parameters), and key ids only match if it is exact, so
 decoding re-encodes and compares instead of trusting a generic parser's leniency.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,18 +51,14 @@ def _pss_algorithm_identifier() -> bytes:
     sha384 = _der(0x30, _OID_SHA384)
     params = _der(
         0x30,
-        _der(0xA0, sha384)
-        + _der(0xA1, _der(0x30, _OID_MGF1 + sha384))
-        + _der(0xA2, _der(0x02, bytes([PSS_SALT_LEN]))),
+        _der(0xA0, sha384) + _der(0xA1, _der(0x30, _OID_MGF1 + sha384)) + _der(0xA2, _der(0x02, bytes([PSS_SALT_LEN]))),
     )
     return _der(0x30, _OID_RSASSA_PSS + params)
 
 
 def encode_token_key(public_key: rsa.RSAPublicKey) -> bytes:
     """DER SPKI of public_key under the RSASSA-PSS OID with SHA-384/MGF1-SHA-384/48."""
-    rsa_public_key = public_key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.PKCS1
-    )
+    rsa_public_key = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.PKCS1)
     bit_string = _der(0x03, b"\x00" + rsa_public_key)  # 0 unused bits
     return _der(0x30, _pss_algorithm_identifier() + bit_string)
 

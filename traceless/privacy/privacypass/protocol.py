@@ -16,6 +16,7 @@ Other files: privacypass_wire.py (structures), privacypass_keys.py (SPKI, token_
 privacypass_http.py (RFC 9577 headers), privacypass_verifier.py (redemption at the gateway),
 token_issuance.py (API-key authenticated, rate-limited batch issuance).
 """
+
 from __future__ import annotations
 
 import secrets
@@ -74,8 +75,9 @@ class Issuer:
         """The signing key as unencrypted PKCS#8 PEM, for the issuer's own key file (0600)."""
         from cryptography.hazmat.primitives import serialization
 
-        return self._private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption())
+        return self._private_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
 
     def issue(self, token_request: TokenRequest) -> TokenResponse:
         """BlindSign the request after the RFC's checks (type, key id, size); 400s on failure.
@@ -127,9 +129,7 @@ def begin(
     challenge_digest = challenge.digest()
     msg = token_input(nonce, challenge_digest, issuer_key.token_key_id)
     blinded = blind_rsa.blind(VARIANT, issuer_key.public_key, msg, salt=salt, r=r)
-    request = TokenRequest(
-        TOKEN_TYPE_BLIND_RSA, issuer_key.truncated_token_key_id, blinded.blinded_msg
-    )
+    request = TokenRequest(TOKEN_TYPE_BLIND_RSA, issuer_key.truncated_token_key_id, blinded.blinded_msg)
     return request, ClientState(issuer_key, nonce, challenge_digest, blinded.inv)
 
 
@@ -140,9 +140,7 @@ def finalize(state: ClientState, response: TokenResponse) -> Token:
     """
     key_id = state.issuer_key.token_key_id
     msg = token_input(state.nonce, state.challenge_digest, key_id)
-    authenticator = blind_rsa.finalize(
-        VARIANT, state.issuer_key.public_key, msg, response.blind_sig, state.inv
-    )
+    authenticator = blind_rsa.finalize(VARIANT, state.issuer_key.public_key, msg, response.blind_sig, state.inv)
     return Token(TOKEN_TYPE_BLIND_RSA, state.nonce, state.challenge_digest, key_id, authenticator)
 
 
@@ -155,8 +153,6 @@ def verify_token(token: Token, issuer_key: IssuerPublicKey) -> None:
     if token.token_key_id != issuer_key.token_key_id:
         raise TokenKeyError("token_key_id does not match the issuer key")
     try:
-        blind_rsa.verify(
-            VARIANT, issuer_key.public_key, token.authenticator_input(), token.authenticator
-        )
+        blind_rsa.verify(VARIANT, issuer_key.public_key, token.authenticator_input(), token.authenticator)
     except InvalidSignatureError:
         raise TokenSignatureError("token authenticator is not a valid signature") from None

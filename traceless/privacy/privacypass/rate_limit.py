@@ -8,6 +8,7 @@ issued in it. No timestamps of individual issuances, no request contents.
 Fixed windows allow a burst of up to 2x the quota across a window boundary; that is the
 price of storing one counter instead of a per-issuance log.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,9 +54,7 @@ class TokenRateLimiter:
             used = self._used(user_id, window)
             if used + count > self.limit.tokens_per_window:
                 retry_after = (window + 1) * self.limit.window_seconds - now
-                raise RateLimitExceededError(
-                    "token quota for this window exceeded", retry_after=retry_after
-                )
+                raise RateLimitExceededError("token quota for this window exceeded", retry_after=retry_after)
             self._counters[user_id] = (window, used + count)
 
     def refund(self, user_id: str, count: int, now: float) -> None:

@@ -23,6 +23,7 @@ issuer's per-user quota still counts them when they are fetched), and a gateway 
 spent-nonce set, so a token already spent in the current epoch is accepted once more after a
 restart (docs/private-path.md, "What remains out of scope").
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -21,6 +21,7 @@ The set lives in process memory. Its lifetime must cover every challenge it vouc
 `RedemptionSchedule` gets that by deriving challenges from a per-process secret, so a
 restarted verifier accepts no token issued for its predecessor's challenges.
 """
+
 from __future__ import annotations
 
 import heapq

@@ -8,6 +8,7 @@ the current challenge instead. The framing is only lengths: each item is then de
 strict structure decoders in privacypass_wire.py. Decoding refuses empty items, truncation
 and trailing bytes, so a body has exactly one reading.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

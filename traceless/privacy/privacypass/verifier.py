@@ -14,6 +14,7 @@ bad token before it reads a request body; `spend` then records it):
   5. the nonce is recorded as spent until the challenge
      expires (redemption_schedule.py, spent_nonces.py)   -> DoubleSpendError / SpentSetFullError
 """
+
 from __future__ import annotations
 
 import hmac
@@ -108,9 +109,7 @@ class Verifier:
         current = self._schedule.current(now)
         max_age = max(0, int(current.not_after - now))
         encoded = current.challenge.encode()
-        return format_www_authenticate(
-            [PrivateTokenChallenge(encoded, key.spki, max_age) for key in self._preferred]
-        )
+        return format_www_authenticate([PrivateTokenChallenge(encoded, key.spki, max_age) for key in self._preferred])
 
     def check_authorization(self, header_value: str) -> CheckedToken:
         """Parse `Authorization: PrivateToken token=...` and check the token; records nothing."""

@@ -11,6 +11,7 @@ Decoding is strict: exact lengths, no trailing bytes, so every structure has exa
 encoding. Only token type 0x0002 (blind RSA 2048) has its request, response and token
 sizes defined here; the TokenChallenge is the default structure, parsed for any type.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -90,9 +91,10 @@ class TokenChallenge:
         _check_ascii(self.issuer_name, "issuer_name")
         if not 1 <= len(self.issuer_name) <= 0xFFFF:
             raise DecodeError("issuer_name must be 1..65535 bytes")
-        if not isinstance(self.redemption_context, bytes) or len(
-            self.redemption_context
-        ) not in REDEMPTION_CONTEXT_LENS:
+        if (
+            not isinstance(self.redemption_context, bytes)
+            or len(self.redemption_context) not in REDEMPTION_CONTEXT_LENS
+        ):
             raise DecodeError("redemption_context must be 0 or 32 bytes")
         _check_ascii(self.origin_info, "origin_info")
         if len(self.origin_info) > 0xFFFF:
@@ -147,11 +149,7 @@ class TokenRequest:
         _check_len(self.blinded_msg, NK, "blinded_msg")
 
     def encode(self) -> bytes:
-        return (
-            self.token_type.to_bytes(2, "big")
-            + bytes([self.truncated_token_key_id])
-            + self.blinded_msg
-        )
+        return self.token_type.to_bytes(2, "big") + bytes([self.truncated_token_key_id]) + self.blinded_msg
 
     @classmethod
     def decode(cls, data: bytes) -> TokenRequest:

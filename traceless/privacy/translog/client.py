@@ -12,6 +12,7 @@ be consistent with it: a restart does not let the log show a different history.
 A release's leaf_input is its 32-byte combined measurement (`measurement_leaf`).
 `verify_log` audits a whole log: all entries, the root, and consistency with a saved state.
 """
+
 from __future__ import annotations
 
 import base64
@@ -169,9 +170,18 @@ def fetch_public_key(url: str, http: httpx.Client | None = None) -> bytes:
 class LogClient:
     """Fetches and verifies tree heads and proofs; remembers the last verified tree head."""
 
-    def __init__(self, url: str, public_key: bytes | None, *, last_sth: SignedTreeHead | None = None,
-                 http: httpx.Client | None = None, timeout: float = 10.0, witness: WitnessPolicy | None = None,
-                 state_path: Path | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        url: str,
+        public_key: bytes | None,
+        *,
+        last_sth: SignedTreeHead | None = None,
+        http: httpx.Client | None = None,
+        timeout: float = 10.0,
+        witness: WitnessPolicy | None = None,
+        state_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._key = Ed25519PublicKey.from_public_bytes(public_key) if public_key is not None else None
         self._raw_key = public_key
         self._witness = witness
@@ -282,8 +292,7 @@ class LogClient:
         sth = sth if sth is not None else self.update()
         if sth.tree_size == 0:
             raise InclusionProofError("leaf is not in the log")
-        body = self._get("/proof/inclusion", leaf_hash=base64.b64encode(leaf_hash_).decode(),
-                         tree_size=sth.tree_size)
+        body = self._get("/proof/inclusion", leaf_hash=base64.b64encode(leaf_hash_).decode(), tree_size=sth.tree_size)
         index = body.get("leaf_index")
         if type(index) is not int or body.get("tree_size") != sth.tree_size:
             raise LogProtocolError("inclusion proof response is malformed")
@@ -299,8 +308,7 @@ class LogClient:
         entries: list[bytes] = []
         while len(entries) < tree_size:
             body = self._get("/entries", start=len(entries), end=tree_size - 1)
-            page = [_b64(e.get("leaf_input") if isinstance(e, dict) else None)
-                    for e in _list(body, "entries")]
+            page = [_b64(e.get("leaf_input") if isinstance(e, dict) else None) for e in _list(body, "entries")]
             if not page or len(entries) + len(page) > tree_size:
                 raise LogProtocolError("entries page is empty or too long")
             entries.extend(page)
@@ -321,8 +329,9 @@ class LogVerification:
     public_key: bytes
 
 
-def verify_log(url: str, state_file: str | Path | None, public_key: bytes | None = None, *,
-               http: httpx.Client | None = None) -> LogVerification:
+def verify_log(
+    url: str, state_file: str | Path | None, public_key: bytes | None = None, *, http: httpx.Client | None = None
+) -> LogVerification:
     """Audit the whole log at `url` and, if it passes, save its tree head to `state_file`.
 
     Key: `public_key` if given (must match the saved one), else the saved one, else the key the
@@ -339,8 +348,7 @@ def verify_log(url: str, state_file: str | Path | None, public_key: bytes | None
     return result
 
 
-def _verify_log(url: str, path: Path | None, public_key: bytes | None,
-                http: httpx.Client | None) -> LogVerification:
+def _verify_log(url: str, path: Path | None, public_key: bytes | None, http: httpx.Client | None) -> LogVerification:
     state = LogState.load(path) if path is not None else None
     if state is not None and public_key is not None and state.public_key != public_key:
         raise PublicKeyMismatchError("the given public key differs from the one saved in the state file")

@@ -18,6 +18,7 @@ Signature: Ed25519 over
 
 JSON form: {"witness_key": b64 raw Ed25519 key, "timestamp": int ms, "signature": b64}.
 """
+
 from __future__ import annotations
 
 import base64
@@ -50,8 +51,12 @@ def cosignature_input(log_public_key: bytes, sth: SignedTreeHead, timestamp: int
     if len(log_public_key) != 32 or not 0 <= timestamp < 2**64:
         raise CosignatureError("cosignature fields out of range")
     head = tree_head_signature_input(sth.tree_size, sth.timestamp, sth.root_hash)
-    return (COSIGNATURE_CONTEXT + hashlib.sha256(log_public_key).digest() + head[len(STH_CONTEXT):]
-            + timestamp.to_bytes(8, "big"))
+    return (
+        COSIGNATURE_CONTEXT
+        + hashlib.sha256(log_public_key).digest()
+        + head[len(STH_CONTEXT) :]
+        + timestamp.to_bytes(8, "big")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +73,11 @@ class Cosignature:
             raise CosignatureError("cosignature does not verify") from None
 
     def to_json(self) -> dict[str, object]:
-        return {"witness_key": base64.b64encode(self.witness_key).decode(), "timestamp": self.timestamp,
-                "signature": base64.b64encode(self.signature).decode()}
+        return {
+            "witness_key": base64.b64encode(self.witness_key).decode(),
+            "timestamp": self.timestamp,
+            "signature": base64.b64encode(self.signature).decode(),
+        }
 
     @classmethod
     def from_json(cls, obj: object) -> Cosignature:
@@ -110,8 +118,9 @@ class StaleTreeHeadError(CosignatureError):
     """The newest trusted cosignature is older than the policy's bound (or from the future)."""
 
 
-def check_cosigned(policy: WitnessPolicy, log_public_key: bytes, sth: SignedTreeHead,
-                   cosignatures: Iterable[Cosignature], now_ms: int) -> int:
+def check_cosigned(
+    policy: WitnessPolicy, log_public_key: bytes, sth: SignedTreeHead, cosignatures: Iterable[Cosignature], now_ms: int
+) -> int:
     """Check `sth` against the policy; the newest valid trusted cosignature's timestamp.
 
     Cosignatures from keys the policy does not name are ignored (anyone may witness); an invalid one
@@ -134,9 +143,11 @@ def check_cosigned(policy: WitnessPolicy, log_public_key: bytes, sth: SignedTree
     if len(newest) < policy.min_cosignatures:
         raise MissingCosignatureError(
             f"the tree head has {len(newest)} valid cosignature(s) from trusted witnesses, "
-            f"{policy.min_cosignatures} required")
+            f"{policy.min_cosignatures} required"
+        )
     latest = max(newest.values())
     if now_ms - latest > policy.max_age_s * 1000:
         raise StaleTreeHeadError(
-            f"the newest witness cosignature is {(now_ms - latest) / 1000:.0f} s old (bound: {policy.max_age_s:.0f} s)")
+            f"the newest witness cosignature is {(now_ms - latest) / 1000:.0f} s old (bound: {policy.max_age_s:.0f} s)"
+        )
     return latest

@@ -18,6 +18,7 @@ refuses a directory that fails any check (`LogCorruptError`, `LogTruncatedError`
 
 Tree heads are signed with the operator's Ed25519 key as `tree_head.py` defines.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -39,8 +40,7 @@ from traceless.privacy.translog.tree_head import SignedTreeHead, TreeHeadError, 
 
 MAGIC = b"TLSLOG1\n"
 MAX_LEAF_SIZE = 64 * 1024
-ENTRIES, STH, SIGNING_KEY, PUBLIC_KEY, LOCK = (
-    "entries.bin", "sth.json", "signing-key.pem", "public-key.pem", "lock")
+ENTRIES, STH, SIGNING_KEY, PUBLIC_KEY, LOCK = ("entries.bin", "sth.json", "signing-key.pem", "public-key.pem", "lock")
 
 
 class TransparencyLogError(TracelessError):
@@ -202,11 +202,15 @@ class TransparencyLog:
         if any((d / name).exists() for name in (ENTRIES, STH, SIGNING_KEY, PUBLIC_KEY)):
             raise LogExistsError("directory already holds (part of) a log")
         key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         _write_new(d / SIGNING_KEY, pem, 0o600)
-        _write_new(d / PUBLIC_KEY, key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo), 0o644)
+        _write_new(
+            d / PUBLIC_KEY,
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+            0o644,
+        )
         _write_new(d / ENTRIES, MAGIC, 0o644)
         _replace(d / STH, json.dumps(sign_tree_head(key, 0, _now_ms(), EMPTY_ROOT).to_json()).encode())
         return cls.open(d)
@@ -352,8 +356,7 @@ class TransparencyLog:
         return [AppendResult(first + i, h, sth) for i, h in enumerate(hashes)]
 
     def _write_records(self, offset: int, leaf_inputs: Sequence[bytes], hashes: list[bytes]) -> int:
-        records = b"".join(
-            len(leaf).to_bytes(4, "big") + leaf + h for leaf, h in zip(leaf_inputs, hashes))
+        records = b"".join(len(leaf).to_bytes(4, "big") + leaf + h for leaf, h in zip(leaf_inputs, hashes))
         with open(self._dir / ENTRIES, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             if size > offset:  # an unsigned tail left by a crashed append: never published

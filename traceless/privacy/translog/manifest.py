@@ -16,6 +16,7 @@ A leaf is the canonical JSON (sorted keys, no whitespace, UTF-8) of one entry:
 Decoding is strict: exact keys, exact types, and a release's `combined` must be what its parts
 hash to, so a leaf cannot say one thing to a reader and attest another.
 """
+
 from __future__ import annotations
 
 import base64
@@ -58,9 +59,11 @@ def _int(entry: Mapping[str, Any], key: str, low: int, high: int) -> int:
 
 def _keys(entry: Mapping[str, Any], expected: set[str]) -> None:
     if set(entry) != expected:
-        raise ManifestError(f"an entry of schema {entry.get('schema')!r} has exactly the keys {sorted(expected)}"
-                            if entry.get("schema") in (RELEASE_SCHEMA, ISSUER_KEY_SCHEMA)
-                            else "unknown entry schema")
+        raise ManifestError(
+            f"an entry of schema {entry.get('schema')!r} has exactly the keys {sorted(expected)}"
+            if entry.get("schema") in (RELEASE_SCHEMA, ISSUER_KEY_SCHEMA)
+            else "unknown entry schema"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +76,11 @@ class ReleaseManifest:
     def __post_init__(self) -> None:
         if len(self.code) != HASH_SIZE or len(self.model) != HASH_SIZE:
             raise ManifestError("code and model digests are 32 bytes")
-        if not self.capacities or any(not 1 <= c <= MAX_CAPACITY for c in self.capacities) \
-                or list(self.capacities) != sorted(set(self.capacities)):
+        if (
+            not self.capacities
+            or any(not 1 <= c <= MAX_CAPACITY for c in self.capacities)
+            or list(self.capacities) != sorted(set(self.capacities))
+        ):
             raise ManifestError(f"capacities must be distinct, ascending integers in [1, {MAX_CAPACITY}]")
         config_digest(self.config)  # JSON data only
 
@@ -90,9 +96,16 @@ class ReleaseManifest:
         return capacity in self.capacities
 
     def encode(self) -> bytes:
-        return canonical_json({"schema": RELEASE_SCHEMA, "code": self.code.hex(), "model": self.model.hex(),
-                               "config": dict(self.config), "combined": self.combined.hex(),
-                               "capacities": list(self.capacities)})
+        return canonical_json(
+            {
+                "schema": RELEASE_SCHEMA,
+                "code": self.code.hex(),
+                "model": self.model.hex(),
+                "config": dict(self.config),
+                "combined": self.combined.hex(),
+                "capacities": list(self.capacities),
+            }
+        )
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> ReleaseManifest:
@@ -124,8 +137,15 @@ class IssuerKeyEntry:
 
     def encode(self) -> bytes:
         key = base64.urlsafe_b64encode(self.token_key).rstrip(b"=").decode()
-        return canonical_json({"schema": ISSUER_KEY_SCHEMA, "issuer": self.issuer, "token_key": key,
-                               "not_before": self.not_before, "not_after": self.not_after})
+        return canonical_json(
+            {
+                "schema": ISSUER_KEY_SCHEMA,
+                "issuer": self.issuer,
+                "token_key": key,
+                "not_before": self.not_before,
+                "not_after": self.not_after,
+            }
+        )
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> IssuerKeyEntry:

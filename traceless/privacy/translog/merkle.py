@@ -12,6 +12,7 @@ Hashes (HASH = SHA-256):
 `verify_inclusion` and `verify_consistency` are the verification algorithms of 2.1.3.2 and 2.1.4.2;
 they raise `InvalidProofError` and return nothing on success.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -175,9 +176,7 @@ def verify_inclusion(
         raise InvalidProofError("inclusion proof does not lead to the root hash")
 
 
-def verify_consistency(
-    first: int, second: int, proof: Sequence[bytes], first_hash: bytes, second_hash: bytes
-) -> None:
+def verify_consistency(first: int, second: int, proof: Sequence[bytes], first_hash: bytes, second_hash: bytes) -> None:
     """RFC 9162 2.1.4.2: raise InvalidProofError unless tree `second` extends tree `first`.
 
     A proof from size 0 is refused: every tree extends the empty tree, so such a "proof"

@@ -11,6 +11,7 @@ hashes) are skipped. A miss refreshes the head once at most every `refresh_s`, s
 issuer key logged after start is found without a restart. Thread-safe (the client asks from worker
 threads).
 """
+
 from __future__ import annotations
 
 import threading

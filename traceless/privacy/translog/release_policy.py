@@ -22,6 +22,7 @@ exactly those three, and only where a deployment says so loudly (`traceless prox
 --allow-unpadded-releases / --allow-request-events-releases / --allow-dummy-weights-releases`,
 which `traceless up` passes only when its own nodes need them).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -49,9 +50,11 @@ class ReleasePolicy:
     @classmethod
     def waiving_for(cls, config: Mapping[str, Any]) -> ReleasePolicy:
         """The policy with exactly the waivers a release of this configuration needs."""
-        return cls(allow_unpadded=config.get("shape_padding") != "buckets",
-                   allow_request_events=config.get("request_events") is True,
-                   allow_dummy_weights=config.get("load_format") == "dummy")
+        return cls(
+            allow_unpadded=config.get("shape_padding") != "buckets",
+            allow_request_events=config.get("request_events") is True,
+            allow_dummy_weights=config.get("load_format") == "dummy",
+        )
 
     @classmethod
     def from_waivers(cls, waivers: Iterable[str]) -> ReleasePolicy:
@@ -63,9 +66,15 @@ class ReleasePolicy:
 
     @property
     def waivers(self) -> tuple[str, ...]:
-        return tuple(name for name, on in (("unpadded", self.allow_unpadded),
-                                           ("request_events", self.allow_request_events),
-                                           ("dummy_weights", self.allow_dummy_weights)) if on)
+        return tuple(
+            name
+            for name, on in (
+                ("unpadded", self.allow_unpadded),
+                ("request_events", self.allow_request_events),
+                ("dummy_weights", self.allow_dummy_weights),
+            )
+            if on
+        )
 
 
 def check_release(policy: ReleasePolicy, config: Mapping[str, Any]) -> None:
@@ -83,5 +92,6 @@ def check_release(policy: ReleasePolicy, config: Mapping[str, Any]) -> None:
         raise ReleaseRefusedError("release_request_events", "the release logs per-request events")
     eps = config.get("metrics_epsilon")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= policy.max_metrics_epsilon:
-        raise ReleaseRefusedError("release_metrics_epsilon", "the release's telemetry noise is off or weaker "
-                                  "than the client allows")
+        raise ReleaseRefusedError(
+            "release_metrics_epsilon", "the release's telemetry noise is off or weaker than the client allows"
+        )

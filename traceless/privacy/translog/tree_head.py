@@ -8,6 +8,7 @@ fixed-width layout with a domain-separation prefix in place of its version/type 
 
 JSON form (disk and HTTP): {"tree_size": int, "timestamp": int, "root_hash": b64, "signature": b64}.
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,7 +50,8 @@ class SignedTreeHead:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "tree_size": self.tree_size, "timestamp": self.timestamp,
+            "tree_size": self.tree_size,
+            "timestamp": self.timestamp,
             "root_hash": base64.b64encode(self.root_hash).decode(),
             "signature": base64.b64encode(self.signature).decode(),
         }
@@ -69,8 +71,6 @@ class SignedTreeHead:
         return cls(size, ts, root, sig)
 
 
-def sign_tree_head(
-    key: Ed25519PrivateKey, tree_size: int, timestamp: int, root_hash: bytes
-) -> SignedTreeHead:
+def sign_tree_head(key: Ed25519PrivateKey, tree_size: int, timestamp: int, root_hash: bytes) -> SignedTreeHead:
     signature = key.sign(tree_head_signature_input(tree_size, timestamp, root_hash))
     return SignedTreeHead(tree_size, timestamp, root_hash, signature)

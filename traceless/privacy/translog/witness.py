@@ -11,6 +11,7 @@ Directory layout (files mode 0600):
     witness-key.pem    the witness's Ed25519 key (PKCS#8 PEM), made on first start
     witness-state.json {"log_public_key": b64, "sth": {...}}: the log pinned and the last head cosigned
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,8 +44,10 @@ def load_or_create_key(path: Path) -> Ed25519PrivateKey:
             raise WitnessError("the witness key is not Ed25519")
         return key
     key = Ed25519PrivateKey.generate()
-    write_private(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    write_private(
+        path,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
     return key
 
 
