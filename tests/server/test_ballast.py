@@ -93,3 +93,29 @@ def test_a_stopping_server_runs_no_ballast(engine):
         asyncio.run(asyncio.wait_for(main(), 30))
     finally:
         engine.stop()
+
+
+def test_the_ballast_is_never_in_request_events(tiny_llama_dir, captured_events):
+    """With --request-events a node logs each request's figures; the ballast is the server's own
+    work, and an event per ballast run would show the operator when shaped streams were open."""
+    engine = AsyncEngine(
+        build_engine(
+            EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=4 * 2**20, request_events=True)
+        )
+    )
+
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        engine.keep_busy_while_held()
+        engine.defer_idle(1.0)
+        await asyncio.sleep(0.3)
+        assert engine.ballast_steps > 0
+        await _collect(engine, "real")  # aborts the ballast, runs, and the ballast starts again
+        await asyncio.sleep(1.2)  # the hold ends: the ballast is aborted again
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        engine.stop()
+    finished = [e for e in captured_events() if e.get("event") == "request.finished"]
+    assert len(finished) == 1 and finished[0]["finish"] == "length"

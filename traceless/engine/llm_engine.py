@@ -113,6 +113,7 @@ class LLMEngine:
             self._kv,
         )
         self._requests: dict[str, Request] = {}
+        self._unreported: set[str] = set()  # ids of the server's own requests: no request events
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.grammar = GrammarCompiler(self.tokenizer, self.model.vocab_size)  # structured outputs
         self._in_flight = InFlight()  # asynchronous scheduling: the plan launched and not read yet
@@ -149,8 +150,10 @@ class LLMEngine:
         params: SamplingParams,
         cache_salt: str | None = None,
         guide: Guide | None = None,
+        reported: bool = True,
     ) -> list[int]:
         """Validate, tokenize and queue a request; returns (a copy of) its prompt token ids.
+        `reported=False`: the server's own work (the stream ballast), never in request events.
         `cache_salt` names the request's prefix-cache isolation domain (a client secret).
         With `params.structured`, `guide` is the request's matcher, compiled beforehand (the server
         does it on its preparation threads); without one it is compiled here."""
@@ -179,6 +182,8 @@ class LLMEngine:
             guide = self.grammar.guide(self.grammar.compile(params.structured))
         request = Request(request_id, ids, params, eos, domain=domain, guide=guide)
         self._requests[request_id] = request
+        if not reported:
+            self._unreported.add(request_id)
         self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         self._scheduler.add(request)
         return list(ids)
@@ -464,7 +469,9 @@ class LLMEngine:
         if detok is not None:
             detok.wipe()
         del self._requests[request.request_id]
-        if self.config.request_events:  # a benchmark's switch: exact figures of one request, off by default
+        if request.request_id in self._unreported:
+            self._unreported.discard(request.request_id)
+        elif self.config.request_events:  # a benchmark's switch: exact figures of one request, off by default
             now, first = time.monotonic(), request.first_token_time
             emit(
                 "request.finished",

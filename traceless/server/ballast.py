@@ -46,6 +46,7 @@ class Ballast:
                 BALLAST_ID,
                 list(BALLAST_PROMPT),
                 SamplingParams(max_tokens=limit, temperature=1.0, seed=0, ignore_eos=True),
+                reported=False,
             )
 
     @staticmethod
