@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from tests.support.process_memory import read_own_memory
 from traceless.server.dead_stack import scrub_dead_stack, stack_bounds
 
 LIVE_TOP = 256 << 10  # the top of a thread's stack holds its live frames while it waits; not searched
@@ -15,15 +16,9 @@ def _deep(n: int) -> int:
     return n if n == 0 else sum(map(_deep, [n - 1]))
 
 
-def _read(low: int, high: int) -> bytes:
-    with open("/proc/self/mem", "rb", buffering=0) as mem:
-        mem.seek(low)
-        return mem.read(high - low)
-
-
 def _nonzero_below_top(bounds: tuple[int, int]) -> int:
     low, high = bounds
-    data = _read(low, high - LIVE_TOP)
+    data = read_own_memory(low, high - LIVE_TOP)
     return len(data) - data.count(0)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from tests.conftest import ExecutorSpy
 from tests.support.ggml_raw import random_tensor
+from tests.support.process_memory import read_own_memory
 from traceless.model.layers.kernels import NativeKernels
 from traceless.model.layers.qkernels import QuantKernels
 from traceless.model.layers.quant import QFormat, QuantTensor, to_kernel_layout
@@ -30,10 +31,8 @@ LINE = 64
 
 def _lines(bounds: tuple[int, int]) -> list[bytes]:
     """The top TOP bytes of a stack in 64-byte lines, the top line first."""
-    low, high = bounds
-    with open("/proc/self/mem", "rb", buffering=0) as mem:
-        mem.seek(high - TOP)
-        data = mem.read(TOP)
+    _, high = bounds
+    data = read_own_memory(high - TOP, high)
     return [data[i - LINE : i] for i in range(len(data), 0, -LINE)]
 
 
