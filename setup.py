@@ -16,6 +16,8 @@ setup(
             sources=[
                 "traceless/model/layers/csrc/kernels.c",
                 "traceless/model/layers/csrc/qmatmul.c",
+                "traceless/model/layers/csrc/forward.c",
+                "traceless/model/layers/csrc/team.c",
                 "traceless/model/layers/csrc/pool_stacks.c",
                 "traceless/server/csrc/dead_stack.c",
             ],

@@ -31,6 +31,7 @@ from traceless.model.config import Activation, ModelConfig
 from traceless.model.fp8.checkpoint import Fp8Weight, fuse_fp8_weights
 from traceless.model.fp8.linear import Fp8Linear
 from traceless.model.layers.attention import AttentionLayer, AttentionMetadata
+from traceless.model.layers.fused_decode import FusedLayers
 from traceless.model.layers.linear import Linear, QuantTensor, cat_rows, embedding
 from traceless.model.layers.moe import GroupedMoE, MoEWeights
 from traceless.model.layers.ops import DecoderOps
@@ -164,6 +165,8 @@ class LlamaModel:
         self.lm_head = Linear(head, None, pack)
         if weights:
             raise ModelLoadError(f"unused tensors in weights: {', '.join(sorted(weights)[:5])}")
+        # every layer of a step in one native call where csrc/forward.c covers the model
+        self.fused = FusedLayers.bind(self)
 
     def _dev(self, t):
         """A weight on the model's device: a tensor, a QuantTensor (CPU only), or a tuple of parts
@@ -283,6 +286,8 @@ class LlamaModel:
         x = embedding(self.embed, input_ids)  # [T, H] residual stream
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
+        if self.fused is not None and self.fused.runs(meta):
+            return self.fused(x, positions, meta, len(layers))
         h = torch.empty_like(x)  # normed input of the next matmul
         post = torch.empty_like(x) if c.sandwich_norms else None  # a normed attention/MLP output
         ops.add_rms_norm(x, None, layers[0].attn_norm, h)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 6
+ABI_VERSION = 7
+# TRACELESS_CPU_TEAM (csrc/team.c): the kernels' threads; "auto" goes single-threaded while the
+# CPUs are oversubscribed, "all" and "one" fix the count (for measurements)
+TEAM_SETTINGS = ("auto", "all", "one")
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
@@ -84,6 +88,9 @@ class NativeKernels:
     def __init__(self, lib: ctypes.CDLL):
         if lib.tl_abi_version() != ABI_VERSION:
             raise KernelUnavailable("native kernel library is stale; reinstall traceless (pip install -e .)")
+        team = os.environ.get("TRACELESS_CPU_TEAM", "auto")
+        if team not in TEAM_SETTINGS:
+            raise KernelUnavailable(f"TRACELESS_CPU_TEAM must be one of {', '.join(TEAM_SETTINGS)}, not {team!r}")
         self._lib = lib
         self._attn, self._norm, self._silu, self._rope = {}, {}, {}, {}
         for dtype, sfx in _SUFFIX.items():

@@ -25,7 +25,7 @@ __all__ = ["Linear", "QuantTensor", "cat_rows", "embedding", "weight_nbytes"]
 
 
 @lru_cache(maxsize=1)
-def _kernels():
+def quant_kernels():
     """The quantized kernels, loaded once (an immutable library handle)."""
     from traceless.model.layers.qkernels import load_quant_kernels
 
@@ -55,7 +55,7 @@ class _Quant:
         self.parts = parts
         self.bias = None if bias is None else bias.float().contiguous()
         self.out_features = sum(p.shape[0] for p in parts)
-        kernels = _kernels()
+        kernels = quant_kernels()
         self.bound = [kernels.bind(p) if isinstance(p, QuantTensor) else None for p in parts]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,10 +87,14 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.impl(x)
 
+    def quantized(self) -> tuple[tuple, torch.Tensor | None] | None:
+        """(parts, float32 bias or None) of a quantized weight; None for a dense one."""
+        return (self.impl.parts, self.impl.bias) if isinstance(self.impl, _Quant) else None
+
 
 def embedding(table, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` [T] of the embedding table: [T, hidden] (float32 for a quantized table, whose
     rows are dequantized exactly as the reference dequantizer does)."""
     if isinstance(table, QuantTensor):
-        return _kernels().embed(table, ids, torch.float32)
+        return quant_kernels().embed(table, ids, torch.float32)
     return F.embedding(ids, table)

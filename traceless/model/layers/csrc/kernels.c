@@ -36,7 +36,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <string.h>
+
+int tl_team_threads(void); /* team.c: how many threads a region uses */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
@@ -254,40 +255,62 @@ static int cpu_has_avx512(void) {
 }
 #endif
 
-/* Returns 0 on success, 1 if scratch memory could not be allocated. */
+/* The scratch floats of one thread of a paged-attention team: per row, then scores. */
+static long attn_scratch_floats(const AttnShape *s) {
+    const int G = s->num_heads / s->num_kv_heads, D = s->head_dim, BS = s->block_size;
+    return 2L * G * D + (D > BS ? D : BS);
+}
+
+static long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) {
+    const int G = s->num_heads / s->num_kv_heads, BS = s->block_size;
+    int max_ctx = 1;
+    for (int b = 0; b < s->num_seqs; b++) max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;
+    return (long)G * ((max_ctx + BS - 1) / BS) * BS;
+}
+
+/* NAME_team: the (sequence, kv head) tasks as a worksharing loop over the calling team; `scratch`
+ * and `scores` are the calling thread's own (attn_scratch_floats, attn_scores_floats). NAME: one
+ * parallel region whose threads allocate and wipe their scratch. Returns 0 on success, 1 if
+ * scratch memory could not be allocated. */
 #define DEFINE_ENTRY(NAME, ROW, ROW16, T, TO_BF16)                                             \
+    void NAME##_team(const AttnShape *s, const T *q, const T *k_cache, const T *v_cache,       \
+                     const int32_t *block_tables, const int32_t *cu_q, const int32_t *context_lens, \
+                     T *out, float *scratch, float *scores)                                    \
+    {                                                                                          \
+        const long row_stride = (long)s->num_heads * s->head_dim;                              \
+        row_fn_##T row = ROW;                                                                  \
+        if (use_fast_path(s)) row = ROW16;                                                     \
+        _Pragma("omp for schedule(dynamic, 1)")                                                \
+        for (long task = 0; task < (long)s->num_seqs * s->num_kv_heads; task++) {              \
+            if (!scratch || !scores) continue;                                                 \
+            const int b = (int)(task / s->num_kv_heads), kvh = (int)(task % s->num_kv_heads);  \
+            const int q_len = cu_q[b + 1] - cu_q[b], ctx = context_lens[b];                    \
+            const int32_t *table = block_tables + (long)b * s->max_blocks;                     \
+            for (int i = 0; i < q_len; i++) {                                                  \
+                const long r = cu_q[b] + i;                                                    \
+                const int pos = ctx - q_len + i;                                               \
+                const int lo = s->window > 0 && pos >= s->window ? pos - s->window + 1 : 0;    \
+                row(s, q + r * s->q_stride, k_cache, v_cache, table, kvh, pos + 1, lo,         \
+                    scratch, scores, out + r * row_stride, TO_BF16);                           \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
     int NAME(const AttnShape *s, const T *q, const T *k_cache, const T *v_cache,               \
              const int32_t *block_tables, const int32_t *cu_q, const int32_t *context_lens,    \
              T *out)                                                                           \
     {                                                                                          \
-        const int G = s->num_heads / s->num_kv_heads, D = s->head_dim, BS = s->block_size;     \
-        int max_ctx = 1, failed = 0;                                                           \
-        for (int b = 0; b < s->num_seqs; b++)                                                  \
-            max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;                   \
-        const long n_scratch = 2L * G * D + (D > BS ? D : BS);                                 \
-        const long n_scores = (long)G * ((max_ctx + BS - 1) / BS) * BS;                        \
-        const long row_stride = (long)s->num_heads * D;                                        \
-        row_fn_##T row = ROW;                                                                  \
-        if (use_fast_path(s)) row = ROW16;                                                     \
-        _Pragma("omp parallel reduction(|:failed)")                                            \
+        const long n_scratch = attn_scratch_floats(s);                                         \
+        const long n_scores = attn_scores_floats(s, context_lens);                             \
+        int failed = 0;                                                                        \
+        _Pragma("omp parallel reduction(|:failed) num_threads(tl_team_threads())")             \
         {                                                                                      \
             float *scratch = malloc(sizeof(float) * n_scratch);                                \
             float *scores = malloc(sizeof(float) * n_scores);                                  \
-            if (!scratch || !scores) failed = 1;                                               \
-            _Pragma("omp for schedule(dynamic, 1)")                                            \
-            for (long task = 0; task < (long)s->num_seqs * s->num_kv_heads; task++) {          \
-                if (failed) continue;                                                          \
-                const int b = (int)(task / s->num_kv_heads), kvh = (int)(task % s->num_kv_heads); \
-                const int q_len = cu_q[b + 1] - cu_q[b], ctx = context_lens[b];                \
-                const int32_t *table = block_tables + (long)b * s->max_blocks;                 \
-                for (int i = 0; i < q_len; i++) {                                              \
-                    const long r = cu_q[b] + i;                                                \
-                    const int pos = ctx - q_len + i;                                           \
-                    const int lo = s->window > 0 && pos >= s->window ? pos - s->window + 1 : 0; \
-                    row(s, q + r * s->q_stride, k_cache, v_cache, table, kvh, pos + 1, lo,     \
-                        scratch, scores, out + r * row_stride, TO_BF16);                       \
-                }                                                                              \
-            }                                                                                  \
+            failed = !scratch || !scores;                                                      \
+            /* every thread runs the loop (its barrier waits for all); one without scratch */  \
+            /* skips its tasks, and the call fails as a whole */                               \
+            NAME##_team(s, q, k_cache, v_cache, block_tables, cu_q, context_lens, out,         \
+                        failed ? NULL : scratch, failed ? NULL : scores);                      \
             /* scratch held activations derived from user data: wipe before release */     \
             if (scratch) memset(scratch, 0, sizeof(float) * n_scratch);                        \
             if (scores) memset(scores, 0, sizeof(float) * n_scores);                           \
@@ -331,10 +354,19 @@ DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row16_f32, float, 0)
 #define PAR_ROWS 8 /* below this many rows a parallel region costs more than it saves */
 
 /* x[T][H] += delta[T][H] (if delta), then out[T][H] = x * rsqrt(mean(x^2) + eps) * w */
+/* Each kernel below is a worksharing loop NAME_for, which every thread of a team runs (forward.c
+ * calls it inside its one parallel region; one thread alone outside any), and NAME, its own
+ * parallel region when there are enough rows. */
 #define DEFINE_ADD_RMS_NORM(NAME, T, LOAD, STORE)                                              \
+    void NAME##_for(T *x, const T *delta, const T *w, T *out, long rows, int H, float eps);    \
     TL_CLONES void NAME(T *x, const T *delta, const T *w, T *out, long rows, int H, float eps) \
     {                                                                                          \
-        _Pragma("omp parallel for if(rows >= PAR_ROWS) schedule(static)")                      \
+        _Pragma("omp parallel if(rows >= PAR_ROWS) num_threads(tl_team_threads())")           \
+        NAME##_for(x, delta, w, out, rows, H, eps);                                            \
+    }                                                                                          \
+    TL_CLONES void NAME##_for(T *x, const T *delta, const T *w, T *out, long rows, int H, float eps) \
+    {                                                                                          \
+        _Pragma("omp for schedule(static)")                                                    \
         for (long r = 0; r < rows; r++) {                                                      \
             T *xr = x + r * H;                                                                 \
             float ss = 0.f;                                                                    \
@@ -350,9 +382,15 @@ DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row16_f32, float, 0)
 
 /* out[T][I] = silu(gu[T][:I]) * gu[T][I:] */
 #define DEFINE_SILU_MUL(NAME, T, LOAD, STORE)                                                  \
+    void NAME##_for(const T *gu, T *out, long rows, int I);                                    \
     TL_CLONES void NAME(const T *gu, T *out, long rows, int I)                                 \
     {                                                                                          \
-        _Pragma("omp parallel for if(rows >= PAR_ROWS) schedule(static)")                      \
+        _Pragma("omp parallel if(rows >= PAR_ROWS) num_threads(tl_team_threads())")           \
+        NAME##_for(gu, out, rows, I);                                                          \
+    }                                                                                          \
+    TL_CLONES void NAME##_for(const T *gu, T *out, long rows, int I)                           \
+    {                                                                                          \
+        _Pragma("omp for schedule(static)")                                                    \
         for (long r = 0; r < rows; r++) {                                                      \
             const T *g = gu + r * 2L * I, *u = g + I;                                          \
             for (int i = 0; i < I; i++) {                                                      \
@@ -374,14 +412,24 @@ typedef struct {
 } RopeShape;
 
 #define DEFINE_ROPE_CACHE(NAME, T, LOAD, STORE)                                                \
+    void NAME##_for(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t,        \
+                    const int64_t *positions, const int64_t *blocks, const int64_t *offsets,   \
+                    T *k_cache, T *v_cache);                                                   \
     TL_CLONES void NAME(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t,   \
                         const int64_t *positions, const int64_t *blocks,                       \
                         const int64_t *offsets, T *k_cache, T *v_cache)                        \
     {                                                                                          \
+        _Pragma("omp parallel if(s->rows >= PAR_ROWS) num_threads(tl_team_threads())")        \
+        NAME##_for(s, qkv, cos_t, sin_t, positions, blocks, offsets, k_cache, v_cache);        \
+    }                                                                                          \
+    TL_CLONES void NAME##_for(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t, \
+                              const int64_t *positions, const int64_t *blocks,                 \
+                              const int64_t *offsets, T *k_cache, T *v_cache)                  \
+    {                                                                                          \
         const int D = s->head_dim, half = D / 2, nh = s->num_heads, nkv = s->num_kv_heads;     \
         const int BS = s->block_size;                                                          \
         const long row_len = (long)(nh + 2 * nkv) * D;                                         \
-        _Pragma("omp parallel for if(s->rows >= PAR_ROWS) schedule(static)")                   \
+        _Pragma("omp for schedule(static)")                                                    \
         for (long t = 0; t < s->rows; t++) {                                                   \
             T *row = qkv + t * row_len;                                                        \
             const float *c = cos_t + positions[t] * half, *sn = sin_t + positions[t] * half;   \
@@ -417,7 +465,7 @@ DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, LOAD_F32, STORE_F32)
 
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 6; }
+int tl_abi_version(void) { return 7; }
 
 /* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
 int tl_uses_avx512(void) {

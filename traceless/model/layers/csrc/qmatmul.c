@@ -45,6 +45,8 @@
 
 #include <omp.h>
 
+int tl_team_threads(void); /* team.c */
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define TL_X86 1
@@ -154,10 +156,13 @@ static void quantize_row(const float *x, long K, int x16, int8_t *q, float *d, f
     }
 }
 
-/* tmp: one K-float row per thread (bf16 inputs are widened there first) */
-static void quantize_acts(const void *x, int x_bf16, long T, const Act *a, float *tmp_rows) {
-    const long K = a->K, ld = a->ld;
-#pragma omp parallel for if (T >= 8) schedule(static)
+/* tmp: one K-float row per thread (bf16 inputs are widened there first). A worksharing loop over
+ * the rows: every thread of the calling team runs it (one thread outside a parallel region), and
+ * it ends in the team's barrier. The padding blocks of each row [nb, ld) are zeroed here, so that a
+ * scratch reused from a call with other shapes reads as a fresh one. */
+static void quantize_acts_for(const void *x, int x_bf16, long T, const Act *a, float *tmp_rows) {
+    const long K = a->K, ld = a->ld, nb = a->nb;
+#pragma omp for schedule(static)
     for (long t = 0; t < T; t++) {
         const float *row = (const float *)x + t * K;
         if (x_bf16) {
@@ -166,8 +171,20 @@ static void quantize_acts(const void *x, int x_bf16, long T, const Act *a, float
             for (long i = 0; i < K; i++) tmp[i] = bf16_to_f32(xr[i]);
             row = tmp;
         }
-        quantize_row(row, K, a->x16, a->q + t * ld * QB, a->d + t * ld, a->ds + t * ld, a->s16 + t * ld * 2);
+        int8_t *q = a->q + t * ld * QB;
+        float *d = a->d + t * ld, *ds = a->ds + t * ld;
+        int32_t *s16 = a->s16 + t * ld * 2;
+        quantize_row(row, K, a->x16, q, d, ds, s16);
+        memset(q + nb * QB, 0, (size_t)(ld - nb) * QB);
+        memset(d + nb, 0, sizeof(float) * (size_t)(ld - nb));
+        memset(ds + nb, 0, sizeof(float) * (size_t)(ld - nb));
+        memset(s16 + nb * 2, 0, sizeof(int32_t) * 2 * (size_t)(ld - nb));
     }
+}
+
+static void quantize_acts(const void *x, int x_bf16, long T, const Act *a, float *tmp_rows, int threads) {
+#pragma omp parallel if (T >= 8) num_threads(threads)
+    quantize_acts_for(x, x_bf16, T, a, tmp_rows);
 }
 
 /* ---- one 32-value block of a weight row, unpacked (portable path and the embedding) ---------- */
@@ -721,9 +738,9 @@ static void store_tile(const float *out, int nr, int mt, long n0, long t0, const
 }
 
 /* Every weight chunk of ROW_CHUNK rows (one thread's) against all activation rows, in tiles of
- * NR weight rows by TILE activation rows. */
-static void run_tiles(const QShape *s, const uint8_t *w, const Act *a, long T, int isa, void *y, long ldy,
-                      int y_bf16, const float *bias) {
+ * NR weight rows by TILE activation rows. A worksharing loop, as quantize_acts_for. */
+static void run_tiles_for(const QShape *s, const uint8_t *w, const Act *a, long T, int isa, void *y, long ldy,
+                          int y_bf16, const float *bias) {
     dot_fn dot = dot_portable;
     tile_fn tile = NULL;
 #ifdef TL_X86
@@ -732,7 +749,7 @@ static void run_tiles(const QShape *s, const uint8_t *w, const Act *a, long T, i
     if (a->x16) tile = isa == ISA_AVX512 ? tile_x16_avx512 : tile_x16_avx2;
 #endif
     const long N = s->rows, chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (long c = 0; c < chunks; c++) {
         const long n1 = (c + 1) * ROW_CHUNK < N ? (c + 1) * ROW_CHUNK : N;
         for (long t0 = 0; t0 < T; t0 += TILE) {
@@ -749,6 +766,46 @@ static void run_tiles(const QShape *s, const uint8_t *w, const Act *a, long T, i
     }
 }
 
+static void run_tiles(const QShape *s, const uint8_t *w, const Act *a, long T, int isa, void *y, long ldy,
+                      int y_bf16, const float *bias, int threads) {
+#pragma omp parallel num_threads(threads)
+    run_tiles_for(s, w, a, T, isa, y, ldy, y_bf16, bias);
+}
+
+/* The scratch of one matmul: act_bytes(K, T, threads) bytes, laid out by act_in. */
+static size_t act_bytes(long K, long T, int threads) {
+    const long nb = K / QB, ld = (nb + X16 - 1) / X16 * X16;
+    return sizeof(float) * (2 * (size_t)T * ld + (size_t)threads * K) + sizeof(int32_t) * 2 * (size_t)T * ld +
+           (size_t)T * ld * QB;
+}
+
+static Act act_in(char *scratch, const QShape *s, long T, int threads, int isa, float **tmp) {
+    const long K = s->cols, nb = K / QB, ld = (nb + X16 - 1) / X16 * X16;
+    Act a = {.K = K, .nb = nb, .ld = ld};
+    a.x16 = (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R) && isa != ISA_PORTABLE;
+    a.d = (float *)scratch;
+    a.ds = a.d + T * ld;
+    *tmp = a.ds + T * ld;
+    a.s16 = (int32_t *)(*tmp + (size_t)threads * K);
+    a.q = (int8_t *)(a.s16 + 2 * T * ld);
+    return a;
+}
+
+int tl_qshape_ok(const QShape *s, int isa) { return shape_ok(s) && isa >= 0 && isa <= cpu_max_isa(); }
+
+size_t tl_qmatmul_scratch_bytes(long K, long T, int threads) { return act_bytes(K, T, threads) + 64; }
+
+/* tl_qmatmul for float32 x and y, called by every thread of a team (forward.c): the activations
+ * are quantized into `scratch` (tl_qmatmul_scratch_bytes(K, T, team size), shared by the team),
+ * then the team splits the weight rows. Same arithmetic as tl_qmatmul, row for row. */
+void tl_qmatmul_team(const QShape *s, const uint8_t *w, const float *x, long T, float *y, long ldy,
+                     const float *bias, int isa, char *scratch, int threads) {
+    float *tmp;
+    Act a = act_in(scratch, s, T, threads, isa, &tmp);
+    quantize_acts_for(x, 0, T, &a, tmp);
+    run_tiles_for(s, w, &a, T, isa, y, ldy, 0, bias);
+}
+
 /*
  * y[t * ldy + n] = sum_k x[t][k] W[n][k] (+ bias[n]) for t < T, n < N; x float32 or bfloat16
  * [T][K] contiguous; y float32 or bfloat16. isa <= tl_q_isa(). Row t of y depends on row t of x
@@ -758,22 +815,15 @@ static void run_tiles(const QShape *s, const uint8_t *w, const Act *a, long T, i
 int tl_qmatmul(const QShape *s, const uint8_t *w, const void *x, long T, int x_bf16, void *y, long ldy,
                int y_bf16, const float *bias, int isa) {
     if (!shape_ok(s) || isa < 0 || isa > cpu_max_isa() || T < 0) return 2;
-    const long K = s->cols, nb = K / QB, ld = (nb + X16 - 1) / X16 * X16;
-    const int threads = omp_get_max_threads();
+    const int threads = tl_team_threads();
     /* d, ds [T][ld] float; tmp [threads][K] float; s16 [T][ld][2] int32; q [T][ld * 32] int8 */
-    const size_t bytes = sizeof(float) * (2 * (size_t)T * ld + (size_t)threads * K) +
-                         sizeof(int32_t) * 2 * (size_t)T * ld + (size_t)T * ld * QB;
-    char *scratch = calloc(bytes + 64, 1); /* zero: the padding of every row */
+    const size_t bytes = act_bytes(s->cols, T, threads);
+    char *scratch = calloc(bytes + 64, 1);
     if (!scratch) return 1;
-    Act a = {.K = K, .nb = nb, .ld = ld};
-    a.x16 = (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R) && isa != ISA_PORTABLE;
-    a.d = (float *)scratch;
-    a.ds = a.d + T * ld;
-    float *tmp = a.ds + T * ld;
-    a.s16 = (int32_t *)(tmp + (size_t)threads * K);
-    a.q = (int8_t *)(a.s16 + 2 * T * ld);
-    quantize_acts(x, x_bf16, T, &a, tmp);
-    run_tiles(s, w, &a, T, isa, y, ldy, y_bf16, bias);
+    float *tmp;
+    Act a = act_in(scratch, s, T, threads, isa, &tmp);
+    quantize_acts(x, x_bf16, T, &a, tmp, threads);
+    run_tiles(s, w, &a, T, isa, y, ldy, y_bf16, bias, threads);
     memset(scratch, 0, bytes); /* quantized activations: user data */
     free(scratch);
     return 0;
@@ -854,10 +904,10 @@ int tl_qdequant(const QShape *s, const uint8_t *w, const int64_t *ids, long T, v
         if (ids[t] < 0 || ids[t] >= s->rows) return 2;
     if (!ids && T > s->rows) return 2;
     const long K = s->cols;
-    const int threads = omp_get_max_threads();
+    const int threads = tl_team_threads();
     float *tmp = out_bf16 ? malloc(sizeof(float) * K * threads) : NULL;
     if (out_bf16 && !tmp) return 1;
-#pragma omp parallel for if (T >= 8) schedule(static)
+#pragma omp parallel for if (T >= 8) num_threads(threads) schedule(static)
     for (long t = 0; t < T; t++) {
         const uint8_t *row = w + (ids ? ids[t] : t) * s->row_bytes;
         if (out_bf16) {
