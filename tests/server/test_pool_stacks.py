@@ -118,3 +118,21 @@ def test_the_engine_scrubs_its_workers_when_idle(tiny_llama_dir):
         asyncio.run(asyncio.wait_for(main(), 90))
     finally:
         engine.stop()
+
+
+def test_scrub_clears_what_a_fused_step_left_on_the_workers(two_threads, tiny_llama_dir):
+    """The same for the decoder layers run in one region (csrc/forward.c): its frames are deeper
+    than one kernel's, and still inside the gap the scrub starts below."""
+    from traceless import LLM, SamplingParams
+
+    llm = LLM(str(tiny_llama_dir), quantization="q4_0", kv_cache_memory=4 * 2**20)
+    assert llm.engine.model.fused_forward
+    kernels = NativeKernels.load()
+    workers = Workers(kernels)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9] * 5}], params, use_tqdm=False)
+    left = workers.left()
+    assert any(left), "the steps left nothing below the runtime's frames: nothing to test"
+    kernels.scrub_pool_stacks()
+    now = workers.changed()
+    assert [[i for i in lines if i in set(n)] for lines, n in zip(left, now)] == [[] for _ in left]

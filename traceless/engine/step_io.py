@@ -138,6 +138,9 @@ class ModelInfo:
     long_context_from: int | None = None
     # "gguf" (a GGUF file's blocks), "q8_0"/"q4_0" (made at load), "fp8" (FP8 matmuls on CUDA) or "none"
     quantization: str = "none"
+    # a step whose sequences are all in the paged kernel's batch runs its layers in one native call
+    # (model/layers/fused_decode.py)
+    fused_forward: bool = False
 
 
 class PendingResult(Protocol):

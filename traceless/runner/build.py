@@ -258,6 +258,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         kv_windows=mc.kv_groups.windows,
         long_context_from=mc.long_context_from,
         quantization=Quantization.FP8.value if fp8_checkpoint else quantization.value,
+        fused_forward=model.fused is not None,
     )
     template = cfg.chat_template
     if template is None and cfg.model is None and cfg.load_format is LoadFormat.AUTO:

@@ -118,6 +118,7 @@ def run(
         "load_s": load_s,
         "load_format": m.load_format,
         "cuda_graphs": m.cuda_graphs,
+        "fused_forward": m.fused_forward,
         "capture_s": m.capture_s,
     }
     for name in names:

@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 int tl_team_threads(void); /* team.c: how many threads a region uses */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -61,8 +63,9 @@ typedef struct {
 
 /* Scores [lo, n_keys) of each of the G heads of kv head kvh (rows of n_pad): softcap, then
    softmax in place (with the heads' sinks in the denominators). */
-static void softmax_rows(const AttnShape *s, float *scores, int G, int n_pad, int lo, int n_keys, int kvh) {
-    for (int g = 0; g < G; g++) {
+static void softmax_rows(const AttnShape *s, float *scores, int G, int g0, int g1, int n_pad, int lo, int n_keys,
+                         int kvh) {
+    for (int g = g0; g < g1; g++) {
         float *sg = scores + (long)g * n_pad;
         if (s->softcap > 0.f) {
             const float cap = s->softcap, inv_cap = 1.f / s->softcap;
@@ -104,44 +107,45 @@ static inline uint16_t bf16_from_f32(float f) {
  */
 #define DEFINE_ROW(NAME, T, LOAD)                                                              \
     TL_CLONES static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,           \
-                               const T *v_cache, const int32_t *table, int kvh, int n_keys,    \
-                               int lo, float *scratch, float *scores, T *out_row, int to_bf16) \
+                               const T *v_cache, const int32_t *table, int kvh, int g0,      \
+                               int g1, int n_keys, int lo, float *scratch, float *scores,      \
+                               T *out_row, int to_bf16)                                        \
     {                                                                                          \
         const int G = s->num_heads / s->num_kv_heads, D = s->head_dim, BS = s->block_size;     \
         const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS, lo_blk = lo / BS;          \
         const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
         float *qf = scratch, *acc = scratch + G * D, *tmp = scratch + 2 * G * D;               \
-        for (int g = 0; g < G; g++)                                                            \
+        for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
         for (int b = lo_blk; b < nblk; b++) {                                                  \
             const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
-            for (int g = 0; g < G; g++)                                                        \
+            for (int g = g0; g < g1; g++)                                                        \
                 for (int j = 0; j < BS; j++) scores[(long)g * n_pad + b * BS + j] = 0.f;       \
             for (int d = 0; d < D; d++) {                                                      \
                 for (int j = 0; j < BS; j++) tmp[j] = LOAD(kb, d * BS + j);                    \
-                for (int g = 0; g < G; g++) {                                                  \
+                for (int g = g0; g < g1; g++) {                                                  \
                     float *sg = scores + (long)g * n_pad + b * BS;                             \
                     const float qd = qf[g * D + d];                                            \
                     for (int j = 0; j < BS; j++) sg[j] += qd * tmp[j];                         \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        softmax_rows(s, scores, G, n_pad, lo, n_keys, kvh);                                         \
+        softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                                      \
         for (int i = 0; i < G * D; i++) acc[i] = 0.f;                                          \
         for (int b = lo_blk; b < nblk; b++) {                                                  \
             const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
             const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                         \
             for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                          \
                 for (int d = 0; d < D; d++) tmp[d] = LOAD(vb, j * D + d);                      \
-                for (int g = 0; g < G; g++) {                                                  \
+                for (int g = g0; g < g1; g++) {                                                  \
                     const float p = scores[(long)g * n_pad + b * BS + j];                      \
                     float *ag = acc + g * D;                                                   \
                     for (int d = 0; d < D; d++) ag[d] += p * tmp[d];                           \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int g = 0; g < G; g++)                                                            \
+        for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
                 const float x = acc[g * D + d];                                                \
                 if (to_bf16)                                                                   \
@@ -178,8 +182,8 @@ static inline void prefetch_block(const void *p, long bytes) {
 
 #define DEFINE_ROW16(NAME, T, LOAD16, LOAD)                                                    \
     AVX512_TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,       \
-                                   const T *v_cache, const int32_t *table, int kvh,            \
-                                   int n_keys, int lo, float *scratch, float *scores,          \
+                                   const T *v_cache, const int32_t *table, int kvh, int g0,    \
+                                   int g1, int n_keys, int lo, float *scratch, float *scores,  \
                                    T *out_row, int to_bf16)                                    \
     {                                                                                          \
         enum { BS = 16, GMAX = 8 };                                                            \
@@ -187,7 +191,7 @@ static inline void prefetch_block(const void *p, long bytes) {
         const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS, lo_blk = lo / BS;          \
         const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
         float *qf = scratch, *acc = scratch + G * D;                                           \
-        for (int g = 0; g < G; g++)                                                            \
+        for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
         for (int b = lo_blk; b < nblk; b++) {                                                  \
@@ -200,31 +204,31 @@ static inline void prefetch_block(const void *p, long bytes) {
             prefetch_block(v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D,         \
                            sizeof(T) * BS * D);                                                \
             __m512 sacc[GMAX];                                                                 \
-            for (int g = 0; g < G; g++) sacc[g] = _mm512_setzero_ps();                         \
+            for (int g = g0; g < g1; g++) sacc[g] = _mm512_setzero_ps();                         \
             for (int d = 0; d < D; d++) {                                                      \
                 const __m512 k = LOAD16(kb + d * BS);                                          \
-                for (int g = 0; g < G; g++)                                                    \
+                for (int g = g0; g < g1; g++)                                                    \
                     sacc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qf[g * D + d]), k, sacc[g]);      \
             }                                                                                  \
-            for (int g = 0; g < G; g++) _mm512_storeu_ps(scores + (long)g * n_pad + b * BS, sacc[g]); \
+            for (int g = g0; g < g1; g++) _mm512_storeu_ps(scores + (long)g * n_pad + b * BS, sacc[g]); \
         }                                                                                      \
-        softmax_rows(s, scores, G, n_pad, lo, n_keys, kvh);                                         \
+        softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                                      \
         for (int d0 = 0; d0 < D; d0 += 16) {                                                   \
             __m512 a[GMAX];                                                                    \
-            for (int g = 0; g < G; g++) a[g] = _mm512_setzero_ps();                            \
+            for (int g = g0; g < g1; g++) a[g] = _mm512_setzero_ps();                            \
             for (int b = lo_blk; b < nblk; b++) {                                              \
                 const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;      \
                 const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                     \
                 for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                      \
                     const __m512 v = LOAD16(vb + j * D + d0);                                  \
-                    for (int g = 0; g < G; g++)                                                \
+                    for (int g = g0; g < g1; g++)                                                \
                         a[g] = _mm512_fmadd_ps(                                                \
                             _mm512_set1_ps(scores[(long)g * n_pad + b * BS + j]), v, a[g]);    \
                 }                                                                              \
             }                                                                                  \
-            for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + d0, a[g]);              \
+            for (int g = g0; g < g1; g++) _mm512_storeu_ps(acc + g * D + d0, a[g]);              \
         }                                                                                      \
-        for (int g = 0; g < G; g++)                                                            \
+        for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
                 const float x = acc[g * D + d];                                                \
                 if (to_bf16)                                                                   \
@@ -280,17 +284,25 @@ static long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) 
         const long row_stride = (long)s->num_heads * s->head_dim;                              \
         row_fn_##T row = ROW;                                                                  \
         if (use_fast_path(s)) row = ROW16;                                                     \
+        /* Few (sequence, kv head) pairs for the team (one sequence decoding): a task per query \
+           head of each, so that the threads share the work evenly. Each head's numbers are its \
+           own in either case (the heads of a kv head never mix): the bits do not change. */      \
+        const int G = s->num_heads / s->num_kv_heads;                                          \
+        const long pairs = (long)s->num_seqs * s->num_kv_heads;                                \
+        const int split = pairs < 4L * omp_get_num_threads() ? G : 1;                          \
         _Pragma("omp for schedule(dynamic, 1)")                                                \
-        for (long task = 0; task < (long)s->num_seqs * s->num_kv_heads; task++) {              \
+        for (long task = 0; task < pairs * split; task++) {                                    \
             if (!scratch || !scores) continue;                                                 \
-            const int b = (int)(task / s->num_kv_heads), kvh = (int)(task % s->num_kv_heads);  \
+            const long pair = task / split;                                                    \
+            const int g0 = (int)(task % split) * (G / split), g1 = g0 + G / split;              \
+            const int b = (int)(pair / s->num_kv_heads), kvh = (int)(pair % s->num_kv_heads);  \
             const int q_len = cu_q[b + 1] - cu_q[b], ctx = context_lens[b];                    \
             const int32_t *table = block_tables + (long)b * s->max_blocks;                     \
             for (int i = 0; i < q_len; i++) {                                                  \
                 const long r = cu_q[b] + i;                                                    \
                 const int pos = ctx - q_len + i;                                               \
                 const int lo = s->window > 0 && pos >= s->window ? pos - s->window + 1 : 0;    \
-                row(s, q + r * s->q_stride, k_cache, v_cache, table, kvh, pos + 1, lo,         \
+                row(s, q + r * s->q_stride, k_cache, v_cache, table, kvh, g0, g1, pos + 1, lo, \
                     scratch, scores, out + r * row_stride, TO_BF16);                           \
             }                                                                                  \
         }                                                                                      \
@@ -321,10 +333,10 @@ static long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) 
     }
 
 typedef void (*row_fn_uint16_t)(const AttnShape *, const uint16_t *, const uint16_t *,
-                                const uint16_t *, const int32_t *, int, int, int, float *, float *,
+                                const uint16_t *, const int32_t *, int, int, int, int, int, float *, float *,
                                 uint16_t *, int);
 typedef void (*row_fn_float)(const AttnShape *, const float *, const float *, const float *,
-                             const int32_t *, int, int, int, float *, float *, float *, int);
+                             const int32_t *, int, int, int, int, int, float *, float *, float *, int);
 
 static int use_fast_path(const AttnShape *s) {
 #ifdef TL_HAVE_AVX512_PATH
