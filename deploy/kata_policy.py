@@ -32,6 +32,10 @@ from typing import Any
 
 import yaml
 
+# the sibling script that reads the node container the same way (run as a script or loaded by path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from release_manifest import node_container_specs  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAY = ROOT / "deploy" / "k8s" / "overlays" / "confidential"
 POLICY, INITDATA, POD_PATCH = OVERLAY / "agent-policy.rego", OVERLAY / "initdata.toml", OVERLAY / "gpu-node.yaml"
@@ -47,15 +51,7 @@ class PolicyError(Exception):
 
 def node_container(documents: list[Any]) -> dict:
     """The one container named `node` of the node StatefulSet."""
-    found = [
-        c
-        for doc in documents
-        if isinstance(doc, dict)
-        and doc.get("kind") == "StatefulSet"
-        and doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/component") == "node"
-        for c in doc["spec"]["template"]["spec"]["containers"]
-        if c.get("name") == "node"
-    ]
+    found = node_container_specs(documents)
     if len(found) != 1:
         raise PolicyError(f"expected one node container in the manifests, found {len(found)}")
     return found[0]

@@ -33,8 +33,8 @@ class ReleaseError(Exception):
     """The rendered manifests do not describe a release this script can compute."""
 
 
-def node_containers(documents: Iterable[Any]) -> list[list[str]]:
-    """The argument lists of the node containers of every node StatefulSet."""
+def node_container_specs(documents: Iterable[Any]) -> list[dict]:
+    """The container named `node` of every node StatefulSet (kata_policy.py reads them too)."""
     found = []
     for doc in documents:
         if not isinstance(doc, dict) or doc.get("kind") != "StatefulSet":
@@ -42,9 +42,13 @@ def node_containers(documents: Iterable[Any]) -> list[list[str]]:
         labels = doc.get("metadata", {}).get("labels", {})
         if labels.get("app.kubernetes.io/component") != NODE_COMPONENT:
             continue
-        for container in doc["spec"]["template"]["spec"]["containers"]:
-            if container.get("name") == NODE_COMPONENT:
-                found.append([str(a) for a in container.get("args", [])])
+        found += [c for c in doc["spec"]["template"]["spec"]["containers"] if c.get("name") == NODE_COMPONENT]
+    return found
+
+
+def node_containers(documents: Iterable[Any]) -> list[list[str]]:
+    """The argument lists of the node containers of every node StatefulSet."""
+    found = [[str(a) for a in container.get("args", [])] for container in node_container_specs(documents)]
     if not found:
         raise ReleaseError("the manifests hold no node StatefulSet with a container named 'node'")
     return found
