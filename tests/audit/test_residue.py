@@ -119,9 +119,30 @@ def test_the_audited_servers_cache_follows_the_engines_compute_dtype(monkeypatch
     import traceless.runner.build as build
     from traceless_tools.audit.residue import _kv_budget
 
+    blocks = 35  # 540 tokens in blocks of 16, and the null block
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
     monkeypatch.setattr(build, "resolve_device", lambda name: build.torch.device("cpu"))
-    assert _kv_budget(None) == "24MiB"
-    assert _kv_budget(str(tiny_llama_dir)) == "12MiB"
+    assert _kv_budget(None) == str(blocks * 16 * 30 * 2 * 3 * 64 * 4)  # 30 layers, K and V, 3 kv heads of 64
+    assert _kv_budget(str(tiny_llama_dir)) == str(blocks * 16 * 2 * 2 * 2 * 16 * 2)  # 2 layers, 2 kv heads of 16
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: False)
-    assert _kv_budget(str(tiny_llama_dir)) == "24MiB"
+    assert _kv_budget(str(tiny_llama_dir)) == str(blocks * 16 * 2 * 2 * 2 * 16 * 4)
+
+
+def test_the_audited_servers_cache_holds_the_same_tokens_with_kv_groups(tmp_path):
+    """Gemma 3 keeps its local and global layers in separate KV groups: the budget still buys the
+    engine the same number of blocks, so the preemption path runs out and spills as on Llama."""
+    from tests.support.families import FAMILIES, make_family_model
+    from traceless.config import EngineConfig
+    from traceless.runner.build import build_engine_parts
+    from traceless.runner.kv_budget import group_blocks
+    from traceless_tools.audit.residue import KV_TOKENS, MAX_MODEL_LEN, _kv_budget
+
+    kind, overrides = FAMILIES["gemma3"]
+    path = make_family_model(tmp_path / "gemma3", kind, **overrides, max_position_embeddings=1024)
+    budget = int(_kv_budget(str(path)))
+    parts = build_engine_parts(EngineConfig(model=str(path), kv_cache_memory=budget, max_model_len=MAX_MODEL_LEN))
+    windows = parts.model.kv_windows
+    assert len(windows) > 1 and parts.model.kv_cache_bytes == budget  # whole blocks, every group's layers
+    # one sequence of KV_TOKENS fits in every group, and eight of the preemption path's requests do not
+    per_block = budget // (group_blocks(KV_TOKENS, 1, 16, windows, 2048) + 1)
+    assert group_blocks(8 * 110, 8, 16, windows, 2048) * per_block > budget

@@ -82,7 +82,7 @@ class ProcessUnderAudit:
             "--kv-cache-memory",
             _kv_budget(cfg.model),
             "--max-model-len",
-            "512",
+            str(MAX_MODEL_LEN),
             "--max-num-seqs",
             "8",
         ] + (["--model", cfg.model] if cfg.model else [])
@@ -236,12 +236,25 @@ def print_report(rep: dict) -> None:
     print("RESULT: " + ("FAIL: residue found" if rep["failed"] else "no residue on the node or the plaintext server"))
 
 
-def _kv_budget(model: str | None) -> str:
-    """The audited server's KV cache: the same ~540 tokens of the default model whatever dtype the
-    engine computes in (runner/build.py compute_dtype, for the server's default options), so the
-    eight ~110-token requests of the preemption path run out and spill alike."""
-    from traceless.config import EngineConfig
-    from traceless.runner.build import compute_dtype
+# The audited server's KV cache: KV_TOKENS tokens of one sequence in every KV group (which is more
+# than its MAX_MODEL_LEN): the eight ~110-token requests of the preemption path run out of it and
+# spill to the offload directory.
+KV_TOKENS = 540
+MAX_MODEL_LEN = 512
 
-    float32 = compute_dtype(EngineConfig(model=model)).itemsize == 4
-    return "24MiB" if float32 else "12MiB"
+
+def _kv_budget(model: str | None) -> str:
+    """--kv-cache-memory in bytes for KV_TOKENS tokens of `model`: its blocks hold every layer slot
+    in the dtype the engine computes in (runner/build.py compute_dtype, for the server's default
+    options), and a sequence takes blocks in each KV group (model/kv_groups.py; a windowed group
+    at most its window's), as the engine counts them (runner/kv_budget.py)."""
+    from traceless.config import EngineConfig
+    from traceless.model.layers.kv_cache import block_bytes
+    from traceless.model.loader import read_model_config
+    from traceless.runner.build import compute_dtype
+    from traceless.runner.kv_budget import group_blocks
+
+    cfg, mc = EngineConfig(model=model), read_model_config(model)
+    windows = mc.kv_groups.windows
+    blocks = group_blocks(KV_TOKENS, 1, cfg.block_size, windows, cfg.max_num_batched_tokens) + 1  # + the null block
+    return str(blocks * block_bytes(mc, cfg.block_size, compute_dtype(cfg)))
