@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 
 from traceless.cli.engine_args import add_engine_args, config_errors, engine_options, parse_size
 from traceless.cli.hardening import make_undumpable
@@ -209,7 +210,14 @@ def build_async_engine(args: argparse.Namespace):
     from traceless.server.async_engine import AsyncEngine
 
     with config_errors():
-        return AsyncEngine(build_engine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
+        engine = AsyncEngine(build_engine(EngineConfig(model=args.model, dtype=args.dtype, **engine_options(args))))
+    # What start-up built (the model, the libraries' objects) lives as long as the process: out of the
+    # collector's generations, a full collection while serving walks only what requests made. Before,
+    # collections were ~3% of a decode step of the built-in model. AsyncEngine._recover unfreezes,
+    # so a failed engine's objects can still be collected.
+    gc.collect()
+    gc.freeze()
+    return engine
 
 
 def _serve(args: argparse.Namespace) -> int:

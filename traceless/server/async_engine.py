@@ -205,6 +205,7 @@ class AsyncEngine:
         """The engine failed: its requests fail, it releases everything, and a fresh engine takes
         over unless the restart budget is spent. Returns whether serving goes on."""
         self.restarting = True
+        gc.unfreeze()  # the failed engine's objects (frozen after start-up, cli/serve.py) collectable again
         held = self._engine.request_ids()
         emit("engine.step_failed", num_requests=len(held), error_kind="internal")
         loop.call_soon_threadsafe(self._fail, held, EngineDeadError("the engine failed; the request was dropped"))
