@@ -116,12 +116,17 @@ def test_only_covered_models_bind(models):
 
 
 def test_the_team_goes_single_threaded_only_while_the_cpus_are_oversubscribed():
-    decide = NativeKernels.load()._fn("tl_team_decide", [ctypes.c_double, ctypes.c_int, ctypes.c_long], ctypes.c_int)
-    second = 1_000_000_000
-    assert decide(0.0, 0, 0) == 0 and decide(0.2, 0, 0) == 0  # quiet, or a little busy: every thread
-    assert decide(0.3, 0, 0) == 1 and decide(0.9, 0, 0) == 1  # a quarter of the time waiting: one
-    assert decide(0.0, 1, second // 10) == 1  # holds a while before it tries the team again
-    assert decide(0.05, 1, second) == 0 and decide(0.2, 1, second) == 1
+    lib = NativeKernels.load()
+    decide = lib._fn("tl_team_decide", [ctypes.c_double, ctypes.c_int, ctypes.c_long, ctypes.c_long], ctypes.c_int)
+    hold = lib._fn("tl_team_hold", [ctypes.c_long, ctypes.c_long], ctypes.c_long)
+    ms = 1_000_000
+    assert decide(0.0, 0, 0, 500 * ms) == 0 and decide(0.1, 0, 0, 500 * ms) == 0  # quiet or nearly: the team
+    assert decide(0.2, 0, 0, 500 * ms) == 1 and decide(0.9, 0, 0, 500 * ms) == 1  # a fifth waiting: one thread
+    assert decide(0.0, 1, 100 * ms, 500 * ms) == 1  # holds a while before it tries the team again
+    assert decide(0.01, 1, 600 * ms, 500 * ms) == 0 and decide(0.2, 1, 600 * ms, 500 * ms) == 1
+    # a team that met the contention again at once: the next hold is twice as long, up to 8 s
+    assert hold(60 * ms, 500 * ms) == 1000 * ms and hold(60 * ms, 6000 * ms) == 8000 * ms
+    assert hold(5000 * ms, 8000 * ms) == 500 * ms  # a team that lasted: back to the short hold
 
 
 def test_a_bad_team_setting_is_refused(monkeypatch):

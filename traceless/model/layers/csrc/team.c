@@ -8,8 +8,11 @@
  * CPU-bound processes beside the engine. One thread has no barrier to wait at.
  *
  * The signal is the calling thread's own time waiting on a run queue (/proc/thread-self/
- * schedstat, second field): at most every CHECK_NS of wall time, its share of that interval.
- * Above ENTER the kernels run on one thread, for at least HOLD_NS; below LEAVE they use all again.
+ * schedstat, second field): at most every CHECK_MS of wall time, its share of that interval.
+ * Above ENTER the kernels run on one thread, for at least a hold; below LEAVE they use all again.
+ * With one busy process beside a 2-core engine, one thread has a core to itself and waits for
+ * nothing, so the team comes back, meets the contention again within a check and leaves: each such
+ * return doubles the hold (HOLD_MS up to MAX_HOLD_MS), and a team that lasts resets it.
  * The machine's load decides this, never a request: and the kernels' results do not depend on the
  * number of threads (each output row is one thread's work in a fixed order), so neither do a
  * request's numbers.
@@ -24,14 +27,14 @@
 
 #include <omp.h>
 
-enum { CHECK_MS = 50, HOLD_MS = 500 };
-#define ENTER 0.25 /* run-queue wait / wall time that makes the kernels go single-threaded */
-#define LEAVE 0.10 /* ... and that lets them use every thread again */
+enum { CHECK_MS = 50, HOLD_MS = 500, MAX_HOLD_MS = 8000 };
+#define ENTER 0.15 /* run-queue wait / wall time that makes the kernels go single-threaded */
+#define LEAVE 0.05 /* ... and that lets them use every thread again */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile int single;          /* read without the lock: a stale value only delays a switch */
 static volatile long next_check_ns;  /* when the next look at schedstat is due */
-static long last_wall_ns, last_wait_ns, single_since_ns;
+static long last_wall_ns, last_wait_ns, single_since_ns, team_since_ns, hold_ns = HOLD_MS * 1000000L;
 static pthread_t last_thread;
 static int mode = -1; /* TRACELESS_CPU_TEAM: 0 "auto" (default), 1 "all" threads always, 2 "one" always */
 
@@ -57,10 +60,16 @@ static long runqueue_wait_ns(void) {
 }
 
 /* The decision alone (tests call it): 1 for one thread, 0 for all, given the share of an
- * interval spent waiting for a CPU, the current state and how long it has held. */
-int tl_team_decide(double wait_share, int was_single, long held_ns) {
-    if (was_single) return held_ns < HOLD_MS * 1000000L || wait_share > LEAVE;
+ * interval spent waiting for a CPU, the current state, how long it has held and the hold. */
+int tl_team_decide(double wait_share, int was_single, long held_ns, long hold) {
+    if (was_single) return held_ns < hold || wait_share > LEAVE;
     return wait_share >= ENTER;
+}
+
+/* The hold of a single-threaded spell that starts now, after a team spell of team_ns. */
+long tl_team_hold(long team_ns, long previous) {
+    if (team_ns > 4L * CHECK_MS * 1000000L) return HOLD_MS * 1000000L;
+    return previous * 2 < MAX_HOLD_MS * 1000000L ? previous * 2 : MAX_HOLD_MS * 1000000L;
 }
 
 static void check(long now) {
@@ -70,8 +79,12 @@ static void check(long now) {
         const pthread_t self = pthread_self();
         if (wait >= 0 && pthread_equal(self, last_thread) && now > last_wall_ns) {
             const double share = (double)(wait - last_wait_ns) / (double)(now - last_wall_ns);
-            const int next = tl_team_decide(share, single, now - single_since_ns);
-            if (next && !single) single_since_ns = now;
+            const int next = tl_team_decide(share, single, now - single_since_ns, hold_ns);
+            if (next && !single) {
+                hold_ns = tl_team_hold(now - team_since_ns, hold_ns);
+                single_since_ns = now;
+            }
+            if (!next && single) team_since_ns = now;
             single = next;
         }
         last_thread = self;
