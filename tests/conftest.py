@@ -133,6 +133,14 @@ def default_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def hf_default_model_dir(tmp_path_factory, default_model_path) -> Path:
+    """transformers' reading of the default model's GGUF file (float32), saved once per run."""
+    from tests.support.hf_default import hf_default_model_dir, shared_dir
+
+    return hf_default_model_dir(default_model_path, shared_dir(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="session")
 def real_llm():
     """The default model in float32 (parity tests), shared by the session's end-to-end tests."""
     from traceless import LLM

@@ -63,20 +63,48 @@ def test_memscan_with_anchors_counts_like_without():
     assert fast == slow and all(v >= 2 for v in fast.values())
 
 
-def test_memscan_finds_a_needle_across_a_chunk_boundary():
-    from traceless_tools.audit.memscan import _count_in, _plan
+@pytest.mark.parametrize("one_pass", [False, True], ids=["find per anchor", "one pass"])
+def test_memscan_finds_a_needle_across_a_chunk_boundary(one_pass):
+    from traceless_tools.audit.memscan import _count_at_anchors, _count_in, _plan
 
+    count = _count_at_anchors if one_pass else _count_in
     needle = b"xx-ANCHOR-yy"
     plan = _plan([needle], [b"ANCHOR"])
     counts = {needle: 0}
     data = b"." * 10 + needle  # the chunk is 12 bytes; the needle starts in it and runs past it
-    _count_in(data, 12, plan, counts)
+    count(data, 12, plan, counts)
     assert counts[needle] == 1
     counts = {needle: 0}
-    _count_in(data, 10, plan, counts)  # starts past this chunk: the next chunk counts it
+    count(data, 10, plan, counts)  # starts past this chunk: the next chunk counts it
     assert counts[needle] == 0
     with pytest.raises(ValueError):
         _plan([b"no anchor here"], [b"ANCHOR"])
+
+
+def test_the_one_pass_scan_counts_like_a_find_per_anchor():
+    """Anchors that start at the same place (one the other's prefix), anchors that overlap, and
+    needles cut off at either end: the one-pass search counts each as the search per anchor does."""
+    import random
+
+    from traceless_tools.audit.memscan import _count_at_anchors, _count_in, _plan
+
+    needles = [b"ab\0\0c", b"\0ab\0", b"ba\0", b"abab", b"xab\0\0\0"]
+    plan = _plan(needles, [b"ab\0\0", b"ab", b"ba"])
+    assert len(plan[b"ab\0\0"]) == 2 and (b"\0ab\0", 1) in plan[b"ab"] and (b"ba\0", 0) in plan[b"ba"]
+
+    def both(data: bytes, size: int) -> dict[bytes, int]:
+        one, each = dict.fromkeys(needles, 0), dict.fromkeys(needles, 0)
+        _count_at_anchors(data, size, plan, one)
+        _count_in(data, size, plan, each)
+        assert one == each == {n: sum(data.startswith(n, i) for i in range(size)) for n in needles}, data
+        return one
+
+    assert both(b"x\0ab\0\0\0c", 9)[b"\0ab\0"] == 1  # "ab" starts where "ab\0\0" does
+    assert both(b"ababa\0", 6) == {**dict.fromkeys(needles, 0), b"ba\0": 1, b"abab": 1}  # "ba" inside "ab"s
+    rng = random.Random(0)
+    for _ in range(2000):
+        data = bytes(rng.choice(b"ab\0cx") for _ in range(rng.randrange(1, 40)))
+        both(data, rng.randrange(1, len(data) + 1))
 
 
 def test_canary_forms_cover_every_script_and_encoding():

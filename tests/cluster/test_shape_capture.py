@@ -6,6 +6,7 @@ bytes; the test parses HTTP/1.1 and the OHTTP framing itself."""
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import pytest
@@ -118,29 +119,44 @@ def exchanges(flow: dict[str, bytearray]) -> list[tuple[str, dict, bytes, dict, 
     return out
 
 
+def _send(config, calls: list[tuple[str, dict]]) -> None:
+    """The calls one after another, from a client of their own."""
+    client = PrivateClient(config)
+    try:
+        for kind, body in calls:
+            call = client.chat if kind == "chat" else client.completions
+            if body.get("stream"):
+                events = list(call(body))
+                assert events[-1] == b"data: [DONE]\n\n" and len(events) >= 2
+            else:
+                answer = call(body)
+                assert kind == "chat" or answer["choices"][0]["text"] is not None
+    finally:
+        client.close()
+
+
 def test_every_request_and_response_chunk_at_the_relay_has_a_bucket_size(deployment):
     e = deployment.endpoints
     assert deployment.tap is not None
-    client = PrivateClient(client_config(e, f"http://127.0.0.1:{deployment.tap.port}"))
-    short, long = "Hi", " ".join(f"word{i}" for i in range(350))  # ~3 KB: a bigger bucket
-    try:
-        for prompt in (short, long):
-            for max_tokens in (1, 12):
-                body = {
-                    "model": e["model"],
-                    "prompt": prompt,
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                }
-                assert client.completions(body)["choices"][0]["text"] is not None
-                events = list(client.completions({**body, "stream": True}))
-                assert events[-1] == b"data: [DONE]\n\n" and len(events) >= 2
-            chat = {"model": e["model"], "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
-            client.chat(chat)
-            list(client.chat({**chat, "stream": True}))
-    finally:
-        client.close()
+    config = client_config(e, f"http://127.0.0.1:{deployment.tap.port}")
+    short, long = "Hi", " ".join(f"word{i}" for i in range(200))  # ~1.5 KB: the next bucket up
+    jobs = []
+    for prompt in (short, long):
+        for max_tokens in (1, 12):
+            body = {
+                "model": e["model"],
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            jobs.append([("completions", body), ("completions", {**body, "stream": True})])
+        chat = {"model": e["model"], "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
+        jobs.append([("chat", chat), ("chat", {**chat, "stream": True})])
+    # the six pairs side by side, each from its own client: a shaped stream lasts its budgets
+    # whatever the node does, and the relay sees each connection apart
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        list(pool.map(lambda calls: _send(config, calls), jobs))
     with deployment.tap._lock:
         flows = [{k: bytearray(v) for k, v in f.items()} for f in deployment.tap.flows.values()]
     seen = {"ohttp-req": set(), "ohttp-res": set(), "chunked-req": set(), "chunk": set(), "streams": 0}

@@ -311,17 +311,25 @@ def test_draft_layers_must_leave_a_layer_to_verify_with(tiny_llama_dir):
 
 
 # --- the real default model ---------------------------------------------------------------------
+DEFAULT_PROMPTS = [
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fib2(n):\n",
+    "Once upon a time",
+]
+DEFAULT_GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def default_plain(real_llm) -> list:
+    """The default model's greedy answers without speculation (the same for both modes)."""
+    return [o.outputs[0].token_ids for o in real_llm.generate(DEFAULT_PROMPTS, DEFAULT_GREEDY, use_tqdm=False)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ngram", "draft"])
-def test_default_model_greedy_is_identical(real_llm, default_model_path, mode):
-    ps = [
-        "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-        "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fib2(n):\n",
-        "Once upon a time",
-    ]
-    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    want = [o.outputs[0].token_ids for o in real_llm.generate(ps, params, use_tqdm=False)]
+def test_default_model_greedy_is_identical(default_plain, mode):
     spec = LLM(dtype="float32", kv_cache_memory=512 * 2**20, speculative=mode)
-    assert [o.outputs[0].token_ids for o in spec.generate(ps, params, use_tqdm=False)] == want
+    got = spec.generate(DEFAULT_PROMPTS, DEFAULT_GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == default_plain
     assert spec.engine.spec_stats.accepted > 0
     spec.engine.check_integrity()

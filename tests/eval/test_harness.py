@@ -124,7 +124,7 @@ def test_the_eval_command_prints_figures_only(server, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_default_model_multiple_choice_matches_the_hf_backend(default_model_path, tmp_path):
+def test_default_model_multiple_choice_matches_the_hf_backend(hf_default_model_dir, tmp_path):
     """The real default model (its GGUF, dequantized to float32 by both sides): same answer on every
     question of the bundled multiple-choice set."""
     app, engine = make_served_app(EngineConfig(dtype="float32", kv_cache_memory=256 * 2**20, max_model_len=2048))
@@ -136,12 +136,7 @@ def test_default_model_multiple_choice_matches_the_hf_backend(default_model_path
     _resolved_tasks(tmp_path)
     ref = lm_eval.simple_evaluate(
         model="hf",
-        model_args={
-            "pretrained": str(default_model_path.parent),
-            "gguf_file": default_model_path.name,
-            "dtype": "float32",
-            "device": "cpu",
-        },
+        model_args={"pretrained": str(hf_default_model_dir), "dtype": "float32", "device": "cpu"},
         tasks=["traceless_mc"],
         task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
         batch_size=1,

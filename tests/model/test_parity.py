@@ -74,13 +74,11 @@ PROMPTS = CHAT_PROMPTS
 
 
 @pytest.mark.slow
-def test_default_model_matches_transformers(real_llm, default_model_path):
+def test_default_model_matches_transformers(real_llm, hf_default_model_dir):
     from transformers import AutoModelForCausalLM
 
     # transformers dequantizes the GGUF itself (its own converter): an independent reading of the file
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(default_model_path.parent), gguf_file=default_model_path.name, dtype=torch.float32
-    ).eval()
+    hf = AutoModelForCausalLM.from_pretrained(hf_default_model_dir, dtype=torch.float32).eval()
     tok = real_llm.get_tokenizer()
     prompts = [
         tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)

@@ -21,6 +21,7 @@ from traceless.privacy.attestation.measurement import Measurement
 from traceless.privacy.attestation.software import SoftwareAttester, verify_attestation
 from traceless.privacy.ohttp.call import encapsulate_call
 from traceless.privacy.ohttp.keys import decode_ohttp_keys
+from traceless.privacy.shape import ShapePolicy
 from traceless.server.async_engine import AsyncEngine
 from traceless.server.ballast import BALLAST_ID
 from traceless.server.telemetry import Telemetry, WindowPolicy
@@ -234,7 +235,11 @@ def test_a_stopping_node_ends_its_encrypted_streams_with_an_error_then_done(tiny
     identity = NodeIdentity(SoftwareAttester(), Measurement(b"\x01" * 32, b"\x02" * 32, b"\x03" * 32))
     body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 100, "ignore_eos": True, "stream": True}
     result: dict = {}
-    with serve(create_node_app(engine, identity, NodeSettings(MODEL)), engine) as s, s.slowed(0.05):
+    # a paced stream runs on to its decode budget after its content ends: 100 tokens x 20 ms, not
+    # the default 200 ms a token (20 s of filler); the 100 tokens at 50 ms a step keep the request
+    # running until the drain reaches it
+    settings = NodeSettings(MODEL, shape=ShapePolicy(decode_ms_per_token=20))
+    with serve(create_node_app(engine, identity, settings), engine) as s, s.slowed(0.05):
         s.identity = identity
         caller = threading.Thread(target=lambda: result.update(answer=call(s, b"/v1/completions", body, True)))
         caller.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -52,12 +53,16 @@ def test_streams_leave_in_equal_chunks_and_whole_responses_in_buckets(node, prom
         "ignore_eos": True,
         "logprobs": 2,
     }
-    sizes = chunked_ciphertexts(raw(node, {**body, "stream": True}, stream=True))
+    # the stream read as the relay sees it, beside the calls below: a paced stream lasts its budgets
+    # (prefill 0.5 s + max_tokens x 200 ms) whatever else the node does
+    with ThreadPoolExecutor(1) as pool:
+        seen = pool.submit(lambda: chunked_ciphertexts(raw(node, {**body, "stream": True}, stream=True)))
+        assert len(raw(node, body, stream=False)) - NONCE - TAG in BUCKETS
+        # and the content is intact: the stream's text is the whole response's
+        status, whole = call(node, b"/v1/completions", body)
+        status2, events = call(node, b"/v1/completions", {**body, "stream": True}, stream=True)
+        sizes = seen.result()
     assert len(sizes) >= 2 and set(sizes) == {STREAM_CHUNK + TAG}, sizes
-    assert len(raw(node, body, stream=False)) - NONCE - TAG in BUCKETS
-    # and the content is intact: the stream's text is the whole response's
-    status, whole = call(node, b"/v1/completions", body)
-    status2, events = call(node, b"/v1/completions", {**body, "stream": True}, stream=True)
     assert status == status2 == 200 and events[-1] == b"data: [DONE]\n\n"
     assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]) == whole["choices"][0]["text"]
 

@@ -95,12 +95,29 @@ def token_needles(canary: Canary, encode: Callable[[str], list[int]]) -> dict[st
 
 def anchors(forms: dict[str, list[bytes]]) -> list[bytes]:
     """The byte strings the scan looks for: each script's anchor in every encoding a text needle
-    may use, and the first id of every token-id needle."""
+    may use, and the first id of every token-id needle. Where both byte orders of UTF-16 (or
+    UTF-32) share 3 bytes or more, those stand for both; an int64 id starts with its int32 bytes
+    (ids are below 2**32, little-endian). Zero bytes at an anchor's ends are left off where 3 bytes
+    or more are left: the scan's pass is slow for strings that start with a byte as common as zero
+    (and a search for one that ends in zeros too). Every needle still holds one (memscan checks)."""
     out = set()
     for a in ANCHORS:
-        out |= {a.encode(enc) for enc in ("utf-8", *_WIDE)} | {byte_level(a).encode()}
+        out |= {a.encode(), byte_level(a).encode()}
+        for le, be in (a.encode("utf-16-le"), a.encode("utf-16-be")), (a.encode("utf-32-le"), a.encode("utf-32-be")):
+            shared = _longest_common(le, be)
+            out |= {_trimmed(shared)} if len(shared) >= 3 else {_trimmed(le), _trimmed(be)}
     for form, needles in forms.items():
         if form.startswith("token ids"):
-            width = 4 if "int32" in form else 8
-            out |= {n[:width] for n in needles}
+            out |= {_trimmed(n[:4]) for n in needles}
     return sorted(out)
+
+
+def _longest_common(a: bytes, b: bytes) -> bytes:
+    """The longest byte string both contain (the first found of that length)."""
+    return max((a[i:j] for i in range(len(a)) for j in range(i + 1, len(a) + 1) if a[i:j] in b), key=len, default=b"")
+
+
+def _trimmed(anchor: bytes) -> bytes:
+    """The anchor without zero bytes at its start, nor at its end, where 3 bytes or more are left."""
+    core = anchor.lstrip(b"\0") if len(anchor.lstrip(b"\0")) >= 3 else anchor
+    return core.rstrip(b"\0") if len(core.rstrip(b"\0")) >= 3 else core

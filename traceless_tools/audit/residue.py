@@ -1,8 +1,9 @@
 """`traceless audit residue`: send canaries through every path a request can take, wait for the
-TTLs, then look everywhere a trace could hide: on a private node, then on the plaintext server.
+TTLs, then look everywhere a trace could hide: on a private node and on the plaintext server.
 
 The paths are residue_workload.py's; they go to a real `traceless node` over OHTTP, as a client
-would send them, and then, as plain HTTP, to a real `traceless serve` with the same engine settings.
+would send them, and, side by side, as plain HTTP to a real `traceless serve` with the same engine
+settings.
 Each path has its own canary: three random words (Latin, Cyrillic, CJK), searched whole and word by
 word in every form a runtime may keep them (canary.py: UTF-8, byte-level BPE `Ġword`,
 SentencePiece `▁word`, UTF-16/32, and their token ids as int32/int64 arrays).
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,8 +125,13 @@ def needles_of(canaries: dict[str, Canary], model: str | None) -> Needles:
 
 
 def run(cfg: ResidueConfig, json_path: str | None) -> dict:
-    node = audit_process(cfg, "node", new_canaries())
-    serve = audit_process(cfg, "serve", new_canaries())  # fresh canaries: a hit there is the server's own
+    # The node and the plaintext server are audited side by side: two processes of their own, each
+    # with its own canaries (a hit in one is that process's own), and most of an audit is waiting
+    # (for TTLs, for an idle scan) or the other's work.
+    with ThreadPoolExecutor(2) as pool:
+        node_f = pool.submit(audit_process, cfg, "node", new_canaries())
+        serve_f = pool.submit(audit_process, cfg, "serve", new_canaries())
+        node, serve = node_f.result(), serve_f.result()
     report = {
         "audit": "residue",
         "scrub": cfg.scrub,
