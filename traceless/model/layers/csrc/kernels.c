@@ -176,6 +176,8 @@ AVX512_TARGET static inline __m512 load16_bf16(const uint16_t *p) {
 }
 AVX512_TARGET static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 
+enum { DMAX = 256 }; /* the fast path's widest head */
+
 static inline void prefetch_block(const void *p, long bytes) {
     for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
@@ -186,7 +188,7 @@ static inline void prefetch_block(const void *p, long bytes) {
                                    int g1, int n_keys, int lo, float *scratch, float *scores,  \
                                    T *out_row, int to_bf16)                                    \
     {                                                                                          \
-        enum { BS = 16, GMAX = 8 };                                                            \
+        enum { BS = 16 };                                                                      \
         const int G = s->num_heads / s->num_kv_heads, D = s->head_dim;                         \
         const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS, lo_blk = lo / BS;          \
         const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
@@ -194,39 +196,56 @@ static inline void prefetch_block(const void *p, long bytes) {
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
-        for (int b = lo_blk; b < nblk; b++) {                                                  \
-            const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
-            /* Blocks sit anywhere in the pool: without prefetching, every block is a DRAM     \
-               miss the thread waits for. Fetch the next K block and this V block now. */      \
-            if (b + 1 < nblk)                                                                  \
-                prefetch_block(k_cache + (long)table[b + 1] * blk_stride + (long)kvh * BS * D, \
-                               sizeof(T) * BS * D);                                            \
-            prefetch_block(v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D,         \
-                           sizeof(T) * BS * D);                                                \
-            __m512 sacc[GMAX];                                                                 \
-            for (int g = g0; g < g1; g++) sacc[g] = _mm512_setzero_ps();                         \
-            for (int d = 0; d < D; d++) {                                                      \
-                const __m512 k = LOAD16(kb + d * BS);                                          \
-                for (int g = g0; g < g1; g++)                                                    \
-                    sacc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qf[g * D + d]), k, sacc[g]);      \
+        /* Four blocks at a time, one head at a time: four independent FMA chains, where one head  \
+           alone (a task per head) had one 64-long chain a block. Each score still sums its d in    \
+           order, so the bits are those of a block at a time. */                                    \
+        for (int g = g0; g < g1; g++) {                                                        \
+            const float *qg = qf + g * D;                                                      \
+            float *sg = scores + (long)g * n_pad;                                              \
+            for (int b = lo_blk; b < nblk; b += 4) {                                           \
+                const int nb = nblk - b < 4 ? nblk - b : 4;                                    \
+                const T *kb[4];                                                                \
+                for (int i = 0; i < 4; i++)                                                    \
+                    kb[i] = k_cache + (long)table[b + (i < nb ? i : 0)] * blk_stride + (long)kvh * BS * D; \
+                /* Blocks sit anywhere in the pool: without prefetching, every block is a      \
+                   DRAM miss the thread waits for. The first head fetches the next K blocks     \
+                   and these V blocks. */                                                       \
+                if (g == g0)                                                                   \
+                    for (int i = 0; i < nb; i++) {                                             \
+                        if (b + 4 + i < nblk)                                                  \
+                            prefetch_block(k_cache + (long)table[b + 4 + i] * blk_stride + (long)kvh * BS * D, \
+                                           sizeof(T) * BS * D);                                \
+                        prefetch_block(v_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D, \
+                                       sizeof(T) * BS * D);                                    \
+                    }                                                                          \
+                __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                    \
+                for (int d = 0; d < D; d++) {                                                  \
+                    const __m512 q = _mm512_set1_ps(qg[d]);                                    \
+                    s0 = _mm512_fmadd_ps(q, LOAD16(kb[0] + d * BS), s0);                       \
+                    s1 = _mm512_fmadd_ps(q, LOAD16(kb[1] + d * BS), s1);                       \
+                    s2 = _mm512_fmadd_ps(q, LOAD16(kb[2] + d * BS), s2);                       \
+                    s3 = _mm512_fmadd_ps(q, LOAD16(kb[3] + d * BS), s3);                       \
+                }                                                                              \
+                const __m512 sv[4] = {s0, s1, s2, s3};                                         \
+                for (int i = 0; i < nb; i++) _mm512_storeu_ps(sg + (b + i) * BS, sv[i]);       \
             }                                                                                  \
-            for (int g = g0; g < g1; g++) _mm512_storeu_ps(scores + (long)g * n_pad + b * BS, sacc[g]); \
         }                                                                                      \
-        softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                                      \
-        for (int d0 = 0; d0 < D; d0 += 16) {                                                   \
-            __m512 a[GMAX];                                                                    \
-            for (int g = g0; g < g1; g++) a[g] = _mm512_setzero_ps();                            \
+        softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                            \
+        /* One head at a time, all of its D / 16 output vectors at once (independent chains);   \
+           each output element sums the keys in order, as before. */                          \
+        for (int g = g0; g < g1; g++) {                                                        \
+            __m512 a[DMAX / 16];                                                               \
+            for (int c = 0; c < D / 16; c++) a[c] = _mm512_setzero_ps();                       \
             for (int b = lo_blk; b < nblk; b++) {                                              \
                 const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;      \
                 const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                     \
                 for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                      \
-                    const __m512 v = LOAD16(vb + j * D + d0);                                  \
-                    for (int g = g0; g < g1; g++)                                                \
-                        a[g] = _mm512_fmadd_ps(                                                \
-                            _mm512_set1_ps(scores[(long)g * n_pad + b * BS + j]), v, a[g]);    \
+                    const __m512 p = _mm512_set1_ps(scores[(long)g * n_pad + b * BS + j]);     \
+                    for (int c = 0; c < D / 16; c++)                                           \
+                        a[c] = _mm512_fmadd_ps(p, LOAD16(vb + j * D + c * 16), a[c]);          \
                 }                                                                              \
             }                                                                                  \
-            for (int g = g0; g < g1; g++) _mm512_storeu_ps(acc + g * D + d0, a[g]);              \
+            for (int c = 0; c < D / 16; c++) _mm512_storeu_ps(acc + g * D + c * 16, a[c]);     \
         }                                                                                      \
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
@@ -340,8 +359,7 @@ typedef void (*row_fn_float)(const AttnShape *, const float *, const float *, co
 
 static int use_fast_path(const AttnShape *s) {
 #ifdef TL_HAVE_AVX512_PATH
-    return cpu_has_avx512() && s->block_size == 16 && s->head_dim % 16 == 0 &&
-           s->num_heads / s->num_kv_heads <= 8;
+    return cpu_has_avx512() && s->block_size == 16 && s->head_dim % 16 == 0 && s->head_dim <= DMAX;
 #else
     (void)s;
     return 0;
