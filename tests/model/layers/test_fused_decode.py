@@ -117,11 +117,18 @@ def test_only_covered_models_bind(models):
 
 def test_the_team_goes_single_threaded_only_while_the_cpus_are_oversubscribed():
     lib = NativeKernels.load()
-    decide = lib._fn("tl_team_decide", [ctypes.c_double, ctypes.c_int, ctypes.c_long, ctypes.c_long], ctypes.c_int)
+    fn = lib._fn(
+        "tl_team_decide", [ctypes.c_double, ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_int], ctypes.c_int
+    )
     hold = lib._fn("tl_team_hold", [ctypes.c_long, ctypes.c_long], ctypes.c_long)
     ms = 1_000_000
+
+    def decide(share, single, held, hold_ns, over=1):
+        return fn(share, single, held, hold_ns, over)
+
     assert decide(0.0, 0, 0, 500 * ms) == 0 and decide(0.1, 0, 0, 500 * ms) == 0  # quiet or nearly: the team
     assert decide(0.2, 0, 0, 500 * ms) == 1 and decide(0.9, 0, 0, 500 * ms) == 1  # a fifth waiting: one thread
+    assert decide(0.9, 0, 0, 500 * ms, over=0) == 0  # one busy interval alone (a start-up burst) is not enough
     assert decide(0.0, 1, 100 * ms, 500 * ms) == 1  # holds a while before it tries the team again
     assert decide(0.01, 1, 600 * ms, 500 * ms) == 0 and decide(0.2, 1, 600 * ms, 500 * ms) == 1
     # a team that met the contention again at once: the next hold is twice as long, up to 8 s

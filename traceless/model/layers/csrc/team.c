@@ -36,6 +36,7 @@ static volatile int single;          /* read without the lock: a stale value onl
 static volatile long next_check_ns;  /* when the next look at schedstat is due */
 static long last_wall_ns, last_wait_ns, single_since_ns, team_since_ns, hold_ns = HOLD_MS * 1000000L;
 static pthread_t last_thread;
+static int over; /* the last interval's share was at least ENTER */
 static int mode = -1; /* TRACELESS_CPU_TEAM: 0 "auto" (default), 1 "all" threads always, 2 "one" always */
 
 static long now_ns(void) {
@@ -60,10 +61,11 @@ static long runqueue_wait_ns(void) {
 }
 
 /* The decision alone (tests call it): 1 for one thread, 0 for all, given the share of an
- * interval spent waiting for a CPU, the current state, how long it has held and the hold. */
-int tl_team_decide(double wait_share, int was_single, long held_ns, long hold) {
+ * interval spent waiting for a CPU, the current state, how long it has held, the hold, and
+ * whether the previous interval was over ENTER too. */
+int tl_team_decide(double wait_share, int was_single, long held_ns, long hold, int over_before) {
     if (was_single) return held_ns < hold || wait_share > LEAVE;
-    return wait_share >= ENTER;
+    return wait_share >= ENTER && over_before; /* two checks in a row: not one start-up burst */
 }
 
 /* The hold of a single-threaded spell that starts now, after a team spell of team_ns. */
@@ -79,7 +81,8 @@ static void check(long now) {
         const pthread_t self = pthread_self();
         if (wait >= 0 && pthread_equal(self, last_thread) && now > last_wall_ns) {
             const double share = (double)(wait - last_wait_ns) / (double)(now - last_wall_ns);
-            const int next = tl_team_decide(share, single, now - single_since_ns, hold_ns);
+            const int next = tl_team_decide(share, single, now - single_since_ns, hold_ns, over);
+            over = share >= ENTER;
             if (next && !single) {
                 hold_ns = tl_team_hold(now - team_since_ns, hold_ns);
                 single_since_ns = now;
