@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 
 from traceless.cli.engine_args import add_engine_args, config_errors, engine_options, parse_size
@@ -217,6 +218,9 @@ def build_async_engine(args: argparse.Namespace):
     # so a failed engine's objects can still be collected.
     gc.collect()
     gc.freeze()
+    # ... and back in at exit, so the interpreter's last collection frees them as before (native
+    # extensions report instances still alive at their teardown)
+    atexit.register(gc.unfreeze)
     return engine
 
 
