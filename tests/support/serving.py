@@ -56,9 +56,11 @@ class Served:
             time.sleep(0.02)
 
     def wait_idle(self, timeout=30):
+        """Until no request runs and no shaped stream holds the engine (while one does, the ballast
+        may be decoding for no one, and it starts again at any step)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.on_engine(lambda e: e.has_unfinished()):
+            if not self.engine.holding and not self.on_engine(lambda e: e.has_unfinished()):
                 return
             time.sleep(0.05)
         raise TimeoutError("engine still busy")

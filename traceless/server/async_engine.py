@@ -293,6 +293,11 @@ class AsyncEngine:
         self._ballast.enabled = enabled
 
     @property
+    def holding(self) -> bool:
+        """Whether an open shaped stream holds the idle work off now (and the ballast may run)."""
+        return time.monotonic() < self._idle.busy_until
+
+    @property
     def ballast_steps(self) -> int:
         return self._ballast.steps
 
