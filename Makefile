@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 
 .PHONY: run test lint install clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard traceless/model/layers/csrc/*.c traceless/server/csrc/*.c)
+$(STAMP): pyproject.toml setup.py $(wildcard traceless/model/layers/csrc/*.[ch] traceless/server/csrc/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull gigabytes of CUDA packages.
 	$(PY) -m pip install -q $(TORCH)

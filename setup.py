@@ -21,6 +21,7 @@ setup(
                 "traceless/model/layers/csrc/pool_stacks.c",
                 "traceless/server/csrc/dead_stack.c",
             ],
+            depends=["traceless/model/layers/csrc/shapes.h"],
             extra_compile_args=flags,
             extra_link_args=["-fopenmp", "-lm", *(["-lmvec"] if platform.machine() in ("x86_64", "AMD64") else [])],
         ),

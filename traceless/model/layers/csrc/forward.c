@@ -27,27 +27,8 @@
 
 #include <omp.h>
 
-/* as in qmatmul.c and kernels.c */
-typedef struct {
-    int fmt;
-    long rows, cols, row_bytes;
-} QShape;
+#include "shapes.h"
 
-typedef struct {
-    int num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_blocks;
-    float scale;
-    long q_stride;
-    int window;
-    float softcap;
-    const float *sinks;
-} AttnShape;
-
-typedef struct {
-    long rows;
-    int num_heads, num_kv_heads, head_dim, block_size;
-} RopeShape;
-
-int tl_team_threads(void);
 size_t tl_qmatmul_scratch_bytes(long K, long T, int threads);
 int tl_qshape_ok(const QShape *s, int isa);
 void tl_qmatmul_team(const QShape *s, const uint8_t *w, const float *x, long T, float *y, long ldy,
@@ -171,10 +152,9 @@ int tl_forward_layers(const FwdModel *m, const FwdStep *st) {
     const size_t act_bytes = tl_qmatmul_scratch_bytes(k_max, T, threads);
     char *act_scratch = calloc(act_bytes, 1);
     if (!act_scratch) return 1;
-    const int G = m->num_heads / m->num_kv_heads, D = m->head_dim, BS = st->block_size;
-    int max_ctx = 1;
-    for (int b = 0; b < st->num_seqs; b++) max_ctx = st->context_lens[b] > max_ctx ? st->context_lens[b] : max_ctx;
-    const long n_scratch = 2L * G * D + (D > BS ? D : BS), n_scores = (long)G * ((max_ctx + BS - 1) / BS) * BS;
+    const AttnShape as = {st->num_seqs, m->num_heads, m->num_kv_heads, m->head_dim, st->block_size, st->max_blocks,
+                          st->scale, 0, 0, 0.f, NULL};
+    const long n_scratch = attn_scratch_floats(&as), n_scores = attn_scores_floats(&as, st->context_lens);
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {

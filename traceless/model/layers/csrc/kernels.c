@@ -39,7 +39,7 @@
 
 #include <omp.h>
 
-int tl_team_threads(void); /* team.c: how many threads a region uses */
+#include "shapes.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
@@ -47,19 +47,7 @@ int tl_team_threads(void); /* team.c: how many threads a region uses */
 #define TL_CLONES
 #endif
 
-typedef struct {
-    int num_seqs;
-    int num_heads;
-    int num_kv_heads;
-    int head_dim;
-    int block_size;
-    int max_blocks;  /* row stride of block_tables */
-    float scale;
-    long q_stride;   /* elements between consecutive query rows (q may be a view into qkv rows) */
-    int window;      /* keys each query sees, itself included; 0: all of them */
-    float softcap;   /* 0: none */
-    const float *sinks; /* [num_heads] float32, or NULL: none */
-} AttnShape;
+
 
 /* Scores [lo, n_keys) of each of the G heads of kv head kvh (rows of n_pad): softcap, then
    softmax in place (with the heads' sinks in the denominators). */
@@ -279,12 +267,12 @@ static int cpu_has_avx512(void) {
 #endif
 
 /* The scratch floats of one thread of a paged-attention team: per row, then scores. */
-static long attn_scratch_floats(const AttnShape *s) {
+long attn_scratch_floats(const AttnShape *s) {
     const int G = s->num_heads / s->num_kv_heads, D = s->head_dim, BS = s->block_size;
     return 2L * G * D + (D > BS ? D : BS);
 }
 
-static long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) {
+long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) {
     const int G = s->num_heads / s->num_kv_heads, BS = s->block_size;
     int max_ctx = 1;
     for (int b = 0; b < s->num_seqs; b++) max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;
@@ -436,10 +424,7 @@ DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row16_f32, float, 0)
  *     k_cache[block][kvh][d][off]   (transposed)      v_cache[block][kvh][off][d]
  * cos/sin tables are float32 [positions][D/2].
  */
-typedef struct {
-    long rows;
-    int num_heads, num_kv_heads, head_dim, block_size;
-} RopeShape;
+
 
 #define DEFINE_ROPE_CACHE(NAME, T, LOAD, STORE)                                                \
     void NAME##_for(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t,        \

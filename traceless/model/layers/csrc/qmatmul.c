@@ -45,7 +45,7 @@
 
 #include <omp.h>
 
-int tl_team_threads(void); /* team.c */
+#include "shapes.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -63,12 +63,7 @@ enum { F_Q8_0 = 0, F_Q4_0 = 1, F_Q4_1 = 2, F_Q4_K = 3, F_Q5_K = 4, F_Q6_K = 5, F
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 enum { QB = 32, QK_K = 256, TILE = 4, ROW_CHUNK = 16, X16 = 16, NR = 4 };
 
-typedef struct {
-    int fmt;
-    long rows;       /* N */
-    long cols;       /* K, a multiple of the format's block size */
-    long row_bytes;  /* bytes of one weight row */
-} QShape;
+
 
 /*
  * Quantized activations, rows padded to whole groups of 16 blocks (ld = nb rounded up to 16; the
