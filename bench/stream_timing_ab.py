@@ -28,9 +28,9 @@ from traceless_tools.audit.stream_shape import (
     ModeResult,
     StreamAttackConfig,
     _body,
-    cpu_load,
 )
 from traceless_tools.audit.stream_timing import late_first_ticks
+from traceless_tools.local.load import cpu_load
 from traceless_tools.local.services import spawn_node
 
 # ~350 tokens in the 1 KiB bucket: a prefill past the bucket's 0.5 s budget on a loaded CPU

@@ -17,13 +17,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from traceless.engine.llm_engine import StepOutput
 from traceless.errors import TracelessError
 from traceless.http.errors import ApiError, from_traceless_error
 from traceless.server.async_engine import AsyncEngine
+from traceless.server.prep_threads import PrepThreads
 from traceless.server.protocol import (
     ParsedRequest,
     parse_chat,
@@ -34,7 +34,7 @@ from traceless.server.protocol import (
 from traceless.server.responses import ChoiceState, Formatter
 from traceless.server.stream_shape import StreamShape
 from traceless.server.telemetry import Telemetry
-from traceless.server.thread_cache import flush_pool_threads, scrub_thread
+from traceless.server.thread_cache import scrub_thread
 from traceless.server.tools import check_template, for_template, tool_format
 from traceless.structured.grammar import Guide
 
@@ -59,7 +59,7 @@ class OpenAIService:
         self.telemetry = telemetry
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
-        self._prep = ThreadPoolExecutor(max_workers=PREP_THREADS, thread_name_prefix="traceless-prep")
+        self._prep = PrepThreads(PREP_THREADS, "traceless-prep")
         engine.on_idle(self._scrub_thread_caches)
 
     def _scrub_thread_caches(self) -> None:
@@ -67,7 +67,7 @@ class OpenAIService:
         (this event loop's and the preparation threads') are overwritten."""
         scrub_thread()
         try:
-            flush_pool_threads(self._prep, PREP_THREADS)
+            self._prep.scrub()
         except RuntimeError:  # the pool is shut down (the app is stopping): its threads are gone
             pass
 

@@ -17,9 +17,6 @@ engine thread clears those when idle (LLMEngine.scrub_compute_workers, model/lay
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Executor, Future
-
 from traceless.server.dead_stack import scrub_dead_stack
 
 TCACHE_COUNT = 7  # glibc's default number of chunks per size
@@ -39,18 +36,3 @@ def scrub_thread() -> None:
     not from inside request work: the stack below the caller is cleared)."""
     flush_thread_cache()
     scrub_dead_stack()
-
-
-def flush_pool_threads(pool: Executor, num_threads: int) -> list[Future]:
-    """Run scrub_thread on each of the pool's `num_threads` threads: every task waits for the
-    others at a barrier, so no thread can take two of them."""
-    barrier = threading.Barrier(num_threads)
-
-    def one() -> None:
-        scrub_thread()
-        try:
-            barrier.wait(timeout=1.0)
-        except threading.BrokenBarrierError:
-            pass  # a thread busy with a request: it flushes at the next idle period
-
-    return [pool.submit(one) for _ in range(num_threads)]

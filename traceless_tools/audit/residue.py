@@ -38,6 +38,7 @@ from traceless_tools.audit.canary import Canary, anchors, text_needles, token_ne
 from traceless_tools.audit.memscan import scan_process
 from traceless_tools.audit.residue_client import OhttpTestClient, PlainTestClient
 from traceless_tools.audit.residue_workload import PATHS, new_canaries, send_workload
+from traceless_tools.local.load import cpu_load
 from traceless_tools.local.services import free_port, stop, wait_ready
 from traceless_tools.report.output import finish
 
@@ -47,6 +48,7 @@ class ResidueConfig:
     model: str | None = None
     ttl_s: float = 3.0
     scrub: bool = True  # the node's default: freed-memory scrubbing (glibc MALLOC_PERTURB_)
+    load: int = 0  # CPU-bound processes beside the audited servers (threads then run late)
 
 
 class ProcessUnderAudit:
@@ -128,13 +130,14 @@ def run(cfg: ResidueConfig, json_path: str | None) -> dict:
     # The node and the plaintext server are audited side by side: two processes of their own, each
     # with its own canaries (a hit in one is that process's own), and most of an audit is waiting
     # (for TTLs, for an idle scan) or the other's work.
-    with ThreadPoolExecutor(2) as pool:
+    with cpu_load(cfg.load), ThreadPoolExecutor(2) as pool:
         node_f = pool.submit(audit_process, cfg, "node", new_canaries())
         serve_f = pool.submit(audit_process, cfg, "serve", new_canaries())
         node, serve = node_f.result(), serve_f.result()
     report = {
         "audit": "residue",
         "scrub": cfg.scrub,
+        "load_processes": cfg.load,
         "paths": list(PATHS),
         **node,
         "serve": serve,
@@ -226,7 +229,8 @@ def print_report(rep: dict) -> None:
     for name, r in (("node", rep), ("plaintext server", rep["serve"])):
         print(
             f"\ntraceless audit residue: {name}  (paths: {', '.join(rep['paths'])}; preemptions "
-            f"{r['preemptions']}, spill files seen during the run: {r['spill_files_seen']})"
+            f"{r['preemptions']}, spill files seen during the run: {r['spill_files_seen']}; "
+            f"{rep['load_processes']} CPU-bound processes beside)"
         )
         print(f"{'place':<40}{'hits':>8}")
         for place, hits in r["places"].items():

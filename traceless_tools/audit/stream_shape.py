@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import math
 import random
-import subprocess
-import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -45,6 +42,7 @@ from traceless.privacy.shape import DEFAULT_TICK_MS, ShapePolicy
 from traceless_tools.audit.stats import wilson_interval
 from traceless_tools.audit.stream_observe import Trace, key_config, observe
 from traceless_tools.audit.stream_timing import gap_jitter, late_first_ticks
+from traceless_tools.local.load import cpu_load
 from traceless_tools.report.output import figure, finish
 
 MODES = ("off", "defaults")
@@ -339,18 +337,6 @@ def run(cfg: StreamAttackConfig, json_path: str | None, plot_path: str | None) -
                     reading = replace(cfg, natural_length=length == "natural")
                     results.append(collect(svc.url, SERVED_NAME, mode, reading, rng, bar))
     return finish(report_for(results, cfg), print_report, json_path, plot, plot_path)
-
-
-@contextmanager
-def cpu_load(processes: int):
-    """`processes` busy loops (plain Python, one core each) for the duration of the block."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def print_report(report: dict) -> None:

@@ -103,6 +103,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run the node with freed-memory scrubbing, its default (--no-scrub to see what it removes)",
     )
     rs.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N CPU-bound processes beside the audited servers: threads are scheduled late, "
+        "so idle scrubbing that relies on timing fails (default 0)",
+    )
+    rs.add_argument(
         "--device",
         choices=("node", "cuda", "cpu"),
         default="node",
@@ -218,7 +226,7 @@ def _residue(args: argparse.Namespace) -> int:
         return 0 if device_report["clean"] else 1
     from traceless_tools.audit.residue import ResidueConfig, run
 
-    report = run(ResidueConfig(args.model, args.ttl, args.scrub), args.json)
+    report = run(ResidueConfig(args.model, args.ttl, args.scrub, args.load), args.json)
     return 1 if report["failed"] else 0
 
 
