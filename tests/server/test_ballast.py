@@ -119,3 +119,46 @@ def test_the_ballast_is_never_in_request_events(tiny_llama_dir, captured_events)
         engine.stop()
     finished = [e for e in captured_events() if e.get("event") == "request.finished"]
     assert len(finished) == 1 and finished[0]["finish"] == "length"
+
+
+def test_the_ballast_outputs_are_formatted_on_the_loop_like_a_stream(tiny_llama_dir, monkeypatch):
+    """The loop's work per token must not end with the answer either: the ballast's outputs reach
+    the event loop and become a streamed completion's SSE events (then dropped), and a real
+    request beside it is untouched."""
+    from traceless.server import ballast_sink
+    from traceless.server.openai_api import OpenAIService
+    from traceless.server.responses import Formatter
+    from traceless.server.telemetry import Telemetry
+
+    formatted: list[int] = []
+
+    class Counting(Formatter):
+        def _event(self, obj: dict) -> bytes:
+            out = super()._event(obj)
+            formatted.append(len(out))
+            return out
+
+    monkeypatch.setattr(ballast_sink, "Formatter", Counting)
+    engine = AsyncEngine(
+        build_engine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", kv_cache_memory=4 * 2**20))
+    )
+    api = OpenAIService(engine, "tiny", Telemetry(engine=engine))
+
+    async def main():
+        engine.start(asyncio.get_running_loop())
+        alone = await _collect(engine, "alone")
+        sink = asyncio.create_task(ballast_sink.absorb(api))
+        engine.keep_busy_while_held()
+        engine.defer_idle(1.5)
+        await asyncio.sleep(0.5)
+        assert engine.ballast_steps > 0 and len(formatted) > 0  # its tokens became events on the loop
+        assert await _collect(engine, "real") == alone  # a real request runs as alone
+        engine.end_requests()  # the server stops: the sink ends with the engine's streams
+        await asyncio.wait_for(sink, 5)
+        await asyncio.get_running_loop().run_in_executor(None, engine.stop)  # before the loop closes
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        engine.stop()
+        api.close()

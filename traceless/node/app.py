@@ -24,6 +24,7 @@ from traceless.node.service import NodeService
 from traceless.node.settings import NodeSettings
 from traceless.privacy.ohttp.media import OHTTP_CHUNKED_REQ, OHTTP_KEYS, REQUEST_MEDIA_TYPES
 from traceless.server.async_engine import AsyncEngine
+from traceless.server.ballast_sink import absorb
 from traceless.server.engine_routes import engine_routes
 from traceless.server.openai_api import OpenAIService
 from traceless.server.telemetry import Telemetry
@@ -38,7 +39,8 @@ def create_node_app(
     api = OpenAIService(engine, settings.model_name, telemetry, settings.stream_shape)
     framer = framer_for(settings.shape, settings.stream_shape.padding, api.max_model_len, api.engine.defer_idle)
     # the engine's load does not end with an answer while its stream is open (server/ballast.py)
-    api.engine.keep_busy_while_held(settings.shape.paced and settings.shape.ballast)
+    ballast = settings.shape.paced and settings.shape.ballast
+    api.engine.keep_busy_while_held(ballast)
     service = NodeService(identity, api, telemetry, framer, settings.request_events)
 
     async def ohttp_keys(request: Request) -> Response:
@@ -56,11 +58,14 @@ def create_node_app(
     async def lifespan(app):
         engine.start(asyncio.get_running_loop())
         task = asyncio.create_task(register_loop(identity, settings)) if settings.gateway_url else None
+        # the ballast's outputs formatted on this loop as a stream's would be (server/ballast_sink.py)
+        sink = asyncio.create_task(absorb(api)) if ballast else None
         try:
             yield
         finally:
-            if task is not None:
-                task.cancel()
+            for t in (task, sink):
+                if t is not None:
+                    t.cancel()
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
             api.close()
 

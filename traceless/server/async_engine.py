@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -33,7 +33,7 @@ from traceless.engine.llm_engine import LLMEngine, ResidueStats, StepOutput
 from traceless.errors import EngineDeadError, ShuttingDownError
 from traceless.events import emit
 from traceless.sampling_params import SamplingParams
-from traceless.server.ballast import Ballast
+from traceless.server.ballast import BALLAST_ID, Ballast
 from traceless.server.dead_stack import check_available as check_dead_stack_scrubber
 from traceless.server.thread_cache import scrub_thread
 from traceless.structured.grammar import GrammarCompiler, Guide
@@ -138,6 +138,24 @@ class AsyncEngine:
             if not finished:
                 self._submit("abort", request_id)
 
+    async def ballast_outputs(self) -> AsyncGenerator[StepOutput, None]:
+        """The ballast's outputs, handed to the loop like a request's (server/ballast_sink.py);
+        ends when the server stops or the engine is dead, not when a failed engine restarts. One
+        reader at a time."""
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[BALLAST_ID] = stream
+        try:
+            while True:
+                out = await stream.get()
+                if isinstance(out, BaseException):
+                    if self.closing or self.dead:
+                        return
+                    continue  # a failed engine's run (it restarts): the next one's outputs follow
+                yield out
+        finally:
+            if self._streams.get(BALLAST_ID) is stream:
+                del self._streams[BALLAST_ID]
+
     def end_requests(self) -> None:
         """The server is stopping (call on the event loop): every open request fails with
         ShuttingDownError, which ends its stream properly (an error event, then [DONE]) and aborts
@@ -197,8 +215,9 @@ class AsyncEngine:
             self._wake.clear()
             return
         self._idle.reset()
-        outputs = self._ballast.drop(self._engine.step())
-        if outputs:
+        outputs = self._engine.step()
+        self._ballast.count(outputs)
+        if outputs:  # the ballast's too: the loop formats and drops them (server/ballast_sink.py)
             loop.call_soon_threadsafe(self._dispatch, outputs)
 
     def _recover(self, loop: asyncio.AbstractEventLoop) -> bool:

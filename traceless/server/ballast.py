@@ -12,8 +12,12 @@ arrives aborts it (so real requests run exactly as before, one batch row each); 
 it is aborted within the hold. Its cost is that decode, on an engine that would otherwise be idle:
 CPU (or GPU) time, not throughput.
 
+Its outputs go to the event loop like a request's and are formatted there as a streamed
+completion's events, then dropped (server/ballast_sink.py): the loop's work per token, not only
+the engine's, does not end with an answer.
+
 It holds no user content: its prompt is a constant, its KV blocks are released and zeroed like any
-request's, and its outputs are dropped on the engine thread.
+request's.
 """
 
 from __future__ import annotations
@@ -54,8 +58,6 @@ class Ballast:
         """1 while the ballast is in the engine (it is only there when nothing else is), else 0."""
         return int(BALLAST_ID in engine.request_ids())
 
-    def drop(self, outputs: list[StepOutput]) -> list[StepOutput]:
-        """The step's outputs without the ballast's."""
-        kept = [o for o in outputs if o.request_id != BALLAST_ID]
-        self.steps += len(outputs) - len(kept)
-        return kept
+    def count(self, outputs: list[StepOutput]) -> None:
+        """Count the ballast's outputs of a step (they go on to the loop, server/ballast_sink.py)."""
+        self.steps += sum(1 for o in outputs if o.request_id == BALLAST_ID)
