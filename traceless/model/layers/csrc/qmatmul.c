@@ -543,12 +543,12 @@ VNNI_TARGET static inline __attribute__((always_inline)) void x16_avx512_nt(
     FOR_RT out[r * TILE + t] = hsum16(_mm512_castps512_ps256(acc[r][t]), _mm512_extractf32x8_ps(acc[r][t], 1));
 }
 
-/* 8 float16 of which the first k (0..8) are read, the rest zero */
+/* 8 float16 of which the first k (an even number, 0..8) are read, the rest zero: a masked load
+ * (whole 32-bit pairs), which never touches the bytes past the k-th */
 AVX2_TARGET static inline __m256 ld_f16x8(const uint8_t *p, int k) {
     if (k == 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    uint16_t h[8] = {0};
-    if (k > 0) memcpy(h, p, 2 * (size_t)k);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    const __m128i mask = _mm_cmpgt_epi32(_mm_set1_epi32(k / 2), _mm_setr_epi32(0, 1, 2, 3));
+    return _mm256_cvtph_ps(_mm_maskload_epi32((const int *)p, mask));
 }
 
 AVX2_TARGET static inline __m256 mw_f16x8(int fmt, const uint8_t *row, long nb, long b, int k, __m256 dw) {
@@ -603,28 +603,38 @@ AVX2_TARGET static inline __attribute__((always_inline)) void x16_avx2_nt(
             }
     }
     if (b0 < nb) {
+        /* The last n blocks, a pair p (blocks 2p, 2p + 1) per 32-byte load: its low nibbles are
+         * [2p: values 0-15 | 2p+1: 0-15], its high ones the values 16-31, and two lane swaps give
+         * each block's 32 codes in the order of its activations. A half whose lanes are all past
+         * n adds nothing (acc is never -0, so skipping its zero offsets keeps the bits). */
         const int n = (int)(nb - b0);
         for (int r = 0; r < R; r++) {
             const uint8_t *row = w + r * row_bytes;
+            __m256 dw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, mw[2] = {dw[0], dw[1]};
+            for (int h = 0; h < 2 && 8 * h < n; h++) {
+                const int k = n - 8 * h > 8 ? 8 : n - 8 * h;
+                dw[h] = ld_f16x8(rs_d(row, nb, b0 + 8 * h), k);
+                mw[h] = mw_f16x8(fmt, row, nb, b0 + 8 * h, k, dw[h]);
+            }
             for (int t = 0; t < MT; t++) {
                 const long ab = (t0 + t) * ld + b0;
-                __m256 sc[2];
-                for (int h = 0; h < 2; h++) {
-                    const int k = n - 8 * h < 0 ? 0 : (n - 8 * h > 8 ? 8 : n - 8 * h);
-                    const __m256 dw = ld_f16x8(rs_d(row, nb, b0 + 8 * h), k);
-                    const __m256 mw = mw_f16x8(fmt, row, nb, b0 + 8 * h, k, dw);
-                    sc[h] = _mm256_mul_ps(dw, _mm256_loadu_ps(a->d + ab + 8 * h));
-                    acc[r][t][h] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a->ds + ab + 8 * h), acc[r][t][h]);
+                __m256 sc[2] = {dw[0], dw[1]};
+                for (int h = 0; h < 2 && 8 * h < n; h++) {
+                    sc[h] = _mm256_mul_ps(dw[h], _mm256_loadu_ps(a->d + ab + 8 * h));
+                    acc[r][t][h] = _mm256_fmadd_ps(mw[h], _mm256_loadu_ps(a->ds + ab + 8 * h), acc[r][t][h]);
                 }
-                float s[16];
-                _mm256_storeu_ps(s, sc[0]);
-                _mm256_storeu_ps(s + 8, sc[1]);
                 __m256 tail[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-                for (int b = 0; b < n; b++) {
-                    const __m256i u = nibbles16(rs_group(row, b0) + 16 * b);
-                    const __m256i act = _mm256_loadu_si256((const __m256i *)(a->q + (ab + b) * QB));
-                    const __m256i I = _mm256_madd_epi16(_mm256_maddubs_epi16(u, act), one);
-                    tail[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(s[b]), tail[b & 1]);
+                for (int p = 0; p < n / 2; p++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(rs_group(row, b0) + 32 * p));
+                    const __m256i lo = lo4(x), hi = hi4(x);
+                    for (int i = 0; i < 2; i++) {
+                        const int b = 2 * p + i;
+                        const __m256i u = _mm256_permute2x128_si256(lo, hi, i ? 0x31 : 0x20);
+                        const __m256i act = _mm256_loadu_si256((const __m256i *)(a->q + (ab + b) * QB));
+                        const __m256i I = _mm256_madd_epi16(_mm256_maddubs_epi16(u, act), one);
+                        const __m256 s = _mm256_permutevar8x32_ps(sc[b / 8], _mm256_set1_epi32(b % 8));
+                        tail[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), s, tail[i]);
+                    }
                 }
                 acc[r][t][0] = _mm256_add_ps(acc[r][t][0], tail[0]);
                 acc[r][t][1] = _mm256_add_ps(acc[r][t][1], tail[1]);
