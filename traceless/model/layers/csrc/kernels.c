@@ -186,6 +186,22 @@ static inline void prefetch_block(const void *p, long bytes) {
     for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
 
+/* acc[g][0:D] = sum over the visible keys j, in order, of p[g][j] * V[j][0:D]: NC = D / W vectors */
+#define ROW_V(P, W, T, LOADV, NC)                                                              \
+    {                                                                                          \
+        P##_vec a[DMAX / W];                                                                   \
+        for (int c = 0; c < (NC); c++) a[c] = P##_set1(0.f);                                   \
+        for (int b = lo_blk; b < nblk; b++) {                                                  \
+            const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                         \
+            for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                          \
+                const P##_vec p = P##_set1(scores[(long)g * n_pad + b * BS + j]);              \
+                for (int c = 0; c < (NC); c++) a[c] = P##_fma(p, LOADV(vb + j * D + c * W), a[c]); \
+            }                                                                                  \
+        }                                                                                      \
+        for (int c = 0; c < (NC); c++) P##_store(acc + g * D + c * W, a[c]);                  \
+    }
+
 /* P: the vector prefix (z, y), W its floats, LOADV its load of W cache values (P##_f32, P##_bf16) */
 #define DEFINE_ROW_SIMD(NAME, TARGET, P, W, T, LOADV, LOAD)                                    \
     TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,              \
@@ -237,20 +253,13 @@ static inline void prefetch_block(const void *p, long bytes) {
             }                                                                                  \
         }                                                                                      \
         softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                            \
-        /* One head at a time, all of its D / W output vectors at once (independent chains);    \
-           each output element sums the keys in order, as before. */                          \
+        /* One head at a time, all of its D / W output vectors at once (independent chains, in  \
+           registers where D / W is a constant); each output element sums the keys in order. */ \
         for (int g = g0; g < g1; g++) {                                                        \
-            P##_vec a[DMAX / W];                                                               \
-            for (int c = 0; c < D / W; c++) a[c] = P##_set1(0.f);                              \
-            for (int b = lo_blk; b < nblk; b++) {                                              \
-                const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;      \
-                const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                     \
-                for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                      \
-                    const P##_vec p = P##_set1(scores[(long)g * n_pad + b * BS + j]);          \
-                    for (int c = 0; c < D / W; c++) a[c] = P##_fma(p, LOADV(vb + j * D + c * W), a[c]); \
-                }                                                                              \
-            }                                                                                  \
-            for (int c = 0; c < D / W; c++) P##_store(acc + g * D + c * W, a[c]);              \
+            if (D == 4 * W) ROW_V(P, W, T, LOADV, 4)                                           \
+            else if (D == 8 * W) ROW_V(P, W, T, LOADV, 8)                                      \
+            else if (D == 16 * W) ROW_V(P, W, T, LOADV, 16)                                    \
+            else ROW_V(P, W, T, LOADV, D / W)                                                  \
         }                                                                                      \
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
