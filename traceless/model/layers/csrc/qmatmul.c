@@ -569,10 +569,13 @@ AVX2_TARGET static inline __attribute__((always_inline)) void x16_avx2_nt(
     __m256 acc[NR][2][2];
     FOR_RT acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     long b0 = 0;
+    /* not unrolled: the unrolled halves and chunks need more than 16 registers and spill */
     for (; b0 + X16 <= nb; b0 += X16)
+#pragma GCC unroll 1
         for (int h = 0; h < 2; h++) {
             __m256i S[NR][2];
             FOR_RT S[r][t] = _mm256_setzero_si256();
+#pragma GCC unroll 1
             for (int c = 0; c < 4; c++) {
                 __m256i alo[2], ahi[2];
                 for (int t = 0; t < MT; t++) {
@@ -609,13 +612,20 @@ AVX2_TARGET static inline __attribute__((always_inline)) void x16_avx2_nt(
         for (int r = 0; r < R; r++) {
             const uint8_t *row = w + r * row_bytes;
             const __m256 dw0 = ld_f16x8(rs_d(row, nb, b0), k0), mw0 = mw_f16x8(fmt, row, nb, b0, k0, dw0);
-            const __m256 dw1 = ld_f16x8(rs_d(row, nb, b0 + 8), k1), mw1 = mw_f16x8(fmt, row, nb, b0 + 8, k1, dw1);
+            __m256 dw1 = _mm256_setzero_ps(), mw1 = dw1;
+            if (k1) {
+                dw1 = ld_f16x8(rs_d(row, nb, b0 + 8), k1);
+                mw1 = mw_f16x8(fmt, row, nb, b0 + 8, k1, dw1);
+            }
             for (int t = 0; t < MT; t++) {
                 const long ab = (t0 + t) * ld + b0;
                 const __m256 sc0 = _mm256_mul_ps(dw0, _mm256_loadu_ps(a->d + ab));
-                const __m256 sc1 = _mm256_mul_ps(dw1, _mm256_loadu_ps(a->d + ab + 8));
+                __m256 sc1 = sc0;
                 acc[r][t][0] = _mm256_fmadd_ps(mw0, _mm256_loadu_ps(a->ds + ab), acc[r][t][0]);
-                if (k1) acc[r][t][1] = _mm256_fmadd_ps(mw1, _mm256_loadu_ps(a->ds + ab + 8), acc[r][t][1]);
+                if (k1) {
+                    sc1 = _mm256_mul_ps(dw1, _mm256_loadu_ps(a->d + ab + 8));
+                    acc[r][t][1] = _mm256_fmadd_ps(mw1, _mm256_loadu_ps(a->ds + ab + 8), acc[r][t][1]);
+                }
                 __m256 tail = _mm256_setzero_ps();
                 for (int p = 0; p < n / 2; p++) {
                     const __m256i x = _mm256_loadu_si256((const __m256i *)(rs_group(row, b0) + 32 * p));
