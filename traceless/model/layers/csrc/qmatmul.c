@@ -156,6 +156,11 @@ static void quantize_row(const float *x, long K, int x16, int8_t *q, float *d, f
     }
 }
 
+static int cpu_max_isa(void);
+#ifdef TL_X86
+static void quantize_row_avx2(const float *x, long K, int x16, int8_t *q, float *d, float *ds, int32_t *s16);
+#endif
+
 /* tmp: one K-float row per thread (bf16 inputs are widened there first). A worksharing loop over
  * the rows: every thread of the calling team runs it (one thread outside a parallel region), and
  * it ends in the team's barrier. The padding blocks of each row [nb, ld) are zeroed here, so that a
@@ -174,7 +179,11 @@ static void quantize_acts_for(const void *x, int x_bf16, long T, const Act *a, f
         int8_t *q = a->q + t * ld * QB;
         float *d = a->d + t * ld, *ds = a->ds + t * ld;
         int32_t *s16 = a->s16 + t * ld * 2;
-        quantize_row(row, K, a->x16, q, d, ds, s16);
+#ifdef TL_X86
+        if (cpu_max_isa() >= ISA_AVX2) quantize_row_avx2(row, K, a->x16, q, d, ds, s16);
+        else
+#endif
+            quantize_row(row, K, a->x16, q, d, ds, s16);
         memset(q + nb * QB, 0, (size_t)(ld - nb) * QB);
         memset(d + nb, 0, sizeof(float) * (size_t)(ld - nb));
         memset(ds + nb, 0, sizeof(float) * (size_t)(ld - nb));
@@ -315,6 +324,54 @@ AVX2_TARGET static inline float hsum8(__m256 v) {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     x = _mm_add_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
+}
+
+/* quantize_row with 8 lanes, to the same bits: the block maximum is exact in any order, x * id is
+ * one rounding either way, and vcvtps2dq rounds as lrintf does (to nearest even) */
+AVX2_TARGET static void quantize_row_avx2(const float *x, long K, int x16, int8_t *q, float *d, float *ds,
+                                          int32_t *s16) {
+    const long nb = K / QB;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (long b = 0; b < nb; b++) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + b * QB + 8 * i);
+            m = _mm256_max_ps(m, _mm256_and_ps(v[i], abs_mask));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        const float db = amax / 127.f, id = db > 0.f ? 1.f / db : 0.f;
+        __m256i qi[4];
+        for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+        int32_t s[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256i sv = _mm256_add_epi32(qi[2 * h], qi[2 * h + 1]);
+            __m128i x4 = _mm_add_epi32(_mm256_castsi256_si128(sv), _mm256_extracti128_si256(sv, 1));
+            x4 = _mm_add_epi32(x4, _mm_shuffle_epi32(x4, 0x4E));
+            s[h] = _mm_cvtsi128_si32(_mm_add_epi32(x4, _mm_shuffle_epi32(x4, 0xB1)));
+        }
+        /* |q| <= 127: the packs do not saturate; the permute undoes their lane interleave */
+        const __m256i p8 = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])), order);
+        const long b0 = b / X16 * X16, j = b - b0;
+        if (!x16) {
+            _mm256_storeu_si256((__m256i *)(q + b * QB), p8);
+        } else if (b0 + X16 <= nb) { /* value 4k..4k+3 at 64k + 4j */
+            int32_t w4[8];
+            _mm256_storeu_si256((__m256i *)w4, p8);
+            for (int k = 0; k < 8; k++) memcpy(q + b0 * QB + 64 * k + 4 * j, &w4[k], 4);
+        } else { /* a pair: values 0-15 at 16 (j % 2), 16-31 32 bytes on */
+            int8_t *o = q + b0 * QB + (j / 2) * 64 + (j % 2) * 16;
+            _mm_storeu_si128((__m128i *)o, _mm256_castsi256_si128(p8));
+            _mm_storeu_si128((__m128i *)(o + 32), _mm256_extracti128_si256(p8, 1));
+        }
+        d[b] = db;
+        ds[b] = db * (float)(s[0] + s[1]);
+        s16[2 * b] = s[0];
+        s16[2 * b + 1] = s[1];
+    }
 }
 
 AVX2_TARGET static inline float ld_f16(const uint8_t *p) {
