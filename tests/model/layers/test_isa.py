@@ -10,9 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 CAPPED = {"TRACELESS_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 RANK_TESTS = ["tests/runner/test_prompt_logprobs.py", "tests/server/test_echo_logprobs.py"]
+# the AVX2 attention row kernels against their reference, and the fused forward on the AVX2 kernels
+KERNEL_TESTS = [
+    "tests/model/layers/test_kernels.py",
+    "tests/model/layers/test_fused_decode.py::test_the_fused_forward_equals_the_per_call_path_to_the_bit",
+]
 
 
 def _env() -> dict[str, str]:
@@ -26,9 +33,10 @@ def test_the_cap_turns_the_avx512_paths_off():
     assert out.stdout.strip() == "0"
 
 
-def test_rank_and_logprob_tests_pass_on_the_avx2_path():
+@pytest.mark.parametrize("tests", [RANK_TESTS, KERNEL_TESTS], ids=["ranks", "kernels"])
+def test_rank_logprob_and_kernel_tests_pass_on_the_avx2_path(tests):
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *RANK_TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *tests],
         cwd=ROOT,
         env=_env(),
         capture_output=True,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.support.ggml_raw import random_tensor
-from tests.support.qref import reference_matmul
+from tests.support.qref import quantize_activations, reference_matmul
 from traceless.model.layers.kernels import KernelUnavailable
 from traceless.model.layers.quant import (
     QFormat,
@@ -164,15 +164,59 @@ def test_a_rows_result_is_the_same_bits_whatever_the_rows_beside_it(fmt, isa):
 
 
 @pytest.mark.parametrize("fmt", [QFormat.Q4_0_ROWS, QFormat.Q4_1_ROWS], ids=lambda f: f.name)
-def test_row_split_q4_gives_the_same_bits_on_avx2_and_avx512(fmt):
+@pytest.mark.parametrize("K", [64, 576, 832, 960, 1536])
+def test_row_split_q4_gives_the_same_bits_on_avx2_and_avx512(fmt, K):
     """Both SIMD paths run the same lanes in the same order: a model's numbers do not depend on
-    which of the two machines serves it."""
+    which of the two machines serves it. K: a last partial group of 2, 10 or 14 blocks (alone for
+    64), none for 1536."""
     if KERNELS.isa < Isa.AVX512:
         pytest.skip("this CPU has no AVX-512 VNNI")
     torch.manual_seed(3)
-    w = _weights(fmt, 19, 576, seed=8)
-    x = torch.randn(9, 576)
+    w = _weights(fmt, 19, K, seed=8)
+    x = torch.randn(9, K)
     a, b = torch.empty(9, 19), torch.empty(9, 19)
     KERNELS.matmul(x, w, a, isa=Isa.AVX512)
     KERNELS.matmul(x, w, b, isa=Isa.AVX2)
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _one_hot_rows(fmt: str, K: int) -> QuantTensor:
+    """K rows, row n a block scale of 1 and code 1 at column n, every other value 0: row n of
+    x W^T is the quantized activation n itself, d_a * q_a, one exact product."""
+    nb = K // 32
+    one = np.array([1.0], dtype=np.float16).view(np.uint8)
+    if fmt == "Q8_0":
+        blocks = np.zeros((K, nb, 34), dtype=np.uint8)
+        blocks[:, :, 0:2] = one
+        for n in range(K):
+            blocks[n, n // 32, 2 + n % 32] = 1
+        return QuantTensor(QFormat.Q8_0, (K, K), torch.from_numpy(blocks.reshape(K, -1)))
+    blocks = np.zeros((K, nb, 20), dtype=np.uint8)
+    blocks[:, :, 0:2] = one  # d = 1, m = 0
+    for n in range(K):
+        i = n % 32
+        blocks[n, n // 32, 4 + i % 16] = 1 << (4 * (i // 16))
+    return to_kernel_layout(QuantTensor(QFormat.Q4_1, (K, K), torch.from_numpy(blocks.reshape(K, -1))))
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("K", [64, 576, 1536])
+def test_every_path_quantizes_the_activations_to_the_same_bits(fmt, K):
+    """The activations' int8 codes and scales (the SIMD quantizer's and the portable one's, in each
+    layout) read back through one-hot weights: the same bits on every path, and the reference's
+    codes."""
+    w = _one_hot_rows(fmt, K)
+    torch.manual_seed(K)
+    x = torch.randn(3, K) * torch.logspace(-3, 3, K)
+    x[1, :32] = 0  # a block of zeros: d = 0
+    outs = []
+    for isa in ISAS:
+        out = torch.empty(3, K)
+        KERNELS.matmul(x, w, out, isa=isa)
+        outs.append(out)
+    for out in outs[1:]:
+        assert torch.equal(out.view(torch.int32), outs[0].view(torch.int32))
+    # d = max|x| / 127 is compiled as a multiply by 1 / 127 (fast math): one float32 step off the
+    # reference's division at most, where a code off by one would be 1 / 127 of the value
+    ref = quantize_activations(x)
+    assert torch.allclose(outs[0], ref, rtol=3e-7, atol=0)

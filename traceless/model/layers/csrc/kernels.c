@@ -151,18 +151,34 @@ DEFINE_ROW(row_f32, float, LOAD_F32)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define TL_HAVE_AVX512_PATH 1
+#define TL_HAVE_SIMD_PATH 1
 /*
- * AVX-512 path for the common shapes: block_size 16 (one zmm of keys), head_dim a multiple of
- * 16, G <= 8 query heads per kv head.  Same math as DEFINE_ROW with the accumulators in
+ * SIMD paths for the common shapes: block_size 16 (one zmm of keys, or two ymm), head_dim a
+ * multiple of the vector width, up to DMAX. Same math as DEFINE_ROW with the accumulators in
  * registers:  scores: sacc[g] (16 keys)  +=  q[g][d] * K[d][0:16]
- *             output: acc[g][d:d+16]     +=  p[g][j] * V[j][d:d+16]
+ *             output: acc[g][d:d+W]      +=  p[g][j] * V[j][d:d+W]
+ * One body for both instruction sets (AVX-512: W = 16, prefix z; AVX2 + FMA: W = 8, prefix y):
+ * every score and output element takes the same fused multiply-adds in the same order on both.
  */
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-AVX512_TARGET static inline __m512 load16_bf16(const uint16_t *p) {
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+typedef __m512 z_vec;
+AVX512_TARGET static inline z_vec z_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
-AVX512_TARGET static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+AVX512_TARGET static inline z_vec z_f32(const float *p) { return _mm512_loadu_ps(p); }
+AVX512_TARGET static inline z_vec z_set1(float x) { return _mm512_set1_ps(x); }
+AVX512_TARGET static inline z_vec z_fma(z_vec a, z_vec b, z_vec c) { return _mm512_fmadd_ps(a, b, c); }
+AVX512_TARGET static inline void z_store(float *p, z_vec v) { _mm512_storeu_ps(p, v); }
+
+typedef __m256 y_vec;
+AVX2_TARGET static inline y_vec y_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+AVX2_TARGET static inline y_vec y_f32(const float *p) { return _mm256_loadu_ps(p); }
+AVX2_TARGET static inline y_vec y_set1(float x) { return _mm256_set1_ps(x); }
+AVX2_TARGET static inline y_vec y_fma(y_vec a, y_vec b, y_vec c) { return _mm256_fmadd_ps(a, b, c); }
+AVX2_TARGET static inline void y_store(float *p, y_vec v) { _mm256_storeu_ps(p, v); }
 
 enum { DMAX = 256 }; /* the fast path's widest head */
 
@@ -170,13 +186,30 @@ static inline void prefetch_block(const void *p, long bytes) {
     for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
 
-#define DEFINE_ROW16(NAME, T, LOAD16, LOAD)                                                    \
-    AVX512_TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,       \
-                                   const T *v_cache, const int32_t *table, int kvh, int g0,    \
-                                   int g1, int n_keys, int lo, float *scratch, float *scores,  \
-                                   T *out_row, int to_bf16)                                    \
+/* acc[g][0:D] = sum over the visible keys j, in order, of p[g][j] * V[j][0:D]: NC = D / W vectors */
+#define ROW_V(P, W, T, LOADV, NC)                                                              \
     {                                                                                          \
-        enum { BS = 16 };                                                                      \
+        P##_vec a[DMAX / W];                                                                   \
+        for (int c = 0; c < (NC); c++) a[c] = P##_set1(0.f);                                   \
+        for (int b = lo_blk; b < nblk; b++) {                                                  \
+            const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                         \
+            for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                          \
+                const P##_vec p = P##_set1(scores[(long)g * n_pad + b * BS + j]);              \
+                for (int c = 0; c < (NC); c++) a[c] = P##_fma(p, LOADV(vb + j * D + c * W), a[c]); \
+            }                                                                                  \
+        }                                                                                      \
+        for (int c = 0; c < (NC); c++) P##_store(acc + g * D + c * W, a[c]);                  \
+    }
+
+/* P: the vector prefix (z, y), W its floats, LOADV its load of W cache values (P##_f32, P##_bf16) */
+#define DEFINE_ROW_SIMD(NAME, TARGET, P, W, T, LOADV, LOAD)                                    \
+    TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,              \
+                            const T *v_cache, const int32_t *table, int kvh, int g0,           \
+                            int g1, int n_keys, int lo, float *scratch, float *scores,         \
+                            T *out_row, int to_bf16)                                           \
+    {                                                                                          \
+        enum { BS = 16, KV = BS / W }; /* KV vectors hold one key block's 16 scores */         \
         const int G = s->num_heads / s->num_kv_heads, D = s->head_dim;                         \
         const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS, lo_blk = lo / BS;          \
         const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
@@ -206,34 +239,27 @@ static inline void prefetch_block(const void *p, long bytes) {
                         prefetch_block(v_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D, \
                                        sizeof(T) * BS * D);                                    \
                     }                                                                          \
-                __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                    \
+                P##_vec sv[4][KV];                                                             \
+                for (int i = 0; i < 4; i++)                                                    \
+                    for (int h = 0; h < KV; h++) sv[i][h] = P##_set1(0.f);                     \
                 for (int d = 0; d < D; d++) {                                                  \
-                    const __m512 q = _mm512_set1_ps(qg[d]);                                    \
-                    s0 = _mm512_fmadd_ps(q, LOAD16(kb[0] + d * BS), s0);                       \
-                    s1 = _mm512_fmadd_ps(q, LOAD16(kb[1] + d * BS), s1);                       \
-                    s2 = _mm512_fmadd_ps(q, LOAD16(kb[2] + d * BS), s2);                       \
-                    s3 = _mm512_fmadd_ps(q, LOAD16(kb[3] + d * BS), s3);                       \
+                    const P##_vec q = P##_set1(qg[d]);                                         \
+                    for (int i = 0; i < 4; i++)                                                \
+                        for (int h = 0; h < KV; h++)                                           \
+                            sv[i][h] = P##_fma(q, LOADV(kb[i] + d * BS + h * W), sv[i][h]);    \
                 }                                                                              \
-                const __m512 sv[4] = {s0, s1, s2, s3};                                         \
-                for (int i = 0; i < nb; i++) _mm512_storeu_ps(sg + (b + i) * BS, sv[i]);       \
+                for (int i = 0; i < nb; i++)                                                   \
+                    for (int h = 0; h < KV; h++) P##_store(sg + (b + i) * BS + h * W, sv[i][h]); \
             }                                                                                  \
         }                                                                                      \
         softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                            \
-        /* One head at a time, all of its D / 16 output vectors at once (independent chains);   \
-           each output element sums the keys in order, as before. */                          \
+        /* One head at a time, all of its D / W output vectors at once (independent chains, in  \
+           registers where D / W is a constant); each output element sums the keys in order. */ \
         for (int g = g0; g < g1; g++) {                                                        \
-            __m512 a[DMAX / 16];                                                               \
-            for (int c = 0; c < D / 16; c++) a[c] = _mm512_setzero_ps();                       \
-            for (int b = lo_blk; b < nblk; b++) {                                              \
-                const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;      \
-                const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                     \
-                for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                      \
-                    const __m512 p = _mm512_set1_ps(scores[(long)g * n_pad + b * BS + j]);     \
-                    for (int c = 0; c < D / 16; c++)                                           \
-                        a[c] = _mm512_fmadd_ps(p, LOAD16(vb + j * D + c * 16), a[c]);          \
-                }                                                                              \
-            }                                                                                  \
-            for (int c = 0; c < D / 16; c++) _mm512_storeu_ps(acc + g * D + c * 16, a[c]);     \
+            if (D == 4 * W) ROW_V(P, W, T, LOADV, 4)                                           \
+            else if (D == 8 * W) ROW_V(P, W, T, LOADV, 8)                                      \
+            else if (D == 16 * W) ROW_V(P, W, T, LOADV, 16)                                    \
+            else ROW_V(P, W, T, LOADV, D / W)                                                  \
         }                                                                                      \
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
@@ -245,8 +271,10 @@ static inline void prefetch_block(const void *p, long bytes) {
             }                                                                                  \
     }
 
-DEFINE_ROW16(row16_bf16, uint16_t, load16_bf16, LOAD_BF16)
-DEFINE_ROW16(row16_f32, float, load16_f32, LOAD_F32)
+DEFINE_ROW_SIMD(row16_bf16, AVX512_TARGET, z, 16, uint16_t, z_bf16, LOAD_BF16)
+DEFINE_ROW_SIMD(row16_f32, AVX512_TARGET, z, 16, float, z_f32, LOAD_F32)
+DEFINE_ROW_SIMD(row8_bf16, AVX2_TARGET, y, 8, uint16_t, y_bf16, LOAD_BF16)
+DEFINE_ROW_SIMD(row8_f32, AVX2_TARGET, y, 8, float, y_f32, LOAD_F32)
 
 /* TRACELESS_CPU_ISA=avx2 (or "portable") makes an AVX-512 machine run the code an AVX2-only machine
  * runs, so that tests can check both paths on one machine (tests/model/layers/test_isa.py). */
@@ -261,6 +289,17 @@ static int cpu_has_avx512(void) {
         __builtin_cpu_init();
         cached = !cpu_isa_capped() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    }
+    return cached;
+}
+
+static int cpu_has_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        const char *cap = getenv("TRACELESS_CPU_ISA");
+        cached = !(cap && strcmp(cap, "portable") == 0) && __builtin_cpu_supports("avx2") &&
+                 __builtin_cpu_supports("fma");
     }
     return cached;
 }
@@ -283,14 +322,15 @@ long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) {
  * and `scores` are the calling thread's own (attn_scratch_floats, attn_scores_floats). NAME: one
  * parallel region whose threads allocate and wipe their scratch. Returns 0 on success, 1 if
  * scratch memory could not be allocated. */
-#define DEFINE_ENTRY(NAME, ROW, ROW16, T, TO_BF16)                                             \
+#define DEFINE_ENTRY(NAME, ROW, ROW8, ROW16, T, TO_BF16)                                             \
     void NAME##_team(const AttnShape *s, const T *q, const T *k_cache, const T *v_cache,       \
                      const int32_t *block_tables, const int32_t *cu_q, const int32_t *context_lens, \
                      T *out, float *scratch, float *scores)                                    \
     {                                                                                          \
         const long row_stride = (long)s->num_heads * s->head_dim;                              \
         row_fn_##T row = ROW;                                                                  \
-        if (use_fast_path(s)) row = ROW16;                                                     \
+        const int fast = simd_path(s);                                                         \
+        if (fast) row = fast == 2 ? ROW16 : ROW8;                                              \
         /* Few (sequence, kv head) pairs for the team (one sequence decoding): a task per query \
            head of each, so that the threads share the work evenly. Each head's numbers are its \
            own in either case (the heads of a kv head never mix): the bits do not change. */      \
@@ -345,22 +385,27 @@ typedef void (*row_fn_uint16_t)(const AttnShape *, const uint16_t *, const uint1
 typedef void (*row_fn_float)(const AttnShape *, const float *, const float *, const float *,
                              const int32_t *, int, int, int, int, int, float *, float *, float *, int);
 
-static int use_fast_path(const AttnShape *s) {
-#ifdef TL_HAVE_AVX512_PATH
-    return cpu_has_avx512() && s->block_size == 16 && s->head_dim % 16 == 0 && s->head_dim <= DMAX;
+/* 2: the AVX-512 row kernel, 1: the AVX2 one, 0: the portable one */
+static int simd_path(const AttnShape *s) {
+#ifdef TL_HAVE_SIMD_PATH
+    if (s->block_size != 16 || s->head_dim > DMAX) return 0;
+    if (cpu_has_avx512() && s->head_dim % 16 == 0) return 2;
+    return cpu_has_avx2() && s->head_dim % 8 == 0;
 #else
     (void)s;
     return 0;
 #endif
 }
 
-#ifndef TL_HAVE_AVX512_PATH
+#ifndef TL_HAVE_SIMD_PATH
 #define row16_bf16 row_bf16
 #define row16_f32 row_f32
+#define row8_bf16 row_bf16
+#define row8_f32 row_f32
 #endif
 
-DEFINE_ENTRY(tl_paged_attention_bf16, row_bf16, row16_bf16, uint16_t, 1)
-DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row16_f32, float, 0)
+DEFINE_ENTRY(tl_paged_attention_bf16, row_bf16, row8_bf16, row16_bf16, uint16_t, 1)
+DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row8_f32, row16_f32, float, 0)
 
 
 /* ============================================================================================
@@ -484,7 +529,7 @@ int tl_abi_version(void) { return 7; }
 
 /* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
 int tl_uses_avx512(void) {
-#ifdef TL_HAVE_AVX512_PATH
+#ifdef TL_HAVE_SIMD_PATH
     return cpu_has_avx512();
 #else
     return 0;
