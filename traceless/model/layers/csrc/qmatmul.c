@@ -707,10 +707,10 @@ static void tile_by_rows(dot_fn dot, int fmt, const uint8_t *w, long row_bytes, 
  * 255 * 127 * 2) flips the code back to w and multiplies |w| by sign(w) q, as the Q8_0 dot does.
  * A row's last n < 16 blocks (natural layout) go two at a time on AVX-512, lanes 0-7 block b and
  * 8-15 block b + 1 (n odd: the last pair's second half masked to zero codes against the zero
- * padding of the activations), one at a time on AVX2, to tail lanes 0-7 (even b) or 8-15 (odd b):
- * tail += float(I) * (d_w d_a of the block), from zero; then acc += tail, and one fixed tree sums
- * the 16 lanes (hsum16). The integers of a lane are the same on both paths, so are the float steps:
- * both give the same bits.
+ * padding of the activations), one at a time on AVX2, into lanes 0-7 (even b) or 8-15 (odd b):
+ * acc += float(I) * (d_w d_a of the block), lane I the 4-value partial sum (its offset from those 4
+ * activations); then one fixed tree sums the 16 lanes (hsum16). The integers of a lane are the
+ * same on both paths, so are the float steps: both give the same bits.
  */
 
 /*
@@ -733,7 +733,7 @@ VNNI_TARGET static inline __m512i q8_offset_x16(const Act *a, long ab) {
     return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
 }
 
-/* the last n < 16 blocks of R weight rows against MT activation rows, added to acc (see above) */
+/* the last n < 16 blocks of R weight rows against MT activation rows, into acc (see above) */
 VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx512(
     const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, long b0, __m512 acc[NR][TILE])
 {
@@ -741,30 +741,45 @@ VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx512(
     const int n = (int)(nb - b0);
     const __mmask16 mk = (__mmask16)((1u << n) - 1);
     const __m512i k80 = _mm512_set1_epi8((char)0x80);
-    __m512 sc[NR][TILE], tail[NR][TILE];
-    for (int r = 0; r < R; r++) {
-        const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r8_d(w + r * row_bytes, nb, b0)));
-        for (int t = 0; t < MT; t++) {
-            sc[r][t] = _mm512_mul_ps(dw, _mm512_loadu_ps(a->d + (t0 + t) * ld + b0));
-            tail[r][t] = _mm512_setzero_ps();
-        }
-    }
+    __m512 dw[NR], da[TILE];
+    for (int r = 0; r < R; r++) dw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r8_d(w + r * row_bytes, nb, b0)));
+    for (int t = 0; t < MT; t++) da[t] = _mm512_loadu_ps(a->d + (t0 + t) * ld + b0);
     for (int p = 0; 2 * p < n; p++) {
         const __mmask64 mw = 2 * p + 1 < n ? ~0ull : 0xffffffffull;
         const __m512i pick = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1,
                                                2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
         __m512i u[NR];
-        for (int r = 0; r < R; r++) u[r] = _mm512_maskz_loadu_epi8(mw, w + r * row_bytes + (b0 + 2 * p) * QB);
+        __m512 dwp[NR];
+        for (int r = 0; r < R; r++) {
+            u[r] = _mm512_maskz_loadu_epi8(mw, w + r * row_bytes + (b0 + 2 * p) * QB);
+            dwp[r] = _mm512_permutexvar_ps(pick, dw[r]);
+        }
         for (int t = 0; t < MT; t++) {
             const __m512i q = _mm512_loadu_si512((const void *)(a->q + ((t0 + t) * ld + b0 + 2 * p) * QB));
-            const __m512i off = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, q); /* 128 q, per lane */
+            /* -128 q per lane: the lane's own 4 activations, the offset of its 4 codes */
+            const __m512i off = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, q));
+            const __m512 dap = _mm512_permutexvar_ps(pick, da[t]);
             for (int r = 0; r < R; r++) {
-                const __m512i I = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], q), off);
-                tail[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_permutexvar_ps(pick, sc[r][t]), tail[r][t]);
+                const __m512i I = _mm512_dpbusd_epi32(off, u[r], q);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dwp[r], dap), acc[r][t]);
             }
         }
     }
-    FOR_RT acc[r][t] = _mm512_add_ps(acc[r][t], tail[r][t]);
+}
+
+/*
+ * out[r * TILE + t] = hsum16 of acc[r][t] for t < 4, four accumulators reduced side by side: the
+ * same pairs added in the same order as hsum16 (lanes i + 8, then i + 4, then i + 2, then i + 1),
+ * a quarter of the instructions.
+ */
+VNNI_TARGET static inline void hsum16_x4(const __m512 v[TILE], float *out) {
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+    /* ab = [a_i + a_i+8 (i < 8) | b_i + b_i+8]; then 128-bit chunk k = accumulator k, lanes i + i+4 */
+    const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    const __m512 y = _mm512_add_ps(x, _mm512_permute_ps(x, 0xEE));  /* lanes 0, 1: x0 + x2, x1 + x3 */
+    const __m512 z = _mm512_add_ps(y, _mm512_movehdup_ps(y));       /* lane 0: (x0 + x2) + (x1 + x3) */
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, z)));
 }
 
 VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_avx512_nt(
@@ -799,7 +814,10 @@ VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_avx512_nt(
         }
     }
     if (b0 < nb) q8x16_tail_avx512(w, row_bytes, R, a, t0, MT, b0, acc);
-    FOR_RT out[r * TILE + t] = hsum16(_mm512_castps512_ps256(acc[r][t]), _mm512_extractf32x8_ps(acc[r][t], 1));
+    for (int r = 0; r < R; r++) {
+        for (int t = MT; t < TILE; t++) acc[r][t] = _mm512_setzero_ps();
+        hsum16_x4(acc[r], out + r * TILE);
+    }
 }
 
 /* 8 lanes of w . q over 4 values each: |w| (u8, at most 128) times sign(w) q (s8) */
@@ -807,7 +825,7 @@ AVX2_TARGET static inline __m256i q8_dot_avx2(__m256i wabs, __m256i w, __m256i q
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
 }
 
-/* the AVX2 tail: block by block, to tail lanes 0-7 (even) or 8-15 (odd), as on AVX-512. The
+/* the AVX2 tail: block by block, into lanes 0-7 (even) or 8-15 (odd), as on AVX-512. The
  * scales d_w d_a are the same float products as AVX-512's lanes, taken one at a time (a vector
  * load of fewer than 8 float16 went through the stack, a store-forwarding stall per tile). */
 AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx2(
@@ -820,8 +838,6 @@ AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx2(
         const uint8_t *row = w + r * row_bytes;
         float dw[X16];
         for (int b = 0; b < n; b++) dw[b] = ld_f16(r8_d(row, nb, b0 + b));
-        __m256 tail[2][2];
-        for (int t = 0; t < MT; t++) tail[t][0] = tail[t][1] = _mm256_setzero_ps();
         for (int b = 0; b < n; b++) {
             const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + (b0 + b) * QB)), k80);
             const __m256i wa = _mm256_abs_epi8(ws);
@@ -829,13 +845,9 @@ AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx2(
                 const long ab = (t0 + t) * ld + b0 + b;
                 const __m256i I = q8_dot_avx2(wa, ws, _mm256_loadu_si256((const __m256i *)(a->q + ab * QB)));
                 const __m256 sc = _mm256_set1_ps(dw[b] * a->d[ab]);
-                if (b & 1) tail[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, tail[t][1]);
-                else tail[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, tail[t][0]);
+                if (b & 1) acc[r][t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, acc[r][t][1]);
+                else acc[r][t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, acc[r][t][0]);
             }
-        }
-        for (int t = 0; t < MT; t++) {
-            acc[r][t][0] = _mm256_add_ps(acc[r][t][0], tail[t][0]);
-            acc[r][t][1] = _mm256_add_ps(acc[r][t][1], tail[t][1]);
         }
     }
 }
