@@ -223,7 +223,11 @@ static inline const uint8_t *rs_m(const uint8_t *row, long nb, long b) { return 
  * each at 32b.
  */
 static inline void r8_codes(const uint8_t *row, long nb, long b, uint8_t w[QB]) {
-    for (int i = 0; i < QB; i++) w[i] = row[act_pos(1, nb, b, i)] ^ 0x80; /* the int8 code's bits */
+    const long b0 = b / X16 * X16;
+    if (b0 + X16 > nb) memcpy(w, row + QB * b, QB);
+    else
+        for (int c = 0; c < 8; c++) memcpy(w + 4 * c, row + QB * b0 + 64 * c + 4 * (b - b0), 4);
+    for (int i = 0; i < QB; i++) w[i] ^= 0x80; /* the int8 code's bits */
 }
 static inline const uint8_t *r8_d(const uint8_t *row, long nb, long b) { return row + nb * QB + 2 * b; }
 
@@ -717,7 +721,7 @@ static void tile_by_rows(dot_fn dot, int fmt, const uint8_t *w, long row_bytes, 
  * The next tile's rows (the `bytes` after w, which are contiguous), asked for as a tile starts. A
  * tile reads R rows side by side, R short streams the hardware prefetchers follow badly: with one
  * activation row (a decoding step, bound by the weight read) the LM head ran at 0.6x the speed of
- * the one-row-at-a-time Q8_0 kernel without this, 1.5x with it (EPYC, AVX-512, one thread).
+ * the one-row-at-a-time Q8_0 kernel without this, 1.5x to 1.8x with it (EPYC, AVX-512, one thread).
  * Prefetches never fault: past the matrix's end they are dropped.
  */
 #define PREFETCH_ROWS(w, bytes) \
@@ -807,7 +811,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_avx512_nt(
         }
         for (int r = 0; r < R; r++) {
             const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r8_d(w + r * row_bytes, nb, b0)));
-                for (int t = 0; t < MT; t++) {
+            for (int t = 0; t < MT; t++) {
                 const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(a->d + (t0 + t) * ld + b0));
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r][t]), sc, acc[r][t]);
             }
