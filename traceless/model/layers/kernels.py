@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 # TRACELESS_CPU_TEAM (csrc/team.c): the kernels' threads; "auto" goes single-threaded while the
 # CPUs are oversubscribed, "all" and "one" fix the count (for measurements)
 TEAM_SETTINGS = ("auto", "all", "one")

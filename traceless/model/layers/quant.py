@@ -9,7 +9,9 @@ the same bytes, row r = [nb x 16 code bytes][nb x f16 d][nb x f16 m (Q4_1)], the
 of each whole group of 16 blocks interleaved: code byte i of block 16g + j at
 256g + 64 (i // 4) + 4j + i % 4 (the blocks after the last whole group keep 16 bytes each). The
 kernels then read byte quads of 16 blocks in one load, lane j = block j (`to_kernel_layout`; no
-value changes).
+value changes). Q8_0 rows (any block count) are held the same way (`Q8_0_ROWS`): row r =
+[nb x 32 code bytes][nb x f16 d], code byte i of block 16g + j at 512g + 64 (i // 4) + 4j + i % 4,
+each code stored as w + 128 (w ^ 0x80, unsigned for the int8 dot product; ggml_blocks undoes it).
 
 Quantizing at load follows llama.cpp's reference quantizers (ggml-quants.c) step by step, so a
 checkpoint quantized here holds the blocks `gguf.quants.quantize` would write.
@@ -36,16 +38,19 @@ class QFormat(Enum):
     Q6_K = 5
     Q4_0_ROWS = 6
     Q4_1_ROWS = 7
+    Q8_0_ROWS = 8
 
 
-_ROWS_OF = {QFormat.Q4_0: QFormat.Q4_0_ROWS, QFormat.Q4_1: QFormat.Q4_1_ROWS}
+_ROWS_OF = {QFormat.Q4_0: QFormat.Q4_0_ROWS, QFormat.Q4_1: QFormat.Q4_1_ROWS, QFormat.Q8_0: QFormat.Q8_0_ROWS}
 _BASE_OF = {v: k for k, v in _ROWS_OF.items()}
+_PAIRED = (QFormat.Q4_0_ROWS, QFormat.Q4_1_ROWS)  # rows of an even number of blocks only
+_Q8_OFFSET = 0x80  # Q8_0_ROWS codes: w + 128 as a byte
 
 
 def _block_format(fmt: QFormat) -> tuple[int, int]:
-    """(values, bytes) per block; a row-split format counts two blocks as one (rows need an even count)."""
+    """(values, bytes) per block; a row-split Q4 format counts two blocks as one (rows need an even count)."""
     base = FORMATS[_BASE_OF.get(fmt, fmt).name]
-    return (2 * base.block_size, 2 * base.type_size) if fmt in _BASE_OF else (base.block_size, base.type_size)
+    return (2 * base.block_size, 2 * base.type_size) if fmt in _PAIRED else (base.block_size, base.type_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,22 +88,29 @@ class QuantTensor:
         return QuantTensor(self.fmt, (int(index.numel()), self.shape[1]), self.blocks[index].contiguous())
 
 
-def _interleave_order(nb: int) -> torch.Tensor:
-    """int64 [16 nb]: position p of a row's interleaved code bytes holds byte order[p] of the
-    blocks' codes laid end to end (block b's 16 bytes at 16b)."""
+def _interleave_order(nb: int, cb: int) -> torch.Tensor:
+    """int64 [cb nb]: position p of a row's interleaved code bytes holds byte order[p] of the
+    blocks' codes laid end to end (block b's cb = 16 (Q4) or 32 (Q8) bytes at cb b)."""
     whole = nb // 16 * 16
     # [group][quad c][block j][byte i % 4] <- block 16 group + j, byte 4c + i % 4
-    idx = torch.arange(16 * whole).reshape(-1, 16, 4, 4).transpose(1, 2).reshape(-1)
-    return torch.cat([idx, torch.arange(16 * whole, 16 * nb)])
+    idx = torch.arange(cb * whole).reshape(-1, 16, cb // 4, 4).transpose(1, 2).reshape(-1)
+    return torch.cat([idx, torch.arange(cb * whole, cb * nb)])
+
+
+def _code_bytes(fmt: QFormat) -> int:
+    return 32 if fmt in (QFormat.Q8_0, QFormat.Q8_0_ROWS) else 16
 
 
 def to_kernel_layout(w: QuantTensor) -> QuantTensor:
-    """Q4_0/Q4_1 with an even number of blocks per row -> the row-split layout; others unchanged."""
-    if w.fmt not in _ROWS_OF or (w.shape[1] // 32) % 2:
+    """Q8_0, and Q4_0/Q4_1 with an even number of blocks per row -> the row-split layout; others
+    unchanged."""
+    if w.fmt not in _ROWS_OF or (w.fmt != QFormat.Q8_0 and (w.shape[1] // 32) % 2):
         return w
-    rows, sz, nb = w.shape[0], FORMATS[w.fmt.name].type_size, w.shape[1] // 32
+    rows, sz, nb, cb = w.shape[0], FORMATS[w.fmt.name].type_size, w.shape[1] // 32, _code_bytes(w.fmt)
     blk = w.blocks.reshape(rows, -1, sz)
-    codes = blk[:, :, sz - 16 :].reshape(rows, -1)[:, _interleave_order(nb)]
+    codes = blk[:, :, sz - cb :].reshape(rows, -1)[:, _interleave_order(nb, cb)]
+    if w.fmt == QFormat.Q8_0:
+        codes = codes ^ _Q8_OFFSET
     parts = [codes, blk[:, :, 0:2]] + ([blk[:, :, 2:4]] if w.fmt == QFormat.Q4_1 else [])
     return QuantTensor(_ROWS_OF[w.fmt], w.shape, torch.cat([p.reshape(rows, -1) for p in parts], dim=1))
 
@@ -108,11 +120,13 @@ def ggml_blocks(w: QuantTensor) -> QuantTensor:
     if w.fmt not in _BASE_OF:
         return w
     base = _BASE_OF[w.fmt]
-    rows, nb = w.shape[0], w.shape[1] // 32
-    codes = torch.empty(rows, 16 * nb, dtype=torch.uint8)
-    codes[:, _interleave_order(nb)] = w.blocks[:, : 16 * nb]
-    codes = codes.reshape(rows, nb, 16)
-    scales = w.blocks[:, 16 * nb :].reshape(rows, -1, nb, 2).transpose(1, 2).reshape(rows, nb, -1)
+    rows, nb, cb = w.shape[0], w.shape[1] // 32, _code_bytes(w.fmt)
+    codes = torch.empty(rows, cb * nb, dtype=torch.uint8)
+    codes[:, _interleave_order(nb, cb)] = w.blocks[:, : cb * nb]
+    if w.fmt == QFormat.Q8_0_ROWS:
+        codes ^= _Q8_OFFSET
+    codes = codes.reshape(rows, nb, cb)
+    scales = w.blocks[:, cb * nb :].reshape(rows, -1, nb, 2).transpose(1, 2).reshape(rows, nb, -1)
     return QuantTensor(base, w.shape, torch.cat([scales, codes], dim=2).reshape(rows, -1))
 
 

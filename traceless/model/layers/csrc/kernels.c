@@ -525,7 +525,7 @@ DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, LOAD_F32, STORE_F32)
 
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 7; }
+int tl_abi_version(void) { return 8; }
 
 /* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
 int tl_uses_avx512(void) {

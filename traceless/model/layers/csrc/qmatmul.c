@@ -58,8 +58,8 @@
 #define TL_CLONES
 #endif
 
-/* F_Q4_0R / F_Q4_1R: the same blocks regrouped per row (see RowSplit below) */
-enum { F_Q8_0 = 0, F_Q4_0 = 1, F_Q4_1 = 2, F_Q4_K = 3, F_Q5_K = 4, F_Q6_K = 5, F_Q4_0R = 6, F_Q4_1R = 7 };
+/* F_Q4_0R / F_Q4_1R / F_Q8_0R: the same blocks regrouped per row (see the row-split layouts below) */
+enum { F_Q8_0 = 0, F_Q4_0 = 1, F_Q4_1 = 2, F_Q4_K = 3, F_Q5_K = 4, F_Q6_K = 5, F_Q4_0R = 6, F_Q4_1R = 7, F_Q8_0R = 8 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 enum { QB = 32, QK_K = 256, TILE = 4, ROW_CHUNK = 16, X16 = 16, NR = 4, PREFETCH_BYTES = 8192 };
 
@@ -227,12 +227,33 @@ static inline void rs_codes(const uint8_t *row, long nb, long b, uint8_t qs[16])
 static inline const uint8_t *rs_d(const uint8_t *row, long nb, long b) { return row + nb * 16 + 2 * b; }
 static inline const uint8_t *rs_m(const uint8_t *row, long nb, long b) { return row + nb * 18 + 2 * b; }
 
+/*
+ * Row-split Q8_0 (F_Q8_0R; same size as Q8_0): a row of nb blocks is [nb x 32 code bytes][nb x f16 d].
+ * A code is stored as w + 128 (w ^ 0x80): unsigned, VNNI's u8 x s8 product takes it as it is and
+ * the kernel subtracts 128 sum(q_a), exact in integers. The codes of whole groups of 16 blocks are
+ * interleaved as the x16 activations are (act_pos): code i of block 16g + j at
+ * 512g + 64 (i / 4) + 4j + i % 4, so that one 64-byte load of weights and one of activations pair
+ * lane j with lane j. The blocks after the last whole group (any number below 16) keep 32 bytes
+ * each at 32b.
+ */
+static inline void r8_codes(const uint8_t *row, long nb, long b, uint8_t w[QB]) {
+    const long b0 = b / X16 * X16;
+    if (b0 + X16 > nb) memcpy(w, row + QB * b, QB);
+    else
+        for (int c = 0; c < 8; c++) memcpy(w + 4 * c, row + QB * b0 + 64 * c + 4 * (b - b0), 4);
+    for (int i = 0; i < QB; i++) w[i] ^= 0x80; /* the int8 code's bits */
+}
+static inline const uint8_t *r8_d(const uint8_t *row, long nb, long b) { return row + nb * QB + 2 * b; }
+
 static void get_block_nb(int fmt, const uint8_t *w, long b, long nb, Blk *o);
 
 /* nb: blocks per row, needed by the row-split formats only */
 static void get_block_nb(int fmt, const uint8_t *w, long b, long nb, Blk *o) {
     o->m = 0.f;
-    if (fmt == F_Q4_0R || fmt == F_Q4_1R) {
+    if (fmt == F_Q8_0R) {
+        r8_codes(w, nb, b, o->u);
+        o->scale = rd_f16(r8_d(w, nb, b));
+    } else if (fmt == F_Q4_0R || fmt == F_Q4_1R) {
         uint8_t qs[16];
         rs_codes(w, nb, b, qs);
         for (int i = 0; i < 16; i++) {
@@ -289,7 +310,7 @@ static void dot_portable(int fmt, const uint8_t *w, const Act *a, long t0, int n
             const long ab = (t0 + t) * a->ld + b;
             const int8_t *q = a->q + (t0 + t) * a->ld * QB + b * QB;
             int32_t i0 = 0, i1 = 0;
-            if (fmt == F_Q8_0) {
+            if (fmt == F_Q8_0 || fmt == F_Q8_0R) {
                 for (int i = 0; i < QB; i++) i0 += (int32_t)(int8_t)k.u[i] * q[i];
                 out[t] += k.scale * a->d[ab] * (float)i0;
                 continue;
@@ -771,6 +792,231 @@ static void tile_by_rows(dot_fn dot, int fmt, const uint8_t *w, long row_bytes, 
 }
 
 #ifdef TL_X86
+/*
+ * Row-split Q8_0, 16 blocks a step (see its layout above): the Q4 tile's lanes and float order,
+ * lane j = block 16g + j, with 8 code chunks of 64 bytes a group instead of 4 of nibbles.
+ *     I[j]    = sum over the block's 32 values of w * q                      (exact, int32)
+ *     acc[j] += float(I[j]) * (d_w[j] d_a[j])                                 (one fused mult-add)
+ * AVX-512 VNNI: I[j] = -128 sum(q_a) + sum of (w + 128) q, the stored codes as they are, the
+ * offset from the activations' half-block sums. AVX2 (whose vpmaddubsw pairs would saturate at
+ * 255 * 127 * 2) flips the code back to w and multiplies |w| by sign(w) q, as the Q8_0 dot does.
+ * A row's last n < 16 blocks (natural layout) go two at a time on AVX-512, lanes 0-7 block b and
+ * 8-15 block b + 1 (n odd: the last pair's second half masked to zero codes against the zero
+ * padding of the activations), one at a time on AVX2, into lanes 0-7 (even b) or 8-15 (odd b):
+ * acc += float(I) * (d_w d_a of the block), lane I the 4-value partial sum (its offset from those 4
+ * activations); then one fixed tree sums the 16 lanes (hsum16). The integers of a lane are the
+ * same on both paths, so are the float steps: both give the same bits.
+ */
+
+/*
+ * The next tile's rows (the `bytes` after w, which are contiguous), asked for as a tile starts. A
+ * tile reads R rows side by side, R short streams the hardware prefetchers follow badly: with one
+ * activation row (a decoding step, bound by the weight read) the LM head ran at 0.6x the speed of
+ * the one-row-at-a-time Q8_0 kernel without this, 1.5x to 1.8x with it (EPYC, AVX-512, one thread).
+ * Prefetches never fault: past the matrix's end they are dropped.
+ */
+#define PREFETCH_ROWS(w, bytes) \
+    for (long o_ = 0; o_ < (bytes); o_ += 64) _mm_prefetch((const char *)(w) + o_, _MM_HINT_T0)
+
+/* -128 sum(q_a) of blocks b .. b + 15 of activation row block index ab (16 int32 lanes) */
+VNNI_TARGET static inline __m512i q8_offset_x16(const Act *a, long ab) {
+    const int32_t *s = a->s16 + 2 * ab; /* [block][half] */
+    const __m512i v0 = _mm512_loadu_si512((const void *)s), v1 = _mm512_loadu_si512((const void *)(s + 16));
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i sum = _mm512_add_epi32(_mm512_permutex2var_epi32(v0, even, v1), _mm512_permutex2var_epi32(v0, odd, v1));
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
+}
+
+/* the last n < 16 blocks of R weight rows against MT activation rows, into acc (see above) */
+VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx512(
+    const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, long b0, __m512 acc[NR][TILE])
+{
+    const long nb = a->nb, ld = a->ld;
+    const int n = (int)(nb - b0);
+    const __mmask16 mk = (__mmask16)((1u << n) - 1);
+    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    __m512 dw[NR], da[TILE];
+    for (int r = 0; r < R; r++) dw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r8_d(w + r * row_bytes, nb, b0)));
+    for (int t = 0; t < MT; t++) da[t] = _mm512_loadu_ps(a->d + (t0 + t) * ld + b0);
+    for (int p = 0; 2 * p < n; p++) {
+        const __mmask64 mw = 2 * p + 1 < n ? ~0ull : 0xffffffffull;
+        const __m512i pick = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1,
+                                               2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
+        __m512i u[NR];
+        __m512 dwp[NR];
+        for (int r = 0; r < R; r++) {
+            u[r] = _mm512_maskz_loadu_epi8(mw, w + r * row_bytes + (b0 + 2 * p) * QB);
+            dwp[r] = _mm512_permutexvar_ps(pick, dw[r]);
+        }
+        for (int t = 0; t < MT; t++) {
+            const __m512i q = _mm512_loadu_si512((const void *)(a->q + ((t0 + t) * ld + b0 + 2 * p) * QB));
+            /* -128 q per lane: the lane's own 4 activations, the offset of its 4 codes */
+            const __m512i off = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, q));
+            const __m512 dap = _mm512_permutexvar_ps(pick, da[t]);
+            for (int r = 0; r < R; r++) {
+                const __m512i I = _mm512_dpbusd_epi32(off, u[r], q);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dwp[r], dap), acc[r][t]);
+            }
+        }
+    }
+}
+
+/*
+ * out[r * TILE + t] = hsum16 of acc[r][t] for t < 4, four accumulators reduced side by side: the
+ * same pairs added in the same order as hsum16 (lanes i + 8, then i + 4, then i + 2, then i + 1),
+ * a quarter of the instructions.
+ */
+VNNI_TARGET static inline void hsum16_x4(const __m512 v[TILE], float *out) {
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+    /* ab = [a_i + a_i+8 (i < 8) | b_i + b_i+8]; then 128-bit chunk k = accumulator k, lanes i + i+4 */
+    const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    const __m512 y = _mm512_add_ps(x, _mm512_permute_ps(x, 0xEE));  /* lanes 0, 1: x0 + x2, x1 + x3 */
+    const __m512 z = _mm512_add_ps(y, _mm512_movehdup_ps(y));       /* lane 0: (x0 + x2) + (x1 + x3) */
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, z)));
+}
+
+VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_avx512_nt(
+    int fmt, const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, float *out)
+{
+    (void)fmt;
+    const long nb = a->nb, ld = a->ld;
+    __m512 acc[NR][TILE];
+    FOR_RT acc[r][t] = _mm512_setzero_ps();
+    long b0 = 0;
+    for (; b0 + X16 <= nb; b0 += X16) {
+        __m512i I[NR][TILE];
+        for (int t = 0; t < MT; t++) {
+            const __m512i off = q8_offset_x16(a, (t0 + t) * ld + b0);
+            for (int r = 0; r < R; r++) I[r][t] = off;
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m512i u[NR];
+            for (int r = 0; r < R; r++) u[r] = _mm512_loadu_si512((const void *)(w + r * row_bytes + b0 * QB + 64 * c));
+            for (int t = 0; t < MT; t++) {
+                const __m512i q = _mm512_loadu_si512((const void *)(a->q + ((t0 + t) * ld + b0) * QB + 64 * c));
+                for (int r = 0; r < R; r++) I[r][t] = _mm512_dpbusd_epi32(I[r][t], u[r], q);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r8_d(w + r * row_bytes, nb, b0)));
+            for (int t = 0; t < MT; t++) {
+                const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(a->d + (t0 + t) * ld + b0));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r][t]), sc, acc[r][t]);
+            }
+        }
+    }
+    if (b0 < nb) q8x16_tail_avx512(w, row_bytes, R, a, t0, MT, b0, acc);
+    for (int r = 0; r < R; r++) {
+        for (int t = MT; t < TILE; t++) acc[r][t] = _mm512_setzero_ps();
+        hsum16_x4(acc[r], out + r * TILE);
+    }
+}
+
+/* 8 lanes of w . q over 4 values each: |w| (u8, at most 128) times sign(w) q (s8) */
+AVX2_TARGET static inline __m256i q8_dot_avx2(__m256i wabs, __m256i w, __m256i q) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
+}
+
+/* the AVX2 tail: block by block, into lanes 0-7 (even) or 8-15 (odd), as on AVX-512. The
+ * scales d_w d_a are the same float products as AVX-512's lanes, taken one at a time (a vector
+ * load of fewer than 8 float16 went through the stack, a store-forwarding stall per tile). */
+AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx2(
+    const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, long b0, __m256 acc[2][2][2])
+{
+    const long nb = a->nb, ld = a->ld;
+    const int n = (int)(nb - b0);
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < R; r++) {
+        const uint8_t *row = w + r * row_bytes;
+        float dw[X16];
+        for (int b = 0; b < n; b++) dw[b] = ld_f16(r8_d(row, nb, b0 + b));
+        for (int b = 0; b < n; b++) {
+            const __m256i ws = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + (b0 + b) * QB)), k80);
+            const __m256i wa = _mm256_abs_epi8(ws);
+            for (int t = 0; t < MT; t++) {
+                const long ab = (t0 + t) * ld + b0 + b;
+                const __m256i I = q8_dot_avx2(wa, ws, _mm256_loadu_si256((const __m256i *)(a->q + ab * QB)));
+                const __m256 sc = _mm256_set1_ps(dw[b] * a->d[ab]);
+                if (b & 1) acc[r][t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, acc[r][t][1]);
+                else acc[r][t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, acc[r][t][0]);
+            }
+        }
+    }
+}
+
+/* the same tile on AVX2 (R, MT <= 2): half h of a group is lanes 8h..8h+7 */
+AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_avx2_nt(
+    const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, float *out)
+{
+    const long nb = a->nb, ld = a->ld;
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    __m256 acc[2][2][2];
+    FOR_RT acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    long b0 = 0;
+    for (; b0 + X16 <= nb; b0 += X16) {
+        __m256i I[2][2][2];
+        FOR_RT I[r][t][0] = I[r][t][1] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++)
+            for (int h = 0; h < 2; h++) {
+                __m256i ws[2], wa[2];
+                for (int r = 0; r < R; r++) {
+                    const uint8_t *p = w + r * row_bytes + b0 * QB + 64 * c + 32 * h;
+                    ws[r] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), k80);
+                    wa[r] = _mm256_abs_epi8(ws[r]);
+                }
+                for (int t = 0; t < MT; t++) {
+                    const int8_t *q = a->q + ((t0 + t) * ld + b0) * QB + 64 * c + 32 * h;
+                    const __m256i qv = _mm256_loadu_si256((const __m256i *)q);
+                    for (int r = 0; r < R; r++) I[r][t][h] = _mm256_add_epi32(I[r][t][h], q8_dot_avx2(wa[r], ws[r], qv));
+                }
+            }
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < 2; h++) {
+                const __m256 dw = ld_f16x8(r8_d(w + r * row_bytes, nb, b0 + 8 * h), 8);
+                for (int t = 0; t < MT; t++) {
+                    const __m256 sc = _mm256_mul_ps(dw, _mm256_loadu_ps(a->d + (t0 + t) * ld + b0 + 8 * h));
+                    acc[r][t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r][t][h]), sc, acc[r][t][h]);
+                }
+            }
+    }
+    if (b0 < nb) q8x16_tail_avx2(w, row_bytes, R, a, t0, MT, b0, acc);
+    FOR_RT out[r * TILE + t] = hsum16(acc[r][t][0], acc[r][t][1]);
+}
+
+VNNI_TARGET static void tile_q8x16_avx512(int fmt, const uint8_t *w, long row_bytes, int nr, const Act *a, long t0,
+                                          int mt, float *out) {
+    PREFETCH_ROWS(w + nr * row_bytes, nr * row_bytes);
+    switch (nr) {
+    case 1: X16_MT(q8x16_avx512_nt, 1) break;
+    case 2: X16_MT(q8x16_avx512_nt, 2) break;
+    case 3: X16_MT(q8x16_avx512_nt, 3) break;
+    default: X16_MT(q8x16_avx512_nt, 4) break;
+    }
+}
+
+/* AVX2 has 16 vector registers: sub-tiles of at most 2 x 2 */
+AVX2_TARGET static void tile_q8x16_avx2(int fmt, const uint8_t *w0, long row_bytes, int nr, const Act *a, long t00,
+                                        int mt0, float *out0) {
+    (void)fmt;
+    PREFETCH_ROWS(w0 + nr * row_bytes, nr * row_bytes);
+    for (int r0 = 0; r0 < nr; r0 += 2)
+        for (int s0 = 0; s0 < mt0; s0 += 2) {
+            const uint8_t *w = w0 + r0 * row_bytes;
+            const long t0 = t00 + s0;
+            float *out = out0 + r0 * TILE + s0;
+            const int r2 = nr - r0 >= 2, m2 = mt0 - s0 >= 2;
+            if (r2 && m2) q8x16_avx2_nt(w, row_bytes, 2, a, t0, 2, out);
+            else if (r2) q8x16_avx2_nt(w, row_bytes, 2, a, t0, 1, out);
+            else if (m2) q8x16_avx2_nt(w, row_bytes, 1, a, t0, 2, out);
+            else q8x16_avx2_nt(w, row_bytes, 1, a, t0, 1, out);
+        }
+}
+#endif
+
+#ifdef TL_X86
 
 static int cpu_max_isa(void) {
     static int cached = -1;
@@ -800,8 +1046,8 @@ static int cpu_max_isa(void) { return ISA_PORTABLE; }
 int tl_q_isa(void) { return cpu_max_isa(); }
 
 static int shape_ok(const QShape *s) {
-    static const long block[] = {32, 32, 32, 256, 256, 256, 64, 64}, bytes[] = {34, 18, 20, 144, 176, 210, 36, 40};
-    if (s->fmt < 0 || s->fmt > F_Q4_1R || s->cols <= 0 || s->cols % block[s->fmt]) return 0;
+    static const long block[] = {32, 32, 32, 256, 256, 256, 64, 64, 32}, bytes[] = {34, 18, 20, 144, 176, 210, 36, 40, 34};
+    if (s->fmt < 0 || s->fmt > F_Q8_0R || s->cols <= 0 || s->cols % block[s->fmt]) return 0;
     return s->row_bytes == s->cols / block[s->fmt] * bytes[s->fmt];
 }
 
@@ -832,7 +1078,8 @@ static void run_tiles_for(const QShape *s, const uint8_t *w, const Act *a, long 
 #ifdef TL_X86
     if (isa == ISA_AVX2) dot = dot_avx2;
     if (isa == ISA_AVX512) dot = dot_avx512;
-    if (a->x16) tile = isa == ISA_AVX512 ? tile_x16_avx512 : tile_x16_avx2;
+    if (a->x16 && s->fmt == F_Q8_0R) tile = isa == ISA_AVX512 ? tile_q8x16_avx512 : tile_q8x16_avx2;
+    else if (a->x16) tile = isa == ISA_AVX512 ? tile_x16_avx512 : tile_x16_avx2;
 #endif
     const long N = s->rows, chunks = (N + ROW_CHUNK - 1) / ROW_CHUNK;
 #pragma omp for schedule(static)
@@ -868,7 +1115,7 @@ static size_t act_bytes(long K, long T, int threads) {
 static Act act_in(char *scratch, const QShape *s, long T, int threads, int isa, float **tmp) {
     const long K = s->cols, nb = K / QB, ld = (nb + X16 - 1) / X16 * X16;
     Act a = {.K = K, .nb = nb, .ld = ld};
-    a.x16 = (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R) && isa != ISA_PORTABLE;
+    a.x16 = (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R || s->fmt == F_Q8_0R) && isa != ISA_PORTABLE;
     a.d = (float *)scratch;
     a.ds = a.d + T * ld;
     *tmp = a.ds + T * ld;
@@ -947,6 +1194,13 @@ TL_EXACT_CLONES static void dequant_row(int fmt, const uint8_t *row, long K, flo
             const uint8_t *blk = row + b * 34;
             const float d = rd_f16(blk);
             for (int i = 0; i < QB; i++) out[b * QB + i] = (float)(int8_t)blk[2 + i] * d;
+        }
+    } else if (fmt == F_Q8_0R) {
+        for (long b = 0; b < nb; b++) {
+            uint8_t codes[QB];
+            r8_codes(row, nb, b, codes);
+            const float d = rd_f16(r8_d(row, nb, b));
+            for (int i = 0; i < QB; i++) out[b * QB + i] = (float)(int8_t)codes[i] * d;
         }
     } else if (fmt == F_Q4_0 || fmt == F_Q4_1 || fmt == F_Q4_0R || fmt == F_Q4_1R) {
         /* (codes, d, m) of block b; then one branch-free loop per kind (so that it vectorizes) */
