@@ -75,6 +75,7 @@ enum { QB = 32, QK_K = 256, TILE = 4, ROW_CHUNK = 16, X16 = 16, NR = 4, PREFETCH
  *              of its 16 blocks, lane j = block j. The blocks of a last partial group (an even
  *              number) go in pairs: value i of its block 2p + e at 64p + 32(i / 16) + 16e + i % 16,
  *              [2p: 0-15 | 2p+1: 0-15 | 2p: 16-31 | 2p+1: 16-31], the order of the pair's nibbles
+ *              (ACT_X16_PAIRS, row-split Q4); for row-split Q8_0 they stay natural (ACT_X16)
  */
 typedef struct {
     int8_t *q;
@@ -84,10 +85,14 @@ typedef struct {
     int x16;
 } Act;
 
+/* Act.x16: which layout the codes take (the row-split Q4 tail reads pairs, Q8_0's whole blocks) */
+enum { ACT_NATURAL = 0, ACT_X16_PAIRS = 1, ACT_X16 = 2 };
+
 static inline long act_pos(int x16, long nb, long b, int i) {
     const long b0 = b / X16 * X16, j = b - b0;
     if (!x16) return b * QB + i;
     if (b0 + X16 <= nb) return b0 * QB + (i / 4) * 64 + j * 4 + i % 4;
+    if (x16 == ACT_X16) return b * QB + i;
     return b0 * QB + (j / 2) * 64 + (i / 16) * 32 + (j % 2) * 16 + i % 16;
 }
 
@@ -377,7 +382,7 @@ AVX2_TARGET static void quantize_row_avx2(const float *x, long K, int x16, int8_
         const __m256i p8 = _mm256_permutevar8x32_epi32(
             _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])), order);
         const long b0 = b / X16 * X16, j = b - b0;
-        if (!x16) {
+        if (!x16 || (x16 == ACT_X16 && b0 + X16 > nb)) {
             _mm256_storeu_si256((__m256i *)(q + b * QB), p8);
         } else if (b0 + X16 <= nb) { /* value 4k..4k+3 at 64k + 4j */
             int32_t w4[8];
@@ -1115,7 +1120,8 @@ static size_t act_bytes(long K, long T, int threads) {
 static Act act_in(char *scratch, const QShape *s, long T, int threads, int isa, float **tmp) {
     const long K = s->cols, nb = K / QB, ld = (nb + X16 - 1) / X16 * X16;
     Act a = {.K = K, .nb = nb, .ld = ld};
-    a.x16 = (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R || s->fmt == F_Q8_0R) && isa != ISA_PORTABLE;
+    if (isa != ISA_PORTABLE && (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R)) a.x16 = ACT_X16_PAIRS;
+    else if (isa != ISA_PORTABLE && s->fmt == F_Q8_0R) a.x16 = ACT_X16;
     a.d = (float *)scratch;
     a.ds = a.d + T * ld;
     *tmp = a.ds + T * ld;
