@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from tests.support.ggml_raw import random_tensor
+from tests.support.qkernels import ISAS, KERNELS, NEEDS_KERNELS
 from tests.support.qref import quantize_activations, reference_matmul
-from traceless.model.layers.kernels import KernelUnavailable
+from traceless.model.layers.qkernels import Isa
 from traceless.model.layers.quant import (
     QFormat,
     QuantTensor,
@@ -24,15 +25,7 @@ from traceless.model.layers.quant import (
     to_kernel_layout,
 )
 
-try:
-    from traceless.model.layers.qkernels import Isa, QuantKernels
-
-    KERNELS = QuantKernels.load()
-except KernelUnavailable:  # pragma: no cover - the native library is part of the install
-    KERNELS = None
-
-pytestmark = pytest.mark.skipif(KERNELS is None, reason="native kernels not built")
-ISAS = [i for i in (Isa.PORTABLE, Isa.AVX2, Isa.AVX512) if KERNELS is not None and i <= KERNELS.isa]
+pytestmark = NEEDS_KERNELS
 
 
 def _weights(fmt: QFormat, rows: int, cols: int, seed: int) -> QuantTensor:

@@ -16,19 +16,12 @@ import pytest
 import torch
 
 from tests.support.ggml_raw import random_tensor
+from tests.support.qkernels import ISAS, KERNELS, NEEDS_KERNELS
 from tests.support.qref import reference_matmul
-from traceless.model.layers.kernels import KernelUnavailable
+from traceless.model.layers.qkernels import Isa
 from traceless.model.layers.quant import QFormat, QuantTensor, ggml_blocks, quantize_q8_0, to_kernel_layout
 
-try:
-    from traceless.model.layers.qkernels import Isa, QuantKernels
-
-    KERNELS = QuantKernels.load()
-except KernelUnavailable:  # pragma: no cover - the native library is part of the install
-    KERNELS = None
-
-pytestmark = pytest.mark.skipif(KERNELS is None, reason="native kernels not built")
-ISAS = [i for i in (Isa.PORTABLE, Isa.AVX2, Isa.AVX512) if KERNELS is not None and i <= KERNELS.isa]
+pytestmark = NEEDS_KERNELS
 COLS = [96, 544, 576, 992, 1536]
 
 
