@@ -174,3 +174,16 @@ def test_the_audited_servers_cache_holds_the_same_tokens_with_kv_groups(tmp_path
     # one sequence of KV_TOKENS fits in every group, and eight of the preemption path's requests do not
     per_block = budget // (group_blocks(KV_TOKENS, 1, 16, windows, 2048) + 1)
     assert group_blocks(8 * 110, 8, 16, windows, 2048) * per_block > budget
+
+
+def test_a_negative_load_is_refused():
+    from traceless_tools.audit.residue import ResidueConfig
+
+    with pytest.raises(ValueError, match="--load"):
+        ResidueConfig(load=-1)
+    out = subprocess.run(
+        [sys.executable, "-m", "traceless_tools.cli", "audit", "residue", "--load", "-1"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and "--load must be 0 or more" in out.stderr

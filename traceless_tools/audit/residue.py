@@ -50,6 +50,10 @@ class ResidueConfig:
     scrub: bool = True  # the node's default: freed-memory scrubbing (glibc MALLOC_PERTURB_)
     load: int = 0  # CPU-bound processes beside the audited servers (threads then run late)
 
+    def __post_init__(self) -> None:
+        if self.load < 0:
+            raise ValueError("--load must be 0 or more busy processes")
+
 
 class ProcessUnderAudit:
     """`traceless node` or `traceless serve` with the audit's settings, in its own directory."""

@@ -226,7 +226,11 @@ def _residue(args: argparse.Namespace) -> int:
         return 0 if device_report["clean"] else 1
     from traceless_tools.audit.residue import ResidueConfig, run
 
-    report = run(ResidueConfig(args.model, args.ttl, args.scrub, args.load), args.json)
+    try:
+        cfg = ResidueConfig(args.model, args.ttl, args.scrub, args.load)
+    except ValueError as exc:
+        raise SystemExit(f"traceless audit residue: {exc}") from None
+    report = run(cfg, args.json)
     return 1 if report["failed"] else 0
 
 
