@@ -186,24 +186,82 @@ static inline void prefetch_block(const void *p, long bytes) {
     for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
 
-/* acc[g][0:D] = sum over the visible keys j, in order, of p[g][j] * V[j][0:D]: NC = D / W vectors */
-#define ROW_V(P, W, T, LOADV, NC)                                                              \
+/* The scores of NG heads gs.. of one kv head, four key blocks at a time: each K vector is loaded
+ * once for all NG heads (one head at a time loaded every K vector G times: the loads, not the
+ * multiply-adds, bounded it). Each score still sums its d in order from zero, as one head alone. */
+#define ROW_SCORES(P, W, T, LOADV, NG)                                                         \
+    for (int b = lo_blk; b < nblk; b += 4) {                                                   \
+        const int nb = nblk - b < 4 ? nblk - b : 4;                                            \
+        const T *kb[4];                                                                        \
+        for (int i = 0; i < 4; i++)                                                            \
+            kb[i] = k_cache + (long)table[b + (i < nb ? i : 0)] * blk_stride + (long)kvh * BS * D; \
+        /* Blocks sit anywhere in the pool: without prefetching, every block is a DRAM miss the \
+           thread waits for. The first pass fetches the next K blocks and these V blocks. */   \
+        if (gs == g0)                                                                          \
+            for (int i = 0; i < nb; i++) {                                                     \
+                if (b + 4 + i < nblk)                                                          \
+                    prefetch_block(k_cache + (long)table[b + 4 + i] * blk_stride + (long)kvh * BS * D, \
+                                   sizeof(T) * BS * D);                                        \
+                prefetch_block(v_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D, \
+                               sizeof(T) * BS * D);                                            \
+            }                                                                                  \
+        P##_vec sv[NG][4][KV];                                                                 \
+        for (int g = 0; g < (NG); g++)                                                         \
+            for (int i = 0; i < 4; i++)                                                        \
+                for (int h = 0; h < KV; h++) sv[g][i][h] = P##_set1(0.f);                      \
+        for (int d = 0; d < D; d++) {                                                          \
+            P##_vec k[4][KV];                                                                  \
+            for (int i = 0; i < 4; i++)                                                        \
+                for (int h = 0; h < KV; h++) k[i][h] = LOADV(kb[i] + d * BS + h * W);          \
+            for (int g = 0; g < (NG); g++) {                                                   \
+                const P##_vec q = P##_set1(qf[(gs + g) * D + d]);                              \
+                for (int i = 0; i < 4; i++)                                                    \
+                    for (int h = 0; h < KV; h++) sv[g][i][h] = P##_fma(q, k[i][h], sv[g][i][h]); \
+            }                                                                                  \
+        }                                                                                      \
+        for (int g = 0; g < (NG); g++)                                                         \
+            for (int i = 0; i < nb; i++)                                                       \
+                for (int h = 0; h < KV; h++)                                                   \
+                    P##_store(scores + (long)(gs + g) * n_pad + (b + i) * BS + h * W, sv[g][i][h]); \
+    }
+
+/* acc[g][0:D] = sum over the visible keys j, in order, of p[g][j] * V[j][0:D] for the NG heads
+ * gs..: NC = D / W vectors a head, each V vector loaded once for all NG */
+#define ROW_V(P, W, T, LOADV, NG, NC)                                                          \
     {                                                                                          \
-        P##_vec a[DMAX / W];                                                                   \
-        for (int c = 0; c < (NC); c++) a[c] = P##_set1(0.f);                                   \
+        P##_vec a[NG][DMAX / W];                                                               \
+        for (int g = 0; g < (NG); g++)                                                         \
+            for (int c = 0; c < (NC); c++) a[g][c] = P##_set1(0.f);                            \
         for (int b = lo_blk; b < nblk; b++) {                                                  \
             const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
             const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                         \
             for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                          \
-                const P##_vec p = P##_set1(scores[(long)g * n_pad + b * BS + j]);              \
-                for (int c = 0; c < (NC); c++) a[c] = P##_fma(p, LOADV(vb + j * D + c * W), a[c]); \
+                P##_vec v[DMAX / W];                                                           \
+                for (int c = 0; c < (NC); c++) v[c] = LOADV(vb + j * D + c * W);               \
+                for (int g = 0; g < (NG); g++) {                                               \
+                    const P##_vec p = P##_set1(scores[(long)(gs + g) * n_pad + b * BS + j]);   \
+                    for (int c = 0; c < (NC); c++) a[g][c] = P##_fma(p, v[c], a[g][c]);        \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int c = 0; c < (NC); c++) P##_store(acc + g * D + c * W, a[c]);                  \
+        for (int g = 0; g < (NG); g++)                                                         \
+            for (int c = 0; c < (NC); c++) P##_store(acc + (gs + g) * D + c * W, a[g][c]);    \
     }
 
-/* P: the vector prefix (z, y), W its floats, LOADV its load of W cache values (P##_f32, P##_bf16) */
-#define DEFINE_ROW_SIMD(NAME, TARGET, P, W, T, LOADV, LOAD)                                    \
+/* The heads g0..g1 of the kv head in passes of up to HG (AVX-512: 3, the register budget of three
+ * heads' accumulators; AVX2's 16 registers: 1), NC a constant where D / W is 4 or 8 */
+#define ROW_PASSES(BODY, HG)                                                                   \
+    for (int gs = g0; gs < g1;) {                                                              \
+        const int ng = g1 - gs < (HG) ? g1 - gs : (HG);                                        \
+        if ((HG) >= 3 && ng == 3) BODY(3)                                                      \
+        else if ((HG) >= 2 && ng == 2) BODY(2)                                                 \
+        else BODY(1)                                                                           \
+        gs += (HG) >= 2 && ng >= 2 ? ng : 1;                                                   \
+    }
+
+/* P: the vector prefix (z, y), W its floats, LOADV its load of W cache values (P##_f32, P##_bf16),
+ * HG the heads of a pass */
+#define DEFINE_ROW_SIMD(NAME, TARGET, P, W, T, LOADV, LOAD, HG)                                \
     TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,              \
                             const T *v_cache, const int32_t *table, int kvh, int g0,           \
                             int g1, int n_keys, int lo, float *scratch, float *scores,         \
@@ -217,50 +275,11 @@ static inline void prefetch_block(const void *p, long bytes) {
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
-        /* Four blocks at a time, one head at a time: four independent FMA chains, where one head  \
-           alone (a task per head) had one 64-long chain a block. Each score still sums its d in    \
-           order, so the bits are those of a block at a time. */                                    \
-        for (int g = g0; g < g1; g++) {                                                        \
-            const float *qg = qf + g * D;                                                      \
-            float *sg = scores + (long)g * n_pad;                                              \
-            for (int b = lo_blk; b < nblk; b += 4) {                                           \
-                const int nb = nblk - b < 4 ? nblk - b : 4;                                    \
-                const T *kb[4];                                                                \
-                for (int i = 0; i < 4; i++)                                                    \
-                    kb[i] = k_cache + (long)table[b + (i < nb ? i : 0)] * blk_stride + (long)kvh * BS * D; \
-                /* Blocks sit anywhere in the pool: without prefetching, every block is a      \
-                   DRAM miss the thread waits for. The first head fetches the next K blocks     \
-                   and these V blocks. */                                                       \
-                if (g == g0)                                                                   \
-                    for (int i = 0; i < nb; i++) {                                             \
-                        if (b + 4 + i < nblk)                                                  \
-                            prefetch_block(k_cache + (long)table[b + 4 + i] * blk_stride + (long)kvh * BS * D, \
-                                           sizeof(T) * BS * D);                                \
-                        prefetch_block(v_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D, \
-                                       sizeof(T) * BS * D);                                    \
-                    }                                                                          \
-                P##_vec sv[4][KV];                                                             \
-                for (int i = 0; i < 4; i++)                                                    \
-                    for (int h = 0; h < KV; h++) sv[i][h] = P##_set1(0.f);                     \
-                for (int d = 0; d < D; d++) {                                                  \
-                    const P##_vec q = P##_set1(qg[d]);                                         \
-                    for (int i = 0; i < 4; i++)                                                \
-                        for (int h = 0; h < KV; h++)                                           \
-                            sv[i][h] = P##_fma(q, LOADV(kb[i] + d * BS + h * W), sv[i][h]);    \
-                }                                                                              \
-                for (int i = 0; i < nb; i++)                                                   \
-                    for (int h = 0; h < KV; h++) P##_store(sg + (b + i) * BS + h * W, sv[i][h]); \
-            }                                                                                  \
-        }                                                                                      \
+        ROW_PASSES(SCORES_OF_##P, HG)                                                          \
         softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                            \
-        /* One head at a time, all of its D / W output vectors at once (independent chains, in  \
-           registers where D / W is a constant); each output element sums the keys in order. */ \
-        for (int g = g0; g < g1; g++) {                                                        \
-            if (D == 4 * W) ROW_V(P, W, T, LOADV, 4)                                           \
-            else if (D == 8 * W) ROW_V(P, W, T, LOADV, 8)                                      \
-            else if (D == 16 * W) ROW_V(P, W, T, LOADV, 16)                                    \
-            else ROW_V(P, W, T, LOADV, D / W)                                                  \
-        }                                                                                      \
+        if (D == 4 * W) { ROW_PASSES(V4_OF_##P, HG) }                                          \
+        else if (D == 8 * W) { ROW_PASSES(V8_OF_##P, HG) }                                     \
+        else for (int gs = g0; gs < g1; gs++) ROW_V(P, W, T, LOADV, 1, D / W)                  \
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
                 const float x = acc[g * D + d];                                                \
@@ -271,10 +290,30 @@ static inline void prefetch_block(const void *p, long bytes) {
             }                                                                                  \
     }
 
-DEFINE_ROW_SIMD(row16_bf16, AVX512_TARGET, z, 16, uint16_t, z_bf16, LOAD_BF16)
-DEFINE_ROW_SIMD(row16_f32, AVX512_TARGET, z, 16, float, z_f32, LOAD_F32)
-DEFINE_ROW_SIMD(row8_bf16, AVX2_TARGET, y, 8, uint16_t, y_bf16, LOAD_BF16)
-DEFINE_ROW_SIMD(row8_f32, AVX2_TARGET, y, 8, float, y_f32, LOAD_F32)
+/* the bodies ROW_PASSES takes, per element type: LOADV_T is the load of the row being defined */
+#define SCORES_OF_z(NG) { ROW_SCORES(z, 16, ELEM_T, LOADV_T, NG) }
+#define V4_OF_z(NG) ROW_V(z, 16, ELEM_T, LOADV_T, NG, 4)
+#define V8_OF_z(NG) ROW_V(z, 16, ELEM_T, LOADV_T, NG, 8)
+#define SCORES_OF_y(NG) { ROW_SCORES(y, 8, ELEM_T, LOADV_T, NG) }
+#define V4_OF_y(NG) ROW_V(y, 8, ELEM_T, LOADV_T, NG, 4)
+#define V8_OF_y(NG) ROW_V(y, 8, ELEM_T, LOADV_T, NG, 8)
+
+#define ELEM_T uint16_t
+#define LOADV_T z_bf16
+DEFINE_ROW_SIMD(row16_bf16, AVX512_TARGET, z, 16, uint16_t, z_bf16, LOAD_BF16, 3)
+#undef LOADV_T
+#define LOADV_T y_bf16
+DEFINE_ROW_SIMD(row8_bf16, AVX2_TARGET, y, 8, uint16_t, y_bf16, LOAD_BF16, 1)
+#undef ELEM_T
+#undef LOADV_T
+#define ELEM_T float
+#define LOADV_T z_f32
+DEFINE_ROW_SIMD(row16_f32, AVX512_TARGET, z, 16, float, z_f32, LOAD_F32, 3)
+#undef LOADV_T
+#define LOADV_T y_f32
+DEFINE_ROW_SIMD(row8_f32, AVX2_TARGET, y, 8, float, y_f32, LOAD_F32, 1)
+#undef ELEM_T
+#undef LOADV_T
 
 /* TRACELESS_CPU_ISA=avx2 (or "portable") makes an AVX-512 machine run the code an AVX2-only machine
  * runs, so that tests can check both paths on one machine (tests/model/layers/test_isa.py). */
