@@ -10,6 +10,7 @@ from traceless.modes import (
     AttentionBackend,
     CacheMode,
     DType,
+    KVCacheDType,
     KVOffload,
     LoadFormat,
     QuantizationMode,
@@ -31,6 +32,9 @@ class EngineConfig:
     `public_prefixes`, exact operator system prompts), "global" (vLLM-style shared cache: the
     insecure baseline for benchmarks and attack demos) or "off"; cached blocks expire after
     prefix_cache_ttl seconds.
+    kv_cache_dtype: the KV cache's dtype (modes.KVCacheDType): "auto" is float16 on the CPU when the
+    weights run on its int8 kernels and attention on the native kernel, else the activations'
+    dtype; "float16" under float32 activations on the CPU, or the activations' dtype by name.
     speculative: "ngram" (prompt lookup: drafts copied from the request's own earlier tokens, the
     last n in [ngram_min, ngram_max] matched), "draft" (self-speculation: the model's first
     draft_layers layers, default a quarter of them, propose) or "off"; each decoding step verifies
@@ -48,9 +52,10 @@ class EngineConfig:
     "q8_0"/"q4_0": quantize a Hugging Face checkpoint at load (CPU); "fp8" (CUDA): quantize a
     checkpoint's layer matrices to FP8 at load, per output channel, activations per token;
     "none": dense weights in dtype (an FP8 checkpoint dequantized).
-    The mode fields (dtype, attention_backend, prefix_cache, kv_offload, speculative, load_format,
-    quantization) hold traceless.modes' Enums; each also takes its value's word ("global"), which
-    is converted on construction; any other value is a ConfigError naming the words allowed."""
+    The mode fields (dtype, attention_backend, prefix_cache, kv_offload, kv_cache_dtype,
+    speculative, load_format, quantization) hold traceless.modes' Enums; each also takes its
+    value's word ("global"), which is converted on construction; any other value is a ConfigError
+    naming the words allowed."""
 
     model: str | None = None
     dtype: DType = DType.AUTO
@@ -69,6 +74,7 @@ class EngineConfig:
     public_prefixes: tuple[str, ...] = ()
     kv_offload: KVOffload = KVOffload.NONE
     kv_offload_dir: str | None = None
+    kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO
     speculative: SpecMode = SpecMode.OFF
     num_speculative_tokens: int = 4
     ngram_min: int = 2
@@ -106,6 +112,7 @@ class EngineConfig:
         if self.public_prefixes and self.prefix_cache is not CacheMode.ISOLATED:
             raise ConfigError("public prefixes are declared for the isolated prefix cache only")
         self._mode("kv_offload", KVOffload)
+        self._mode("kv_cache_dtype", KVCacheDType)
         if self.kv_offload_dir is not None and self.kv_offload is not KVOffload.DISK:
             raise ConfigError("kv_offload_dir is for kv_offload='disk'")
 

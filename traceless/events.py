@@ -123,6 +123,7 @@ SCHEMA: dict[str, dict[str, FieldKind]] = {
         "cuda_graphs": INT,
         "capture_s": FLOAT,
         "kv_cache_bytes": INT,
+        "kv_cache_dtype": Choice.of("float32", "bfloat16", "float16"),
         "kv_sized_by": Choice.of("kv_cache_memory", "max_model_len", "gpu_memory_utilization"),
     },
     "engine.step_failed": {"num_requests": INT, "error_kind": ERROR_KIND},

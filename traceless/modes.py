@@ -22,6 +22,18 @@ class DType(Enum):
     FLOAT16 = "float16"
 
 
+class KVCacheDType(Enum):
+    """The KV cache's dtype: the activations' own, or float16 under the CPU's float32 activations.
+    AUTO: float16 where the weights run on the CPU's int8 kernels and attention on the native
+    kernel (half the bytes a decoding step reads from the cache, as llama.cpp's default cache),
+    else the activations' dtype (runner/build.py cache_dtype)."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
 class QuantizationMode(Enum):
     """How weights are asked to be held; model/quantization.py resolves it to what they are."""
 

@@ -63,16 +63,19 @@ def test_offload_nodes_get_a_cache_of_one_full_context(tiny_llama_dir):
     assert sizing.tmpfs_bytes >= 8 * CONTEXT_TOKENS * per_token and sizing.tmpfs_bytes % 2**20 == 0
 
 
-def test_offload_sizing_counts_the_dtype_quantized_weights_compute_in(monkeypatch):
-    """The built-in model is a GGUF file whose blocks the CPU keeps under `auto`: it computes (and
-    caches KV) in float32 even where the CPU runs bfloat16, so its cache is sized in float32."""
+def test_offload_sizing_counts_the_dtype_of_the_cache(monkeypatch):
+    """The built-in model is a GGUF file whose blocks the CPU keeps under `auto`: it computes in
+    float32 even where the CPU runs bfloat16 and caches KV in float16 (runner/build.py
+    cache_dtype), so its cache is sized in float16; a float32 cache asked for, in float32."""
     import traceless.runner.build as build
     from traceless.model.loader import read_model_config
 
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
-    per_token = read_model_config(None).kv_bytes_per_token * 4  # float32
+    per_token = read_model_config(None).kv_bytes_per_token * 2  # float16
     sizing = offload_sizing(None, ("--device", "cpu", "--block-size", "4"))
     assert sizing.node_args[1] == str((CONTEXT_TOKENS // 4 + 1) * 4 * per_token)
+    sizing = offload_sizing(None, ("--device", "cpu", "--block-size", "4", "--kv-cache-dtype", "float32"))
+    assert sizing.node_args[1] == str((CONTEXT_TOKENS // 4 + 1) * 4 * per_token * 2)
 
 
 @pytest.mark.slow

@@ -141,16 +141,16 @@ def test_token_id_needles_skip_runs_too_plain_to_be_a_trace():
     assert all(token_needles(c, lambda text: [ord(ch) for ch in text]).values())
 
 
-def test_the_audited_servers_cache_follows_the_engines_compute_dtype(monkeypatch, tiny_llama_dir):
-    """The built-in GGUF model computes in float32 even on a bfloat16 CPU (its blocks are kept);
-    a dense checkpoint there computes in bfloat16, in half the bytes per token."""
+def test_the_audited_servers_cache_follows_the_engines_cache_dtype(monkeypatch, tiny_llama_dir):
+    """The built-in GGUF model computes in float32 even on a bfloat16 CPU (its blocks are kept) and
+    caches KV in float16; a dense checkpoint there computes and caches in bfloat16."""
     import traceless.runner.build as build
     from traceless_tools.audit.residue import _kv_budget
 
     blocks = 35  # 540 tokens in blocks of 16, and the null block
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
     monkeypatch.setattr(build, "resolve_device", lambda name: build.torch.device("cpu"))
-    assert _kv_budget(None) == str(blocks * 16 * 30 * 2 * 3 * 64 * 4)  # 30 layers, K and V, 3 kv heads of 64
+    assert _kv_budget(None) == str(blocks * 16 * 30 * 2 * 3 * 64 * 2)  # 30 layers, K and V, 3 kv heads of 64
     assert _kv_budget(str(tiny_llama_dir)) == str(blocks * 16 * 2 * 2 * 2 * 16 * 2)  # 2 layers, 2 kv heads of 16
     monkeypatch.setattr(build, "cpu_runs_bf16", lambda: False)
     assert _kv_budget(str(tiny_llama_dir)) == str(blocks * 16 * 2 * 2 * 2 * 16 * 4)

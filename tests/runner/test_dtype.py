@@ -1,11 +1,13 @@
 """`--dtype auto` and the packed bfloat16 weights follow what the CPU runs in hardware: an AVX2-only
 CPU gets float32 by default, and an explicit bfloat16 there builds without oneDNN's packed weights."""
 
+import pytest
 import torch
 
 import traceless.runner.build as build
 from traceless.config import EngineConfig
 from traceless.entrypoints.llm import LLM
+from traceless.errors import ConfigError
 from traceless.modes import DType
 from traceless.sampling_params import SamplingParams
 
@@ -53,4 +55,24 @@ def test_the_engine_computes_in_compute_dtype(monkeypatch, tiny_llama_dir):
         )
         parts = build.build_engine_parts(cfg)
         assert parts.model.dtype == str(build.compute_dtype(cfg)).removeprefix("torch.")
-        assert parts.kv_memory.k.dtype == build.compute_dtype(cfg)
+        assert parts.kv_memory.k.dtype == parts.kv_memory.v.dtype == build.cache_dtype(cfg)
+
+
+def test_the_cache_dtype_rule(monkeypatch, tiny_llama_dir):
+    """auto: float16 under the CPU's int8 kernels and the native attention kernel (the built-in
+    model's case), else the activations' dtype; float16 asked for under float32 activations on the
+    CPU; any other dtype than the activations' refused with a message that says what is allowed."""
+    monkeypatch.setattr(build, "cpu_runs_bf16", lambda: True)
+    hf, cpu = str(tiny_llama_dir), {"device": "cpu"}
+    assert build.cache_dtype(EngineConfig(**cpu)) == torch.float16
+    assert build.cache_dtype(EngineConfig(model=hf, quantization="q8_0", **cpu)) == torch.float16
+    assert build.cache_dtype(EngineConfig(model=hf, **cpu)) == torch.bfloat16  # dense: the activations'
+    torch_backend = {"attention_backend": "torch", **cpu}
+    assert build.cache_dtype(EngineConfig(model=hf, quantization="q8_0", **torch_backend)) == torch.float32
+    asked = {"kv_cache_dtype": "float16", **torch_backend}
+    assert build.cache_dtype(EngineConfig(model=hf, quantization="q8_0", **asked)) == torch.float16
+    assert build.cache_dtype(EngineConfig(kv_cache_dtype="float32", **cpu)) == torch.float32
+    with pytest.raises(ValueError, match="float16 under float32 activations"):
+        build.cache_dtype(EngineConfig(model=hf, kv_cache_dtype="float16", **cpu))  # bfloat16 activations
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        EngineConfig(kv_cache_dtype="fp8")

@@ -11,6 +11,7 @@ from traceless.modes import (
     AttentionBackend,
     CacheMode,
     DType,
+    KVCacheDType,
     KVOffload,
     LoadFormat,
     QuantizationMode,
@@ -135,6 +136,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--kv-offload-dir", default=None, help="spill directory for --kv-offload disk")
     g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=choices(KVCacheDType),
+        help="the KV cache's dtype (auto: float16 on the CPU when the weights stay quantized and "
+        "attention runs on the native kernel, as llama.cpp's cache; else the activations' dtype). "
+        "float16 under the CPU's float32 activations halves the bytes a decoding step reads",
+    )
+    g.add_argument(
         "--public-prefix",
         action="append",
         default=[],
@@ -190,6 +199,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         public_prefixes=tuple(Path(f).read_text() for f in args.public_prefix),
         kv_offload=args.kv_offload,
         kv_offload_dir=args.kv_offload_dir,
+        kv_cache_dtype=args.kv_cache_dtype,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min,

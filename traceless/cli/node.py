@@ -206,6 +206,7 @@ def node_measured_config(args: argparse.Namespace) -> dict:
         "stream_padding": args.stream_padding,
         "stream_interval": args.stream_interval,
         "kv_offload": args.kv_offload,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "scrub_freed_memory": args.scrub_freed_memory,
         # the isolated environment it runs in (cli/isolation.py): a node started otherwise refuses
         "environment": canonical_digest(SCRUB_ENV if args.scrub_freed_memory else {}),

@@ -129,6 +129,7 @@ class ModelInfo:
     cuda_graphs: int = 0  # decode batch sizes captured as CUDA graphs (0: eager)
     capture_s: float = 0.0  # seconds spent capturing them at start
     kv_cache_bytes: int = 0  # the KV cache's K and V, all blocks
+    kv_cache_dtype: str = "float32"  # what the cache holds (runner/build.py cache_dtype)
     kv_sizing: str = "kv_cache_memory"  # what sized it: runner/kv_budget.py KVSizing's values
     # per KV group (model/kv_groups.py), the keys its layers see behind a query (0: every key): a
     # group with a window frees the blocks behind it as the request runs

@@ -30,6 +30,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         cuda_graphs=m.cuda_graphs,
         capture_s=m.capture_s,
         kv_cache_bytes=m.kv_cache_bytes,
+        kv_cache_dtype=m.kv_cache_dtype,
         kv_sized_by=m.kv_sizing,
     )
     return engine

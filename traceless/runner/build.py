@@ -17,7 +17,7 @@ from traceless.model.llama import LlamaModel
 from traceless.model.loader import builtin_chat_template, is_gguf_model, load_model
 from traceless.model.quantization import Quantization, resolve_quantization
 from traceless.model.rope import Rope
-from traceless.modes import AttentionBackend, DType, KVOffload, LoadFormat, QuantizationMode, SpecMode
+from traceless.modes import AttentionBackend, DType, KVCacheDType, KVOffload, LoadFormat, QuantizationMode, SpecMode
 from traceless.runner.kv_budget import KVSizing, check_blocks, kv_budget
 from traceless.runner.model_runner import ModelRunner
 
@@ -51,13 +51,35 @@ def resolve_dtype(dtype: DType, device: torch.device) -> torch.dtype:
 
 
 def compute_dtype(cfg: EngineConfig, device: torch.device | None = None) -> torch.dtype:
-    """The dtype an engine of `cfg` computes activations and holds its KV cache in (on `device`,
+    """The dtype an engine of `cfg` computes activations in (on `device`,
     default cfg.device resolved). Weights quantized for the CPU's int8 kernels (a GGUF file's own
     blocks, which `auto` keeps on the CPU, or q8_0/q4_0) take and give float32 activations;
-    otherwise cfg.dtype, whose `auto` is bfloat16 where the hardware runs it, else float32.
-    The engine sizes its cache by it, and so do the tools that size a cache for one."""
+    otherwise cfg.dtype, whose `auto` is bfloat16 where the hardware runs it, else float32. Its
+    KV cache holds cache_dtype's."""
     device = resolve_device(cfg.device) if device is None else device
     return torch.float32 if _quantization(cfg, device).cpu_blocks else resolve_dtype(cfg.dtype, device)
+
+
+def cache_dtype(cfg: EngineConfig, device: torch.device | None = None) -> torch.dtype:
+    """The dtype of the KV cache of an engine of `cfg` (on `device`, default cfg.device resolved):
+    the activations' (compute_dtype), or float16 under float32 activations on the CPU. auto:
+    float16 where the weights run on the CPU's int8 kernels and attention on the native kernel,
+    else the activations' dtype. The engine sizes its cache by it, and so do the tools that size a
+    cache for one."""
+    device = resolve_device(cfg.device) if device is None else device
+    dtype = compute_dtype(cfg, device)
+    asked = cfg.kv_cache_dtype
+    if asked is KVCacheDType.AUTO:
+        native = device.type == "cpu" and _attention_backend(cfg, device, dtype) is AttentionBackend.NATIVE
+        return torch.float16 if native and _quantization(cfg, device).cpu_blocks else dtype
+    want = _DTYPES[DType(asked.value)]
+    if want == dtype or (want == torch.float16 and device.type == "cpu" and dtype == torch.float32):
+        return want
+    name = str(dtype).removeprefix("torch.")
+    raise ValueError(
+        f"kv_cache_dtype={asked.value}: the cache holds the activations' dtype ({name} here), or "
+        "float16 under float32 activations on the CPU"
+    )
 
 
 def _attention_backend(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
@@ -178,7 +200,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     max_model_len = _max_model_len(cfg, mc)
     backend = _attention_backend(cfg, device, dtype)
     profile = device.type == "cuda" and cfg.kv_cache_memory is None
-    bb = block_bytes(mc, cfg.block_size, dtype)
+    kv_dtype = cache_dtype(cfg, device)
+    bb = block_bytes(mc, cfg.block_size, kv_dtype)
     # On CUDA the cache is sized after a profiling pass on a cache just big enough for it.
     groups = mc.kv_groups
     if profile:  # one step of max_num_batched_tokens tokens, in every group
@@ -188,7 +211,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         budget = kv_budget(cfg, max_model_len, bb, groups.windows)
         num_blocks, sizing = budget.num_blocks, budget.sizing
         check_blocks(num_blocks, max_model_len, cfg.block_size, groups.windows, cfg.max_num_batched_tokens)
-    cache = KVCache(mc, num_blocks, cfg.block_size, dtype, device)
+    cache = KVCache(mc, num_blocks, cfg.block_size, kv_dtype, device)
     ropes = _ropes(mc, max_model_len, dtype, device, loaded.weights.get("rope_freqs"))
     attention, ops = _layers(backend, cache, ropes, mc)
     pack = device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() and cpu_runs_bf16()
@@ -254,6 +277,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         cuda_graphs=num_graphs,
         capture_s=capture_s,
         kv_cache_bytes=num_blocks * bb,
+        kv_cache_dtype=str(kv_dtype).removeprefix("torch."),
         kv_sizing=sizing.value,
         kv_windows=mc.kv_groups.windows,
         long_context_from=mc.long_context_from,

@@ -30,23 +30,25 @@ class OffloadSizing:
 
 
 def offload_sizing(model: str | None, node_args: tuple[str, ...]) -> OffloadSizing:
-    """The options that give nodes of `model` (under `node_args`: dtype, device, block size) a cache
+    """The options that give nodes of `model` (under `node_args`: dtype, device, block size, cache dtype) a cache
     of CONTEXT_TOKENS tokens, and the tmpfs size for their spills."""
     from traceless.cli.engine_args import add_engine_args
     from traceless.config import EngineConfig
     from traceless.model.loader import read_model_config
-    from traceless.runner.build import compute_dtype
+    from traceless.runner.build import cache_dtype
 
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_args(parser)
     opts, _ = parser.parse_known_args(list(node_args))
-    dtype = compute_dtype(
+    dtype = cache_dtype(
         EngineConfig(
             model=model,
             dtype=opts.dtype,
             device=opts.device,
             quantization=opts.quantization,
             load_format=opts.load_format,
+            attention_backend=opts.attention_backend,
+            kv_cache_dtype=opts.kv_cache_dtype,
         )
     )
     per_token = read_model_config(model).kv_bytes_per_token * dtype.itemsize

@@ -135,14 +135,14 @@ def _kv_budget(cfg: GpuResidueConfig, ec: EngineConfig) -> int:
     from traceless.errors import TracelessError
     from traceless.model.dummy import read_dummy_config
     from traceless.model.layers.kv_cache import block_bytes
-    from traceless.runner.build import compute_dtype
+    from traceless.runner.build import cache_dtype
     from traceless.runner.kv_budget import group_blocks
 
     try:
         config = read_dummy_config(Path(cfg.model))
     except (TracelessError, OSError):
         return 64 * 2**20
-    per_block = block_bytes(config, 16, compute_dtype(ec))
+    per_block = block_bytes(config, 16, cache_dtype(ec))
     # one canary's blocks over the model's KV groups (a windowed group's stay near its window)
     per_canary = group_blocks(cfg.prompt_len + cfg.output_len, 1, 16, config.kv_groups.windows, CHUNK_TOKENS)
     return per_block * (per_canary * 5 // 2 + 1)

@@ -260,16 +260,16 @@ MAX_MODEL_LEN = 512
 
 def _kv_budget(model: str | None) -> str:
     """--kv-cache-memory in bytes for KV_TOKENS tokens of `model`: its blocks hold every layer slot
-    in the dtype the engine computes in (runner/build.py compute_dtype, for the server's default
+    in the dtype of the engine's cache (runner/build.py cache_dtype, for the server's default
     options), and a sequence takes blocks in each KV group (model/kv_groups.py; a windowed group
     at most its window's), as the engine counts them (runner/kv_budget.py)."""
     from traceless.config import EngineConfig
     from traceless.model.layers.kv_cache import block_bytes
     from traceless.model.loader import read_model_config
-    from traceless.runner.build import compute_dtype
+    from traceless.runner.build import cache_dtype
     from traceless.runner.kv_budget import group_blocks
 
     cfg, mc = EngineConfig(model=model), read_model_config(model)
     windows = mc.kv_groups.windows
     blocks = group_blocks(KV_TOKENS, 1, cfg.block_size, windows, cfg.max_num_batched_tokens) + 1  # + the null block
-    return str(blocks * block_bytes(mc, cfg.block_size, compute_dtype(cfg)))
+    return str(blocks * block_bytes(mc, cfg.block_size, cache_dtype(cfg)))

@@ -115,6 +115,7 @@ def run(
         "quantization": m.quantization,
         "device": m.device,
         "attention": m.attention,
+        "kv_cache_dtype": m.kv_cache_dtype,
         "load_s": load_s,
         "load_format": m.load_format,
         "cuda_graphs": m.cuda_graphs,

@@ -79,10 +79,11 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("quantization", ["q8_0", "q4_0"])
-def test_the_fused_forward_equals_the_per_call_path_to_the_bit(models, kind, quantization):
-    fused_llm, bound, fused_tap = _engine(models[kind], quantization)
-    plain_llm, _, plain_tap = _engine(models[kind], quantization, fused=False)
-    assert bound
+@pytest.mark.parametrize("kv", ["float16", "float32"])  # auto: float16
+def test_the_fused_forward_equals_the_per_call_path_to_the_bit(models, kind, quantization, kv):
+    fused_llm, bound, fused_tap = _engine(models[kind], quantization, kv_cache_dtype=kv)
+    plain_llm, _, plain_tap = _engine(models[kind], quantization, fused=False, kv_cache_dtype=kv)
+    assert bound and fused_llm.engine.model.kv_cache_dtype == kv
     assert _generate(fused_llm) == _generate(plain_llm)
     assert fused_tap.fused_steps >= 7  # the decode steps went through forward.c
     assert plain_tap.fused_steps == 0

@@ -30,10 +30,18 @@ def reference(a: PagedAttentionArgs) -> torch.Tensor:
     return torch.cat(outs)
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(
+    "dtype, kv_dtype, tol",
+    [
+        (torch.float32, torch.float32, 1e-5),
+        (torch.bfloat16, torch.bfloat16, 2e-2),
+        (torch.float32, torch.float16, 1e-5),
+    ],
+)
 @pytest.mark.parametrize("block_size", [16, 8])  # 16: the AVX-512 or AVX2 row kernel
-@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 4, 32), (8, 1, 16)])
-def test_paged_attention_matches_reference(kernels, dtype, tol, block_size, heads):
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 4, 32), (8, 1, 16), (6, 2, 128)])  # 128: 8 vectors a row
+def test_paged_attention_matches_reference(kernels, dtype, kv_dtype, tol, block_size, heads):
+    """float16 K/V under float32 queries: the reference reads the same float16 values."""
     nh, nkv, hd = heads
     gen = torch.Generator().manual_seed(0)
     num_blocks = 128
@@ -43,8 +51,8 @@ def test_paged_attention_matches_reference(kernels, dtype, tol, block_size, head
     cu_q = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     args = PagedAttentionArgs(
         q=torch.randn(sum(q_lens), nh, hd, generator=gen).to(dtype),
-        k_cache=torch.randn(num_blocks, nkv, hd, block_size, generator=gen).to(dtype),
-        v_cache=torch.randn(num_blocks, nkv, block_size, hd, generator=gen).to(dtype),
+        k_cache=torch.randn(num_blocks, nkv, hd, block_size, generator=gen).to(kv_dtype),
+        v_cache=torch.randn(num_blocks, nkv, block_size, hd, generator=gen).to(kv_dtype),
         block_tables=tables.to(torch.int32).contiguous(),
         cu_q=cu_q,
         context_lens=torch.tensor(ctxs, dtype=torch.int32),
@@ -53,3 +61,14 @@ def test_paged_attention_matches_reference(kernels, dtype, tol, block_size, head
     )
     kernels.paged_attention(args)
     torch.testing.assert_close(args.out.float(), reference(args), atol=tol, rtol=tol)
+
+
+def test_mixed_dtypes_without_a_kernel_are_refused(kernels):
+    q = torch.zeros(1, 2, 16)
+    cache = torch.zeros(2, 1, 16, 16, dtype=torch.bfloat16)
+    args = PagedAttentionArgs(
+        q, cache, cache.transpose(2, 3).contiguous(), torch.zeros(1, 1, dtype=torch.int32),
+        torch.tensor([0, 1], dtype=torch.int32), torch.ones(1, dtype=torch.int32), torch.empty(1, 2, 16), 0.25,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="float32 activations over a torch.bfloat16 KV cache"):
+        kernels.paged_attention(args)

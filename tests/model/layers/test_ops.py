@@ -27,9 +27,9 @@ CFG = ModelConfig(
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 
-def both(dtype):
+def both(dtype, kv_dtype=None):
     gen = torch.Generator().manual_seed(0)
-    caches = [KVCache(CFG, 12, 4, dtype, torch.device("cpu")) for _ in range(2)]
+    caches = [KVCache(CFG, 12, 4, kv_dtype or dtype, torch.device("cpu")) for _ in range(2)]
     rope = Rope(CFG, 64, dtype, torch.device("cpu"))
     heads = (CFG.num_heads, CFG.num_kv_heads, CFG.head_dim)
     native = NativeOps(NativeKernels.load(), caches[0], [rope, rope], heads, CFG.rms_norm_eps)
@@ -63,9 +63,13 @@ def test_silu_mul(dtype):
     torch.testing.assert_close(oa.float(), ob.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_and_cache_write(dtype):
-    gen, native, ref, (ca, cb) = both(dtype)
+@pytest.mark.parametrize(
+    "dtype, kv_dtype", [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.float16)]
+)
+def test_rope_and_cache_write(dtype, kv_dtype):
+    """A float16 cache under float32 activations: each value rounded to nearest even, as torch's
+    conversion does."""
+    gen, native, ref, (ca, cb) = both(dtype, kv_dtype)
     T, width = 5, (6 + 2 * 2) * 16
     qkv = torch.randn(T, width, generator=gen).to(dtype)
     positions = torch.tensor([0, 3, 17, 40, 63])

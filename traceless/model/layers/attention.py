@@ -154,6 +154,10 @@ class PagedAttention:
         sinks: torch.Tensor | None,
     ) -> torch.Tensor:
         mask = lb.window_mask if self._window(layer) and lb.window_mask is not None else lb.mask
+        # the keys and values as the cache holds them (a float16 cache under float32 activations
+        # rounds them): a prompt's numbers are the same whether its context comes from this
+        # step's rows or from the cache
+        k, v = self._as_cached(k), self._as_cached(v)
         if lb.num_seqs == 1 and lb.fresh:
             # One fresh prompt: causal attention over its own tokens, no padding, no gather.
             o = self._sdpa(
@@ -166,7 +170,7 @@ class PagedAttention:
         else:
             if lb.block_tables is None:  # the runner builds them whenever a sequence has cached context
                 raise RuntimeError("a long batch with cached context has no block tables")
-            kp, vp = self._gather(layer, lb.block_tables)
+            kp, vp = self._gather(layer, lb.block_tables, q.dtype)
         o = self._sdpa(qp, kp, vp, mask, scale, sinks)
         if lb.row_seq is None:
             return o[0].transpose(0, 1)
@@ -211,12 +215,16 @@ class PagedAttention:
         out[lb.row_seq, lb.row_pos] = x
         return out.transpose(1, 2)
 
-    def _gather(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Context K/V of each sequence through its block table -> [B, H_kv, blocks * bs, D]."""
+    def _as_cached(self, x: torch.Tensor) -> torch.Tensor:
+        cached = self.cache.k.dtype
+        return x if x.dtype == cached else x.to(cached).to(x.dtype)
+
+    def _gather(self, layer: int, tables: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context K/V of each sequence through its block table -> [B, H_kv, blocks * bs, D] in dtype."""
         B, nblk = tables.shape
         k = self.cache.k_of(layer)[tables]  # [B, nblk, H_kv, D, bs]
         v = self.cache.v_of(layer)[tables]  # [B, nblk, H_kv, bs, D]
         H, D, bs = k.shape[2], k.shape[3], k.shape[4]
-        k = k.permute(0, 2, 1, 4, 3).reshape(B, H, nblk * bs, D)
-        v = v.permute(0, 2, 1, 3, 4).reshape(B, H, nblk * bs, D)
+        k = k.permute(0, 2, 1, 4, 3).reshape(B, H, nblk * bs, D).to(dtype)
+        v = v.permute(0, 2, 1, 3, 4).reshape(B, H, nblk * bs, D).to(dtype)
         return k, v

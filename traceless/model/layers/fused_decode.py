@@ -6,7 +6,7 @@ every layer in one call and one OpenMP region, with the same kernel functions: a
 are the same whichever path ran its step, so a step goes here whenever it can (`runs`) and
 through the per-call path otherwise.
 
-Covered: the CPU, float32 activations and KV cache, every matmul on quantized weights (GGUF blocks
+Covered: the CPU, float32 activations, a float32 or float16 KV cache, every matmul on quantized weights (GGUF blocks
 or --quantization q8_0/q4_0), the native ops and paged-attention kernel, SiLU-gated dense MLPs,
 full RoPE, one KV group, no QK norms, sandwich norms, sinks or soft-capping (Llama, Qwen2, Mistral
 and SmolLM2 as the built-in model ships). Steps: every sequence in the paged kernel's short batch
@@ -85,6 +85,7 @@ class _Step(ctypes.Structure):
         ("k_cache", _P),
         ("v_cache", _P),
         ("slot_elems", _L),
+        ("kv_f16", _I),
         ("block_size", _I),
         ("num_seqs", _I),
         ("max_blocks", _I),
@@ -147,7 +148,7 @@ class FusedLayers:
             return None
         if not isinstance(attention, PagedAttention) or attention.kernels is None or attention.softcap:
             return None
-        if ops.cache.k.dtype != torch.float32 or any(model.kv_group):
+        if ops.cache.k.dtype not in (torch.float32, torch.float16) or any(model.kv_group):
             return None
         if c.activation is not Activation.SILU or c.qk_norm or c.sandwich_norms or c.attn_sinks:
             return None
@@ -210,6 +211,7 @@ class FusedLayers:
             cache.k.data_ptr(),
             cache.v.data_ptr(),
             cache.k.stride(0),
+            int(cache.k.dtype == torch.float16),
             cache.block_size,
             short.block_tables.shape[0],
             short.block_tables.shape[1],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 # TRACELESS_CPU_TEAM (csrc/team.c): the kernels' threads; "auto" goes single-threaded while the
 # CPUs are oversubscribed, "all" and "one" fix the count (for measurements)
 TEAM_SETTINGS = ("auto", "all", "one")
@@ -54,7 +54,8 @@ class KernelUnavailable(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class PagedAttentionArgs:
-    """Tensors of one paged-attention call (all on CPU).
+    """Tensors of one paged-attention call (all on CPU). q, out and the caches share a dtype
+    (float32, bfloat16), or q and out are float32 over a float16 cache.
 
     q:             [num_tokens, num_heads, head_dim] rows, row stride `q.stride(0)` (may be a view of qkv)
     out:           [num_tokens, num_heads, head_dim] contiguous
@@ -82,6 +83,13 @@ class PagedAttentionArgs:
 
 
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+# (activations, KV cache) -> the attention and RoPE-cache kernels' suffix: the cache holds the
+# activations' dtype, or float16 under float32 activations (--kv-cache-dtype float16)
+_KV_SUFFIX = {
+    (torch.bfloat16, torch.bfloat16): "bf16",
+    (torch.float32, torch.float32): "f32",
+    (torch.float32, torch.float16): "f32h",
+}
 
 
 class NativeKernels:
@@ -94,10 +102,11 @@ class NativeKernels:
         self._lib = lib
         self._attn, self._norm, self._silu, self._rope = {}, {}, {}, {}
         for dtype, sfx in _SUFFIX.items():
-            self._attn[dtype] = self._fn(f"tl_paged_attention_{sfx}", [ctypes.POINTER(_AttnShape)] + [_P] * 7, _I)
             self._norm[dtype] = self._fn(f"tl_add_rms_norm_{sfx}", [_P, _P, _P, _P, _L, _I, _F], None)
             self._silu[dtype] = self._fn(f"tl_silu_mul_{sfx}", [_P, _P, _L, _I], None)
-            self._rope[dtype] = self._fn(f"tl_rope_cache_{sfx}", [ctypes.POINTER(_RopeShape)] + [_P] * 8, None)
+        for pair, sfx in _KV_SUFFIX.items():
+            self._attn[pair] = self._fn(f"tl_paged_attention_{sfx}", [ctypes.POINTER(_AttnShape)] + [_P] * 7, _I)
+            self._rope[pair] = self._fn(f"tl_rope_cache_{sfx}", [ctypes.POINTER(_RopeShape)] + [_P] * 8, None)
 
     def _fn(self, name, argtypes, restype):
         fn = getattr(self._lib, name)
@@ -117,8 +126,15 @@ class NativeKernels:
         except OSError as exc:
             raise KernelUnavailable(f"cannot load native kernels: {exc}") from None
 
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype in _SUFFIX
+    def supports(self, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> bool:
+        """Whether the kernels run activations of `dtype` over a KV cache of `kv_dtype` (default: the same)."""
+        return dtype in _SUFFIX and (dtype, kv_dtype or dtype) in _KV_SUFFIX
+
+    def _kv_kernel(self, table: dict, dtype: torch.dtype, kv_dtype: torch.dtype):
+        fn = table.get((dtype, kv_dtype))
+        if fn is None:
+            raise ValueError(f"no native kernel for {dtype} activations over a {kv_dtype} KV cache")
+        return fn
 
     def scrub_pool_stacks(self) -> None:
         """Clear the dead stack of every thread of the calling thread's OpenMP team (csrc/
@@ -152,7 +168,9 @@ class NativeKernels:
             a.softcap,
             None if a.sinks is None else a.sinks.data_ptr(),
         )
-        rc = self._attn[a.q.dtype](
+        if a.v_cache.dtype != a.k_cache.dtype or a.out.dtype != a.q.dtype:
+            raise ValueError("paged attention: K and V share a dtype, and so do q and out")
+        rc = self._kv_kernel(self._attn, a.q.dtype, a.k_cache.dtype)(
             ctypes.byref(shape),
             a.q.data_ptr(),
             a.k_cache.data_ptr(),
@@ -194,7 +212,9 @@ class NativeKernels:
         heads = (nh, nkv, D); cos/sin float32 [P, D/2]; positions, slot blocks/offsets int64 [T]."""
         nh, nkv, d = heads
         shape = _RopeShape(qkv.shape[0], nh, nkv, d, v_cache.shape[2])
-        self._rope[qkv.dtype](
+        if v_cache.dtype != k_cache.dtype:
+            raise ValueError("the K and V caches share a dtype")
+        self._kv_kernel(self._rope, qkv.dtype, k_cache.dtype)(
             ctypes.byref(shape),
             qkv.data_ptr(),
             cos.data_ptr(),

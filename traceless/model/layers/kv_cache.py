@@ -73,8 +73,9 @@ class KVCache:
         """Store this step's keys and values. slots = (block ids, offsets), each [T]; k, v: [T, H, D]."""
         self.flush()
         blocks, offsets = slots
-        self.k_of(layer)[blocks, :, :, offsets] = k
-        self.v_of(layer)[blocks, :, offsets] = v
+        # a float16 cache under float32 activations: rounded to nearest even, as the native kernel does
+        self.k_of(layer)[blocks, :, :, offsets] = k.to(self.k.dtype)
+        self.v_of(layer)[blocks, :, offsets] = v.to(self.v.dtype)
 
     def zero_blocks(self, block_ids: list[int]) -> None:
         if self._deferred:

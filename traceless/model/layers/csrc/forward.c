@@ -41,6 +41,12 @@ void tl_rope_cache_f32_for(const RopeShape *s, float *qkv, const float *cos_t, c
 void tl_paged_attention_f32_team(const AttnShape *s, const float *q, const float *k_cache, const float *v_cache,
                                  const int32_t *block_tables, const int32_t *cu_q, const int32_t *context_lens,
                                  float *out, float *scratch, float *scores);
+void tl_rope_cache_f32h_for(const RopeShape *s, float *qkv, const float *cos_t, const float *sin_t,
+                            const int64_t *positions, const int64_t *blocks, const int64_t *offsets,
+                            _Float16 *k_cache, _Float16 *v_cache);
+void tl_paged_attention_f32h_team(const AttnShape *s, const float *q, const _Float16 *k_cache,
+                                  const _Float16 *v_cache, const int32_t *block_tables, const int32_t *cu_q,
+                                  const int32_t *context_lens, float *out, float *scratch, float *scores);
 
 enum { MAX_PARTS = 3 };
 
@@ -74,8 +80,9 @@ typedef struct {
     int num_layers; /* the first layers only (a self-speculation draft), then the final norm */
     float *x, *h, *qkv, *attn, *o, *gu, *act, *m;
     const int64_t *positions, *blocks, *offsets; /* [T] */
-    float *k_cache, *v_cache;                    /* [slots][blocks][kv heads][D][BS], [..][BS][D] */
+    void *k_cache, *v_cache;                     /* [slots][blocks][kv heads][D][BS], [..][BS][D] */
     long slot_elems;                             /* elements of one layer slot */
+    int kv_f16;                                  /* the cache holds float16 (else float32) */
     int block_size, num_seqs, max_blocks;
     const int32_t *block_tables, *cu_q, *context_lens;
     float scale;
@@ -124,14 +131,22 @@ static void layer(const FwdModel *m, const FwdStep *st, int l, char *act_scratch
     const FwdLayer *L = &m->layers[l];
     const long T = st->T, H = m->hidden;
     const int isa = m->isa;
-    float *kc = st->k_cache + L->kv_slot * st->slot_elems, *vc = st->v_cache + L->kv_slot * st->slot_elems;
+    const long slot = L->kv_slot * st->slot_elems;
     const RopeShape rs = {T, m->num_heads, m->num_kv_heads, m->head_dim, st->block_size};
     const AttnShape as = {st->num_seqs, m->num_heads, m->num_kv_heads, m->head_dim, st->block_size, st->max_blocks,
                           st->scale, matmul_out(&L->qkv), L->window, 0.f, NULL};
     matmul(&L->qkv, st->h, T, st->qkv, isa, act_scratch, threads);
-    tl_rope_cache_f32_for(&rs, st->qkv, L->cos, L->sin, st->positions, st->blocks, st->offsets, kc, vc);
-    tl_paged_attention_f32_team(&as, st->qkv, kc, vc, st->block_tables, st->cu_q, st->context_lens, st->attn,
-                                scratch, scores);
+    if (st->kv_f16) {
+        _Float16 *kc = (_Float16 *)st->k_cache + slot, *vc = (_Float16 *)st->v_cache + slot;
+        tl_rope_cache_f32h_for(&rs, st->qkv, L->cos, L->sin, st->positions, st->blocks, st->offsets, kc, vc);
+        tl_paged_attention_f32h_team(&as, st->qkv, kc, vc, st->block_tables, st->cu_q, st->context_lens, st->attn,
+                                     scratch, scores);
+    } else {
+        float *kc = (float *)st->k_cache + slot, *vc = (float *)st->v_cache + slot;
+        tl_rope_cache_f32_for(&rs, st->qkv, L->cos, L->sin, st->positions, st->blocks, st->offsets, kc, vc);
+        tl_paged_attention_f32_team(&as, st->qkv, kc, vc, st->block_tables, st->cu_q, st->context_lens, st->attn,
+                                    scratch, scores);
+    }
     matmul(&L->o, st->attn, T, st->o, isa, act_scratch, threads);
     tl_add_rms_norm_f32_for(st->x, st->o, L->mlp_norm, st->h, T, (int)H, m->eps);
     matmul(&L->gate_up, st->h, T, st->gu, isa, act_scratch, threads);

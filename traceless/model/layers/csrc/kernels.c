@@ -9,7 +9,8 @@
  * Cache layout per layer:
  *     k_cache[num_blocks, num_kv_heads, head_dim, block_size]   (transposed: see DEFINE_ROW)
  *     v_cache[num_blocks, num_kv_heads, block_size, head_dim]
- * so the keys (values) of one (block, kv head) pair are one contiguous run of
+ * in the queries' dtype, or float16 under float32 queries (_f32h: --kv-cache-dtype float16), so the
+ * keys (values) of one (block, kv head) pair are one contiguous run of
  * block_size * head_dim elements.
  *
  * Queries are packed varlen:  q[num_tokens, num_heads, head_dim]; sequence b owns query rows
@@ -93,9 +94,9 @@ static inline uint16_t bf16_from_f32(float f) {
  * V blocks are [block_size][head_dim]: the output is an axpy per key.
  * scratch: qf[G*D], tmp[max(D, BS)], acc[G*D]; scores[G][n_pad], n_pad = blocks * BS.
  */
-#define DEFINE_ROW(NAME, T, LOAD)                                                              \
-    TL_CLONES static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,           \
-                               const T *v_cache, const int32_t *table, int kvh, int g0,      \
+#define DEFINE_ROW(NAME, T, TKV, LOAD, LOADKV)                                                 \
+    TL_CLONES static void NAME(const AttnShape *s, const T *q_row, const TKV *k_cache,         \
+                               const TKV *v_cache, const int32_t *table, int kvh, int g0,      \
                                int g1, int n_keys, int lo, float *scratch, float *scores,      \
                                T *out_row, int to_bf16)                                        \
     {                                                                                          \
@@ -107,11 +108,11 @@ static inline uint16_t bf16_from_f32(float f) {
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
         for (int b = lo_blk; b < nblk; b++) {                                                  \
-            const T *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            const TKV *kb = k_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;        \
             for (int g = g0; g < g1; g++)                                                        \
                 for (int j = 0; j < BS; j++) scores[(long)g * n_pad + b * BS + j] = 0.f;       \
             for (int d = 0; d < D; d++) {                                                      \
-                for (int j = 0; j < BS; j++) tmp[j] = LOAD(kb, d * BS + j);                    \
+                for (int j = 0; j < BS; j++) tmp[j] = LOADKV(kb, d * BS + j);                  \
                 for (int g = g0; g < g1; g++) {                                                  \
                     float *sg = scores + (long)g * n_pad + b * BS;                             \
                     const float qd = qf[g * D + d];                                            \
@@ -122,10 +123,10 @@ static inline uint16_t bf16_from_f32(float f) {
         softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                                      \
         for (int i = 0; i < G * D; i++) acc[i] = 0.f;                                          \
         for (int b = lo_blk; b < nblk; b++) {                                                  \
-            const T *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;          \
+            const TKV *vb = v_cache + (long)table[b] * blk_stride + (long)kvh * BS * D;        \
             const int n = n_keys - b * BS < BS ? n_keys - b * BS : BS;                         \
             for (int j = b == lo_blk ? lo - b * BS : 0; j < n; j++) {                          \
-                for (int d = 0; d < D; d++) tmp[d] = LOAD(vb, j * D + d);                      \
+                for (int d = 0; d < D; d++) tmp[d] = LOADKV(vb, j * D + d);                      \
                 for (int g = g0; g < g1; g++) {                                                  \
                     const float p = scores[(long)g * n_pad + b * BS + j];                      \
                     float *ag = acc + g * D;                                                   \
@@ -145,8 +146,10 @@ static inline uint16_t bf16_from_f32(float f) {
 
 #define LOAD_BF16(p, i) bf16_load((p), (i))
 #define LOAD_F32(p, i) ((p)[(i)])
-DEFINE_ROW(row_bf16, uint16_t, LOAD_BF16)
-DEFINE_ROW(row_f32, float, LOAD_F32)
+#define LOAD_F16(p, i) ((float)(p)[(i)])
+DEFINE_ROW(row_bf16, uint16_t, uint16_t, LOAD_BF16, LOAD_BF16)
+DEFINE_ROW(row_f32, float, float, LOAD_F32, LOAD_F32)
+DEFINE_ROW(row_f32h, float, _Float16, LOAD_F32, LOAD_F16)
 
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -161,12 +164,13 @@ DEFINE_ROW(row_f32, float, LOAD_F32)
  * every score and output element takes the same fused multiply-adds in the same order on both.
  */
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 typedef __m512 z_vec;
 AVX512_TARGET static inline z_vec z_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 AVX512_TARGET static inline z_vec z_f32(const float *p) { return _mm512_loadu_ps(p); }
+AVX512_TARGET static inline z_vec z_f16(const _Float16 *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 AVX512_TARGET static inline z_vec z_set1(float x) { return _mm512_set1_ps(x); }
 AVX512_TARGET static inline z_vec z_fma(z_vec a, z_vec b, z_vec c) { return _mm512_fmadd_ps(a, b, c); }
 AVX512_TARGET static inline void z_store(float *p, z_vec v) { _mm512_storeu_ps(p, v); }
@@ -176,6 +180,7 @@ AVX2_TARGET static inline y_vec y_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 AVX2_TARGET static inline y_vec y_f32(const float *p) { return _mm256_loadu_ps(p); }
+AVX2_TARGET static inline y_vec y_f16(const _Float16 *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 AVX2_TARGET static inline y_vec y_set1(float x) { return _mm256_set1_ps(x); }
 AVX2_TARGET static inline y_vec y_fma(y_vec a, y_vec b, y_vec c) { return _mm256_fmadd_ps(a, b, c); }
 AVX2_TARGET static inline void y_store(float *p, y_vec v) { _mm256_storeu_ps(p, v); }
@@ -261,9 +266,9 @@ static inline void prefetch_block(const void *p, long bytes) {
 
 /* P: the vector prefix (z, y), W its floats, LOADV its load of W cache values (P##_f32, P##_bf16),
  * HG the heads of a pass */
-#define DEFINE_ROW_SIMD(NAME, TARGET, P, W, T, LOADV, LOAD, HG)                                \
-    TARGET static void NAME(const AttnShape *s, const T *q_row, const T *k_cache,              \
-                            const T *v_cache, const int32_t *table, int kvh, int g0,           \
+#define DEFINE_ROW_SIMD(NAME, TARGET, P, W, T, TKV, LOADV, LOAD, HG)                           \
+    TARGET static void NAME(const AttnShape *s, const T *q_row, const TKV *k_cache,            \
+                            const TKV *v_cache, const int32_t *table, int kvh, int g0,           \
                             int g1, int n_keys, int lo, float *scratch, float *scores,         \
                             T *out_row, int to_bf16)                                           \
     {                                                                                          \
@@ -279,7 +284,7 @@ static inline void prefetch_block(const void *p, long bytes) {
         softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                            \
         if (D == 4 * W) { ROW_PASSES(V4_OF_##P, HG) }                                          \
         else if (D == 8 * W) { ROW_PASSES(V8_OF_##P, HG) }                                     \
-        else for (int gs = g0; gs < g1; gs++) ROW_V(P, W, T, LOADV, 1, D / W)                  \
+        else for (int gs = g0; gs < g1; gs++) ROW_V(P, W, TKV, LOADV, 1, D / W)                  \
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
                 const float x = acc[g * D + d];                                                \
@@ -300,18 +305,26 @@ static inline void prefetch_block(const void *p, long bytes) {
 
 #define ELEM_T uint16_t
 #define LOADV_T z_bf16
-DEFINE_ROW_SIMD(row16_bf16, AVX512_TARGET, z, 16, uint16_t, z_bf16, LOAD_BF16, 3)
+DEFINE_ROW_SIMD(row16_bf16, AVX512_TARGET, z, 16, uint16_t, uint16_t, z_bf16, LOAD_BF16, 3)
 #undef LOADV_T
 #define LOADV_T y_bf16
-DEFINE_ROW_SIMD(row8_bf16, AVX2_TARGET, y, 8, uint16_t, y_bf16, LOAD_BF16, 1)
+DEFINE_ROW_SIMD(row8_bf16, AVX2_TARGET, y, 8, uint16_t, uint16_t, y_bf16, LOAD_BF16, 1)
 #undef ELEM_T
 #undef LOADV_T
 #define ELEM_T float
 #define LOADV_T z_f32
-DEFINE_ROW_SIMD(row16_f32, AVX512_TARGET, z, 16, float, z_f32, LOAD_F32, 3)
+DEFINE_ROW_SIMD(row16_f32, AVX512_TARGET, z, 16, float, float, z_f32, LOAD_F32, 3)
 #undef LOADV_T
 #define LOADV_T y_f32
-DEFINE_ROW_SIMD(row8_f32, AVX2_TARGET, y, 8, float, y_f32, LOAD_F32, 1)
+DEFINE_ROW_SIMD(row8_f32, AVX2_TARGET, y, 8, float, float, y_f32, LOAD_F32, 1)
+#undef ELEM_T
+#undef LOADV_T
+#define ELEM_T _Float16
+#define LOADV_T z_f16
+DEFINE_ROW_SIMD(row16_f32h, AVX512_TARGET, z, 16, float, _Float16, z_f16, LOAD_F32, 3)
+#undef LOADV_T
+#define LOADV_T y_f16
+DEFINE_ROW_SIMD(row8_f32h, AVX2_TARGET, y, 8, float, _Float16, y_f16, LOAD_F32, 1)
 #undef ELEM_T
 #undef LOADV_T
 
@@ -338,7 +351,7 @@ static int cpu_has_avx2(void) {
         __builtin_cpu_init();
         const char *cap = getenv("TRACELESS_CPU_ISA");
         cached = !(cap && strcmp(cap, "portable") == 0) && __builtin_cpu_supports("avx2") &&
-                 __builtin_cpu_supports("fma");
+                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     }
     return cached;
 }
@@ -361,13 +374,13 @@ long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) {
  * and `scores` are the calling thread's own (attn_scratch_floats, attn_scores_floats). NAME: one
  * parallel region whose threads allocate and wipe their scratch. Returns 0 on success, 1 if
  * scratch memory could not be allocated. */
-#define DEFINE_ENTRY(NAME, ROW, ROW8, ROW16, T, TO_BF16)                                             \
-    void NAME##_team(const AttnShape *s, const T *q, const T *k_cache, const T *v_cache,       \
+#define DEFINE_ENTRY(NAME, ROW, ROW8, ROW16, T, TKV, FN_T, TO_BF16)                                   \
+    void NAME##_team(const AttnShape *s, const T *q, const TKV *k_cache, const TKV *v_cache,   \
                      const int32_t *block_tables, const int32_t *cu_q, const int32_t *context_lens, \
                      T *out, float *scratch, float *scores)                                    \
     {                                                                                          \
         const long row_stride = (long)s->num_heads * s->head_dim;                              \
-        row_fn_##T row = ROW;                                                                  \
+        FN_T row = ROW;                                                                  \
         const int fast = simd_path(s);                                                         \
         if (fast) row = fast == 2 ? ROW16 : ROW8;                                              \
         /* Few (sequence, kv head) pairs for the team (one sequence decoding): a task per query \
@@ -393,7 +406,7 @@ long attn_scores_floats(const AttnShape *s, const int32_t *context_lens) {
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
-    int NAME(const AttnShape *s, const T *q, const T *k_cache, const T *v_cache,               \
+    int NAME(const AttnShape *s, const T *q, const TKV *k_cache, const TKV *v_cache,           \
              const int32_t *block_tables, const int32_t *cu_q, const int32_t *context_lens,    \
              T *out)                                                                           \
     {                                                                                          \
@@ -423,6 +436,8 @@ typedef void (*row_fn_uint16_t)(const AttnShape *, const uint16_t *, const uint1
                                 uint16_t *, int);
 typedef void (*row_fn_float)(const AttnShape *, const float *, const float *, const float *,
                              const int32_t *, int, int, int, int, int, float *, float *, float *, int);
+typedef void (*row_fn_f32h)(const AttnShape *, const float *, const _Float16 *, const _Float16 *,
+                            const int32_t *, int, int, int, int, int, float *, float *, float *, int);
 
 /* 2: the AVX-512 row kernel, 1: the AVX2 one, 0: the portable one */
 static int simd_path(const AttnShape *s) {
@@ -441,10 +456,14 @@ static int simd_path(const AttnShape *s) {
 #define row16_f32 row_f32
 #define row8_bf16 row_bf16
 #define row8_f32 row_f32
+#define row16_f32h row_f32h
+#define row8_f32h row_f32h
 #endif
 
-DEFINE_ENTRY(tl_paged_attention_bf16, row_bf16, row8_bf16, row16_bf16, uint16_t, 1)
-DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row8_f32, row16_f32, float, 0)
+DEFINE_ENTRY(tl_paged_attention_bf16, row_bf16, row8_bf16, row16_bf16, uint16_t, uint16_t, row_fn_uint16_t, 1)
+DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row8_f32, row16_f32, float, float, row_fn_float, 0)
+/* float32 queries and output, float16 K/V (--kv-cache-dtype float16) */
+DEFINE_ENTRY(tl_paged_attention_f32h, row_f32h, row8_f32h, row16_f32h, float, _Float16, row_fn_f32h, 0)
 
 
 /* ============================================================================================
@@ -510,20 +529,20 @@ DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row8_f32, row16_f32, float, 0)
  */
 
 
-#define DEFINE_ROPE_CACHE(NAME, T, LOAD, STORE)                                                \
+#define DEFINE_ROPE_CACHE(NAME, T, TKV, LOAD, STORE)                                           \
     void NAME##_for(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t,        \
                     const int64_t *positions, const int64_t *blocks, const int64_t *offsets,   \
-                    T *k_cache, T *v_cache);                                                   \
+                    TKV *k_cache, TKV *v_cache);                                               \
     TL_CLONES void NAME(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t,   \
                         const int64_t *positions, const int64_t *blocks,                       \
-                        const int64_t *offsets, T *k_cache, T *v_cache)                        \
+                        const int64_t *offsets, TKV *k_cache, TKV *v_cache)                    \
     {                                                                                          \
         _Pragma("omp parallel if(s->rows >= PAR_ROWS) num_threads(tl_team_threads())")        \
         NAME##_for(s, qkv, cos_t, sin_t, positions, blocks, offsets, k_cache, v_cache);        \
     }                                                                                          \
     TL_CLONES void NAME##_for(const RopeShape *s, T *qkv, const float *cos_t, const float *sin_t, \
                               const int64_t *positions, const int64_t *blocks,                 \
-                              const int64_t *offsets, T *k_cache, T *v_cache)                  \
+                              const int64_t *offsets, TKV *k_cache, TKV *v_cache)              \
     {                                                                                          \
         const int D = s->head_dim, half = D / 2, nh = s->num_heads, nkv = s->num_kv_heads;     \
         const int BS = s->block_size;                                                          \
@@ -543,10 +562,11 @@ DEFINE_ENTRY(tl_paged_attention_f32, row_f32, row8_f32, row16_f32, float, 0)
             const long blk = blocks[t], off = offsets[t];                                      \
             for (int h = 0; h < nkv; h++) {                                                    \
                 const T *k = row + (long)(nh + h) * D, *v = row + (long)(nh + nkv + h) * D;    \
-                T *kc = k_cache + ((blk * nkv + h) * (long)D) * BS + off;                      \
-                T *vc = v_cache + ((blk * nkv + h) * (long)BS + off) * D;                      \
-                for (int d = 0; d < D; d++) kc[(long)d * BS] = k[d];                           \
-                memcpy(vc, v, sizeof(T) * D);                                                  \
+                TKV *kc = k_cache + ((blk * nkv + h) * (long)D) * BS + off;                    \
+                TKV *vc = v_cache + ((blk * nkv + h) * (long)BS + off) * D;                    \
+                /* a float16 cache: each value rounded to nearest even (a C conversion) */       \
+                for (int d = 0; d < D; d++) kc[(long)d * BS] = (TKV)k[d];                      \
+                for (int d = 0; d < D; d++) vc[d] = (TKV)v[d];                                 \
             }                                                                                  \
         }                                                                                      \
     }
@@ -560,11 +580,12 @@ DEFINE_ADD_RMS_NORM(tl_add_rms_norm_bf16, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_ADD_RMS_NORM(tl_add_rms_norm_f32, float, LOAD_F32, STORE_F32)
 DEFINE_SILU_MUL(tl_silu_mul_bf16, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_SILU_MUL(tl_silu_mul_f32, float, LOAD_F32, STORE_F32)
-DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, LOAD_BF16, STORE_BF16)
-DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, LOAD_F32, STORE_F32)
+DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, uint16_t, LOAD_BF16, STORE_BF16)
+DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, float, LOAD_F32, STORE_F32)
+DEFINE_ROPE_CACHE(tl_rope_cache_f32h, float, _Float16, LOAD_F32, STORE_F32)
 
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 8; }
+int tl_abi_version(void) { return 9; }
 
 /* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
 int tl_uses_avx512(void) {
