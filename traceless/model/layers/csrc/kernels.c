@@ -50,25 +50,42 @@
 
 
 
+/* The softmax's scalar parts are compiled once, for the baseline instruction set, and never
+   inlined: inside an AVX-512 or AVX2 row under -ffast-math, their sums were vectorized at that
+   target's width, each in its own order, and the two paths' bits parted. */
+#define SOFTMAX_ONCE __attribute__((noinline))
+
+/* Head g's scores [lo, n_keys): softcap in place; returns their max (the sink's, if larger). */
+SOFTMAX_ONCE static float softmax_max(const AttnShape *s, float *sg, int G, int g, int lo, int n_keys, int kvh) {
+    if (s->softcap > 0.f) {
+        const float cap = s->softcap, inv_cap = 1.f / s->softcap;
+        for (int t = lo; t < n_keys; t++) sg[t] = cap * tanhf(sg[t] * inv_cap);
+    }
+    float m = sg[lo];
+    for (int t = lo + 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;
+    const float sink = s->sinks ? s->sinks[kvh * G + g] : 0.f;
+    return s->sinks && sink > m ? sink : m;
+}
+
+/* Head g's exponentials sg[lo, n_keys) (max m taken out) summed in order, with the sink's, then
+   each divided by the sum. */
+SOFTMAX_ONCE static void softmax_finish(const AttnShape *s, float *sg, int G, int g, int lo, int n_keys, int kvh, float m) {
+    float sum = 0.f;
+    for (int t = lo; t < n_keys; t++) sum += sg[t];
+    if (s->sinks) sum += expf(s->sinks[kvh * G + g] - m);
+    const float inv = 1.f / sum;
+    for (int t = lo; t < n_keys; t++) sg[t] *= inv;
+}
+
 /* Scores [lo, n_keys) of each of the G heads of kv head kvh (rows of n_pad): softcap, then
    softmax in place (with the heads' sinks in the denominators). */
-static void softmax_rows(const AttnShape *s, float *scores, int G, int g0, int g1, int n_pad, int lo, int n_keys,
+SOFTMAX_ONCE static void softmax_rows(const AttnShape *s, float *scores, int G, int g0, int g1, int n_pad, int lo, int n_keys,
                          int kvh) {
     for (int g = g0; g < g1; g++) {
         float *sg = scores + (long)g * n_pad;
-        if (s->softcap > 0.f) {
-            const float cap = s->softcap, inv_cap = 1.f / s->softcap;
-            for (int t = lo; t < n_keys; t++) sg[t] = cap * tanhf(sg[t] * inv_cap);
-        }
-        float m = sg[lo], sum = 0.f;
-        for (int t = lo + 1; t < n_keys; t++) m = sg[t] > m ? sg[t] : m;
-        const float sink = s->sinks ? s->sinks[kvh * G + g] : 0.f;
-        if (s->sinks && sink > m) m = sink;
+        const float m = softmax_max(s, sg, G, g, lo, n_keys, kvh);
         for (int t = lo; t < n_keys; t++) sg[t] = expf(sg[t] - m);
-        for (int t = lo; t < n_keys; t++) sum += sg[t];
-        if (s->sinks) sum += expf(sink - m);
-        const float inv = 1.f / sum;
-        for (int t = lo; t < n_keys; t++) sg[t] *= inv;
+        softmax_finish(s, sg, G, g, lo, n_keys, kvh, m);
     }
 }
 
@@ -174,6 +191,7 @@ AVX512_TARGET static inline z_vec z_f16(const _Float16 *p) { return _mm512_cvtph
 AVX512_TARGET static inline z_vec z_set1(float x) { return _mm512_set1_ps(x); }
 AVX512_TARGET static inline z_vec z_fma(z_vec a, z_vec b, z_vec c) { return _mm512_fmadd_ps(a, b, c); }
 AVX512_TARGET static inline void z_store(float *p, z_vec v) { _mm512_storeu_ps(p, v); }
+AVX512_TARGET static inline z_vec z_sub(z_vec a, z_vec b) { return _mm512_sub_ps(a, b); }
 
 typedef __m256 y_vec;
 AVX2_TARGET static inline y_vec y_bf16(const uint16_t *p) {
@@ -184,6 +202,38 @@ AVX2_TARGET static inline y_vec y_f16(const _Float16 *p) { return _mm256_cvtph_p
 AVX2_TARGET static inline y_vec y_set1(float x) { return _mm256_set1_ps(x); }
 AVX2_TARGET static inline y_vec y_fma(y_vec a, y_vec b, y_vec c) { return _mm256_fmadd_ps(a, b, c); }
 AVX2_TARGET static inline void y_store(float *p, y_vec v) { _mm256_storeu_ps(p, v); }
+AVX2_TARGET static inline y_vec y_sub(y_vec a, y_vec b) { return _mm256_sub_ps(a, b); }
+
+/*
+ * exp(x) for the softmax's x = score - max <= 0: 2^n p(r), n = rint(x log2 e), r = x - n ln 2 in
+ * two steps, p Cephes expf's polynomial (about 1 ulp), 2^n put in the exponent. x below -87.3 is
+ * taken as -87.3 (a weight under 1e-38 of the row's largest, where expf's result is subnormal).
+ * The AVX-512 and AVX2 forms take the same operations lane by lane: both give the same bits.
+ */
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define DEFINE_VEXP(P, TARGET, V, VI, SFX, ROUND)                                              \
+    TARGET static inline V P##_exp(V x) {                                                       \
+        x = _mm##SFX##_max_ps(x, _mm##SFX##_set1_ps(-87.3f));                                   \
+        const V n = ROUND(_mm##SFX##_mul_ps(x, _mm##SFX##_set1_ps(1.44269504088896341f)));      \
+        V r = _mm##SFX##_fmadd_ps(n, _mm##SFX##_set1_ps(-EXP_C1), x);                           \
+        r = _mm##SFX##_fmadd_ps(n, _mm##SFX##_set1_ps(-EXP_C2), r);                             \
+        V p = _mm##SFX##_set1_ps(1.9875691500e-4f);                                             \
+        p = _mm##SFX##_fmadd_ps(p, r, _mm##SFX##_set1_ps(1.3981999507e-3f));                    \
+        p = _mm##SFX##_fmadd_ps(p, r, _mm##SFX##_set1_ps(8.3334519073e-3f));                    \
+        p = _mm##SFX##_fmadd_ps(p, r, _mm##SFX##_set1_ps(4.1665795894e-2f));                    \
+        p = _mm##SFX##_fmadd_ps(p, r, _mm##SFX##_set1_ps(1.6666665459e-1f));                    \
+        p = _mm##SFX##_fmadd_ps(p, r, _mm##SFX##_set1_ps(5.0000001201e-1f));                    \
+        V y = _mm##SFX##_fmadd_ps(p, _mm##SFX##_mul_ps(r, r), r);                               \
+        y = _mm##SFX##_add_ps(y, _mm##SFX##_set1_ps(1.f));                                      \
+        const VI e = _mm##SFX##_slli_epi32(                                                     \
+            _mm##SFX##_add_epi32(_mm##SFX##_cvtps_epi32(n), _mm##SFX##_set1_epi32(127)), 23);   \
+        return _mm##SFX##_mul_ps(y, _mm##SFX##_castsi##SFX##_ps(e));                            \
+    }
+#define ROUND_Z(v) _mm512_roundscale_ps((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define ROUND_Y(v) _mm256_round_ps((v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+DEFINE_VEXP(z, AVX512_TARGET, __m512, __m512i, 512, ROUND_Z)
+DEFINE_VEXP(y, AVX2_TARGET, __m256, __m256i, 256, ROUND_Y)
 
 enum { DMAX = 256 }; /* the fast path's widest head */
 
@@ -281,7 +331,15 @@ static inline void prefetch_block(const void *p, long bytes) {
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
         ROW_PASSES(SCORES_OF_##P, HG)                                                          \
-        softmax_rows(s, scores, G, g0, g1, n_pad, lo, n_keys, kvh);                            \
+        /* the exponentials W at a time from the vector holding lo up to n_pad (whole blocks, every \
+           score computed above; those outside [lo, n_keys) are never read) */                  \
+        for (int g = g0; g < g1; g++) {                                                        \
+            float *sg = scores + (long)g * n_pad;                                              \
+            const float m = softmax_max(s, sg, G, g, lo, n_keys, kvh);                         \
+            const P##_vec mv = P##_set1(m);                                                    \
+            for (int t = lo / W * W; t < n_pad; t += W) P##_store(sg + t, P##_exp(P##_sub(P##_f32(sg + t), mv))); \
+            softmax_finish(s, sg, G, g, lo, n_keys, kvh, m);                                   \
+        }                                                                                      \
         if (D == 4 * W) { ROW_PASSES(V4_OF_##P, HG) }                                          \
         else if (D == 8 * W) { ROW_PASSES(V8_OF_##P, HG) }                                     \
         else for (int gs = g0; gs < g1; gs++) ROW_V(P, W, TKV, LOADV, 1, D / W)                  \
