@@ -282,7 +282,7 @@ static inline void prefetch_block(const void *p, long bytes) {
 
 /* acc[g][0:D] = sum over the visible keys j, in order, of p[g][j] * V[j][0:D] for the NG heads
  * gs..: NC = D / W vectors a head, each V vector loaded once for all NG */
-#define ROW_V(P, W, T, LOADV, NG, NC)                                                          \
+#define ROW_V(P, W, T, LOADV, NC, NG)                                                          \
     {                                                                                          \
         P##_vec a[NG][DMAX / W];                                                               \
         for (int g = 0; g < (NG); g++)                                                         \
@@ -304,14 +304,14 @@ static inline void prefetch_block(const void *p, long bytes) {
     }
 
 /* The heads g0..g1 of the kv head in passes of up to HG (AVX-512: 3, the register budget of three
- * heads' accumulators; AVX2's 16 registers: 1), NC a constant where D / W is 4 or 8 */
-#define ROW_PASSES(BODY, HG)                                                                   \
+ * heads' accumulators; AVX2's 16 registers: 1): BODY(..., NG) with the pass's head count a constant */
+#define ROW_PASSES(HG, BODY, ...)                                                              \
     for (int gs = g0; gs < g1;) {                                                              \
         const int ng = g1 - gs < (HG) ? g1 - gs : (HG);                                        \
-        if ((HG) >= 3 && ng == 3) BODY(3)                                                      \
-        else if ((HG) >= 2 && ng == 2) BODY(2)                                                 \
-        else BODY(1)                                                                           \
-        gs += (HG) >= 2 && ng >= 2 ? ng : 1;                                                   \
+        if ((HG) >= 3 && ng == 3) { BODY(__VA_ARGS__, 3) }                                     \
+        else if ((HG) >= 2 && ng == 2) { BODY(__VA_ARGS__, 2) }                                \
+        else { BODY(__VA_ARGS__, 1) }                                                          \
+        gs += ng;                                                                              \
     }
 
 /* P: the vector prefix (z, y), W its floats, LOADV its load of W cache values (P##_f32, P##_bf16),
@@ -330,7 +330,7 @@ static inline void prefetch_block(const void *p, long bytes) {
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++)                                                        \
                 qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
-        ROW_PASSES(SCORES_OF_##P, HG)                                                          \
+        ROW_PASSES(HG, ROW_SCORES, P, W, TKV, LOADV)                                           \
         /* the exponentials W at a time from the vector holding lo up to n_pad (whole blocks, every \
            score computed above; those outside [lo, n_keys) are never read) */                  \
         for (int g = g0; g < g1; g++) {                                                        \
@@ -340,9 +340,10 @@ static inline void prefetch_block(const void *p, long bytes) {
             for (int t = lo / W * W; t < n_pad; t += W) P##_store(sg + t, P##_exp(P##_sub(P##_f32(sg + t), mv))); \
             softmax_finish(s, sg, G, g, lo, n_keys, kvh, m);                                   \
         }                                                                                      \
-        if (D == 4 * W) { ROW_PASSES(V4_OF_##P, HG) }                                          \
-        else if (D == 8 * W) { ROW_PASSES(V8_OF_##P, HG) }                                     \
-        else for (int gs = g0; gs < g1; gs++) ROW_V(P, W, TKV, LOADV, 1, D / W)                  \
+        /* NC a constant where D / W is 4 or 8 (the accumulators stay in registers) */           \
+        if (D == 4 * W) { ROW_PASSES(HG, ROW_V, P, W, TKV, LOADV, 4) }                         \
+        else if (D == 8 * W) { ROW_PASSES(HG, ROW_V, P, W, TKV, LOADV, 8) }                    \
+        else for (int gs = g0; gs < g1; gs++) ROW_V(P, W, TKV, LOADV, D / W, 1)                \
         for (int g = g0; g < g1; g++)                                                            \
             for (int d = 0; d < D; d++) {                                                      \
                 const float x = acc[g * D + d];                                                \
@@ -353,38 +354,12 @@ static inline void prefetch_block(const void *p, long bytes) {
             }                                                                                  \
     }
 
-/* the bodies ROW_PASSES takes, per element type: LOADV_T is the load of the row being defined */
-#define SCORES_OF_z(NG) { ROW_SCORES(z, 16, ELEM_T, LOADV_T, NG) }
-#define V4_OF_z(NG) ROW_V(z, 16, ELEM_T, LOADV_T, NG, 4)
-#define V8_OF_z(NG) ROW_V(z, 16, ELEM_T, LOADV_T, NG, 8)
-#define SCORES_OF_y(NG) { ROW_SCORES(y, 8, ELEM_T, LOADV_T, NG) }
-#define V4_OF_y(NG) ROW_V(y, 8, ELEM_T, LOADV_T, NG, 4)
-#define V8_OF_y(NG) ROW_V(y, 8, ELEM_T, LOADV_T, NG, 8)
-
-#define ELEM_T uint16_t
-#define LOADV_T z_bf16
 DEFINE_ROW_SIMD(row16_bf16, AVX512_TARGET, z, 16, uint16_t, uint16_t, z_bf16, LOAD_BF16, 3)
-#undef LOADV_T
-#define LOADV_T y_bf16
 DEFINE_ROW_SIMD(row8_bf16, AVX2_TARGET, y, 8, uint16_t, uint16_t, y_bf16, LOAD_BF16, 1)
-#undef ELEM_T
-#undef LOADV_T
-#define ELEM_T float
-#define LOADV_T z_f32
 DEFINE_ROW_SIMD(row16_f32, AVX512_TARGET, z, 16, float, float, z_f32, LOAD_F32, 3)
-#undef LOADV_T
-#define LOADV_T y_f32
 DEFINE_ROW_SIMD(row8_f32, AVX2_TARGET, y, 8, float, float, y_f32, LOAD_F32, 1)
-#undef ELEM_T
-#undef LOADV_T
-#define ELEM_T _Float16
-#define LOADV_T z_f16
 DEFINE_ROW_SIMD(row16_f32h, AVX512_TARGET, z, 16, float, _Float16, z_f16, LOAD_F32, 3)
-#undef LOADV_T
-#define LOADV_T y_f16
 DEFINE_ROW_SIMD(row8_f32h, AVX2_TARGET, y, 8, float, _Float16, y_f16, LOAD_F32, 1)
-#undef ELEM_T
-#undef LOADV_T
 
 /* TRACELESS_CPU_ISA=avx2 (or "portable") makes an AVX-512 machine run the code an AVX2-only machine
  * runs, so that tests can check both paths on one machine (tests/model/layers/test_isa.py). */

@@ -1150,20 +1150,6 @@ static int shape_ok(const QShape *s) {
 /* out (a tile of nr x mt results, row r at r * TILE) + bias -> y[t0 + t][n0 + r] */
 static void store_tile(const float *out, int nr, int mt, long n0, long t0, const float *bias, void *y, long ldy,
                        int y_bf16) {
-#ifdef TL_X86
-    if (nr == NR && mt == TILE && !y_bf16) { /* a whole tile: transposed in registers, 4 stores */
-        __m128 c0 = _mm_loadu_ps(out), c1 = _mm_loadu_ps(out + TILE), c2 = _mm_loadu_ps(out + 2 * TILE),
-               c3 = _mm_loadu_ps(out + 3 * TILE);
-        _MM_TRANSPOSE4_PS(c0, c1, c2, c3);
-        const __m128 b = bias ? _mm_loadu_ps(bias + n0) : _mm_setzero_ps();
-        float *y0 = (float *)y + t0 * ldy + n0;
-        /* + 0 without a bias, as below: a -0 result is stored as +0 on either path */
-        c0 = _mm_add_ps(c0, b), c1 = _mm_add_ps(c1, b), c2 = _mm_add_ps(c2, b), c3 = _mm_add_ps(c3, b);
-        _mm_storeu_ps(y0, c0), _mm_storeu_ps(y0 + ldy, c1), _mm_storeu_ps(y0 + 2 * ldy, c2);
-        _mm_storeu_ps(y0 + 3 * ldy, c3);
-        return;
-    }
-#endif
     for (int r = 0; r < nr; r++) {
         const float bn = bias ? bias[n0 + r] : 0.f;
         for (int t = 0; t < mt; t++) {
