@@ -154,10 +154,11 @@ class PagedAttention:
         sinks: torch.Tensor | None,
     ) -> torch.Tensor:
         mask = lb.window_mask if self._window(layer) and lb.window_mask is not None else lb.mask
-        # the keys and values as the cache holds them (a float16 cache under float32 activations
-        # rounds them): a prompt's numbers are the same whether its context comes from this
-        # step's rows or from the cache
-        k, v = self._as_cached(k), self._as_cached(v)
+        if lb.fresh:
+            # the keys and values as the cache holds them (a float16 cache under float32
+            # activations rounds them): a prompt's numbers are the same whether its context comes
+            # from this step's rows or from the cache (_gather)
+            k, v = self._as_cached(k), self._as_cached(v)
         if lb.num_seqs == 1 and lb.fresh:
             # One fresh prompt: causal attention over its own tokens, no padding, no gather.
             o = self._sdpa(
