@@ -544,77 +544,99 @@ DEFINE_SIMD_DOT(dot_avx512, VNNI_TARGET, dot_us_vnni)
  * 4-7 block 2p + 1 (lane i: values 4i..4i+3 and 16+4i..16+4i+3 of its block, the pair layout):
  * tail += float(I) * (d_w d_a of the lane's block), from zero; the offsets m_w ds_a go to acc
  * lanes 0..n-1 as above, then acc lanes 0-7 += tail. The 16 lanes are summed by one fixed tree
- * (hsum16). AVX2 runs the same lanes as two 8-lane halves, with the same operations in the same
- * order: both paths give the same bits.
+ * (hsum16). A last group of exactly 2 blocks has its own float steps instead (x16_tail2_avx512).
+ * AVX2 runs the same lanes as two 8-lane halves, with the same operations in the same order: both
+ * paths give the same bits.
  */
 #define FOR_RT for (int r = 0; r < R; r++) for (int t = 0; t < MT; t++)
 
 AVX2_TARGET static inline float hsum16(__m256 lo, __m256 hi) { return hsum8(_mm256_add_ps(lo, hi)); }
 
 /*
- * out[r * TILE + t] = hsum16 of acc[r][t] for t < 4, four accumulators reduced side by side: the
+ * Lane t = hsum16 of acc[r][t] for t < 4, four accumulators reduced side by side: the
  * same pairs added in the same order as hsum16 (lanes i + 8, then i + 4, then i + 2, then i + 1),
  * a quarter of the instructions.
  */
-VNNI_TARGET static inline void hsum16_x4(const __m512 v[TILE], float *out) {
+VNNI_TARGET static inline __m128 hsum16_x4(const __m512 v[TILE]) {
     const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
     const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
     /* ab = [a_i + a_i+8 (i < 8) | b_i + b_i+8]; then 128-bit chunk k = accumulator k, lanes i + i+4 */
     const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
     const __m512 y = _mm512_add_ps(x, _mm512_permute_ps(x, 0xEE));  /* lanes 0, 1: x0 + x2, x1 + x3 */
     const __m512 z = _mm512_add_ps(y, _mm512_movehdup_ps(y));       /* lane 0: (x0 + x2) + (x1 + x3) */
-    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, z)));
+    return _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, z));
 }
 
 /*
- * The last group when it has exactly 2 blocks (K = 576, the built-in model's width, is 16 + 2): the
- * general tail's float operations and bits below, for two weight rows at once. Its 8 lanes of a
- * row (4 per block) take half a vector: row r in lanes 0-7, row r + 1 in lanes 8-15, against the
- * activations' pair broadcast to both halves; the integer sums are the general tail's I, the
- * scales the same float products d_w d_a. Done a row at a time, this pair of blocks cost two
- * thirds of the group of 16 before it.
+ * The last group when it has exactly 2 blocks (K = 576, the built-in model's width, is 16 + 2): its
+ * own float steps, added to the row's sum after the 16 lanes are (the same on every SIMD path):
+ *     I_k    = block b0 + k's exact integer dot product (k = 0, 1)
+ *     e_k    = fma(float(I_k), d_w d_a, m_w ds_a)       (the block's two products, one rounding each)
+ *     out    = hsum16(acc) + (e_0 + e_1)
+ * A row pair's 2 blocks fill one vector (row r: lanes 0-7, 4 per block; row r + 1: lanes 8-15), a
+ * dot product per activation row; four rows' vectors reduce in integers to one, lane 4c + t =
+ * (row, block) c against activation row t, and the floats above run on all 16 at once. Spread
+ * over the accumulators' lanes instead (its float work per row pair and activation row), this pair
+ * of blocks cost two thirds of the group of 16 before it on prefill tiles.
  */
+
+/* v[t * ld + k] for k = 0, 1 and t < MT (0 past MT) at lane 4k + t, and again in lanes 8-15 */
+VNNI_TARGET static inline __m512 tail2_act_scales(const float *v, long ld, const int MT) {
+    __m128i p[TILE];
+    for (int t = 0; t < TILE; t++)
+        p[t] = t < MT ? _mm_loadl_epi64((const __m128i *)(v + t * ld)) : _mm_setzero_si128();
+    const __m256i x = _mm256_set_m128i(_mm_unpacklo_epi64(p[2], p[3]), _mm_unpacklo_epi64(p[0], p[1]));
+    const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 0, 2, 4, 6, 1, 3, 5, 7);
+    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(_mm256_castsi256_ps(x)));
+}
+
+/* the 2 float16 at p0 and at p1 as lanes 0-3, 4-7 (p0) and 8-11, 12-15 (p1) */
+VNNI_TARGET static inline __m512 tail2_row_scales(const uint8_t *p0, const uint8_t *p1) {
+    uint32_t a, b;
+    memcpy(&a, p0, 4);
+    memcpy(&b, p1, 4);
+    const __m128 x = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)b, (int)a));
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(x));
+}
+
 VNNI_TARGET static inline __attribute__((always_inline)) void x16_tail2_avx512(
     int fmt, const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, long b0,
-    __m512 acc[NR][TILE])
+    __m128 tail[NR])
 {
     const long nb = a->nb, ld = a->ld;
-    const __mmask16 mk = 0x3;
     const __m256i m4y = _mm256_set1_epi8(0x0F);
-    /* lanes 0-3: block 0, 4-7: block 1 of the first operand; 8-15 the same of the second */
-    const __m512i pick2 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
+    const __m512 da = tail2_act_scales(a->d + t0 * ld + b0, ld, MT);
+    const __m512 ds = tail2_act_scales(a->ds + t0 * ld + b0, ld, MT);
     for (int r = 0; r < R; r += 2) {
-        const int two = r + 1 < R;
-        const uint8_t *row0 = w + r * row_bytes, *row1 = two ? row0 + row_bytes : row0;
-        __m512 dw[2], mw[2];
-        __m256i lo[2], hi[2];
-        for (int k = 0; k < 2; k++) {
-            const uint8_t *row = k ? row1 : row0;
-            dw[k] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_d(row, nb, b0)));
-            mw[k] = fmt == F_Q4_0R ? _mm512_mul_ps(dw[k], _mm512_set1_ps(-8.f))
-                                   : _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, rs_m(row, nb, b0)));
-            const __m256i x = _mm256_loadu_si256((const __m256i *)rs_group(row, b0));
-            lo[k] = _mm256_and_si256(x, m4y);
-            hi[k] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4y);
+        const uint8_t *row0 = w + r * row_bytes, *row1 = r + 1 < R ? row0 + row_bytes : row0;
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)rs_group(row0, b0));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)rs_group(row1, b0));
+        const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
+        const __m512i ulo = _mm512_and_si512(x, _mm512_broadcast_i64x4(m4y));
+        const __m512i uhi = _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_broadcast_i64x4(m4y));
+        __m512i I[TILE];
+        for (int t = 0; t < TILE; t++) {
+            if (t >= MT) {
+                I[t] = _mm512_setzero_si512();
+                continue;
+            }
+            const int8_t *q = a->q + ((t0 + t) * ld + b0) * QB;
+            I[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ulo,
+                                       _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)));
+            I[t] = _mm512_dpbusd_epi32(I[t], uhi, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32))));
         }
-        const __m512i ulo = _mm512_inserti64x4(_mm512_castsi256_si512(lo[0]), lo[1], 1);
-        const __m512i uhi = _mm512_inserti64x4(_mm512_castsi256_si512(hi[0]), hi[1], 1);
-        const __m512 dw2 = _mm512_permutex2var_ps(dw[0], pick2, dw[1]);
-        for (int t = 0; t < MT; t++) {
-            const long ab = (t0 + t) * ld + b0;
-            const __m512 ds = _mm512_loadu_ps(a->ds + ab), da = _mm512_loadu_ps(a->d + ab);
-            acc[r][t] = _mm512_fmadd_ps(mw[0], ds, acc[r][t]);
-            if (two) acc[r + 1][t] = _mm512_fmadd_ps(mw[1], ds, acc[r + 1][t]);
-            const int8_t *q = a->q + ab * QB;
-            __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ulo,
-                                            _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)));
-            I = _mm512_dpbusd_epi32(I, uhi, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32))));
-            const __m512 s = _mm512_mul_ps(dw2, _mm512_permutex2var_ps(da, pick2, da));
-            const __m512 tail = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), s, _mm512_setzero_ps());
-            acc[r][t] = _mm512_mask_add_ps(acc[r][t], 0xFF, acc[r][t], tail);
-            if (two) acc[r + 1][t] = _mm512_mask_add_ps(acc[r + 1][t], 0xFF, acc[r + 1][t],
-                                                        _mm512_shuffle_f32x4(tail, tail, 0xEE));
-        }
+        /* each 128-bit chunk c: its 4 lanes' sums of the four rows, lane t = row t's */
+        const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[0], I[1]), _mm512_unpackhi_epi32(I[0], I[1]));
+        const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[2], I[3]), _mm512_unpackhi_epi32(I[2], I[3]));
+        const __m512i sum = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+        const __m512 dw = tail2_row_scales(rs_d(row0, nb, b0), rs_d(row1, nb, b0));
+        const __m512 mw = fmt == F_Q4_0R ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.f))
+                                         : tail2_row_scales(rs_m(row0, nb, b0), rs_m(row1, nb, b0));
+        const __m512 e = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, da), _mm512_mul_ps(mw, ds));
+        const __m512 both = _mm512_add_ps(e, _mm512_shuffle_f32x4(e, e, 0xB1)); /* chunks 0 + 1, 2 + 3 */
+        tail[r] = _mm512_castps512_ps128(both);
+        if (r + 1 < R) tail[r + 1] = _mm512_extractf32x4_ps(both, 2);
     }
 }
 
@@ -672,8 +694,10 @@ VNNI_TARGET static inline __attribute__((always_inline)) void x16_avx512_nt(
         FOR_RT acc[r][t] = _mm512_setzero_ps();
     }
     for (; b0 + X16 <= nb; b0 += X16) x16_group_avx512(fmt, w, row_bytes, R, a, t0, MT, b0, 0, acc);
-    if (b0 + 2 == nb) {
-        x16_tail2_avx512(fmt, w, row_bytes, R, a, t0, MT, b0, acc);
+    const int tail2 = b0 + 2 == nb;
+    __m128 tail[NR];
+    if (tail2) {
+        x16_tail2_avx512(fmt, w, row_bytes, R, a, t0, MT, b0, tail);
     } else if (b0 < nb) {
         const int n = (int)(nb - b0);
         const __mmask16 mk = (__mmask16)((1u << n) - 1);
@@ -710,7 +734,8 @@ VNNI_TARGET static inline __attribute__((always_inline)) void x16_avx512_nt(
     }
     for (int r = 0; r < R; r++) {
         for (int t = MT; t < TILE; t++) acc[r][t] = _mm512_setzero_ps();
-        hsum16_x4(acc[r], out + r * TILE);
+        const __m128 sums = hsum16_x4(acc[r]);
+        _mm_storeu_ps(out + r * TILE, tail2 ? _mm_add_ps(sums, tail[r]) : sums);
     }
 }
 
@@ -724,6 +749,40 @@ AVX2_TARGET static inline __m256 ld_f16x8(const uint8_t *p, int k) {
 
 AVX2_TARGET static inline __m256 mw_f16x8(int fmt, const uint8_t *row, long nb, long b, int k, __m256 dw) {
     return fmt == F_Q4_0R ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.f)) : ld_f16x8(rs_m(row, nb, b), k);
+}
+
+AVX2_TARGET static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+/* x16_tail2_avx512's sums (the same float steps) for one weight row against MT activation rows:
+ * tail[t] = e_0 + e_1 */
+AVX2_TARGET static inline __attribute__((always_inline)) void x16_tail2_avx2(
+    int fmt, const uint8_t *row, const Act *a, long t0, const int MT, long b0, float *tail)
+{
+    const long nb = a->nb, ld = a->ld;
+    const __m256i x = _mm256_loadu_si256((const __m256i *)rs_group(row, b0)), lo = lo4(x), hi = hi4(x);
+    float dw[2], mw[2];
+    for (int k = 0; k < 2; k++) {
+        dw[k] = f16_at(rs_d(row, nb, b0 + k));
+        mw[k] = fmt == F_Q4_0R ? dw[k] * -8.f : f16_at(rs_m(row, nb, b0 + k));
+    }
+    for (int t = 0; t < MT; t++) {
+        const long ab = (t0 + t) * ld + b0;
+        const int8_t *q = a->q + ab * QB;
+        const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q)),
+                                             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q + 32))));
+        __m256i I = _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); /* lanes 0-3: block b0, 4-7: b0 + 1 */
+        I = _mm256_hadd_epi32(I, I);
+        I = _mm256_hadd_epi32(I, I);
+        const int I0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(I));
+        const int I1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(I, 1));
+        const float e0 = fmaf((float)I0, dw[0] * a->d[ab], mw[0] * a->ds[ab]);
+        const float e1 = fmaf((float)I1, dw[1] * a->d[ab + 1], mw[1] * a->ds[ab + 1]);
+        tail[t] = e0 + e1;
+    }
 }
 
 /* the same tile on AVX2: half h of a group is lanes 8h..8h+7. The integer sums of a half add
@@ -772,7 +831,11 @@ AVX2_TARGET static inline __attribute__((always_inline)) void x16_avx2_nt(
                 }
             }
         }
-    if (b0 < nb) {
+    const int tail2 = b0 + 2 == nb;
+    float tail[NR][2] = {{0.f}};
+    if (tail2) {
+        for (int r = 0; r < R; r++) x16_tail2_avx2(fmt, w + r * row_bytes, a, t0, MT, b0, tail[r]);
+    } else if (b0 < nb) {
         /* The last n blocks (k0 in lanes 0-7, k1 in 8-15), a pair per 32-byte load: its low
          * nibbles meet the pair's values 0-15, its high ones 16-31. A half with no block (k1 = 0)
          * adds nothing: acc is never -0, so skipping its zero offsets keeps the bits. */
@@ -810,7 +873,8 @@ AVX2_TARGET static inline __attribute__((always_inline)) void x16_avx2_nt(
             }
         }
     }
-    FOR_RT out[r * TILE + t] = hsum16(acc[r][t][0], acc[r][t][1]);
+    FOR_RT out[r * TILE + t] = tail2 ? hsum16(acc[r][t][0], acc[r][t][1]) + tail[r][t]
+                                     : hsum16(acc[r][t][0], acc[r][t][1]);
 }
 
 /* Decoding (one activation row) streams every weight once from DRAM, a tile's nr rows at a time.
@@ -1002,7 +1066,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_avx512_nt(
     if (b0 < nb) q8x16_tail_avx512(w, row_bytes, R, a, t0, MT, b0, acc);
     for (int r = 0; r < R; r++) {
         for (int t = MT; t < TILE; t++) acc[r][t] = _mm512_setzero_ps();
-        hsum16_x4(acc[r], out + r * TILE);
+        _mm_storeu_ps(out + r * TILE, hsum16_x4(acc[r]));
     }
 }
 
