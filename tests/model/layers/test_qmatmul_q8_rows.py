@@ -22,7 +22,7 @@ from traceless.model.layers.qkernels import Isa
 from traceless.model.layers.quant import QFormat, QuantTensor, ggml_blocks, quantize_q8_0, to_kernel_layout
 
 pytestmark = NEEDS_KERNELS
-COLS = [96, 544, 576, 992, 1536]
+COLS = [64, 96, 544, 576, 992, 1536]
 
 
 def _q8(rows: int, cols: int, seed: int) -> tuple[QuantTensor, QuantTensor]:

@@ -553,18 +553,42 @@ DEFINE_SIMD_DOT(dot_avx512, VNNI_TARGET, dot_us_vnni)
 AVX2_TARGET static inline float hsum16(__m256 lo, __m256 hi) { return hsum8(_mm256_add_ps(lo, hi)); }
 
 /*
- * Lane t = hsum16 of acc[r][t] for t < 4, four accumulators reduced side by side: the
- * same pairs added in the same order as hsum16 (lanes i + 8, then i + 4, then i + 2, then i + 1),
- * a quarter of the instructions.
+ * Lane 4t + r = hsum16 of v[r][t] (r, t < 4; the tiles' out layout): the 16 accumulators reduced
+ * side by side, each by hsum16's own pairs in its order (lanes i + (i + 8), then i + (i + 4), then
+ * the four left as (0 + 2) + (1 + 3)), 45 instructions for the 16 sums.
  */
-VNNI_TARGET static inline __m128 hsum16_x4(const __m512 v[TILE]) {
-    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
-    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
-    /* ab = [a_i + a_i+8 (i < 8) | b_i + b_i+8]; then 128-bit chunk k = accumulator k, lanes i + i+4 */
-    const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-    const __m512 y = _mm512_add_ps(x, _mm512_permute_ps(x, 0xEE));  /* lanes 0, 1: x0 + x2, x1 + x3 */
-    const __m512 z = _mm512_add_ps(y, _mm512_movehdup_ps(y));       /* lane 0: (x0 + x2) + (x1 + x3) */
-    return _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, z));
+VNNI_TARGET static inline __m512 hsum16_x16(const __m512 v[NR][TILE]) {
+    __m512 h[8], x[4];
+    for (int i = 0; i < 8; i++) { /* accumulators 2i, 2i + 1: [a_i + a_i+8 (i < 8) | b_i + b_i+8] */
+        const __m512 a = v[i / 2][2 * (i % 2)], b = v[i / 2][2 * (i % 2) + 1];
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+    for (int r = 0; r < 4; r++) /* 128-bit chunk t = accumulator (r, t), its lanes i + (i + 4) */
+        x[r] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * r], h[2 * r + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * r], h[2 * r + 1], 0xDD));
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+    /* chunk t, lane r: accumulator (r, t)'s (x0 + x2) + (x1 + x3) */
+    const __m512 f = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+                                   _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+    return f;
+}
+
+/* the tile's sums (lane 4t + r), plus the last pair's tail[r] (lane t) where there is one, to out */
+VNNI_TARGET static inline void store_sums_avx512(__m512 acc[NR][TILE], const int R, const int MT, const int tail2,
+                                                 __m128 tail[NR], float *out) {
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < TILE; t++)
+            if (r >= R || t >= MT) acc[r][t] = _mm512_setzero_ps();
+    __m512 sums = hsum16_x16(acc);
+    if (tail2) {
+        for (int r = R; r < NR; r++) tail[r] = _mm_setzero_ps();
+        const __m512 t01 = _mm512_insertf32x4(_mm512_castps128_ps512(tail[0]), tail[1], 1);
+        const __m512 rt = _mm512_insertf32x8(t01, _mm256_insertf128_ps(_mm256_castps128_ps256(tail[2]), tail[3], 1), 1);
+        const __m512i transpose = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        sums = _mm512_add_ps(sums, _mm512_permutexvar_ps(transpose, rt)); /* lane 4r + t -> 4t + r */
+    }
+    _mm512_storeu_ps(out, sums);
 }
 
 /*
@@ -732,11 +756,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void x16_avx512_nt(
                 acc[r][t] = _mm512_mask_add_ps(acc[r][t], 0xFF, acc[r][t], _mm512_castps256_ps512(tail[t]));
         }
     }
-    for (int r = 0; r < R; r++) {
-        for (int t = MT; t < TILE; t++) acc[r][t] = _mm512_setzero_ps();
-        const __m128 sums = hsum16_x4(acc[r]);
-        _mm_storeu_ps(out + r * TILE, tail2 ? _mm_add_ps(sums, tail[r]) : sums);
-    }
+    store_sums_avx512(acc, R, MT, tail2, tail, out);
 }
 
 /* 8 float16 of which the first k (an even number, 0..8) are read, the rest zero: a masked load
@@ -751,12 +771,6 @@ AVX2_TARGET static inline __m256 mw_f16x8(int fmt, const uint8_t *row, long nb, 
     return fmt == F_Q4_0R ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.f)) : ld_f16x8(rs_m(row, nb, b), k);
 }
 
-AVX2_TARGET static inline float f16_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-}
-
 /* x16_tail2_avx512's sums (the same float steps) for one weight row against MT activation rows:
  * tail[t] = e_0 + e_1 */
 AVX2_TARGET static inline __attribute__((always_inline)) void x16_tail2_avx2(
@@ -766,8 +780,8 @@ AVX2_TARGET static inline __attribute__((always_inline)) void x16_tail2_avx2(
     const __m256i x = _mm256_loadu_si256((const __m256i *)rs_group(row, b0)), lo = lo4(x), hi = hi4(x);
     float dw[2], mw[2];
     for (int k = 0; k < 2; k++) {
-        dw[k] = f16_at(rs_d(row, nb, b0 + k));
-        mw[k] = fmt == F_Q4_0R ? dw[k] * -8.f : f16_at(rs_m(row, nb, b0 + k));
+        dw[k] = ld_f16(rs_d(row, nb, b0 + k));
+        mw[k] = fmt == F_Q4_0R ? dw[k] * -8.f : ld_f16(rs_m(row, nb, b0 + k));
     }
     for (int t = 0; t < MT; t++) {
         const long ab = (t0 + t) * ld + b0;
@@ -873,8 +887,8 @@ AVX2_TARGET static inline __attribute__((always_inline)) void x16_avx2_nt(
             }
         }
     }
-    FOR_RT out[r * TILE + t] = tail2 ? hsum16(acc[r][t][0], acc[r][t][1]) + tail[r][t]
-                                     : hsum16(acc[r][t][0], acc[r][t][1]);
+    FOR_RT out[t * NR + r] = tail2 ? hsum16(acc[r][t][0], acc[r][t][1]) + tail[r][t]
+                                   : hsum16(acc[r][t][0], acc[r][t][1]);
 }
 
 /* Decoding (one activation row) streams every weight once from DRAM, a tile's nr rows at a time.
@@ -889,7 +903,8 @@ AVX2_TARGET static inline __attribute__((always_inline)) void prefetch_ahead(con
     for (long i = 0; i < nr * row_bytes; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T1);
 }
 
-/* Tiles: out[r * TILE + t] = weight row r (< nr <= NR) dotted with activation row t0 + t (< mt <= TILE) */
+/* Tiles: out[t * NR + r] = weight row r (< nr <= NR) dotted with activation row t0 + t (< mt <= TILE),
+ * the layout of y's rows (an activation row's results side by side) */
 typedef void (*tile_fn)(int fmt, const uint8_t *w, long row_bytes, int nr, const Act *a, long t0, int mt, float *out);
 
 #define X16_MT(FN, RR)                                                                         \
@@ -929,7 +944,7 @@ AVX2_TARGET static void tile_x16_avx2(int fmt, const uint8_t *w0, long row_bytes
             const uint8_t *w = w0 + r0 * row_bytes;
             const long t0 = t00 + s0;
             const int mt = mt0 - s0 < 2 ? mt0 - s0 : 2;
-            float *out = out0 + r0 * TILE + s0;
+            float *out = out0 + s0 * NR + r0;
             const int r2 = nr - r0 >= 2;
             if (r2 && mt == 2) x16_avx2_nt(fmt, w, row_bytes, 2, a, t0, 2, out);
             else if (r2) x16_avx2_nt(fmt, w, row_bytes, 2, a, t0, 1, out);
@@ -942,7 +957,11 @@ AVX2_TARGET static void tile_x16_avx2(int fmt, const uint8_t *w0, long row_bytes
 /* the other formats and the portable path: one weight row at a time */
 static void tile_by_rows(dot_fn dot, int fmt, const uint8_t *w, long row_bytes, int nr, const Act *a, long t0,
                          int mt, float *out) {
-    for (int r = 0; r < nr; r++) dot(fmt, w + r * row_bytes, a, t0, mt, out + r * TILE);
+    for (int r = 0; r < nr; r++) {
+        float row[TILE];
+        dot(fmt, w + r * row_bytes, a, t0, mt, row);
+        for (int t = 0; t < mt; t++) out[t * NR + r] = row[t];
+    }
 }
 
 #ifdef TL_X86
@@ -967,7 +986,9 @@ static void tile_by_rows(dot_fn dot, int fmt, const uint8_t *w, long row_bytes, 
  * tile reads R rows side by side, R short streams the hardware prefetchers follow badly: with one
  * activation row (a decoding step, bound by the weight read) the LM head ran at 0.6x the speed of
  * the one-row-at-a-time Q8_0 kernel without this, 1.5x to 1.8x with it (EPYC, AVX-512, one thread).
- * Prefetches never fault: past the matrix's end they are dropped.
+ * Prefetches never fault: past the matrix's end they are dropped. Only the first tile of a block
+ * of activation rows asks (t0 a multiple of T_BLOCK): the later ones of the block meet the same
+ * weight rows, in L1 by then; asking on every tile was 9.5% of the LM head's time at 64 rows.
  */
 #define PREFETCH_ROWS(w, bytes) \
     for (long o_ = 0; o_ < (bytes); o_ += 64) _mm_prefetch((const char *)(w) + o_, _MM_HINT_T0)
@@ -1013,6 +1034,46 @@ VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx512(
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dwp[r], dap), acc[r][t]);
             }
         }
+    }
+}
+
+/*
+ * A last pair of blocks (K = 576: the built-in model's LM head), as the row-split Q4's
+ * (x16_tail2_avx512), summed apart from the 16 lanes: a row's 2 blocks are one 64-byte vector, the
+ * four activation rows' dot products reduce in integers (lane 4c + t: (row, block) c against
+ * activation row t, two weight rows a vector), then
+ *     tail = fma(float(I_1), d_w1 d_a1, float(I_0) (d_w0 d_a0)),   out = hsum16(acc) + tail
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_tail2_avx512(
+    const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, long b0, __m128 tail[NR])
+{
+    const long nb = a->nb, ld = a->ld;
+    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    const __m512 da = tail2_act_scales(a->d + t0 * ld + b0, ld, MT);
+    __m512i q[TILE], off[TILE];
+    for (int t = 0; t < MT; t++) {
+        q[t] = _mm512_loadu_si512((const void *)(a->q + ((t0 + t) * ld + b0) * QB));
+        off[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, q[t]));
+    }
+    for (int r = 0; r < R; r += 2) {
+        __m512i blk[2];
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *row = w + (r + k < R ? r + k : r) * row_bytes;
+            const __m512i u = _mm512_loadu_si512((const void *)(row + b0 * QB));
+            __m512i I[TILE];
+            for (int t = 0; t < TILE; t++) I[t] = t < MT ? _mm512_dpbusd_epi32(off[t], u, q[t]) : _mm512_setzero_si512();
+            const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[0], I[1]), _mm512_unpackhi_epi32(I[0], I[1]));
+            const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[2], I[3]), _mm512_unpackhi_epi32(I[2], I[3]));
+            const __m512i sum = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+            blk[k] = _mm512_add_epi32(sum, _mm512_shuffle_i32x4(sum, sum, 0xB1)); /* chunk 0: block 0, 2: 1 */
+        }
+        const uint8_t *row0 = w + r * row_bytes, *row1 = r + 1 < R ? row0 + row_bytes : row0;
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(blk[0], blk[1], 0x88));
+        const __m512 sc = _mm512_mul_ps(tail2_row_scales(r8_d(row0, nb, b0), r8_d(row1, nb, b0)), da);
+        const __m512 both = _mm512_fmadd_ps(_mm512_shuffle_f32x4(v, v, 0xB1), _mm512_shuffle_f32x4(sc, sc, 0xB1),
+                                            _mm512_mul_ps(v, sc));
+        tail[r] = _mm512_castps512_ps128(both);
+        if (r + 1 < R) tail[r + 1] = _mm512_extractf32x4_ps(both, 2);
     }
 }
 
@@ -1063,11 +1124,11 @@ VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_avx512_nt(
         FOR_RT acc[r][t] = _mm512_setzero_ps();
     }
     for (; b0 + X16 <= nb; b0 += X16) q8x16_group_avx512(w, row_bytes, R, a, t0, MT, b0, 0, acc);
-    if (b0 < nb) q8x16_tail_avx512(w, row_bytes, R, a, t0, MT, b0, acc);
-    for (int r = 0; r < R; r++) {
-        for (int t = MT; t < TILE; t++) acc[r][t] = _mm512_setzero_ps();
-        _mm_storeu_ps(out + r * TILE, hsum16_x4(acc[r]));
-    }
+    const int tail2 = b0 + 2 == nb;
+    __m128 tail[NR];
+    if (tail2) q8x16_tail2_avx512(w, row_bytes, R, a, t0, MT, b0, tail);
+    else if (b0 < nb) q8x16_tail_avx512(w, row_bytes, R, a, t0, MT, b0, acc);
+    store_sums_avx512(acc, R, MT, tail2, tail, out);
 }
 
 /* 8 lanes of w . q over 4 values each: |w| (u8, at most 128) times sign(w) q (s8) */
@@ -1098,6 +1159,36 @@ AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_tail_avx2(
                 if (b & 1) acc[r][t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, acc[r][t][1]);
                 else acc[r][t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, acc[r][t][0]);
             }
+        }
+    }
+}
+
+/* q8x16_tail2_avx512's float steps on AVX2, for R, MT <= 2 */
+AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_tail2_avx2(
+    const uint8_t *w, long row_bytes, const int R, const Act *a, long t0, const int MT, long b0, float tail[2][2])
+{
+    const long nb = a->nb, ld = a->ld;
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < R; r++) {
+        const uint8_t *row = w + r * row_bytes;
+        __m256i ws[2], wa[2];
+        float dw[2];
+        for (int k = 0; k < 2; k++) {
+            ws[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + (b0 + k) * QB)), k80);
+            wa[k] = _mm256_abs_epi8(ws[k]);
+            dw[k] = ld_f16(r8_d(row, nb, b0 + k));
+        }
+        for (int t = 0; t < MT; t++) {
+            const long ab = (t0 + t) * ld + b0;
+            float f[2];
+            for (int k = 0; k < 2; k++) {
+                const __m256i I = q8_dot_avx2(wa[k], ws[k], _mm256_loadu_si256((const __m256i *)(a->q + (ab + k) * QB)));
+                __m128i h = _mm_add_epi32(_mm256_castsi256_si128(I), _mm256_extracti128_si256(I, 1));
+                h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+                h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+                f[k] = (float)_mm_cvtsi128_si32(h);
+            }
+            tail[r][t] = fmaf(f[1], dw[1] * a->d[ab + 1], f[0] * (dw[0] * a->d[ab]));
         }
     }
 }
@@ -1137,13 +1228,17 @@ AVX2_TARGET static inline __attribute__((always_inline)) void q8x16_avx2_nt(
                 }
             }
     }
-    if (b0 < nb) q8x16_tail_avx2(w, row_bytes, R, a, t0, MT, b0, acc);
-    FOR_RT out[r * TILE + t] = hsum16(acc[r][t][0], acc[r][t][1]);
+    const int tail2 = b0 + 2 == nb;
+    float tail[2][2] = {{0.f}};
+    if (tail2) q8x16_tail2_avx2(w, row_bytes, R, a, t0, MT, b0, tail);
+    else if (b0 < nb) q8x16_tail_avx2(w, row_bytes, R, a, t0, MT, b0, acc);
+    FOR_RT out[t * NR + r] = tail2 ? hsum16(acc[r][t][0], acc[r][t][1]) + tail[r][t]
+                                   : hsum16(acc[r][t][0], acc[r][t][1]);
 }
 
 VNNI_TARGET static void tile_q8x16_avx512(int fmt, const uint8_t *w, long row_bytes, int nr, const Act *a, long t0,
                                           int mt, float *out) {
-    PREFETCH_ROWS(w + nr * row_bytes, nr * row_bytes);
+    if (t0 % T_BLOCK == 0) PREFETCH_ROWS(w + nr * row_bytes, nr * row_bytes);
     switch (nr) {
     case 1: X16_MT(q8x16_avx512_nt, 1) break;
     case 2: X16_MT(q8x16_avx512_nt, 2) break;
@@ -1156,12 +1251,12 @@ VNNI_TARGET static void tile_q8x16_avx512(int fmt, const uint8_t *w, long row_by
 AVX2_TARGET static void tile_q8x16_avx2(int fmt, const uint8_t *w0, long row_bytes, int nr, const Act *a, long t00,
                                         int mt0, float *out0) {
     (void)fmt;
-    PREFETCH_ROWS(w0 + nr * row_bytes, nr * row_bytes);
+    if (t00 % T_BLOCK == 0) PREFETCH_ROWS(w0 + nr * row_bytes, nr * row_bytes);
     for (int r0 = 0; r0 < nr; r0 += 2)
         for (int s0 = 0; s0 < mt0; s0 += 2) {
             const uint8_t *w = w0 + r0 * row_bytes;
             const long t0 = t00 + s0;
-            float *out = out0 + r0 * TILE + s0;
+            float *out = out0 + s0 * NR + r0;
             const int r2 = nr - r0 >= 2, m2 = mt0 - s0 >= 2;
             if (r2 && m2) q8x16_avx2_nt(w, row_bytes, 2, a, t0, 2, out);
             else if (r2) q8x16_avx2_nt(w, row_bytes, 2, a, t0, 1, out);
@@ -1211,15 +1306,18 @@ static int shape_ok(const QShape *s) {
  * [T][K] contiguous; y float32 or bfloat16. isa <= tl_q_isa(). Returns 0, 1 when scratch memory
  * cannot be allocated, 2 on a bad shape or instruction set.
  */
-/* out (a tile of nr x mt results, row r at r * TILE) + bias -> y[t0 + t][n0 + r] */
+/* out (a tile of nr x mt results, out[t * NR + r]) + bias -> y[t0 + t][n0 + r] */
 static void store_tile(const float *out, int nr, int mt, long n0, long t0, const float *bias, void *y, long ldy,
                        int y_bf16) {
-    for (int r = 0; r < nr; r++) {
-        const float bn = bias ? bias[n0 + r] : 0.f;
-        for (int t = 0; t < mt; t++) {
-            const long i = (t0 + t) * ldy + n0 + r;
-            if (y_bf16) ((uint16_t *)y)[i] = f32_to_bf16(out[r * TILE + t] + bn);
-            else ((float *)y)[i] = out[r * TILE + t] + bn;
+    for (int t = 0; t < mt; t++) {
+        const float *o = out + t * NR;
+        const long i = (t0 + t) * ldy + n0;
+        if (y_bf16) {
+            for (int r = 0; r < nr; r++) ((uint16_t *)y)[i + r] = f32_to_bf16(bias ? o[r] + bias[n0 + r] : o[r]);
+        } else if (bias) {
+            for (int r = 0; r < nr; r++) ((float *)y)[i + r] = o[r] + bias[n0 + r];
+        } else {
+            memcpy((float *)y + i, o, sizeof(float) * (size_t)nr);
         }
     }
 }
