@@ -1316,8 +1316,10 @@ static void store_tile(const float *out, int nr, int mt, long n0, long t0, const
             for (int r = 0; r < nr; r++) ((uint16_t *)y)[i + r] = f32_to_bf16(bias ? o[r] + bias[n0 + r] : o[r]);
         } else if (bias) {
             for (int r = 0; r < nr; r++) ((float *)y)[i + r] = o[r] + bias[n0 + r];
+        } else if (nr == NR) {
+            memcpy((float *)y + i, o, sizeof(float) * NR); /* a constant size: one vector move, no call */
         } else {
-            memcpy((float *)y + i, o, sizeof(float) * (size_t)nr);
+            for (int r = 0; r < nr; r++) ((float *)y)[i + r] = o[r];
         }
     }
 }
