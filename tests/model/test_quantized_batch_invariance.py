@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from tests.model.gguf_helpers import GGUFSpec, Hyper, byte_level_vocab, hf_state
 from traceless import LLM, SamplingParams
 from traceless.config import EngineConfig
 from traceless.engine.llm_engine import LLMEngine
+from traceless.runner.batch import SHORT_MAX_TOKENS
 from traceless.runner.build import build_engine_parts
 
 TARGET = [17, 300, 42, 8, 99, 250, 3]
@@ -64,13 +66,17 @@ class LogitsTap:
         model.logits = tapped
 
 
-def _run(path: Path, prompts: list[list[int]]):
+def _run(path: Path, prompts: list[list[int]], budget: int | None = None, prompt_logprobs: int | None = None):
     config = EngineConfig(model=str(path), kv_cache_memory=16 * 2**20)
+    if budget is not None:
+        config = replace(config, max_num_batched_tokens=budget)
     parts = build_engine_parts(config)
     assert parts.model.quantization == "gguf"
     tap = LogitsTap(parts.executor.model)  # type: ignore[attr-defined]
     llm = LLM.from_engine(LLMEngine(config, parts))
-    params = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True, logprobs=20)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=N_NEW, ignore_eos=True, logprobs=20, prompt_logprobs=prompt_logprobs
+    )
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     llm.engine.check_integrity()
     return outs, tap.steps
@@ -95,3 +101,26 @@ def test_a_request_alone_and_among_strangers_computes_the_same_bits(hf_tiny, tmp
     for row, step in zip(alone_steps, crowd_steps):
         assert row.shape[0] == 1
         assert any(torch.equal(row[0].view(torch.int32), r.view(torch.int32)) for r in step)
+
+
+def test_a_prompt_gives_the_same_bits_in_one_piece_or_cut_into_chunks(hf_tiny, tmp_path):
+    """The scheduler cuts a prompt where the step's token budget ends, which depends on the other
+    requests. Up to SHORT_MAX_TOKENS new tokens a step, a prompt's attention runs on the native
+    rows, each query row on its own from the cache: however it was cut, its numbers are the same."""
+    from gguf import GGMLQuantizationType
+
+    state, hyper = hf_tiny
+    path = tmp_path / "tiny-Q8_0.gguf"
+    write_gguf(path, GGUFSpec(hyper, state, GGMLQuantizationType.Q8_0, byte_level_vocab(hyper.vocab_size)))
+    rng = random.Random(9)
+    mine = [rng.randrange(3, 384) for _ in range(100)]  # a W2 prompt's size, in one native step
+    assert len(mine) <= SHORT_MAX_TOKENS
+    whole, _ = _run(path, [mine], prompt_logprobs=5)
+    # a 24-token budget: chunks of varying size, beside the strangers' prefills and decodes
+    cut, _ = _run(path, _strangers(3) + [mine], budget=24, prompt_logprobs=5)
+
+    def numbers(out) -> list[dict[int, float]]:
+        steps = list(out.prompt_logprobs[1:]) + list(out.outputs[0].logprobs)
+        return [{t: lp.logprob for t, lp in step.items()} for step in steps]
+
+    assert numbers(cut[-1]) == numbers(whole[0])

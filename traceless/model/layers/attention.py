@@ -1,7 +1,7 @@
 """Paged attention for one step's packed tokens, all sequences of the batch at once.
 
-Token rows are ordered: first the "short" sequences (few new tokens: decode), then the "long"
-ones (prefill chunks).
+Token rows are ordered: first the "short" sequences (at most runner/batch.py's SHORT_MAX_TOKENS new
+tokens: decode, short prompts and chunks), then the "long" ones (longer prefill chunks).
 
     rows [0, short.num_tokens)        native kernel, reads K/V through the block tables
     rows [short.num_tokens, T)        SDPA; queries padded to [B, max_q], keys either this step's
