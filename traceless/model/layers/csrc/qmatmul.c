@@ -977,8 +977,9 @@ static void tile_by_rows(dot_fn dot, int fmt, const uint8_t *w, long row_bytes, 
  * 8-15 block b + 1 (n odd: the last pair's second half masked to zero codes against the zero
  * padding of the activations), one at a time on AVX2, into lanes 0-7 (even b) or 8-15 (odd b):
  * acc += float(I) * (d_w d_a of the block), lane I the 4-value partial sum (its offset from those 4
- * activations); then one fixed tree sums the 16 lanes (hsum16). The integers of a lane are the
- * same on both paths, so are the float steps: both give the same bits.
+ * activations); then one fixed tree sums the 16 lanes (hsum16). A last pair alone (n = 2, the LM
+ * head's K = 576) is summed apart instead (q8x16_tail2_avx512). The integers of a lane are the same
+ * on both paths, so are the float steps: both give the same bits.
  */
 
 /*
