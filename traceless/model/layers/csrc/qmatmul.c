@@ -604,6 +604,13 @@ VNNI_TARGET static inline void store_sums_avx512(__m512 acc[NR][TILE], const int
  * of blocks cost two thirds of the group of 16 before it on prefill tiles.
  */
 
+/* lane 4c + t = the sum of I[t]'s four lanes in 128-bit chunk c (exact integers) */
+VNNI_TARGET static inline __m512i chunk_sums_x4(const __m512i I[TILE]) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[0], I[1]), _mm512_unpackhi_epi32(I[0], I[1]));
+    const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[2], I[3]), _mm512_unpackhi_epi32(I[2], I[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
 /* v[t * ld + k] for k = 0, 1 and t < MT (0 past MT) at lane 4k + t, and again in lanes 8-15 */
 VNNI_TARGET static inline __m512 tail2_act_scales(const float *v, long ld, const int MT) {
     __m128i p[TILE];
@@ -650,10 +657,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void x16_tail2_avx512(
                                        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)));
             I[t] = _mm512_dpbusd_epi32(I[t], uhi, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32))));
         }
-        /* each 128-bit chunk c: its 4 lanes' sums of the four rows, lane t = row t's */
-        const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[0], I[1]), _mm512_unpackhi_epi32(I[0], I[1]));
-        const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[2], I[3]), _mm512_unpackhi_epi32(I[2], I[3]));
-        const __m512i sum = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+        const __m512i sum = chunk_sums_x4(I);
         const __m512 dw = tail2_row_scales(rs_d(row0, nb, b0), rs_d(row1, nb, b0));
         const __m512 mw = fmt == F_Q4_0R ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.f))
                                          : tail2_row_scales(rs_m(row0, nb, b0), rs_m(row1, nb, b0));
@@ -1063,9 +1067,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void q8x16_tail2_avx512
             const __m512i u = _mm512_loadu_si512((const void *)(row + b0 * QB));
             __m512i I[TILE];
             for (int t = 0; t < TILE; t++) I[t] = t < MT ? _mm512_dpbusd_epi32(off[t], u, q[t]) : _mm512_setzero_si512();
-            const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[0], I[1]), _mm512_unpackhi_epi32(I[0], I[1]));
-            const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(I[2], I[3]), _mm512_unpackhi_epi32(I[2], I[3]));
-            const __m512i sum = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+            const __m512i sum = chunk_sums_x4(I);
             blk[k] = _mm512_add_epi32(sum, _mm512_shuffle_i32x4(sum, sum, 0xB1)); /* chunk 0: block 0, 2: 1 */
         }
         const uint8_t *row0 = w + r * row_bytes, *row1 = r + 1 < R ? row0 + row_bytes : row0;
