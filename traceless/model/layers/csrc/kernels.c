@@ -237,10 +237,6 @@ DEFINE_VEXP(y, AVX2_TARGET, __m256, __m256i, 256, ROUND_Y)
 
 enum { DMAX = 256 }; /* the fast path's widest head */
 
-static inline void prefetch_block(const void *p, long bytes) {
-    for (long i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
-}
-
 /* The scores of NG heads gs.. of one kv head, four key blocks at a time: each K vector is loaded
  * once for all NG heads (one head at a time loaded every K vector G times: the loads, not the
  * multiply-adds, bounded it). Each score still sums its d in order from zero, as one head alone. */
@@ -251,20 +247,24 @@ static inline void prefetch_block(const void *p, long bytes) {
         for (int i = 0; i < 4; i++)                                                            \
             kb[i] = k_cache + (long)table[b + (i < nb ? i : 0)] * blk_stride + (long)kvh * BS * D; \
         /* Blocks sit anywhere in the pool: without prefetching, every block is a DRAM miss the \
-           thread waits for. The first pass fetches the next K blocks and these V blocks. */   \
-        if (gs == g0)                                                                          \
-            for (int i = 0; i < nb; i++) {                                                     \
-                if (b + 4 + i < nblk)                                                          \
-                    prefetch_block(k_cache + (long)table[b + 4 + i] * blk_stride + (long)kvh * BS * D, \
-                                   sizeof(T) * BS * D);                                        \
-                prefetch_block(v_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D, \
-                               sizeof(T) * BS * D);                                            \
-            }                                                                                  \
+           thread waits for. The first pass fetches the next K blocks and these V blocks, a line \
+           of each among the multiply-adds of a key row (a loop of 256 prefetches ahead of them \
+           filled the core's queues: nothing else ran while they drained). */                 \
+        const T *pf[8];                                                                        \
+        int npf = 0;                                                                           \
+        if (gs == g0) {                                                                        \
+            for (int i = 0; i < 4 && b + 4 + i < nblk; i++)                                    \
+                pf[npf++] = k_cache + (long)table[b + 4 + i] * blk_stride + (long)kvh * BS * D; \
+            for (int i = 0; i < nb; i++)                                                       \
+                pf[npf++] = v_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D;    \
+        }                                                                                      \
         P##_vec sv[NG][4][KV];                                                                 \
         for (int g = 0; g < (NG); g++)                                                         \
             for (int i = 0; i < 4; i++)                                                        \
                 for (int h = 0; h < KV; h++) sv[g][i][h] = P##_set1(0.f);                      \
         for (int d = 0; d < D; d++) {                                                          \
+            if ((d * BS * (int)sizeof(T)) % 64 == 0)                                           \
+                for (int i = 0; i < npf; i++) __builtin_prefetch(pf[i] + d * BS, 0, 3);         \
             P##_vec k[4][KV];                                                                  \
             for (int i = 0; i < 4; i++)                                                        \
                 for (int h = 0; h < KV; h++) k[i][h] = LOADV(kb[i] + d * BS + h * W);          \
