@@ -239,13 +239,24 @@ enum { DMAX = 256 }; /* the fast path's widest head */
 
 /* The scores of NG heads gs.. of one kv head, four key blocks at a time: each K vector is loaded
  * once for all NG heads (one head at a time loaded every K vector G times: the loads, not the
- * multiply-adds, bounded it). Each score still sums its d in order from zero, as one head alone. */
+ * multiply-adds, bounded it). Each score still sums its d in order from zero, as one head alone.
+ * A row's last 1-3 blocks go as a group of their own count (padded to four, a prompt's early rows,
+ * which see few blocks, spent a third of their multiply-adds on copies of block 0). */
 #define ROW_SCORES(P, W, T, LOADV, NG)                                                         \
-    for (int b = lo_blk; b < nblk; b += 4) {                                                   \
-        const int nb = nblk - b < 4 ? nblk - b : 4;                                            \
-        const T *kb[4];                                                                        \
-        for (int i = 0; i < 4; i++)                                                            \
-            kb[i] = k_cache + (long)table[b + (i < nb ? i : 0)] * blk_stride + (long)kvh * BS * D; \
+    {                                                                                          \
+        int b = lo_blk;                                                                        \
+        for (; b + 4 <= nblk; b += 4) ROW_SCORES_GROUP(P, W, T, LOADV, NG, 4)                  \
+        if (nblk - b == 3) ROW_SCORES_GROUP(P, W, T, LOADV, NG, 3)                             \
+        else if (nblk - b == 2) ROW_SCORES_GROUP(P, W, T, LOADV, NG, 2)                        \
+        else if (nblk - b == 1) ROW_SCORES_GROUP(P, W, T, LOADV, NG, 1)                        \
+    }
+
+/* NB (a constant, 1-4) key blocks from b */
+#define ROW_SCORES_GROUP(P, W, T, LOADV, NG, NB)                                               \
+    {                                                                                          \
+        const T *kb[NB];                                                                       \
+        for (int i = 0; i < (NB); i++)                                                         \
+            kb[i] = k_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D;            \
         /* Blocks sit anywhere in the pool: without prefetching, every block is a DRAM miss the \
            thread waits for. The first pass fetches the next K blocks and these V blocks, a line \
            of each among the multiply-adds of a key row (a loop of 256 prefetches ahead of them \
@@ -253,29 +264,29 @@ enum { DMAX = 256 }; /* the fast path's widest head */
         const T *pf[8];                                                                        \
         int npf = 0;                                                                           \
         if (gs == g0) {                                                                        \
-            for (int i = 0; i < 4 && b + 4 + i < nblk; i++)                                    \
-                pf[npf++] = k_cache + (long)table[b + 4 + i] * blk_stride + (long)kvh * BS * D; \
-            for (int i = 0; i < nb; i++)                                                       \
+            for (int i = 0; i < 4 && b + (NB) + i < nblk; i++)                                 \
+                pf[npf++] = k_cache + (long)table[b + (NB) + i] * blk_stride + (long)kvh * BS * D; \
+            for (int i = 0; i < (NB); i++)                                                     \
                 pf[npf++] = v_cache + (long)table[b + i] * blk_stride + (long)kvh * BS * D;    \
         }                                                                                      \
-        P##_vec sv[NG][4][KV];                                                                 \
+        P##_vec sv[NG][NB][KV];                                                                \
         for (int g = 0; g < (NG); g++)                                                         \
-            for (int i = 0; i < 4; i++)                                                        \
+            for (int i = 0; i < (NB); i++)                                                     \
                 for (int h = 0; h < KV; h++) sv[g][i][h] = P##_set1(0.f);                      \
         for (int d = 0; d < D; d++) {                                                          \
             if ((d * BS * (int)sizeof(T)) % 64 == 0)                                           \
                 for (int i = 0; i < npf; i++) __builtin_prefetch(pf[i] + d * BS, 0, 3);         \
-            P##_vec k[4][KV];                                                                  \
-            for (int i = 0; i < 4; i++)                                                        \
+            P##_vec k[NB][KV];                                                                 \
+            for (int i = 0; i < (NB); i++)                                                     \
                 for (int h = 0; h < KV; h++) k[i][h] = LOADV(kb[i] + d * BS + h * W);          \
             for (int g = 0; g < (NG); g++) {                                                   \
                 const P##_vec q = P##_set1(qf[(gs + g) * D + d]);                              \
-                for (int i = 0; i < 4; i++)                                                    \
+                for (int i = 0; i < (NB); i++)                                                 \
                     for (int h = 0; h < KV; h++) sv[g][i][h] = P##_fma(q, k[i][h], sv[g][i][h]); \
             }                                                                                  \
         }                                                                                      \
         for (int g = 0; g < (NG); g++)                                                         \
-            for (int i = 0; i < nb; i++)                                                       \
+            for (int i = 0; i < (NB); i++)                                                     \
                 for (int h = 0; h < KV; h++)                                                   \
                     P##_store(scores + (long)(gs + g) * n_pad + (b + i) * BS + h * W, sv[g][i][h]); \
     }
@@ -327,9 +338,14 @@ enum { DMAX = 256 }; /* the fast path's widest head */
         const int nblk = (n_keys + BS - 1) / BS, n_pad = nblk * BS, lo_blk = lo / BS;          \
         const long blk_stride = (long)s->num_kv_heads * BS * D;                                \
         float *qf = scratch, *acc = scratch + G * D;                                           \
-        for (int g = g0; g < g1; g++)                                                            \
-            for (int d = 0; d < D; d++)                                                        \
-                qf[g * D + d] = LOAD(q_row, (kvh * G + g) * D + d) * s->scale;                 \
+        /* the heads' queries and outputs are contiguous runs: vector loops (restrict, and the \
+           scale out of the shape, which a float store could otherwise alias) */               \
+        {                                                                                      \
+            float *restrict qd = qf + g0 * D;                                                  \
+            const T *restrict qs = q_row + (kvh * G + g0) * D;                                 \
+            const float scale = s->scale;                                                      \
+            for (int i = 0; i < (g1 - g0) * D; i++) qd[i] = LOAD(qs, i) * scale;               \
+        }                                                                                      \
         ROW_PASSES(HG, ROW_SCORES, P, W, TKV, LOADV)                                           \
         /* the exponentials W at a time from the vector holding lo up to n_pad (whole blocks, every \
            score computed above; those outside [lo, n_keys) are never read) */                  \
@@ -344,14 +360,11 @@ enum { DMAX = 256 }; /* the fast path's widest head */
         if (D == 4 * W) { ROW_PASSES(HG, ROW_V, P, W, TKV, LOADV, 4) }                         \
         else if (D == 8 * W) { ROW_PASSES(HG, ROW_V, P, W, TKV, LOADV, 8) }                    \
         else for (int gs = g0; gs < g1; gs++) ROW_V(P, W, TKV, LOADV, D / W, 1)                \
-        for (int g = g0; g < g1; g++)                                                            \
-            for (int d = 0; d < D; d++) {                                                      \
-                const float x = acc[g * D + d];                                                \
-                if (to_bf16)                                                                   \
-                    ((uint16_t *)out_row)[(kvh * G + g) * D + d] = bf16_from_f32(x);           \
-                else                                                                           \
-                    ((float *)out_row)[(kvh * G + g) * D + d] = x;                             \
-            }                                                                                  \
+        if (to_bf16)                                                                           \
+            for (int i = g0 * D; i < g1 * D; i++)                                              \
+                ((uint16_t *)out_row)[kvh * G * D + i] = bf16_from_f32(acc[i]);                \
+        else                                                                                   \
+            memcpy((float *)out_row + (kvh * G + g0) * D, acc + g0 * D, sizeof(float) * (g1 - g0) * D); \
     }
 
 DEFINE_ROW_SIMD(row16_bf16, AVX512_TARGET, z, 16, uint16_t, uint16_t, z_bf16, LOAD_BF16, 3)
