@@ -83,6 +83,7 @@ typedef struct {
     int32_t *s16;
     long K, nb, ld;
     int x16;
+    int avx512; /* quantized by the AVX-512 path (the call's instruction set) */
 } Act;
 
 /* Act.x16: which layout the codes take (the row-split Q4 tail reads pairs, Q8_0's whole blocks) */
@@ -163,7 +164,9 @@ static void quantize_row(const float *x, long K, int x16, int8_t *q, float *d, f
 
 static int cpu_max_isa(void);
 #ifdef TL_X86
-static void quantize_row_avx2(const float *x, long K, int x16, int8_t *q, float *d, float *ds, int32_t *s16);
+static void quantize_row_avx2(const float *x, long K, int x16, int8_t *q, float *d, float *ds, int32_t *s16,
+                              long b_from);
+static void quantize_row_avx512(const float *x, long K, int x16, int8_t *q, float *d, float *ds, int32_t *s16);
 #endif
 
 /* tmp: one K-float row per thread (bf16 inputs are widened there first). A worksharing loop over
@@ -185,7 +188,8 @@ static void quantize_acts_for(const void *x, int x_bf16, long T, const Act *a, f
         float *d = a->d + t * ld, *ds = a->ds + t * ld;
         int32_t *s16 = a->s16 + t * ld * 2;
 #ifdef TL_X86
-        if (cpu_max_isa() >= ISA_AVX2) quantize_row_avx2(row, K, a->x16, q, d, ds, s16);
+        if (a->avx512 && a->x16) quantize_row_avx512(row, K, a->x16, q, d, ds, s16);
+        else if (cpu_max_isa() >= ISA_AVX2) quantize_row_avx2(row, K, a->x16, q, d, ds, s16, 0);
         else
 #endif
             quantize_row(row, K, a->x16, q, d, ds, s16);
@@ -355,11 +359,11 @@ AVX2_TARGET static inline float hsum8(__m256 v) {
 /* quantize_row with 8 lanes, to the same bits: the block maximum is exact in any order, x * id is
  * one rounding either way, and vcvtps2dq rounds as lrintf does (to nearest even) */
 AVX2_TARGET static void quantize_row_avx2(const float *x, long K, int x16, int8_t *q, float *d, float *ds,
-                                          int32_t *s16) {
+                                          int32_t *s16, long b_from) {
     const long nb = K / QB;
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (long b = 0; b < nb; b++) {
+    for (long b = b_from; b < nb; b++) {
         __m256 v[4], m = _mm256_setzero_ps();
         for (int i = 0; i < 4; i++) {
             v[i] = _mm256_loadu_ps(x + b * QB + 8 * i);
@@ -398,6 +402,81 @@ AVX2_TARGET static void quantize_row_avx2(const float *x, long K, int x16, int8_
         s16[2 * b] = s[0];
         s16[2 * b + 1] = s[1];
     }
+}
+
+/*
+ * quantize_row_avx2's numbers (the same operations per value: |x| max, d = amax / 127, id = 1 / d,
+ * codes rounded to nearest even), 16 blocks at a time for the x16 layouts' whole groups: a block's
+ * 32 codes, 8 words, were 8 scattered 4-byte stores (most of the quantizer's time); here the 16
+ * blocks' words are transposed in registers to the group's 8 vectors, lane j = block j, and its
+ * half sums come from those vectors (one VNNI step a word). The blocks after the last whole group
+ * go through quantize_row_avx2.
+ */
+VNNI_TARGET static void quantize_group_avx512(const float *x, int8_t *q, float *d, float *ds, int32_t *s16) {
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    float amax[X16];
+    for (int j = 0; j < X16; j++) {
+        const __m512 v0 = _mm512_and_ps(_mm512_loadu_ps(x + j * QB), abs_mask);
+        const __m512 v1 = _mm512_and_ps(_mm512_loadu_ps(x + j * QB + 16), abs_mask);
+        amax[j] = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
+    }
+    const __m512 db = _mm512_div_ps(_mm512_loadu_ps(amax), _mm512_set1_ps(127.f));
+    float id[X16];
+    _mm512_storeu_ps(id, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(db, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                             _mm512_set1_ps(1.f), db));
+    __m512i z[X16 / 2]; /* blocks 2i (words 0-7: lanes 0-7) and 2i + 1 (lanes 8-15) */
+    for (int i = 0; i < X16 / 2; i++) {
+        __m256i row[2];
+        for (int k = 0; k < 2; k++) {
+            const int j = 2 * i + k;
+            const __m512 s = _mm512_set1_ps(id[j]);
+            const __m128i lo = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j * QB), s)));
+            const __m128i hi =
+                _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j * QB + 16), s)));
+            row[k] = _mm256_set_m128i(hi, lo); /* |code| <= 127: the narrowing keeps it */
+        }
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(row[0]), row[1], 1);
+    }
+    /* quad m (blocks 4m..4m+3): a[m] lane 4w + r = block 4m + r's word w, b[m] its word w + 4 */
+    const __m512i ia = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i ib = _mm512_add_epi32(ia, _mm512_set1_epi32(4));
+    __m512i a[4], b[4];
+    for (int m = 0; m < 4; m++) {
+        a[m] = _mm512_permutex2var_epi32(z[2 * m], ia, z[2 * m + 1]);
+        b[m] = _mm512_permutex2var_epi32(z[2 * m], ib, z[2 * m + 1]);
+    }
+    /* word k of the 16 blocks: 128-bit chunk k of a[0..3] (b for k >= 4), a 4 x 4 chunk transpose */
+    __m512i c[8];
+    for (int h = 0; h < 2; h++) {
+        const __m512i *src = h ? b : a;
+        const __m512i t0 = _mm512_shuffle_i32x4(src[0], src[1], 0x44), t1 = _mm512_shuffle_i32x4(src[0], src[1], 0xEE);
+        const __m512i t2 = _mm512_shuffle_i32x4(src[2], src[3], 0x44), t3 = _mm512_shuffle_i32x4(src[2], src[3], 0xEE);
+        c[4 * h + 0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+        c[4 * h + 1] = _mm512_shuffle_i32x4(t0, t2, 0xDD);
+        c[4 * h + 2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+        c[4 * h + 3] = _mm512_shuffle_i32x4(t1, t3, 0xDD);
+    }
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i half[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int k = 0; k < 8; k++) {
+        _mm512_storeu_si512((void *)(q + 64 * k), c[k]);
+        half[k / 4] = _mm512_dpbusd_epi32(half[k / 4], ones, c[k]); /* values 0-15, 16-31 */
+    }
+    _mm512_storeu_ps(d, db);
+    _mm512_storeu_ps(ds, _mm512_mul_ps(db, _mm512_cvtepi32_ps(_mm512_add_epi32(half[0], half[1]))));
+    /* s16[2j + h]: interleave the halves, then put the 128-bit chunks in block order */
+    const __m512i lo = _mm512_unpacklo_epi32(half[0], half[1]), hi = _mm512_unpackhi_epi32(half[0], half[1]);
+    const __m512i s0 = _mm512_shuffle_i32x4(lo, hi, 0x44), s1 = _mm512_shuffle_i32x4(lo, hi, 0xEE);
+    _mm512_storeu_si512((void *)s16, _mm512_shuffle_i32x4(s0, s0, 0xD8));
+    _mm512_storeu_si512((void *)(s16 + 16), _mm512_shuffle_i32x4(s1, s1, 0xD8));
+}
+
+VNNI_TARGET static void quantize_row_avx512(const float *x, long K, int x16, int8_t *q, float *d, float *ds,
+                                            int32_t *s16) {
+    const long nb = K / QB;
+    long b0 = 0;
+    for (; b0 + X16 <= nb; b0 += X16) quantize_group_avx512(x + b0 * QB, q + b0 * QB, d + b0, ds + b0, s16 + 2 * b0);
+    if (b0 < nb) quantize_row_avx2(x, K, x16, q, d, ds, s16, b0);
 }
 
 AVX2_TARGET static inline float ld_f16(const uint8_t *p) {
@@ -1383,7 +1462,7 @@ static size_t act_bytes(long K, long T, int threads) {
 
 static Act act_in(char *scratch, const QShape *s, long T, int threads, int isa, float **tmp) {
     const long K = s->cols, nb = K / QB, ld = (nb + X16 - 1) / X16 * X16;
-    Act a = {.K = K, .nb = nb, .ld = ld};
+    Act a = {.K = K, .nb = nb, .ld = ld, .avx512 = isa == ISA_AVX512};
     if (isa != ISA_PORTABLE && (s->fmt == F_Q4_0R || s->fmt == F_Q4_1R)) a.x16 = ACT_X16_PAIRS;
     else if (isa != ISA_PORTABLE && s->fmt == F_Q8_0R) a.x16 = ACT_X16;
     a.d = (float *)scratch;
