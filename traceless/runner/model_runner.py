@@ -55,7 +55,7 @@ class ModelRunner:
         self.batcher = BatchBuilder(
             block_size, device, use_native, model.config.attention_scale, paged, model.config.sliding_window or 0
         )
-        self.sampler = Sampler(device, seed)
+        self.sampler = Sampler(device, seed, self._pool_scrubber)
         self.rejection = RejectionSampler(self.sampler)
         self.drafter = DraftProposer(model, draft_layers, self.batcher, self.sampler) if draft_layers else None
         self._generators: dict[str, torch.Generator] = {}

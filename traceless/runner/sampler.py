@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from traceless.engine.step_io import TokenLogprobs
+from traceless.model.layers.kernels import NativeKernels
 from traceless.runner.device_io import upload
 from traceless.sampling_params import SamplingParams
 
@@ -36,8 +37,11 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int | None = None):
+    def __init__(self, device: torch.device, seed: int | None = None, kernels: NativeKernels | None = None):
+        """kernels: the native CPU kernels, whose argmax greedy rows take (torch's compares one
+        value at a time); None on other devices."""
         self.device = device
+        self._kernels = kernels if device.type == "cpu" else None
         self.generator = torch.Generator(device=device)
         if seed is None:
             self.generator.seed()  # from the OS: unseeded requests are not reproducible
@@ -57,7 +61,10 @@ class Sampler:
         """The chosen token of each row, [S] int64 on the logits' device, without waiting for the
         device (greedy or sampled is decided on the host; per-row parameters go up pinned).
         logits: [S, V] float32, penalized already."""
-        token_ids = logits.argmax(dim=-1)
+        if self._kernels is not None and logits.dtype == torch.float32 and logits.is_contiguous():
+            token_ids = self._kernels.argmax(logits)
+        else:
+            token_ids = logits.argmax(dim=-1)
         if not all(r.params.greedy for r in rows):
             greedy = upload([r.params.greedy for r in rows], torch.bool, logits.device)
             sampled = self._sample(logits, rows)

@@ -1,4 +1,5 @@
-"""The native paged-attention kernel against a plain-torch reference."""
+"""The native paged-attention kernel against a plain-torch reference; the native argmax against
+torch's."""
 
 import pytest
 import torch
@@ -72,3 +73,34 @@ def test_mixed_dtypes_without_a_kernel_are_refused(kernels):
     )  # fmt: skip
     with pytest.raises(ValueError, match="float32 activations over a torch.bfloat16 KV cache"):
         kernels.paged_attention(args)
+
+
+@pytest.mark.parametrize("cols", [1, 5, 8, 15, 16, 17, 33, 100, 49152])  # shorter than, and tails past, 8 and 16 lanes
+def test_argmax_gives_torchs_answer_on_ties_nans_and_infinities(kernels, cols):
+    """Greedy sampling's argmax: the first index of the largest value, the first NaN where a row
+    has one (NaN ranks above every number, as in torch), 0 for a row of -inf."""
+    gen = torch.Generator().manual_seed(cols)
+    rows = []
+    for trial in range(24):
+        x = torch.randn(6, cols, generator=gen)
+        if trial % 3 == 1:  # small integers: many ties, the first must win
+            x = torch.randint(-2, 3, (6, cols), generator=gen).float()
+        if trial % 4 == 2:
+            x.view(-1)[torch.randint(0, x.numel(), (max(1, x.numel() // 7),), generator=gen)] = float("nan")
+        if trial % 5 == 3:
+            x[0] = float("-inf")
+            x[1, -1] = float("inf")
+        if trial % 6 == 5:
+            x[:, -1] = 1e30  # the maximum in the scalar tail
+        rows.append(x)
+    x = torch.cat(rows)
+    assert torch.equal(kernels.argmax(x), x.argmax(dim=-1))
+
+
+def test_argmax_refuses_what_it_cannot_read(kernels):
+    with pytest.raises(ValueError, match="contiguous float32"):
+        kernels.argmax(torch.zeros(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="contiguous float32"):
+        kernels.argmax(torch.zeros(4, 2).t())
+    with pytest.raises(ValueError, match="empty row"):
+        kernels.argmax(torch.zeros(2, 0))

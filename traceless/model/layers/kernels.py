@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 # TRACELESS_CPU_TEAM (csrc/team.c): the kernels' threads; "auto" goes single-threaded while the
 # CPUs are oversubscribed, "all" and "one" fix the count (for measurements)
 TEAM_SETTINGS = ("auto", "all", "one")
@@ -104,6 +104,7 @@ class NativeKernels:
         for dtype, sfx in _SUFFIX.items():
             self._norm[dtype] = self._fn(f"tl_add_rms_norm_{sfx}", [_P, _P, _P, _P, _L, _I, _F], None)
             self._silu[dtype] = self._fn(f"tl_silu_mul_{sfx}", [_P, _P, _L, _I], None)
+        self._argmax = self._fn("tl_argmax_f32", [_P, _L, _L, _P], None)
         for pair, sfx in _KV_SUFFIX.items():
             self._attn[pair] = self._fn(f"tl_paged_attention_{sfx}", [ctypes.POINTER(_AttnShape)] + [_P] * 7, _I)
             self._rope[pair] = self._fn(f"tl_rope_cache_{sfx}", [ctypes.POINTER(_RopeShape)] + [_P] * 8, None)
@@ -191,6 +192,18 @@ class NativeKernels:
         self._norm[x.dtype](
             x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, h, eps
         )
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """torch.argmax(x, dim=-1) for a contiguous float32 [rows, cols] CPU tensor (the same
+        answer: first index of the largest value, the first NaN where a row has one), [rows] int64."""
+        if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous() or x.device.type != "cpu":
+            raise ValueError("argmax takes a contiguous float32 [rows, cols] CPU tensor")
+        rows, cols = x.shape
+        if cols < 1:
+            raise ValueError("argmax of an empty row")
+        out = torch.empty(rows, dtype=torch.int64)
+        self._argmax(x.data_ptr(), rows, cols, out.data_ptr())
+        return out
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
         """out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:]."""

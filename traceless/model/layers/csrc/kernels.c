@@ -630,8 +630,99 @@ DEFINE_ROPE_CACHE(tl_rope_cache_bf16, uint16_t, uint16_t, LOAD_BF16, STORE_BF16)
 DEFINE_ROPE_CACHE(tl_rope_cache_f32, float, float, LOAD_F32, STORE_F32)
 DEFINE_ROPE_CACHE(tl_rope_cache_f32h, float, _Float16, LOAD_F32, STORE_F32)
 
+/*
+ * Greedy sampling's argmax of each row of x[rows][cols] (float32): torch.argmax's answer, the first
+ * index of the row's largest value, the first NaN where the row has one (NaN ranks above every
+ * number), 0 for a row of -inf. Lane-wise running maxima with strict > keep each lane's first
+ * occurrence; the lanes' ties go to the smallest index. torch's CPU kernel compared one value at a
+ * time: 2.6 ms (1.3 on two threads) for a 64 x 49152 step's logits.
+ */
+static long argmax_tail(const float *x, long from, long cols, float m, long best) {
+    for (long j = from; j < cols; j++)
+        if (x[j] > m) m = x[j], best = j;
+    return best;
+}
+
+/* by the bits: under -ffast-math the compiler takes x != x to be false */
+static long first_nan(const float *x, long cols) {
+    for (long j = 0; j < cols; j++) {
+        uint32_t u;
+        memcpy(&u, x + j, sizeof u);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return j;
+    }
+    return -1;
+}
+
+static long argmax_portable(const float *x, long cols) {
+    const long nan = first_nan(x, cols);
+    return nan >= 0 ? nan : argmax_tail(x, 1, cols, x[0], 0);
+}
+
+#ifdef TL_HAVE_SIMD_PATH
+AVX512_TARGET static long argmax_avx512(const float *x, long cols) {
+    if (cols < 16) return argmax_portable(x, cols);
+    __m512 m = _mm512_loadu_ps(x);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), idx = lane;
+    __mmask16 nan = _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q);
+    long j = 16;
+    for (; j + 16 <= cols; j += 16) {
+        const __m512 v = _mm512_loadu_ps(x + j);
+        lane = _mm512_add_epi32(lane, step);
+        const __mmask16 gt = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);
+        m = _mm512_mask_mov_ps(m, gt, v);
+        idx = _mm512_mask_mov_epi32(idx, gt, lane);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    if (nan) return first_nan(x, cols);
+    const float best = _mm512_reduce_max_ps(m);
+    const __mmask16 at = _mm512_cmp_ps_mask(m, _mm512_set1_ps(best), _CMP_EQ_OQ);
+    const long i = _mm512_mask_reduce_min_epi32(at, idx);
+    const long nan_tail = first_nan(x + j, cols - j);
+    return nan_tail >= 0 ? j + nan_tail : argmax_tail(x, j, cols, best, i);
+}
+
+AVX2_TARGET static long argmax_avx2(const float *x, long cols) {
+    if (cols < 8) return argmax_portable(x, cols);
+    __m256 m = _mm256_loadu_ps(x), nan = _mm256_cmp_ps(m, m, _CMP_UNORD_Q);
+    const __m256i step = _mm256_set1_epi32(8);
+    __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), idx = lane;
+    long j = 8;
+    for (; j + 8 <= cols; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        lane = _mm256_add_epi32(lane, step);
+        const __m256 gt = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, v, gt);
+        idx = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(idx), _mm256_castsi256_ps(lane), gt));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(nan)) return first_nan(x, cols);
+    float mv[8];
+    int32_t iv[8];
+    _mm256_storeu_ps(mv, m);
+    _mm256_storeu_si256((__m256i *)iv, idx);
+    float best = mv[0];
+    long i = iv[0];
+    for (int k = 1; k < 8; k++)
+        if (mv[k] > best || (mv[k] == best && iv[k] < i)) best = mv[k], i = iv[k];
+    const long nan_tail = first_nan(x + j, cols - j);
+    return nan_tail >= 0 ? j + nan_tail : argmax_tail(x, j, cols, best, i);
+}
+#endif
+
+void tl_argmax_f32(const float *x, long rows, long cols, int64_t *out) {
+    long (*row)(const float *, long) = argmax_portable;
+#ifdef TL_HAVE_SIMD_PATH
+    if (cpu_has_avx512()) row = argmax_avx512;
+    else if (cpu_has_avx2()) row = argmax_avx2;
+#endif
+    if (cols < 1) return;
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * cols >= (1L << 16)) num_threads(tl_team_threads())
+    for (long r = 0; r < rows; r++) out[r] = row(x + r * cols, cols);
+}
+
 /* ABI check from Python: bump when a signature or AttnShape changes. */
-int tl_abi_version(void) { return 9; }
+int tl_abi_version(void) { return 10; }
 
 /* 1 when the AVX-512 paths run (this CPU has them and TRACELESS_CPU_ISA does not cap them). */
 int tl_uses_avx512(void) {
