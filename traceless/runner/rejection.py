@@ -108,7 +108,7 @@ class RejectionSampler:
         lp = torch.log_softmax(logits, dim=-1) if any(r.row.params.logprobs is not None for r in rows) else None
         S, K, V = len(rows), max(len(r.draft_ids) for r in rows), logits.shape[1]
         pad = _padded_rows(rows, K).to(logits.device)
-        argmax = logits.new_zeros(S * (K + 1), dtype=torch.long).index_copy_(0, pad, logits.argmax(dim=-1))
+        argmax = logits.new_zeros(S * (K + 1), dtype=torch.long).index_copy_(0, pad, self.sampler.argmax(logits))
         drafts = self._drafts(rows, K, V, logits.device)
         if all(r.row.params.greedy for r in rows):  # no distributions needed: compare with the argmax
             n_acc, final = verify_greedy(argmax.view(S, K + 1), drafts)

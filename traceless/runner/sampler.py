@@ -61,15 +61,18 @@ class Sampler:
         """The chosen token of each row, [S] int64 on the logits' device, without waiting for the
         device (greedy or sampled is decided on the host; per-row parameters go up pinned).
         logits: [S, V] float32, penalized already."""
-        if self._kernels is not None and logits.dtype == torch.float32 and logits.is_contiguous():
-            token_ids = self._kernels.argmax(logits)
-        else:
-            token_ids = logits.argmax(dim=-1)
+        token_ids = self.argmax(logits)
         if not all(r.params.greedy for r in rows):
             greedy = upload([r.params.greedy for r in rows], torch.bool, logits.device)
             sampled = self._sample(logits, rows)
             token_ids = torch.where(greedy, token_ids, sampled)
         return token_ids
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits.argmax(dim=-1) [S] int64: the native kernel's on the CPU (the same answer)."""
+        if self._kernels is not None and logits.dtype == torch.float32 and logits.is_contiguous():
+            return self._kernels.argmax(logits)
+        return logits.argmax(dim=-1)
 
     def penalize(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
         """Penalties and logit biases of the rows that ask for them, in place on logits [S, V]."""
