@@ -653,6 +653,12 @@ static long first_nan(const float *x, long cols) {
     return -1;
 }
 
+/* the vector part's answer (its largest value `best` first seen at `i`) carried over [j, cols) */
+static long argmax_finish(const float *x, long j, long cols, float best, long i) {
+    const long nan = first_nan(x + j, cols - j);
+    return nan >= 0 ? j + nan : argmax_tail(x, j, cols, best, i);
+}
+
 static long argmax_portable(const float *x, long cols) {
     const long nan = first_nan(x, cols);
     return nan >= 0 ? nan : argmax_tail(x, 1, cols, x[0], 0);
@@ -678,8 +684,7 @@ AVX512_TARGET static long argmax_avx512(const float *x, long cols) {
     const float best = _mm512_reduce_max_ps(m);
     const __mmask16 at = _mm512_cmp_ps_mask(m, _mm512_set1_ps(best), _CMP_EQ_OQ);
     const long i = _mm512_mask_reduce_min_epi32(at, idx);
-    const long nan_tail = first_nan(x + j, cols - j);
-    return nan_tail >= 0 ? j + nan_tail : argmax_tail(x, j, cols, best, i);
+    return argmax_finish(x, j, cols, best, i);
 }
 
 AVX2_TARGET static long argmax_avx2(const float *x, long cols) {
@@ -705,8 +710,7 @@ AVX2_TARGET static long argmax_avx2(const float *x, long cols) {
     long i = iv[0];
     for (int k = 1; k < 8; k++)
         if (mv[k] > best || (mv[k] == best && iv[k] < i)) best = mv[k], i = iv[k];
-    const long nan_tail = first_nan(x + j, cols - j);
-    return nan_tail >= 0 ? j + nan_tail : argmax_tail(x, j, cols, best, i);
+    return argmax_finish(x, j, cols, best, i);
 }
 #endif
 
